@@ -1,0 +1,186 @@
+/*
+ * ipc: what the agent and its clients share.
+ *
+ *   - limits and validation of names, shapes and extents (validate.c): the
+ *     same checks run in libckpt before a request leaves and in the agent
+ *     when it arrives, so a bad plan is refused with the same words on both
+ *     sides;
+ *   - host shared-memory regions (shm.c): created by the client, opened and
+ *     checked by the agent;
+ *   - the wire (wire.c): protobuf-c messages in gRPC byte buffers, the
+ *     method table, gRPC status <-> errno.
+ *
+ * No threads of its own; every function is safe to call from any thread.
+ * Errors: negative errno, and a sentence in `err` (IPC_ERRLEN bytes) that
+ * names what was wrong.
+ */
+#ifndef CKPT_IPC_H
+#define CKPT_IPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.pb-c.h"
+
+#define IPC_ERRLEN 512
+
+/* Limits: every request is bounded. */
+#define IPC_MAX_NDIM 16
+#define IPC_MAX_JOB 64
+#define IPC_MAX_TENSOR_NAME 512
+#define IPC_MAX_TENSORS 262144
+#define IPC_MAX_WORLD 65536
+#define IPC_MAX_META 65536
+#define IPC_MAX_MESSAGE (32u << 20)
+#define IPC_MAX_STEP 999999999999LL /* 12 digits in step-<step> */
+#define IPC_DEFAULT_ENDPOINT "unix:/run/ckptd/ckptd.sock"
+
+/* Formats into err (may be NULL) and returns rc: `return ipc_errf(...)`. */
+int ipc_errf(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- dtypes and states (the numbers of enum ckpt_dtype / ckpt_state) --- */
+#define IPC_DTYPE_MAX 15
+/* Bytes per element, 0 for an unknown dtype. */
+unsigned ipc_dtype_size(int dtype);
+/* "F32", ...; NULL for an unknown dtype. */
+const char *ipc_dtype_name(int dtype);
+/* The dtype for a safetensors name, 0 if unknown. */
+int ipc_dtype_from_name(const char *name);
+/* "QUEUED", ...; "UNKNOWN" for anything else. */
+const char *ipc_state_name(int state);
+/* FAILED, SKIPPED and COMMITTED/UPLOADED end a save. */
+bool ipc_state_final(int state);
+
+/* ---- validation ------------------------------------------------------- */
+
+/* [A-Za-z0-9._-]{1,64}, not "." or "..". */
+int ipc_check_job(const char *job, char *err);
+/* 1..512 bytes of UTF-8, no control characters, not "__metadata__". */
+int ipc_check_tensor_name(const char *name, char *err);
+int ipc_check_rank(int rank, int world, char *err);
+/* 0..IPC_MAX_STEP. */
+int ipc_check_step(int64_t step, char *err);
+/* A user meta string: empty, or one JSON value of at most IPC_MAX_META bytes. */
+int ipc_check_meta(const char *meta, char *err);
+
+/*
+ * dtype size x product(shape) into *nbytes, refusing unknown dtypes, ndim
+ * outside 0..16, negative dimensions and overflow. `what` names the tensor.
+ */
+int ipc_tensor_nbytes(const char *what, int dtype, size_t ndim, const int64_t *shape,
+                      uint64_t *nbytes, char *err);
+
+/* A tensor as both sides describe it before the shard is laid out. */
+struct ipc_tensor {
+	const char *name;
+	int dtype;
+	size_t ndim;
+	const int64_t *shape;
+	int kind; /* CKPT__V1__REGION_KIND__REGION_HOST / _CUDA */
+	uint64_t region; /* host: region id; cuda: index */
+	uint64_t offset;
+	uint64_t nbytes;
+	size_t global_ndim; /* 0 unless sharded */
+	const int64_t *global_shape;
+	const int64_t *global_offset;
+};
+
+/* Size of (kind, region) into *size; negative errno if it does not exist. */
+typedef int (*ipc_region_size_fn)(void *ctx, int kind, uint64_t region, uint64_t *size);
+
+/*
+ * Checks a whole plan: every name, dtype x shape = nbytes, global shape and
+ * offset consistent, the extent inside its region, no two tensors
+ * overlapping in one region, names unique. -EINVAL (or the region lookup's
+ * error) with a message naming the tensor(s).
+ */
+int ipc_check_tensors(const struct ipc_tensor *t, size_t n, ipc_region_size_fn region_size,
+                      void *ctx, char *err);
+
+/* A plan request as it arrives, into an array of ipc_tensor (malloc'd). */
+int ipc_tensors_from_request(const Ckpt__V1__CreatePlanRequest *req, struct ipc_tensor **out,
+                             char *err);
+
+/* ---- host shared-memory regions --------------------------------------- */
+
+#define IPC_SHM_HEADER 4096u
+#define IPC_SHM_SECRET 32u
+#define IPC_SHM_NAME_MAX 96
+
+struct ipc_shm {
+	char name[IPC_SHM_NAME_MAX]; /* "/ckpt.<pid>.<n>.<hex>" */
+	uint8_t secret[IPC_SHM_SECRET];
+	void *base; /* mapping, header page first */
+	void *data; /* base + IPC_SHM_HEADER: what the user gets */
+	uint64_t size; /* usable bytes */
+};
+
+/*
+ * Client: creates a region of `size` usable bytes (rounded up to pages),
+ * mode 0600 (0660 and group `gid` when gid >= 0, for an agent running as
+ * another user of that group), maps it, and writes the header page with a
+ * random secret. The name stays until ipc_shm_unlink.
+ */
+int ipc_shm_create(uint64_t size, long gid, struct ipc_shm *out, char *err);
+
+/*
+ * Agent: opens a region a client names, refusing names that are not ours,
+ * objects that are not regular, sizes that disagree and a secret that does
+ * not match (whoever names a region must have been able to read it).
+ */
+int ipc_shm_open(const char *name, const uint8_t *secret, size_t secret_len, uint64_t size,
+                 struct ipc_shm *out, char *err);
+
+void ipc_shm_unmap(struct ipc_shm *shm);
+int ipc_shm_unlink(const char *name);
+
+/* ---- wire ------------------------------------------------------------- */
+
+struct grpc_byte_buffer;
+
+enum ipc_method {
+	IPC_ATTACH,
+	IPC_REGISTER_REGION,
+	IPC_DROP_REGION,
+	IPC_CREATE_PLAN,
+	IPC_DROP_PLAN,
+	IPC_SAVE,
+	IPC_GET_SAVE,
+	IPC_WATCH,
+	IPC_RESTORE,
+	IPC_STATUS,
+	IPC_LIST,
+	IPC_SHOW,
+	IPC_VERIFY,
+	IPC_DELETE,
+	IPC_NMETHODS,
+};
+
+struct ipc_method_desc {
+	const char *path; /* "/ckpt.v1.Ckpt/Save" */
+	const ProtobufCMessageDescriptor *request;
+	const ProtobufCMessageDescriptor *reply;
+	bool server_streaming;
+};
+
+extern const struct ipc_method_desc ipc_methods[IPC_NMETHODS];
+
+/* Packs a message into a new byte buffer (caller destroys); NULL on ENOMEM. */
+struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m);
+/* Unpacks a byte buffer; NULL if it is not a well-formed message of `d`. */
+ProtobufCMessage *ipc_unpack(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb);
+
+/* grpc_status_code <-> negative errno, both ways, one table. */
+int ipc_status_to_errno(int status);
+int ipc_errno_to_status(int err);
+
+/* Random bytes from getrandom(2); a random non-zero id. */
+int ipc_random(void *buf, size_t len);
+uint64_t ipc_random_id(void);
+
+/* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
+int64_t ipc_now_ns(void);
+int64_t ipc_mono_ns(void);
+
+#endif /* CKPT_IPC_H */
