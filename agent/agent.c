@@ -1,0 +1,183 @@
+/*
+ * The agent as a whole: start-up in dependency order (I/O engine, staging
+ * pool, storage and its recovery, catalog, workers, then the socket last, so
+ * nobody is served before everything is ready), the run, and an orderly stop
+ * that lets captured saves reach COMMITTED before the process exits.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+#define STOP_GRACE_NS (120LL * 1000000000) /* saves in flight get this long at stop */
+
+static const rpc_handler_fn handlers[IPC_NMETHODS] = {
+	[IPC_ATTACH] = rpc_attach,
+	[IPC_REGISTER_REGION] = rpc_register_region,
+	[IPC_DROP_REGION] = rpc_drop_region,
+	[IPC_CREATE_PLAN] = rpc_create_plan,
+	[IPC_DROP_PLAN] = rpc_drop_plan,
+	[IPC_SAVE] = rpc_save,
+	[IPC_GET_SAVE] = rpc_get_save,
+	[IPC_WATCH] = rpc_watch,
+	[IPC_RESTORE] = rpc_restore,
+	[IPC_STATUS] = rpc_status,
+	[IPC_LIST] = rpc_list,
+	[IPC_SHOW] = rpc_show,
+	[IPC_VERIFY] = rpc_verify,
+	[IPC_DELETE] = rpc_delete,
+};
+
+static int start_storage(struct agent *a, char *err)
+{
+	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
+	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool,
+			       NULL};
+	struct local_opts lo = {a->cfg.root, NULL, NULL, a->cfg.direct};
+	const struct iovec *iov;
+	char why[IPC_ERRLEN];
+	unsigned n;
+	int rc;
+
+	rc = ioeng_create(&io, &a->io, err);
+	if (rc)
+		return rc;
+	rc = pool_create(&po, &a->pool, err);
+	if (rc)
+		return rc;
+	iov = pool_iovecs(a->pool, &n);
+	if (ioeng_register_buffers(a->io, iov, n, why))
+		log_msg(LOG_NOTICE, "staging pool not registered with io_uring: %s", why);
+	lo.io = a->io;
+	rc = local_create(&lo, &a->store, err);
+	if (rc)
+		return rc;
+	rc = a->store->ops->recover(a->store, &a->recovered, err);
+	if (rc)
+		return rc;
+	if (a->recovered.partial_removed || a->recovered.temp_removed || a->recovered.latest_fixed)
+		log_msg(LOG_NOTICE,
+			"recovery of %s: removed %u partial step directories and %u leftovers, "
+			"fixed %u LATEST files",
+			a->cfg.root, a->recovered.partial_removed, a->recovered.temp_removed,
+			a->recovered.latest_fixed);
+	rc = catalog_create(&a->cat);
+	if (rc)
+		return ipc_errf(err, rc, "out of memory");
+	return catalog_load(a->cat, a->store, err);
+}
+
+int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
+{
+	struct server_opts so = {cfg->listen, cfg->socket_mode, cfg->socket_gid, {0}, NULL};
+	struct agent *a;
+	int rc;
+
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	a->cfg = *cfg;
+	a->started_mono = ipc_mono_ns();
+	pthread_mutex_init(&a->mu, NULL);
+	list_init(&a->sessions);
+	list_init(&a->plans);
+	list_init(&a->saves);
+	list_init(&a->ckpts);
+	list_init(&a->watchers);
+	rc = start_storage(a, err);
+	if (rc)
+		goto fail;
+	rc = workq_create("ckpt-capture", cfg->capture_threads, &a->capture, err);
+	if (!rc)
+		rc = workq_create("ckpt-commit", 1, &a->commit, err);
+	if (!rc)
+		rc = workq_create("ckpt-maint", 1, &a->maint, err);
+	if (rc)
+		goto fail;
+	memcpy(so.handlers, handlers, sizeof(handlers));
+	so.ctx = a;
+	rc = server_create(&so, &a->srv, err);
+	if (rc)
+		goto fail;
+	*out = a;
+	return 0;
+fail:
+	agent_destroy(a);
+	return rc;
+}
+
+struct stop_state {
+	struct agent *a;
+	int64_t since;
+	bool aborted;
+};
+
+/*
+ * Polled by the server once it has stopped taking calls: whether everything
+ * in flight has finished. Saves past CAPTURED get STOP_GRACE_NS to commit;
+ * then they are failed (and their files removed) rather than left half done.
+ */
+static bool drained(void *ctx)
+{
+	struct stop_state *st = ctx;
+	struct agent *a = st->a;
+	struct list *pos;
+	bool idle;
+
+	pthread_mutex_lock(&a->mu);
+	if (!st->since) {
+		st->since = ipc_mono_ns();
+		a->stopping = true;
+		log_msg(LOG_INFO, "stopping: %u saves in flight", a->inflight);
+	}
+	if (!st->aborted && ipc_mono_ns() - st->since > STOP_GRACE_NS) {
+		st->aborted = true;
+		log_msg(LOG_WARNING, "stopping: %u saves still in flight after %lld s: aborting them",
+			a->inflight, STOP_GRACE_NS / 1000000000);
+		list_for_each(pos, &a->ckpts)
+			cp_fail(a, container_of(pos, struct checkpoint, link), "the agent stopped");
+	}
+	idle = a->inflight == 0;
+	pthread_mutex_unlock(&a->mu);
+	return idle && workq_busy(a->capture) == 0 && workq_busy(a->commit) == 0 &&
+	       workq_busy(a->maint) == 0;
+}
+
+void agent_run(struct agent *a, atomic_bool *stop)
+{
+	struct stop_state st = {a, 0, false};
+
+	log_msg(LOG_INFO, "serving %s (root %s, staging %llu MiB, %s)", a->cfg.listen, a->cfg.root,
+		(unsigned long long)a->cfg.staging_mb, ioeng_detail(a->io));
+	server_run(a->srv, stop, drained, &st);
+	log_msg(LOG_INFO, "stopped");
+}
+
+/* After the run: what is left in the lists is finished; free it. */
+static void free_objects(struct agent *a)
+{
+	struct list *pos, *tmp;
+
+	list_for_each_safe(pos, tmp, &a->ckpts) cp_free(a, container_of(pos, struct checkpoint, link));
+	list_for_each_safe(pos, tmp, &a->saves) save_free(a, container_of(pos, struct save, link));
+	list_for_each_safe(pos, tmp, &a->plans) plan_drop(a, container_of(pos, struct plan, link));
+}
+
+void agent_destroy(struct agent *a)
+{
+	if (!a)
+		return;
+	server_destroy(a->srv);
+	workq_destroy(a->capture);
+	workq_destroy(a->commit);
+	workq_destroy(a->maint);
+	ioeng_destroy(a->io);
+	free_objects(a);
+	storage_destroy(a->store);
+	pool_destroy(a->pool);
+	catalog_destroy(a->cat);
+	pthread_mutex_destroy(&a->mu);
+	free(a);
+}

@@ -1,0 +1,295 @@
+/*
+ * ckptd's insides: the objects the agent keeps and the calls between its
+ * modules. (Its outside is the protocol in ipc/ckpt.proto.)
+ *
+ *   session.c  clients (the Attach stream) and their host regions
+ *   plan.c     plans: tensors checked, shard laid out, header built once
+ *   save.c     saves: admission, capture into staging, writes, checksums
+ *   commit.c   checkpoints in flight: all ranks durable -> manifest -> LATEST
+ *   restore.c  restore and verify: shard -> staging -> checksum -> regions
+ *   catalog.c  the committed checkpoints, as found on disk at start and since
+ *   ops.c      status, list, show, delete, watch
+ *   pool.c     the staging pool (pool.h); server.c the gRPC server (server.h)
+ *   main.c     flags, start-up, signals, shutdown
+ *
+ * Threads (see README.md): the control thread runs gRPC and every handler;
+ * capture workers copy in (saves) and out (restores); the I/O thread (the
+ * engine's) writes, reads, fsyncs and computes checksums as chunks go out;
+ * the commit thread writes manifests; the maint thread verifies, shows and
+ * deletes. Nothing but the I/O thread touches the disk's data path, and the
+ * control thread never waits for the disk.
+ *
+ * One lock, agent.mu, guards every list and every object's state below; it is
+ * never held while copying or waiting for I/O. Lock order: agent.mu, then the
+ * pool's or the server's.
+ */
+#ifndef CKPT_AGENT_H
+#define CKPT_AGENT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <pthread.h>
+
+#include "ipc.h"
+#include "list.h"
+#include "log.h"
+#include "pool.h"
+#include "server.h"
+#include "storage.h"
+#include "work.h"
+
+#define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
+
+struct agent_config {
+	const char *root;
+	const char *listen;
+	unsigned socket_mode;
+	long socket_gid;
+	uint64_t staging_mb;
+	uint64_t chunk_mb;
+	unsigned queue_depth;
+	enum ioeng_kind io_engine;
+	int backpressure; /* CKPT__V1__BACKPRESSURE__* (not DEFAULT) */
+	unsigned capture_threads;
+	bool direct;
+	bool lock_pool;
+	int log_level;
+};
+
+struct catalog;
+
+struct agent {
+	struct agent_config cfg;
+	struct pool *pool;
+	struct ioeng *io;
+	struct storage *store;
+	struct server *srv;
+	struct workq *capture, *commit, *maint;
+	int64_t started_mono;
+	struct storage_recovery recovered;
+
+	pthread_mutex_t mu; /* everything below */
+	struct list sessions;
+	struct list plans;
+	struct list saves; /* in flight first-come, then finished */
+	struct list ckpts; /* checkpoints in flight */
+	struct list watchers;
+	struct catalog *cat;
+	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
+	uint64_t finals[8]; /* finished saves by state */
+	bool stopping;
+};
+
+/* ---- sessions and regions (session.c) -------------------------------- */
+
+struct session {
+	struct list link;
+	struct agent *a;
+	uint64_t id;
+	struct rpc *stream; /* the Attach call; NULL once the client left */
+	char client[64];
+	uint32_t pid;
+	struct list regions;
+	struct list plans;
+};
+
+struct region {
+	struct list link; /* session->regions while registered */
+	uint64_t id;
+	int kind;
+	struct ipc_shm shm;
+	unsigned refs; /* 1 while registered, + 1 per plan using it */
+};
+
+void rpc_attach(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_register_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_drop_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* Under mu. */
+struct session *session_find(struct agent *a, uint64_t id);
+struct region *region_find(struct session *s, uint64_t id);
+void region_put(struct region *r);
+
+/* ---- plans (plan.c) --------------------------------------------------- */
+
+struct plan_tensor {
+	char *name;
+	int dtype;
+	size_t ndim;
+	int64_t shape[IPC_MAX_NDIM];
+	bool sharded;
+	int64_t global_shape[IPC_MAX_NDIM];
+	int64_t global_offset[IPC_MAX_NDIM];
+	struct region *region;
+	uint64_t offset;
+	uint64_t nbytes;
+	uint64_t begin, end; /* bytes of the shard file */
+};
+
+struct plan {
+	struct list link;  /* agent->plans */
+	struct list slink; /* session->plans */
+	uint64_t id;
+	struct session *sess; /* NULL once dropped */
+	char job[IPC_MAX_JOB + 1];
+	int rank, world;
+	int backpressure;
+	size_t n;
+	struct plan_tensor *t; /* in file order */
+	void *header;          /* the shard's first header_len bytes */
+	uint64_t header_len;
+	uint64_t shard_bytes;
+	unsigned refs;   /* 1 until dropped, + 1 per save or restore holding it */
+	unsigned active; /* captures and restores using its regions now */
+	bool dropped;
+};
+
+void rpc_create_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_drop_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* Under mu. */
+struct plan *plan_find(struct agent *a, uint64_t id);
+void plan_drop(struct agent *a, struct plan *p);
+void plan_get(struct plan *p);
+void plan_put(struct agent *a, struct plan *p);
+/* Its regions are in use / no longer: once dropped and idle they are released. */
+void plan_busy(struct plan *p);
+void plan_idle(struct agent *a, struct plan *p);
+/* Copies shard bytes [off, off + len) (header and tensors) to dst. No lock. */
+void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len);
+/* Where shard bytes [off, ...) of tensor i live in memory. No lock. */
+void *plan_tensor_addr(const struct plan *p, size_t i);
+
+/* ---- checkpoints in flight (commit.c) --------------------------------- */
+
+struct save;
+
+struct checkpoint {
+	struct list link;
+	struct agent *a;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	int world;
+	struct save **rank; /* [world], NULL until that rank saves */
+	unsigned nsaved, ndurable, nrunning;
+	int state; /* QUEUED (in flight), COMMITTED, FAILED */
+	char reason[IPC_ERRLEN];
+	char *meta;
+	struct work work;
+	int64_t t_first; /* monotonic ns of the first rank's save */
+	bool cleaning;   /* failed: removal of its files queued or running */
+	bool cleaned;
+};
+
+/* Under mu: the checkpoint (job, step), created if new. */
+int cp_get(struct agent *a, const char *job, int64_t step, int world, struct checkpoint **out,
+	   char *err);
+/* Under mu: a rank is DURABLE; the last one queues the commit. */
+void cp_rank_durable(struct agent *a, struct checkpoint *cp);
+/* Under mu: the checkpoint fails; every rank's save with it. */
+void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason);
+/* Under mu: a rank's pipeline has stopped (success or not). */
+void cp_rank_stopped(struct agent *a, struct checkpoint *cp);
+/* Under mu: drop checkpoints that are finished and unreferenced. */
+void cp_release(struct agent *a, struct checkpoint *cp);
+/* At exit: frees a checkpoint whatever its state. */
+void cp_free(struct agent *a, struct checkpoint *cp);
+
+/* ---- saves (save.c) --------------------------------------------------- */
+
+struct save {
+	struct list link; /* agent->saves */
+	struct work work; /* the capture job */
+	uint64_t id;
+	struct agent *a;
+	struct plan *plan; /* until its checkpoint is released */
+	char job[IPC_MAX_JOB + 1];
+	int rank, world;
+	uint64_t bytes_total;
+	struct checkpoint *cp;
+	struct session *sess; /* to tell; NULL once the client left */
+	int64_t step;
+	int state;
+	char reason[IPC_ERRLEN];
+	atomic_bool abort;
+	bool pool_limited;
+	bool skip_if_busy;
+	struct pool_resv resv;
+	struct storage_shard *shard;
+	unsigned nchunks;
+	atomic_uint_fast64_t bytes_captured, bytes_written;
+	atomic_int stages; /* capture running + chunks in flight + fsync */
+	int io_err;        /* first I/O error (I/O thread) */
+	/* checksums, I/O thread only: one tensor at a time, in file order */
+	void *xs;
+	size_t hash_next;
+	uint64_t *digest;
+	struct io_req finish;
+	int64_t t_queued, t_captured, t_durable, t_committed; /* monotonic ns */
+	int64_t queued_unix_ns;
+};
+
+void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* Under mu: moves s to `state` (monotonic), tells the client and watchers. */
+void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
+/* Under mu: fills `info` (strings point into s). */
+void save_info(struct save *s, Ckpt__V1__SaveInfo *info);
+/* Under mu: the client left; its saves tell nobody. */
+void save_forget_session(struct agent *a, struct session *sess);
+/* Under mu: frees finished saves beyond AGENT_KEEP_FINISHED. */
+void save_trim(struct agent *a);
+/* Under mu: its checkpoint is released; the plan and checksums are no longer needed. */
+void save_detach(struct agent *a, struct save *s);
+/* Unlinks and frees a save whose pipeline has stopped. */
+void save_free(struct agent *a, struct save *s);
+
+/* ---- restore and verify (restore.c) ---------------------------------- */
+
+void rpc_restore(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_verify(struct rpc *c, ProtobufCMessage *req, void *ctx);
+
+/* ---- the committed checkpoints (catalog.c) --------------------------- */
+
+struct cat_entry {
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	int world;
+	uint64_t bytes;
+	int64_t time_unix_ns;
+	uint32_t tensors;
+	double capture_seconds, durable_seconds, commit_seconds;
+	unsigned readers; /* restores and verifies reading it */
+	bool pinned;
+};
+
+int catalog_create(struct catalog **out);
+void catalog_destroy(struct catalog *c);
+/* Reads every committed manifest under the storage; broken ones are logged and left out. */
+int catalog_load(struct catalog *c, struct storage *s, char *err);
+int catalog_add(struct catalog *c, const struct cat_entry *e);
+void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e);
+struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step);
+/* The newest step of job strictly below `below` (INT64_MAX: the newest). */
+struct cat_entry *catalog_newest(struct catalog *c, const char *job, int64_t below);
+void catalog_remove(struct catalog *c, const char *job, int64_t step);
+/* Entries of job (NULL: all), oldest first; *out malloc'd array of pointers. */
+size_t catalog_list(struct catalog *c, const char *job, struct cat_entry ***out);
+
+/* ---- operations (ops.c) ---------------------------------------------- */
+
+void rpc_status(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_list(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* Under mu: sends a save's new state to the watchers of its job. */
+void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info);
+
+/* ---- the agent (agent.c) --------------------------------------------- */
+
+int agent_start(const struct agent_config *cfg, struct agent **out, char *err);
+/* Serves until *stop; then lets saves in flight finish and stops. */
+void agent_run(struct agent *a, atomic_bool *stop);
+void agent_destroy(struct agent *a);
+
+#endif /* CKPT_AGENT_H */

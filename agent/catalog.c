@@ -1,0 +1,181 @@
+/*
+ * The catalog: every committed checkpoint the agent knows, as a sorted array
+ * of (job, step). Loaded from the disk at start (each manifest read back and
+ * checked: one that does not parse is logged and left out, never guessed
+ * at), then kept in step with commits and deletes. Pointers into it are only
+ * valid under agent.mu until the next change.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+struct catalog {
+	struct cat_entry *v;
+	size_t n, cap;
+};
+
+int catalog_create(struct catalog **out)
+{
+	*out = calloc(1, sizeof(**out));
+	return *out ? 0 : -ENOMEM;
+}
+
+void catalog_destroy(struct catalog *c)
+{
+	if (c) {
+		free(c->v);
+		free(c);
+	}
+}
+
+static int cmp_key(const char *job, int64_t step, const struct cat_entry *e)
+{
+	int r = strcmp(job, e->job);
+
+	if (r)
+		return r;
+	return step < e->step ? -1 : step > e->step;
+}
+
+/* Index of the first entry >= (job, step). */
+static size_t lower_bound(const struct catalog *c, const char *job, int64_t step)
+{
+	size_t lo = 0, hi = c->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (cmp_key(job, step, &c->v[mid]) > 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+int catalog_add(struct catalog *c, const struct cat_entry *e)
+{
+	size_t i = lower_bound(c, e->job, e->step);
+
+	if (i < c->n && cmp_key(e->job, e->step, &c->v[i]) == 0) {
+		c->v[i] = *e;
+		return 0;
+	}
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 64;
+		struct cat_entry *v = realloc(c->v, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		c->v = v;
+		c->cap = cap;
+	}
+	memmove(&c->v[i + 1], &c->v[i], (c->n - i) * sizeof(*c->v));
+	c->v[i] = *e;
+	c->n++;
+	return 0;
+}
+
+struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step)
+{
+	size_t i = lower_bound(c, job, step);
+
+	return i < c->n && cmp_key(job, step, &c->v[i]) == 0 ? &c->v[i] : NULL;
+}
+
+struct cat_entry *catalog_newest(struct catalog *c, const char *job, int64_t below)
+{
+	size_t i = lower_bound(c, job, below);
+
+	if (i == 0 || strcmp(c->v[i - 1].job, job) != 0)
+		return NULL;
+	return &c->v[i - 1];
+}
+
+void catalog_remove(struct catalog *c, const char *job, int64_t step)
+{
+	struct cat_entry *e = catalog_find(c, job, step);
+
+	if (e) {
+		size_t i = (size_t)(e - c->v);
+
+		memmove(&c->v[i], &c->v[i + 1], (c->n - i - 1) * sizeof(*c->v));
+		c->n--;
+	}
+}
+
+size_t catalog_list(struct catalog *c, const char *job, struct cat_entry ***out)
+{
+	size_t n = 0;
+
+	*out = calloc(c->n ? c->n : 1, sizeof(**out));
+	if (!*out)
+		return 0;
+	for (size_t i = 0; i < c->n; i++)
+		if (!job || strcmp(job, c->v[i].job) == 0)
+			(*out)[n++] = &c->v[i];
+	return n;
+}
+
+void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
+{
+	memset(e, 0, sizeof(*e));
+	snprintf(e->job, sizeof(e->job), "%s", m->job);
+	e->step = m->step;
+	e->world = m->world;
+	e->bytes = m->bytes;
+	e->time_unix_ns = m->time_unix_ns;
+	e->tensors = (uint32_t)m->ntensors;
+	e->capture_seconds = m->capture_seconds;
+	e->durable_seconds = m->durable_seconds;
+	e->commit_seconds = m->commit_seconds;
+}
+
+static void load_job(struct catalog *c, struct storage *s, const char *job)
+{
+	struct storage_step *steps = NULL;
+	char err[IPC_ERRLEN];
+	size_t n = 0;
+
+	if (s->ops->list_steps(s, job, &steps, &n, err)) {
+		log_msg(LOG_WARNING, "job %s: %s", job, err);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct manifest *m;
+		struct cat_entry e;
+
+		if (!steps[i].committed)
+			continue;
+		if (s->ops->read_manifest(s, job, steps[i].step, &m, err)) {
+			log_msg(LOG_WARNING, "job %s step %lld is not listed: %s", job,
+				(long long)steps[i].step, err);
+			continue;
+		}
+		catalog_entry_from_manifest(m, &e);
+		manifest_free(m);
+		if (catalog_add(c, &e))
+			log_msg(LOG_ERR, "out of memory listing job %s", job);
+	}
+	free(steps);
+}
+
+int catalog_load(struct catalog *c, struct storage *s, char *err)
+{
+	char **jobs = NULL;
+	size_t n = 0;
+	int rc;
+
+	rc = s->ops->list_jobs(s, &jobs, &n, err);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < n; i++) {
+		load_job(c, s, jobs[i]);
+		free(jobs[i]);
+	}
+	free(jobs);
+	return 0;
+}

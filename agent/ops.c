@@ -1,0 +1,366 @@
+/*
+ * What operators ask: status, list, show, delete, and the live watch of
+ * saves. Status, list and watch answer from memory on the control thread;
+ * show and delete touch the disk, so they run on the maint thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+#ifndef CKPTD_VERSION
+#define CKPTD_VERSION "0.0.0"
+#endif
+
+/* ---- status ----------------------------------------------------------- */
+
+void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__StatusReply rep = CKPT__V1__STATUS_REPLY__INIT;
+	Ckpt__V1__StateCount counts[8], *cp[8];
+	struct agent *a = ctx;
+	struct pool_stats ps;
+	struct ioeng_stats is;
+	char last[512], io[512];
+	const char *why = NULL;
+	size_t n = 0;
+
+	pool_get_stats(a->pool, &ps);
+	ioeng_get_stats(a->io, &is);
+	log_last_error(last, sizeof(last));
+	rep.version = CKPTD_VERSION;
+	rep.pid = getpid();
+	rep.uptime_seconds = (double)(ipc_mono_ns() - a->started_mono) / 1e9;
+	rep.root = (char *)a->cfg.root;
+	rep.listen = (char *)a->cfg.listen;
+	rep.io_engine = (char *)ioeng_name(a->io);
+	/* Direct I/O is learnt on the first shard: say what is known now. */
+	snprintf(io, sizeof(io), "%s; %s", ioeng_detail(a->io),
+		 local_direct(a->store, &why) ? "O_DIRECT"
+					      : why && *why ? why : "buffered writes (--no-direct)");
+	rep.io_detail = io;
+	rep.pool_bytes = ps.bytes;
+	rep.pool_used_bytes = (uint64_t)(ps.chunks - ps.free_credits) * ps.chunk_bytes;
+	rep.chunk_bytes = ps.chunk_bytes;
+	rep.pool_locked = ps.locked;
+	rep.pool_registered = ioeng_registered(a->io);
+	rep.pool_detail = (char *)pool_detail(a->pool);
+	rep.bytes_written = is.bytes_written;
+	rep.bytes_read = is.bytes_read;
+	rep.io_errors = is.errors;
+	rep.io_retries = is.retries;
+	rep.last_error = last;
+	rep.gpu = "no GPU support in this build";
+	rep.removed_at_start = a->recovered.partial_removed;
+	pthread_mutex_lock(&a->mu);
+	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
+		if (!ipc_state_final(s))
+			continue;
+		ckpt__v1__state_count__init(&counts[n]);
+		counts[n].state = s;
+		counts[n].count = a->finals[s];
+		cp[n] = &counts[n];
+		n++;
+	}
+	rep.n_saves = n;
+	rep.saves = cp;
+	rep.sessions = a->nsessions;
+	rep.plans = a->nplans;
+	rep.saves_in_flight = a->inflight;
+	rpc_reply(c, &rep.base);
+	pthread_mutex_unlock(&a->mu);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---- list ------------------------------------------------------------- */
+
+static void summary_from_entry(const struct cat_entry *e, bool latest,
+			       Ckpt__V1__CheckpointSummary *s)
+{
+	ckpt__v1__checkpoint_summary__init(s);
+	s->job = (char *)e->job;
+	s->step = e->step;
+	s->world = e->world;
+	s->state = CKPT__V1__STATE__STATE_COMMITTED;
+	s->bytes = e->bytes;
+	s->time_unix_ns = e->time_unix_ns;
+	s->latest = latest;
+	s->tensors = e->tensors;
+	s->capture_seconds = e->capture_seconds;
+	s->durable_seconds = e->durable_seconds;
+	s->commit_seconds = e->commit_seconds;
+	s->pinned = e->pinned;
+	s->reason = "";
+}
+
+static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *s)
+{
+	ckpt__v1__checkpoint_summary__init(s);
+	s->job = cp->job;
+	s->step = cp->step;
+	s->world = cp->world;
+	s->state = cp->state;
+	s->reason = cp->reason;
+	for (int r = 0; r < cp->world; r++)
+		if (cp->rank[r])
+			s->bytes += cp->rank[r]->bytes_total;
+}
+
+void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
+	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
+	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL;
+	const char *job = req->job && *req->job ? req->job : NULL;
+	struct agent *a = ctx;
+	struct cat_entry **e = NULL;
+	char err[IPC_ERRLEN];
+	struct list *pos;
+	size_t n, ncat, k = 0;
+
+	if (job && ipc_check_job(job, err)) {
+		rpc_fail(c, -EINVAL, "list: %s", err);
+		goto out;
+	}
+	pthread_mutex_lock(&a->mu);
+	n = ncat = catalog_list(a->cat, job, &e);
+	list_for_each(pos, &a->ckpts) n++;
+	v = calloc(n ? n : 1, sizeof(*v));
+	pv = calloc(n ? n : 1, sizeof(*pv));
+	if (!e || !v || !pv) {
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, -ENOMEM, "list: out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < ncat; i++) {
+		bool latest = i + 1 == ncat || strcmp(e[i + 1]->job, e[i]->job) != 0;
+
+		summary_from_entry(e[i], latest, &v[k]);
+		pv[k] = &v[k];
+		k++;
+	}
+	list_for_each(pos, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)))
+			continue;
+		summary_from_cp(cp, &v[k]);
+		pv[k] = &v[k];
+		k++;
+	}
+	rep.n_checkpoints = k;
+	rep.checkpoints = pv;
+	rpc_reply(c, &rep.base);
+	pthread_mutex_unlock(&a->mu);
+out:
+	free(e);
+	free(v);
+	free(pv);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---- show and delete (maint thread) ----------------------------------- */
+
+struct job_step_op {
+	struct work work;
+	struct agent *a;
+	struct rpc *call;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+};
+
+static void show_run(struct work *w)
+{
+	struct job_step_op *op = container_of(w, struct job_step_op, work);
+	Ckpt__V1__ShowReply rep = CKPT__V1__SHOW_REPLY__INIT;
+	Ckpt__V1__CheckpointSummary sum;
+	struct agent *a = op->a;
+	struct manifest *m = NULL;
+	struct cat_entry e, *newest;
+	char err[IPC_ERRLEN], *json = NULL;
+	size_t len;
+	int rc;
+
+	rc = a->store->ops->read_manifest(a->store, op->job, op->step, &m, err);
+	if (!rc)
+		rc = manifest_to_json(m, &json, &len, err);
+	if (rc) {
+		rpc_fail(op->call, rc, "show %s %lld: %s", op->job, (long long)op->step, err);
+		goto out;
+	}
+	catalog_entry_from_manifest(m, &e);
+	pthread_mutex_lock(&a->mu);
+	newest = catalog_newest(a->cat, op->job, INT64_MAX);
+	summary_from_entry(&e, newest && newest->step == op->step, &sum);
+	pthread_mutex_unlock(&a->mu);
+	rep.summary = &sum;
+	rep.manifest_json = json;
+	rpc_reply(op->call, &rep.base);
+out:
+	free(json);
+	manifest_free(m);
+	free(op);
+}
+
+static void delete_run(struct work *w)
+{
+	struct job_step_op *op = container_of(w, struct job_step_op, work);
+	Ckpt__V1__Empty rep = CKPT__V1__EMPTY__INIT;
+	struct agent *a = op->a;
+	struct cat_entry *e, saved;
+	char err[IPC_ERRLEN];
+	int rc = 0;
+
+	pthread_mutex_lock(&a->mu);
+	e = catalog_find(a->cat, op->job, op->step);
+	if (!e)
+		rc = ipc_errf(err, -ENOENT, "job %s has no committed step %lld", op->job,
+			      (long long)op->step);
+	else if (e->readers)
+		rc = ipc_errf(err, -EBUSY, "job %s step %lld is being restored or verified", op->job,
+			      (long long)op->step);
+	else if (e->pinned)
+		rc = ipc_errf(err, -EBUSY, "job %s step %lld is pinned: unpin it first", op->job,
+			      (long long)op->step);
+	if (!rc) {
+		/* Out of the catalog first: no restore can start on it from now on. */
+		saved = *e;
+		catalog_remove(a->cat, op->job, op->step);
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (!rc) {
+		rc = a->store->ops->remove(a->store, op->job, op->step, err);
+		if (rc) {
+			pthread_mutex_lock(&a->mu);
+			catalog_add(a->cat, &saved);
+			pthread_mutex_unlock(&a->mu);
+		}
+	}
+	if (rc) {
+		rpc_fail(op->call, rc, "delete: %s", err);
+	} else {
+		log_msg(LOG_INFO, "deleted job %s step %lld", op->job, (long long)op->step);
+		rpc_reply(op->call, &rep.base);
+	}
+	free(op);
+}
+
+static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
+			   int64_t step, void (*fn)(struct work *))
+{
+	struct job_step_op *op;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	rc = ipc_check_job(job, err);
+	if (!rc)
+		rc = ipc_check_step(step, err);
+	if (rc) {
+		rpc_fail(c, rc, "%s: %s", what, err);
+		return;
+	}
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		rpc_fail(c, -ENOMEM, "%s: out of memory", what);
+		return;
+	}
+	op->a = a;
+	op->call = c;
+	snprintf(op->job, sizeof(op->job), "%s", job);
+	op->step = step;
+	op->work.fn = fn;
+	workq_push(a->maint, &op->work);
+}
+
+void rpc_show(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__ShowRequest *req = (Ckpt__V1__ShowRequest *)m;
+
+	queue_job_step(c, ctx, "show", req->job, req->step, show_run);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__DeleteRequest *req = (Ckpt__V1__DeleteRequest *)m;
+
+	queue_job_step(c, ctx, "delete", req->job, req->step, delete_run);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---- watch ------------------------------------------------------------ */
+
+struct watcher {
+	struct list link;
+	struct agent *a;
+	struct rpc *stream;
+	char job[IPC_MAX_JOB + 1]; /* "" for every job */
+};
+
+void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->watchers)
+	{
+		struct watcher *w = container_of(pos, struct watcher, link);
+
+		if (!w->job[0] || strcmp(w->job, info->job) == 0)
+			rpc_stream_send(w->stream, &info->base);
+	}
+}
+
+static void on_watch_close(struct rpc *c, void *ctx)
+{
+	struct watcher *w = ctx;
+	struct agent *a = w->a;
+
+	pthread_mutex_lock(&a->mu);
+	list_del(&w->link);
+	pthread_mutex_unlock(&a->mu);
+	rpc_release(c);
+	free(w);
+}
+
+void rpc_watch(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__WatchRequest *req = (Ckpt__V1__WatchRequest *)m;
+	struct agent *a = ctx;
+	struct watcher *w;
+	char err[IPC_ERRLEN];
+	struct list *pos;
+
+	if (req->job && *req->job && ipc_check_job(req->job, err)) {
+		rpc_fail(c, -EINVAL, "watch: %s", err);
+		goto out;
+	}
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		rpc_fail(c, -ENOMEM, "watch: out of memory");
+		goto out;
+	}
+	w->a = a;
+	w->stream = c;
+	snprintf(w->job, sizeof(w->job), "%s", req->job ? req->job : "");
+	pthread_mutex_lock(&a->mu);
+	list_add_tail(&a->watchers, &w->link);
+	rpc_stream_hold(c, on_watch_close, w);
+	/* First what is in flight now, then every change. */
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+		Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
+
+		if (ipc_state_final(s->state) || (w->job[0] && strcmp(w->job, s->job)))
+			continue;
+		save_info(s, &info);
+		rpc_stream_send(c, &info.base);
+	}
+	pthread_mutex_unlock(&a->mu);
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
+}

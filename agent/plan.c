@@ -1,0 +1,429 @@
+/*
+ * Plans: what one rank saves. Created once, reused by every save: the
+ * tensors are checked here (the same checks libckpt made before sending,
+ * because the agent trusts no client), the shard is laid out (header, then
+ * each tensor in the order given, contiguous) and its safetensors header is
+ * built once.
+ *
+ * Handlers run on the control thread; plan_read_image runs on capture
+ * workers, without the lock: a plan's layout never changes and its regions
+ * stay mapped while it is busy (plan_busy/plan_idle).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+#define MAX_PLANS 65536
+
+struct plan *plan_find(struct agent *a, uint64_t id)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (p->id == id)
+			return p;
+	}
+	return NULL;
+}
+
+void plan_get(struct plan *p)
+{
+	p->refs++;
+}
+
+/* Each region once: plans hold one reference per distinct region. */
+static void release_regions(struct plan *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		struct region *r = p->t[i].region;
+
+		if (!r)
+			continue;
+		for (size_t j = i; j < p->n; j++)
+			if (p->t[j].region == r)
+				p->t[j].region = NULL;
+		region_put(r);
+	}
+}
+
+static void plan_free(struct plan *p)
+{
+	release_regions(p);
+	for (size_t i = 0; i < p->n; i++)
+		free(p->t[i].name);
+	free(p->t);
+	free(p->header);
+	free(p);
+}
+
+void plan_put(struct agent *a, struct plan *p)
+{
+	if (--p->refs == 0)
+		plan_free(p);
+}
+
+void plan_busy(struct plan *p)
+{
+	p->active++;
+}
+
+void plan_idle(struct agent *a, struct plan *p)
+{
+	if (--p->active == 0 && p->dropped)
+		release_regions(p);
+}
+
+void plan_drop(struct agent *a, struct plan *p)
+{
+	struct list *pos;
+	bool aborted = false;
+
+	if (p->dropped)
+		return;
+	p->dropped = true;
+	a->nplans--;
+	list_del(&p->link);
+	list_del(&p->slink);
+	p->sess = NULL;
+	/* Saves not yet CAPTURED lose their source: abort them. Later ones go on. */
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (s->plan == p && s->state == CKPT__V1__STATE__STATE_QUEUED) {
+			atomic_store(&s->abort, true);
+			cp_fail(a, s->cp,
+				"the plan was dropped (trainer gone?) before its save was CAPTURED");
+			aborted = true;
+		}
+	}
+	if (aborted)
+		pool_wake(a->pool);
+	/* Mappings keep a dead trainer's memory alive: let them go as soon as idle. */
+	if (p->active == 0)
+		release_regions(p);
+	plan_put(a, p);
+}
+
+/* ---- creation --------------------------------------------------------- */
+
+struct region_lookup {
+	struct session *sess;
+};
+
+static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
+{
+	struct region_lookup *l = ctx;
+	struct region *r;
+
+	if (kind != CKPT__V1__REGION_KIND__REGION_HOST)
+		return -ENOTSUP;
+	r = region_find(l->sess, region);
+	if (!r)
+		return -ENOENT;
+	*size = r->shm.size;
+	return 0;
+}
+
+static int cmp_name(const void *x, const void *y)
+{
+	return strcmp(((const struct plan_tensor *)x)->name, ((const struct plan_tensor *)y)->name);
+}
+
+/*
+ * Another live plan of the same job must agree: same world, another rank,
+ * and a tensor name on two ranks only as chunks of one sharded tensor.
+ */
+static int check_job_peers(struct agent *a, const struct plan *np, char *err)
+{
+	struct plan_tensor *sorted = NULL;
+	struct list *pos;
+	int rc = 0;
+
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (strcmp(p->job, np->job) != 0)
+			continue;
+		if (p->world != np->world)
+			return ipc_errf(err, -EINVAL,
+					"job %s already has plans with world %d; this one says %d",
+					np->job, p->world, np->world);
+		if (p->rank == np->rank)
+			return ipc_errf(err, -EEXIST,
+					"job %s rank %d already has a plan (client %s, pid %u): "
+					"destroy it first",
+					np->job, np->rank, p->sess ? p->sess->client : "?",
+					p->sess ? p->sess->pid : 0);
+		if (!sorted) {
+			sorted = malloc(np->n * sizeof(*sorted) + 1);
+			if (!sorted)
+				return ipc_errf(err, -ENOMEM, "out of memory");
+			memcpy(sorted, np->t, np->n * sizeof(*sorted));
+			qsort(sorted, np->n, sizeof(*sorted), cmp_name);
+		}
+		for (size_t i = 0; i < p->n; i++) {
+			const struct plan_tensor *o = &p->t[i], *t;
+
+			t = bsearch(o, sorted, np->n, sizeof(*sorted), cmp_name);
+			if (!t)
+				continue;
+			if (!t->sharded || !o->sharded || t->dtype != o->dtype ||
+			    t->ndim != o->ndim ||
+			    memcmp(t->global_shape, o->global_shape, t->ndim * sizeof(int64_t))) {
+				rc = ipc_errf(err, -EINVAL,
+					      "tensor '%s' is also saved by rank %d of job %s: a name "
+					      "on several ranks must be chunks of one sharded tensor "
+					      "(same dtype and global shape)",
+					      t->name, p->rank, np->job);
+				goto out;
+			}
+		}
+	}
+out:
+	free(sorted);
+	return rc;
+}
+
+static int lay_out(struct plan *p, char *err)
+{
+	struct st_tensor *st = calloc(p->n ? p->n : 1, sizeof(*st));
+	char rank[16], world[16];
+	struct st_meta meta[] = {
+		{"format", "pt"}, {"producer", "ckptd"}, {"job", p->job}, {"rank", rank},
+		{"world", world},
+	};
+	uint64_t pos = 0;
+	size_t len;
+	int rc;
+
+	if (!st)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	snprintf(rank, sizeof(rank), "%d", p->rank);
+	snprintf(world, sizeof(world), "%d", p->world);
+	for (size_t i = 0; i < p->n; i++) {
+		st[i] = (struct st_tensor){p->t[i].name, p->t[i].dtype, p->t[i].ndim, p->t[i].shape,
+					   pos, pos + p->t[i].nbytes};
+		p->t[i].begin = pos;
+		p->t[i].end = pos + p->t[i].nbytes;
+		pos = p->t[i].end;
+	}
+	rc = st_header_build(st, p->n, meta, sizeof(meta) / sizeof(meta[0]), &p->header, &len,
+			     err);
+	free(st);
+	if (rc)
+		return rc;
+	p->header_len = len;
+	p->shard_bytes = len + pos;
+	for (size_t i = 0; i < p->n; i++) {
+		p->t[i].begin += len;
+		p->t[i].end += len;
+	}
+	return 0;
+}
+
+/*
+ * Copies the request's tensors into the plan. Regions are attached last, with
+ * one reference per distinct region, so a failure half way leaves none taken.
+ */
+static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_tensor *v,
+			size_t n, char *err)
+{
+	p->t = calloc(n ? n : 1, sizeof(*p->t));
+	if (!p->t)
+		return ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
+	for (size_t i = 0; i < n; i++) {
+		struct plan_tensor *t = &p->t[i];
+
+		t->name = strdup(v[i].name);
+		if (!t->name)
+			return ipc_errf(err, -ENOMEM, "out of memory");
+		p->n = i + 1;
+		t->dtype = v[i].dtype;
+		t->ndim = v[i].ndim;
+		memcpy(t->shape, v[i].shape, t->ndim * sizeof(int64_t));
+		t->sharded = v[i].global_ndim > 0;
+		if (t->sharded) {
+			memcpy(t->global_shape, v[i].global_shape, t->ndim * sizeof(int64_t));
+			memcpy(t->global_offset, v[i].global_offset, t->ndim * sizeof(int64_t));
+		} else {
+			memcpy(t->global_shape, t->shape, t->ndim * sizeof(int64_t));
+		}
+		t->offset = v[i].offset;
+		t->nbytes = v[i].nbytes;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct region *r = region_find(sess, v[i].region);
+		bool seen = false;
+
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = p->t[j].region == r;
+		if (!seen)
+			r->refs++;
+		p->t[i].region = r;
+	}
+	return 0;
+}
+
+static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, struct plan **out,
+		      char *err)
+{
+	struct ipc_tensor *v = NULL;
+	struct region_lookup l;
+	struct session *sess;
+	struct plan *p;
+	int rc;
+
+	sess = session_find(a, req->session_id);
+	if (!sess)
+		return ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
+				(unsigned long long)req->session_id);
+	if (a->nplans >= MAX_PLANS)
+		return ipc_errf(err, -EAGAIN, "the agent holds %u plans, its limit", a->nplans);
+	if (req->n_cuda_regions)
+		return ipc_errf(err, -ENOTSUP, "job %s rank %d: CUDA tensors, but this agent has "
+					       "no usable GPU",
+				req->job, req->rank);
+	rc = ipc_tensors_from_request(req, &v, err);
+	if (rc)
+		return rc;
+	l.sess = sess;
+	rc = ipc_check_tensors(v, req->n_tensors, region_size, &l, err);
+	if (rc)
+		goto out;
+	p = calloc(1, sizeof(*p));
+	if (!p) {
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	*out = p;
+	snprintf(p->job, sizeof(p->job), "%s", req->job);
+	p->rank = req->rank;
+	p->world = req->world;
+	p->backpressure = req->backpressure ? (int)req->backpressure : a->cfg.backpressure;
+	p->sess = sess;
+	p->refs = 1;
+	rc = fill_tensors(p, sess, v, req->n_tensors, err);
+	if (rc)
+		goto out;
+	rc = check_job_peers(a, p, err);
+	if (rc)
+		goto out;
+	rc = lay_out(p, err);
+out:
+	free(v);
+	return rc;
+}
+
+void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__CreatePlanRequest *req = (Ckpt__V1__CreatePlanRequest *)m;
+	Ckpt__V1__CreatePlanReply rep = CKPT__V1__CREATE_PLAN_REPLY__INIT;
+	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
+	struct plan *p = NULL;
+	int rc;
+
+	rc = ipc_check_job(req->job, err);
+	if (!rc)
+		rc = ipc_check_rank(req->rank, req->world, err);
+	if (!rc && (req->backpressure < 0 || req->backpressure > CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP))
+		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", req->backpressure);
+	if (rc) {
+		rpc_fail(c, rc, "%s", err);
+		goto out;
+	}
+	pthread_mutex_lock(&a->mu);
+	rc = plan_build(a, req, &p, err);
+	if (rc) {
+		if (p)
+			plan_free(p);
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
+		goto out;
+	}
+	p->id = ipc_random_id();
+	list_add_tail(&a->plans, &p->link);
+	list_add_tail(&p->sess->plans, &p->slink);
+	a->nplans++;
+	rep.plan_id = p->id;
+	rep.shard_bytes = p->shard_bytes;
+	rep.header_bytes = p->header_len;
+	pthread_mutex_unlock(&a->mu);
+	log_msg(LOG_INFO, "plan for job %s rank %d/%d: %zu tensors, %llu bytes", p->job, p->rank,
+		p->world, p->n, (unsigned long long)p->shard_bytes);
+	rpc_reply(c, &rep.base);
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_drop_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__DropPlanRequest *req = (Ckpt__V1__DropPlanRequest *)m;
+	Ckpt__V1__Empty rep = CKPT__V1__EMPTY__INIT;
+	struct agent *a = ctx;
+	struct plan *p;
+
+	pthread_mutex_lock(&a->mu);
+	p = plan_find(a, req->plan_id);
+	if (p)
+		plan_drop(a, p);
+	pthread_mutex_unlock(&a->mu);
+	if (p)
+		rpc_reply(c, &rep.base);
+	else
+		rpc_fail(c, -ENOENT, "no plan %llu", (unsigned long long)req->plan_id);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---- the shard image -------------------------------------------------- */
+
+void *plan_tensor_addr(const struct plan *p, size_t i)
+{
+	return (char *)p->t[i].region->shm.data + p->t[i].offset;
+}
+
+/* The first tensor whose bytes end after `off`. */
+static size_t tensor_at(const struct plan *p, uint64_t off)
+{
+	size_t lo = 0, hi = p->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (p->t[mid].end <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len)
+{
+	char *d = dst;
+	uint64_t end = off + len;
+
+	if (off < p->header_len) {
+		uint64_t n = (end < p->header_len ? end : p->header_len) - off;
+
+		memcpy(d, (const char *)p->header + off, n);
+		d += n;
+		off += n;
+	}
+	for (size_t i = tensor_at(p, off); i < p->n && off < end; i++) {
+		const struct plan_tensor *t = &p->t[i];
+		uint64_t n = (end < t->end ? end : t->end) - off;
+
+		memcpy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n);
+		d += n;
+		off += n;
+	}
+}

@@ -1,0 +1,547 @@
+/*
+ * Saves: one rank's shard of one checkpoint, from trainer memory to a
+ * durable file.
+ *
+ *   control thread   rpc_save: checks, admission (skip policy), QUEUED
+ *   capture worker   reserves staging chunks (waiting its turn, or skipped),
+ *                    creates the shard file, and for each chunk in file
+ *                    order: copies header/tensor bytes in, hands the chunk to
+ *                    the I/O thread; after the last one: CAPTURED
+ *   I/O thread       chunk_prep: XXH3 of each tensor as its bytes pass, in
+ *                    file order, just before the chunk is written;
+ *                    chunk_done: the chunk back to the reservation (the
+ *                    capture of a later chunk may be waiting for it); after
+ *                    the last: exact size + fsync, then DURABLE
+ *
+ * Copy and write overlap: chunk k+1 is copied while chunk k is written. A save
+ * that fits in the pool reserves all its chunks at once, so its capture never
+ * waits for the disk; a larger one streams through the whole pool.
+ *
+ * `stages` counts what is still running (the capture, each chunk in flight,
+ * the final fsync); whoever brings it to zero moves the save on.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "agent.h"
+
+#define ALIGN 4096u
+
+static uint64_t round_up(uint64_t n, uint64_t a)
+{
+	return (n + a - 1) / a * a;
+}
+
+static double secs(int64_t from, int64_t to)
+{
+	return from && to ? (double)(to - from) / 1e9 : 0;
+}
+
+/* ---- state and telling ------------------------------------------------ */
+
+void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
+{
+	info->save_id = s->id;
+	info->job = s->job;
+	info->step = s->step;
+	info->rank = s->rank;
+	info->world = s->world;
+	info->state = s->state;
+	info->reason = s->reason;
+	info->bytes_total = s->bytes_total;
+	info->bytes_captured = atomic_load(&s->bytes_captured);
+	info->bytes_written = atomic_load(&s->bytes_written);
+	info->queued_unix_ns = s->queued_unix_ns;
+	info->capture_seconds = secs(s->t_queued, s->t_captured);
+	info->durable_seconds = secs(s->t_queued, s->t_durable);
+	info->commit_seconds = secs(s->t_queued, s->t_committed);
+	info->pool_limited = s->pool_limited;
+}
+
+static void publish(struct agent *a, struct save *s)
+{
+	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
+
+	save_info(s, &info);
+	if (s->sess && s->sess->stream) {
+		Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;
+
+		ev.session_id = s->sess->id;
+		ev.save = &info;
+		rpc_stream_send(s->sess->stream, &ev.base);
+	}
+	watchers_publish(a, &info);
+}
+
+void save_set_state(struct agent *a, struct save *s, int state, const char *reason)
+{
+	int64_t now = ipc_mono_ns();
+
+	if (ipc_state_final(s->state) || state <= s->state)
+		return;
+	s->state = state;
+	if (reason)
+		snprintf(s->reason, sizeof(s->reason), "%s", reason);
+	if (state == CKPT__V1__STATE__STATE_CAPTURED)
+		s->t_captured = now;
+	else if (state == CKPT__V1__STATE__STATE_DURABLE)
+		s->t_durable = now;
+	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
+		s->t_committed = now;
+	if (ipc_state_final(state)) {
+		a->inflight--;
+		a->nfinished++;
+		a->finals[state]++;
+	}
+	if (state == CKPT__V1__STATE__STATE_FAILED)
+		log_msg(LOG_WARNING, "save of job %s step %lld rank %d FAILED: %s", s->job,
+			(long long)s->step, s->rank, s->reason);
+	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
+		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
+			(long long)s->step, s->rank, s->reason);
+	publish(a, s);
+}
+
+/* Under mu: this save fails, and its checkpoint with it. */
+static void save_fail(struct agent *a, struct save *s, const char *reason)
+{
+	char why[IPC_ERRLEN + 32];
+
+	atomic_store(&s->abort, true);
+	save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, reason);
+	snprintf(why, sizeof(why), "rank %d: %s", s->rank, reason);
+	cp_fail(a, s->cp, why);
+}
+
+void save_forget_session(struct agent *a, struct session *sess)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (s->sess == sess)
+			s->sess = NULL;
+	}
+}
+
+void save_detach(struct agent *a, struct save *s)
+{
+	if (s->plan)
+		plan_put(a, s->plan);
+	s->plan = NULL;
+	free(s->digest);
+	s->digest = NULL;
+	s->cp = NULL;
+}
+
+void save_free(struct agent *a, struct save *s)
+{
+	list_del(&s->link);
+	save_detach(a, s);
+	free(s);
+}
+
+void save_trim(struct agent *a)
+{
+	struct list *pos, *tmp;
+
+	list_for_each_safe(pos, tmp, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (a->nfinished <= AGENT_KEEP_FINISHED)
+			break;
+		if (ipc_state_final(s->state) && !s->cp && atomic_load(&s->stages) == 0) {
+			a->nfinished--;
+			save_free(a, s);
+		}
+	}
+}
+
+/* ---- the pipeline's end ----------------------------------------------- */
+
+/* Any thread, no lock: the last stage has finished. */
+static void pipeline_end(struct save *s, const char *failure)
+{
+	struct agent *a = s->a;
+
+	if (s->resv.pool)
+		pool_release(&s->resv);
+	if (s->shard) {
+		a->store->ops->shard_close(s->shard);
+		s->shard = NULL;
+	}
+	XXH3_freeState(s->xs);
+	s->xs = NULL;
+	pthread_mutex_lock(&a->mu);
+	if (failure)
+		save_fail(a, s, failure);
+	else if (s->state == CKPT__V1__STATE__STATE_CAPTURED) {
+		save_set_state(a, s, CKPT__V1__STATE__STATE_DURABLE, NULL);
+		cp_rank_durable(a, s->cp);
+	}
+	cp_rank_stopped(a, s->cp);
+	pthread_mutex_unlock(&a->mu);
+}
+
+static void io_failure(struct save *s, const char *what, int err, char *buf, size_t len)
+{
+	char path[512];
+
+	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->plan->rank, path,
+				     sizeof(path));
+	snprintf(buf, len, "%s %s: %s", what, path, strerror(-err));
+}
+
+static void finish_done(struct io_req *r)
+{
+	struct save *s = r->ctx;
+	char why[IPC_ERRLEN];
+
+	if (r->res < 0) {
+		io_failure(s, "making durable", (int)r->res, why, sizeof(why));
+		pipeline_end(s, why);
+	} else {
+		pipeline_end(s, NULL);
+	}
+}
+
+/* The capture, a chunk's write or the fsync has finished. */
+static void stage_done(struct save *s)
+{
+	char why[IPC_ERRLEN];
+
+	if (atomic_fetch_sub(&s->stages, 1) != 1)
+		return;
+	if (s->io_err) {
+		io_failure(s, "writing", s->io_err, why, sizeof(why));
+		pipeline_end(s, why);
+	} else if (atomic_load(&s->abort) || !s->shard ||
+		   atomic_load(&s->bytes_written) != s->plan->shard_bytes) {
+		pipeline_end(s, NULL); /* aborted: the reason is set already */
+	} else {
+		/* Every byte written: the exact size, then fsync (the shard's durability). */
+		atomic_store(&s->stages, 1);
+		s->finish = (struct io_req){.done = finish_done, .ctx = s, .buf_index = -1};
+		s->a->store->ops->shard_finish(s->shard, &s->finish);
+	}
+}
+
+/* ---- the I/O thread's part -------------------------------------------- */
+
+/* Checksums, tensor by tensor in file order, over the bytes about to be written. */
+static void chunk_prep(struct io_req *r)
+{
+	struct pool_chunk *c = r->ctx;
+	struct save *s = c->owner;
+	const struct plan *p = s->plan;
+	const uint64_t a0 = r->off, b0 = r->off + c->fill;
+	const char *buf = c->buf;
+	size_t i = s->hash_next;
+
+	for (; i < p->n; i++) {
+		const struct plan_tensor *t = &p->t[i];
+		uint64_t from, to;
+
+		/* Starts in a later chunk (an empty tensor at b0 belongs to this one). */
+		if (t->begin > b0 || (t->begin == b0 && t->end > t->begin))
+			break;
+		from = t->begin > a0 ? t->begin : a0;
+		to = t->end < b0 ? t->end : b0;
+		if (from == t->begin && t->end <= b0) { /* whole in this chunk */
+			s->digest[i] = XXH3_64bits(buf + (from - a0), to - from);
+			continue;
+		}
+		if (from == t->begin)
+			XXH3_64bits_reset(s->xs);
+		XXH3_64bits_update(s->xs, buf + (from - a0), to - from);
+		if (t->end > b0)
+			break; /* goes on in the next chunk */
+		s->digest[i] = XXH3_64bits_digest(s->xs);
+	}
+	s->hash_next = i;
+}
+
+static void chunk_done(struct io_req *r)
+{
+	struct pool_chunk *c = r->ctx;
+	struct save *s = c->owner;
+
+	if (r->res < 0) {
+		if (!s->io_err)
+			s->io_err = (int)r->res;
+		atomic_store(&s->abort, true);
+	} else {
+		atomic_fetch_add(&s->bytes_written, c->fill);
+	}
+	c->owner = NULL;
+	pool_give(&s->resv, c);
+	stage_done(s);
+}
+
+/* ---- the capture worker ----------------------------------------------- */
+
+static int capture_chunks(struct save *s)
+{
+	struct agent *a = s->a;
+	const struct plan *p = s->plan;
+	const uint64_t cb = pool_chunk_bytes(a->pool);
+
+	for (unsigned k = 0; k < s->nchunks; k++) {
+		struct pool_chunk *c = pool_take(&s->resv, &s->abort);
+		uint64_t off = (uint64_t)k * cb, fill, len;
+
+		if (!c)
+			return -ECANCELED;
+		fill = p->shard_bytes - off < cb ? p->shard_bytes - off : cb;
+		len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
+		plan_read_image(p, off, c->buf, fill);
+		memset((char *)c->buf + fill, 0, len - fill);
+		c->fill = fill;
+		c->owner = s;
+		c->req = (struct io_req){.op = IO_WRITE,
+					 .buf = c->buf,
+					 .len = len,
+					 .off = off,
+					 .buf_index = (int)c->index,
+					 .prep = chunk_prep,
+					 .done = chunk_done,
+					 .ctx = c};
+		atomic_fetch_add(&s->stages, 1);
+		atomic_fetch_add(&s->bytes_captured, fill);
+		a->store->ops->shard_write(s->shard, &c->req);
+	}
+	return 0;
+}
+
+static int capture_setup(struct save *s, char *why)
+{
+	struct agent *a = s->a;
+	const struct plan *p = s->plan;
+	char err[IPC_ERRLEN];
+	unsigned want = s->nchunks < pool_nchunks(a->pool) ? s->nchunks : pool_nchunks(a->pool);
+	bool wait = p->backpressure != CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP;
+	int rc;
+
+	rc = pool_reserve(a->pool, &s->resv, want ? want : 1, wait, &s->abort);
+	if (rc == -EAGAIN) {
+		snprintf(why, IPC_ERRLEN,
+			 "staging pool full (earlier saves still persisting) and the job's policy is "
+			 "skip");
+		return rc;
+	}
+	if (rc)
+		return rc;
+	s->xs = XXH3_createState();
+	if (!s->xs) {
+		snprintf(why, IPC_ERRLEN, "out of memory for checksums");
+		return -ENOMEM;
+	}
+	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
+					 &s->shard, err);
+	if (rc)
+		snprintf(why, IPC_ERRLEN, "%s", err);
+	return rc;
+}
+
+static void save_capture(struct work *w)
+{
+	struct save *s = container_of(w, struct save, work);
+	struct agent *a = s->a;
+	char why[IPC_ERRLEN] = "";
+	int rc;
+
+	rc = capture_setup(s, why);
+	if (!rc)
+		rc = capture_chunks(s);
+	pthread_mutex_lock(&a->mu);
+	plan_idle(a, s->plan);
+	if (rc == -EAGAIN && !atomic_load(&s->abort)) {
+		atomic_store(&s->abort, true);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, why);
+		cp_fail(a, s->cp, "a rank was SKIPPED (staging pool full)");
+	} else if (rc && rc != -ECANCELED) {
+		save_fail(a, s, why);
+	} else if (!rc) {
+		save_set_state(a, s, CKPT__V1__STATE__STATE_CAPTURED, NULL);
+	}
+	pthread_mutex_unlock(&a->mu);
+	stage_done(s);
+}
+
+/* ---- the RPCs --------------------------------------------------------- */
+
+/* Under mu: would a save of n chunks wait behind earlier ones right now? */
+static bool pool_busy(struct agent *a, unsigned n)
+{
+	struct pool_stats st;
+
+	pool_get_stats(a->pool, &st);
+	if (n > st.chunks)
+		n = st.chunks;
+	return st.waiters > 0 || st.free_credits < n || workq_busy(a->capture) > 0;
+}
+
+static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp,
+			     int64_t step)
+{
+	struct save *s = calloc(1, sizeof(*s));
+
+	if (!s || !(s->digest = calloc(p->n ? p->n : 1, sizeof(uint64_t)))) {
+		free(s);
+		return NULL;
+	}
+	s->id = ipc_random_id();
+	s->a = a;
+	s->plan = p;
+	plan_get(p);
+	snprintf(s->job, sizeof(s->job), "%s", p->job);
+	s->rank = p->rank;
+	s->world = p->world;
+	s->bytes_total = p->shard_bytes;
+	s->cp = cp;
+	s->sess = p->sess;
+	s->step = step;
+	s->state = CKPT__V1__STATE__STATE_QUEUED;
+	s->t_queued = ipc_mono_ns();
+	s->queued_unix_ns = ipc_now_ns();
+	s->nchunks = (unsigned)((p->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
+				pool_chunk_bytes(a->pool));
+	s->pool_limited = s->nchunks > pool_nchunks(a->pool);
+	s->work.fn = save_capture;
+	cp->rank[p->rank] = s;
+	cp->nsaved++;
+	a->inflight++;
+	list_add_tail(&a->saves, &s->link);
+	return s;
+}
+
+/* Under mu: the checks that need the agent's state; creates and queues the save. */
+static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct save **out,
+		      char *err)
+{
+	struct checkpoint *cp;
+	struct plan *p;
+	struct save *s;
+	int rc;
+
+	p = plan_find(a, req->plan_id);
+	if (!p)
+		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
+				(unsigned long long)req->plan_id);
+	if (a->stopping)
+		return ipc_errf(err, -EAGAIN, "the agent is stopping");
+	if (catalog_find(a->cat, p->job, req->step))
+		return ipc_errf(err, -EEXIST,
+				"job %s step %lld is already committed: delete it first to save "
+				"it again",
+				p->job, (long long)req->step);
+	rc = cp_get(a, p->job, req->step, p->world, &cp, err);
+	if (rc)
+		return rc;
+	if (cp->rank[p->rank])
+		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
+				(long long)req->step, p->rank,
+				ipc_state_name(cp->rank[p->rank]->state));
+	s = save_new(a, p, cp, req->step);
+	if (!s) {
+		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */
+			list_del(&cp->link);
+			free(cp->rank);
+			free(cp);
+		}
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	if (!cp->meta && req->meta_json && *req->meta_json && (p->rank == 0 || !cp->meta))
+		cp->meta = strdup(req->meta_json);
+	*out = s;
+	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+		atomic_store(&s->abort, true);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, cp->reason);
+		cp_release(a, cp);
+		return 0;
+	}
+	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
+	    pool_busy(a, s->nchunks)) {
+		atomic_store(&s->abort, true);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED,
+			       "staging pool full (earlier saves still persisting) and the job's "
+			       "policy is skip");
+		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
+		return 0;
+	}
+	/* Running: the capture stage holds the plan's regions until CAPTURED. */
+	atomic_store(&s->stages, 1);
+	cp->nrunning++;
+	plan_busy(p);
+	workq_push(a->capture, &s->work);
+	return 0;
+}
+
+void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__SaveRequest *req = (Ckpt__V1__SaveRequest *)m;
+	Ckpt__V1__SaveReply rep = CKPT__V1__SAVE_REPLY__INIT;
+	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
+	struct save *s = NULL;
+	int rc;
+
+	rc = ipc_check_step(req->step, err);
+	if (!rc)
+		rc = ipc_check_meta(req->meta_json, err);
+	if (!rc && req->cuda_event.len)
+		rc = ipc_errf(err, -ENOTSUP, "a CUDA event for a host-memory plan");
+	if (rc) {
+		rpc_fail(c, rc, "save: %s", err);
+		goto out;
+	}
+	pthread_mutex_lock(&a->mu);
+	rc = save_start(a, req, &s, err);
+	if (!rc) {
+		rep.save_id = s->id;
+		rep.state = s->state;
+		rep.reason = s->reason;
+		/* the reply is packed now, under the lock: s may change right after */
+		rpc_reply(c, &rep.base);
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (rc)
+		rpc_fail(c, rc, "save: %s", err);
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_get_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__GetSaveRequest *req = (Ckpt__V1__GetSaveRequest *)m;
+	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
+	struct agent *a = ctx;
+	struct list *pos;
+	bool found = false;
+
+	pthread_mutex_lock(&a->mu);
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (s->id == req->save_id) {
+			save_info(s, &info);
+			rpc_reply(c, &info.base);
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (!found)
+		rpc_fail(c, -ENOENT, "no save %llu (unknown, or long finished)",
+			 (unsigned long long)req->save_id);
+	protobuf_c_message_free_unpacked(m, NULL);
+}

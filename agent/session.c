@@ -1,0 +1,209 @@
+/*
+ * Sessions and host regions. A client holds one Attach stream for as long as
+ * it is connected; everything it registers (regions, plans) belongs to that
+ * session, and goes when the stream ends: a trainer that dies leaves no
+ * mapping behind in the agent and no shared-memory object on the node.
+ *
+ * Control thread only (the gRPC handlers and the stream's close callback).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+#define MAX_SESSIONS 4096
+#define MAX_REGIONS_PER_SESSION 65536
+
+struct session *session_find(struct agent *a, uint64_t id)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->sessions)
+	{
+		struct session *s = container_of(pos, struct session, link);
+
+		if (s->id == id)
+			return s;
+	}
+	return NULL;
+}
+
+struct region *region_find(struct session *s, uint64_t id)
+{
+	struct list *pos;
+
+	list_for_each(pos, &s->regions)
+	{
+		struct region *r = container_of(pos, struct region, link);
+
+		if (r->id == id)
+			return r;
+	}
+	return NULL;
+}
+
+void region_put(struct region *r)
+{
+	if (--r->refs)
+		return;
+	ipc_shm_unmap(&r->shm);
+	free(r);
+}
+
+static unsigned count(const struct list *l)
+{
+	unsigned n = 0;
+
+	for (const struct list *p = l->next; p != l; p = p->next)
+		n++;
+	return n;
+}
+
+/* Under mu: the client is gone; release what it held. */
+static void session_end(struct agent *a, struct session *s)
+{
+	unsigned nplans = count(&s->plans), nregions = count(&s->regions);
+	struct list *pos, *tmp;
+
+	list_for_each_safe(pos, tmp, &s->plans) plan_drop(a, container_of(pos, struct plan, slink));
+	save_forget_session(a, s);
+	list_for_each_safe(pos, tmp, &s->regions)
+	{
+		struct region *r = container_of(pos, struct region, link);
+
+		list_del(&r->link);
+		region_put(r);
+	}
+	list_del(&s->link);
+	a->nsessions--;
+	log_msg(LOG_INFO, "client %s (pid %u) left: %u plans and %u regions released", s->client,
+		s->pid, nplans, nregions);
+	free(s);
+}
+
+static void on_session_close(struct rpc *c, void *ctx)
+{
+	struct session *s = ctx;
+	struct agent *a = s->a;
+
+	pthread_mutex_lock(&a->mu);
+	s->stream = NULL;
+	session_end(a, s);
+	pthread_mutex_unlock(&a->mu);
+	rpc_release(c);
+}
+
+void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__AttachRequest *req = (Ckpt__V1__AttachRequest *)m;
+	Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;
+	struct agent *a = ctx;
+	struct session *s;
+
+	pthread_mutex_lock(&a->mu);
+	if (a->nsessions >= MAX_SESSIONS || a->stopping) {
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, -EAGAIN, "the agent has %u clients, its limit%s", a->nsessions,
+			 a->stopping ? " (and it is stopping)" : "");
+		goto out;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, -ENOMEM, "out of memory for a session");
+		goto out;
+	}
+	s->a = a;
+	s->id = ipc_random_id();
+	s->stream = c;
+	s->pid = req->pid;
+	snprintf(s->client, sizeof(s->client), "%s", req->client && *req->client ? req->client : "?");
+	for (char *p = s->client; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+	list_init(&s->regions);
+	list_init(&s->plans);
+	list_add_tail(&a->sessions, &s->link);
+	a->nsessions++;
+	rpc_stream_hold(c, on_session_close, s);
+	ev.session_id = s->id;
+	rpc_stream_send(c, &ev.base);
+	pthread_mutex_unlock(&a->mu);
+	log_msg(LOG_INFO, "client %s (pid %u) attached", s->client, s->pid);
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__RegisterRegionRequest *req = (Ckpt__V1__RegisterRegionRequest *)m;
+	Ckpt__V1__RegisterRegionReply rep = CKPT__V1__REGISTER_REGION_REPLY__INIT;
+	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
+	struct session *s;
+	struct region *r;
+	int rc;
+
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		rpc_fail(c, -ENOMEM, "out of memory for a region");
+		goto out;
+	}
+	/* Opening and mapping are quick system calls, no disk: fine on this thread. */
+	rc = ipc_shm_open(req->shm_name, req->secret.data, req->secret.len, req->size, &r->shm, err);
+	if (rc) {
+		free(r);
+		rpc_fail(c, rc, "%s", err);
+		goto out;
+	}
+	pthread_mutex_lock(&a->mu);
+	s = session_find(a, req->session_id);
+	if (!s || count(&s->regions) >= MAX_REGIONS_PER_SESSION) {
+		pthread_mutex_unlock(&a->mu);
+		ipc_shm_unmap(&r->shm);
+		free(r);
+		if (s)
+			rpc_fail(c, -EAGAIN, "session has %d regions, the limit", MAX_REGIONS_PER_SESSION);
+		else
+			rpc_fail(c, -ENOENT, "no session %llu: attach first (or the agent restarted)",
+				 (unsigned long long)req->session_id);
+		goto out;
+	}
+	r->id = ipc_random_id();
+	r->kind = CKPT__V1__REGION_KIND__REGION_HOST;
+	r->refs = 1;
+	list_add_tail(&s->regions, &r->link);
+	rep.region_id = r->id;
+	pthread_mutex_unlock(&a->mu);
+	rpc_reply(c, &rep.base);
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_drop_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__DropRegionRequest *req = (Ckpt__V1__DropRegionRequest *)m;
+	Ckpt__V1__Empty rep = CKPT__V1__EMPTY__INIT;
+	struct agent *a = ctx;
+	struct session *s;
+	struct region *r = NULL;
+
+	pthread_mutex_lock(&a->mu);
+	s = session_find(a, req->session_id);
+	if (s)
+		r = region_find(s, req->region_id);
+	if (r) {
+		/* Plans still using it keep it mapped until they are dropped. */
+		list_del(&r->link);
+		region_put(r);
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (r)
+		rpc_reply(c, &rep.base);
+	else
+		rpc_fail(c, -ENOENT, "no region %llu in session %llu",
+			 (unsigned long long)req->region_id, (unsigned long long)req->session_id);
+	protobuf_c_message_free_unpacked(m, NULL);
+}
