@@ -1,0 +1,168 @@
+/*
+ * libckpt: the trainer's side of ckptd.
+ *
+ * A trainer connects to the node's agent, hands it its tensors once (a plan),
+ * then asks for saves by step. ckpt_save returns as soon as the agent has
+ * queued the save; ckpt_save_wait(s, CKPT_CAPTURED, ...) returns once every
+ * byte is out of the trainer's memory, and the trainer may write its tensors
+ * again. Everything after that (write, fsync, commit) is the agent's work and
+ * finishes even if the trainer exits.
+ *
+ * Conventions: every int-returning function returns 0 (or a non-negative
+ * value) on success and a negative errno on failure. ckpt_strerror() turns
+ * such a value into text; ckpt_last_error() gives the agent's own message for
+ * the client's last failure (what was wrong, on which job/step/tensor).
+ *
+ * Threads: a client may be used from several threads. ckpt_last_error() is
+ * per client; under concurrent failures it holds the latest.
+ */
+#ifndef CKPT_H
+#define CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPT_VERSION_MAJOR 0
+#define CKPT_VERSION_MINOR 1
+
+/* The safetensors dtype set. */
+enum ckpt_dtype {
+	CKPT_BOOL = 1,
+	CKPT_U8 = 2,
+	CKPT_I8 = 3,
+	CKPT_F8_E5M2 = 4,
+	CKPT_F8_E4M3 = 5,
+	CKPT_I16 = 6,
+	CKPT_U16 = 7,
+	CKPT_F16 = 8,
+	CKPT_BF16 = 9,
+	CKPT_I32 = 10,
+	CKPT_U32 = 11,
+	CKPT_F32 = 12,
+	CKPT_F64 = 13,
+	CKPT_I64 = 14,
+	CKPT_U64 = 15,
+};
+
+/* Per rank, then per checkpoint; monotonic except for the two ends. */
+enum ckpt_state {
+	CKPT_QUEUED = 1,
+	CKPT_CAPTURED = 2, /* out of trainer memory: tensors may be written */
+	CKPT_DURABLE = 3, /* this rank's shard is written and fsync'd */
+	CKPT_COMMITTED = 4, /* every rank durable, manifest durable */
+	CKPT_UPLOADED = 5, /* also complete in the object store */
+	CKPT_FAILED = 6, /* with a reason: ckpt_last_error() */
+	CKPT_SKIPPED = 7, /* staging pool full and the job's policy is skip */
+};
+
+/* What a save does when the agent's staging pool is taken. */
+enum ckpt_backpressure {
+	CKPT_BP_DEFAULT = 0, /* the agent's configured policy */
+	CKPT_BP_BLOCK = 1, /* wait for room */
+	CKPT_BP_SKIP = 2, /* SKIPPED at once, with the reason */
+};
+
+#define CKPT_LATEST ((int64_t)-1)
+#define CKPT_MAX_NDIM 16
+
+struct ckpt_client;
+struct ckpt_plan;
+struct ckpt_save;
+
+struct ckpt_tensor {
+	const char *name; /* unique within the job */
+	enum ckpt_dtype dtype;
+	int ndim; /* 0..CKPT_MAX_NDIM */
+	const int64_t *shape; /* this rank's local shape */
+	void *data; /* from ckpt_host_alloc, or a CUDA device pointer */
+	const int64_t *global_shape; /* NULL unless sharded across ranks */
+	const int64_t *global_offset; /* where this chunk starts in the global tensor */
+};
+
+/*
+ * Connects to the agent. endpoint NULL: $CKPT_ENDPOINT, else
+ * unix:/run/ckptd/ckptd.sock. Fails with -ECONNREFUSED when no agent answers.
+ */
+int ckpt_connect(const char *endpoint, struct ckpt_client **out);
+
+/* Releases the client's plans and memory; saves past CAPTURED still commit. */
+void ckpt_disconnect(struct ckpt_client *c);
+
+/*
+ * Host memory the agent can read (save) and write (restore): a shared-memory
+ * region, page-aligned, zero-filled. Tensors of a plan must lie inside such
+ * regions (or be CUDA device pointers). The region is released when freed or
+ * when the client disconnects or exits.
+ */
+int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr);
+void ckpt_host_free(struct ckpt_client *c, void *ptr);
+
+/*
+ * Registers what this rank saves: n tensors of job `job`, rank `rank` of
+ * `world`. The agent checks every tensor (name, dtype x shape = bytes, inside
+ * its region, no overlap, unique names) and lays out the shard once. The
+ * plan is reused by every save.
+ */
+int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
+                     const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out);
+
+/* ckpt_plan_create with a backpressure policy other than the agent's default. */
+int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
+                      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
+                      struct ckpt_plan **out);
+
+void ckpt_plan_destroy(struct ckpt_plan *p);
+
+/* Shard bytes of this rank (the exact size of its safetensors file). */
+uint64_t ckpt_plan_bytes(const struct ckpt_plan *p);
+
+/*
+ * Asks for a save of `step`. Returns once the agent has queued it (or
+ * skipped it: then the save's state is CKPT_SKIPPED). meta_json: NULL, or a
+ * JSON value stored in the manifest and returned by ckpt_restore.
+ */
+int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct ckpt_save **out);
+
+/*
+ * Waits until the save reaches `until` or a later state. 0 once reached;
+ * -ETIMEDOUT after timeout_ms (negative: no limit); -EIO if FAILED;
+ * -ECANCELED if SKIPPED; -ENOTCONN if the agent went away.
+ */
+int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms);
+enum ckpt_state ckpt_save_state(struct ckpt_save *s);
+/* Why the save FAILED or was SKIPPED; "" otherwise. Valid until release. */
+const char *ckpt_save_reason(struct ckpt_save *s);
+void ckpt_save_release(struct ckpt_save *s);
+
+/*
+ * Reads the checkpoint `step` (or CKPT_LATEST: the newest committed) of the
+ * plan's job back into the plan's tensors, checking every tensor's checksum.
+ * *restored_step gets the step; *meta_json the user meta (malloc'd, caller
+ * frees; NULL if none). Either out may be NULL. A missing checkpoint is
+ * -ENOENT, a layout that does not match the plan -EINVAL, a checksum
+ * mismatch -EBADMSG; ckpt_last_error() names the tensor and the file.
+ */
+int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json);
+
+/* ckpt_restore, and with CKPT_LATEST fall back to the newest step that verifies. */
+int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
+                  char **meta_json);
+
+const char *ckpt_strerror(int err);
+const char *ckpt_last_error(struct ckpt_client *c);
+const char *ckpt_state_name(enum ckpt_state s);
+
+#ifdef CKPT_HAVE_CUDA_API
+#include <cuda_runtime_api.h>
+/* Makes `stream` wait for CAPTURED without blocking the host thread. */
+int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPT_H */

@@ -1,0 +1,105 @@
+/*
+ * libckpt's insides, shared with ckptctl: a connection to the agent (with or
+ * without the Attach session a trainer needs), unary calls, and reading a
+ * server stream. Not installed; the public API is ckpt.h.
+ */
+#ifndef CKPT_CLIENT_PRIV_H
+#define CKPT_CLIENT_PRIV_H
+
+#include <stdbool.h>
+#include <pthread.h>
+
+#include <grpc/grpc.h>
+
+#include "ckpt.h"
+#include "ipc.h"
+
+/* A host region from ckpt_host_alloc. */
+struct cl_alloc {
+	struct cl_alloc *next;
+	struct ipc_shm shm; /* name already unlinked */
+	uint64_t region_id;
+};
+
+/* A state change the session stream brought before ckpt_save knew the save. */
+struct cl_early {
+	uint64_t save_id;
+	int state;
+	char reason[IPC_ERRLEN];
+};
+
+#define CL_EARLY 64
+
+struct ckpt_client {
+	char endpoint[256];
+	grpc_channel *ch;
+	grpc_completion_queue *pluck; /* unary calls, any thread */
+	pthread_mutex_t mu;           /* everything below */
+	pthread_cond_t cv;            /* a save's state changed, or the session ended */
+	char last_error[1024];
+	/* the Attach session, for trainers */
+	bool attached;
+	uint64_t session_id;
+	grpc_completion_queue *scq;
+	grpc_call *scall;
+	grpc_byte_buffer *sreq;    /* sends live until the call ends */
+	grpc_metadata_array smd;   /* written by gRPC when the stream opens */
+	pthread_t thread;
+	bool gone; /* the session ended: the agent went away */
+	struct ckpt_save *saves;
+	struct cl_early early[CL_EARLY];
+	unsigned nearly;
+	struct cl_alloc *allocs;
+	long shm_gid; /* group to share regions with, or -1 */
+};
+
+struct ckpt_save {
+	struct ckpt_save *next;
+	struct ckpt_client *c;
+	uint64_t id;
+	int state;
+	char reason[IPC_ERRLEN];
+};
+
+struct ckpt_plan {
+	struct ckpt_client *c;
+	uint64_t id;
+	char job[IPC_MAX_JOB + 1];
+	int rank, world;
+	uint64_t shard_bytes;
+};
+
+#define CL_DEFAULT_TIMEOUT_MS 60000
+#define CL_NO_TIMEOUT (-1)
+
+/* Connects; with session, also attaches (what ckpt_connect does). */
+int cl_open(const char *endpoint, bool session, struct ckpt_client **out);
+/* The endpoint actually used ($CKPT_ENDPOINT or the default when NULL). */
+const char *cl_endpoint(const struct ckpt_client *c);
+
+/*
+ * One unary call. 0 and *reply (free with protobuf_c_message_free_unpacked),
+ * or a negative errno with the agent's message in ckpt_last_error(c).
+ */
+int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
+	    ProtobufCMessage **reply, int timeout_ms);
+
+/* A server stream (Watch). */
+struct cl_stream;
+int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
+		   struct cl_stream **out);
+/* 1 and *msg; 0 at the end of the stream; -ETIMEDOUT; other negative errno. */
+int cl_stream_next(struct cl_stream *s, ProtobufCMessage **msg, int timeout_ms);
+void cl_stream_close(struct cl_stream *s);
+
+/* A deadline timeout_ms from now (negative: none). */
+gpr_timespec cl_deadline(int timeout_ms);
+/* A call's failed status as negative errno, its message kept for ckpt_last_error. */
+int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, grpc_slice details,
+	      const char *errstr);
+
+/* Records a failure's message for ckpt_last_error; returns err. */
+int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#endif /* CKPT_CLIENT_PRIV_H */

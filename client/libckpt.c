@@ -1,0 +1,290 @@
+/*
+ * libckpt: the API of ckpt.h over the connection in rpc.c.
+ *
+ * A connected client holds the Attach stream open; a thread of its own reads
+ * the stream and records each save's state changes, so ckpt_save_wait only
+ * waits on a condition variable (no polling, no extra call). Every other
+ * call is one unary RPC on the caller's thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+
+#include "client.h"
+
+#define ATTACH_TIMEOUT_MS 10000
+
+_Static_assert((int)CKPT_BOOL == (int)CKPT__V1__DTYPE__DTYPE_BOOL &&
+		       (int)CKPT_F32 == (int)CKPT__V1__DTYPE__DTYPE_F32 &&
+		       (int)CKPT_U64 == (int)CKPT__V1__DTYPE__DTYPE_U64,
+	       "dtype numbers match the protocol");
+_Static_assert((int)CKPT_QUEUED == (int)CKPT__V1__STATE__STATE_QUEUED &&
+		       (int)CKPT_CAPTURED == (int)CKPT__V1__STATE__STATE_CAPTURED &&
+		       (int)CKPT_SKIPPED == (int)CKPT__V1__STATE__STATE_SKIPPED,
+	       "state numbers match the protocol");
+
+/* ---- the session stream ----------------------------------------------- */
+
+/* Under c->mu: a state change for a save, known or not yet. */
+static void apply_event(struct ckpt_client *c, const Ckpt__V1__SaveInfo *info)
+{
+	struct ckpt_save *s;
+	struct cl_early *e;
+
+	for (s = c->saves; s; s = s->next)
+		if (s->id == info->save_id) {
+			if ((int)info->state > s->state) {
+				s->state = info->state;
+				snprintf(s->reason, sizeof(s->reason), "%s",
+					 info->reason ? info->reason : "");
+			}
+			return;
+		}
+	e = &c->early[c->nearly++ % CL_EARLY];
+	e->save_id = info->save_id;
+	e->state = info->state;
+	snprintf(e->reason, sizeof(e->reason), "%s", info->reason ? info->reason : "");
+}
+
+static void *session_thread(void *arg)
+{
+	struct ckpt_client *c = arg;
+	grpc_byte_buffer *in = NULL;
+	int tag_recv;
+	grpc_op op;
+
+	for (;;) {
+		grpc_event ev;
+
+		memset(&op, 0, sizeof(op));
+		op.op = GRPC_OP_RECV_MESSAGE;
+		op.data.recv_message.recv_message = &in;
+		if (grpc_call_start_batch(c->scall, &op, 1, &tag_recv, NULL) != GRPC_CALL_OK)
+			break;
+		do
+			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+							NULL);
+		while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
+		if (ev.type != GRPC_OP_COMPLETE || !in)
+			break; /* the stream ended: cancelled by us, or the agent went */
+		Ckpt__V1__SessionEvent *m = (Ckpt__V1__SessionEvent *)ipc_unpack(
+			&ckpt__v1__session_event__descriptor, in);
+
+		grpc_byte_buffer_destroy(in);
+		in = NULL;
+		if (!m)
+			continue;
+		pthread_mutex_lock(&c->mu);
+		if (m->save)
+			apply_event(c, m->save);
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+		protobuf_c_message_free_unpacked(&m->base, NULL);
+	}
+	pthread_mutex_lock(&c->mu);
+	c->gone = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	return NULL;
+}
+
+/* Opens the Attach stream and reads the session id, before the thread starts. */
+static int attach(struct ckpt_client *c)
+{
+	Ckpt__V1__AttachRequest req = CKPT__V1__ATTACH_REQUEST__INIT;
+	grpc_byte_buffer *in = NULL;
+	Ckpt__V1__SessionEvent *ev = NULL;
+	char prog[64] = "libckpt";
+	int tag_start, tag_recv, rc = 0;
+	grpc_op ops[4];
+	grpc_event e;
+	bool got = false;
+
+	if (readlink("/proc/self/exe", prog, sizeof(prog) - 1) > 0)
+		prog[sizeof(prog) - 1] = '\0';
+	req.client = strrchr(prog, '/') ? strrchr(prog, '/') + 1 : prog;
+	req.pid = (uint32_t)getpid();
+	c->sreq = ipc_pack(&req.base);
+	c->scq = grpc_completion_queue_create_for_next(NULL);
+	c->scall = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->scq,
+					    grpc_slice_from_static_string(ipc_methods[IPC_ATTACH].path),
+					    NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = c->sreq;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->smd;
+	grpc_call_start_batch(c->scall, ops, 4, &tag_start, NULL);
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_RECV_MESSAGE;
+	ops[0].data.recv_message.recv_message = &in;
+	grpc_call_start_batch(c->scall, ops, 1, &tag_recv, NULL);
+	while (!got) {
+		e = grpc_completion_queue_next(c->scq, cl_deadline(ATTACH_TIMEOUT_MS), NULL);
+		if (e.type != GRPC_OP_COMPLETE)
+			break;
+		got = e.tag == &tag_recv;
+	}
+	if (got && in)
+		ev = (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
+	if (!ev || !ev->session_id) {
+		/* No agent, or not ours: the status of the call says which. */
+		rc = cl_fail(c, -ECONNREFUSED, "cannot reach ckptd at %s (is it running?)",
+			     c->endpoint);
+		grpc_call_cancel(c->scall, NULL);
+	} else {
+		c->session_id = ev->session_id;
+	}
+	if (ev)
+		protobuf_c_message_free_unpacked(&ev->base, NULL);
+	if (in)
+		grpc_byte_buffer_destroy(in);
+	return rc;
+}
+
+/* ---- connect / disconnect -------------------------------------------- */
+
+/* An agent running as another user reaches our regions through its socket's group. */
+static long share_gid(const char *endpoint)
+{
+	struct stat st;
+
+	if (strncmp(endpoint, "unix:", 5) != 0 || stat(endpoint + 5, &st))
+		return -1;
+	return st.st_uid != geteuid() ? (long)st.st_gid : -1;
+}
+
+static void client_free(struct ckpt_client *c)
+{
+	grpc_event ev;
+
+	if (c->scall) {
+		grpc_call_cancel(c->scall, NULL);
+		if (c->attached)
+			pthread_join(c->thread, NULL);
+		grpc_call_unref(c->scall);
+	}
+	if (c->scq) {
+		grpc_completion_queue_shutdown(c->scq);
+		do
+			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+							NULL);
+		while (ev.type != GRPC_QUEUE_SHUTDOWN);
+		grpc_completion_queue_destroy(c->scq);
+	}
+	if (c->sreq)
+		grpc_byte_buffer_destroy(c->sreq);
+	grpc_metadata_array_destroy(&c->smd);
+	if (c->pluck)
+		grpc_completion_queue_destroy(c->pluck);
+	if (c->ch)
+		grpc_channel_destroy(c->ch);
+	while (c->allocs) {
+		struct cl_alloc *a = c->allocs;
+
+		c->allocs = a->next;
+		ipc_shm_unmap(&a->shm);
+		free(a);
+	}
+	while (c->saves) {
+		struct ckpt_save *s = c->saves;
+
+		c->saves = s->next;
+		s->c = NULL; /* released later by the user: the client is gone */
+	}
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	free(c);
+	grpc_shutdown();
+}
+
+int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
+{
+	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
+			     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+			     .value.integer = IPC_MAX_MESSAGE}};
+	grpc_channel_args cargs = {1, args};
+	grpc_channel_credentials *creds;
+	struct ckpt_client *c;
+	int rc;
+
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!endpoint)
+		endpoint = getenv("CKPT_ENDPOINT");
+	if (!endpoint || !*endpoint)
+		endpoint = IPC_DEFAULT_ENDPOINT;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	grpc_metadata_array_init(&c->smd);
+	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+	c->shm_gid = share_gid(endpoint);
+	grpc_init();
+	creds = grpc_insecure_credentials_create();
+	c->ch = grpc_channel_create(c->endpoint, creds, &cargs);
+	grpc_channel_credentials_release(creds);
+	c->pluck = grpc_completion_queue_create_for_pluck(NULL);
+	if (session) {
+		rc = attach(c);
+		if (!rc)
+			rc = -pthread_create(&c->thread, NULL, session_thread, c);
+		if (rc) {
+			fprintf(stderr, "libckpt: %s\n", c->last_error);
+			client_free(c);
+			return rc;
+		}
+		c->attached = true;
+	}
+	*out = c;
+	return 0;
+}
+
+int ckpt_connect(const char *endpoint, struct ckpt_client **out)
+{
+	return cl_open(endpoint, true, out);
+}
+
+void ckpt_disconnect(struct ckpt_client *c)
+{
+	if (c)
+		client_free(c);
+}
+
+const char *ckpt_last_error(struct ckpt_client *c)
+{
+	return c ? c->last_error : "";
+}
+
+const char *ckpt_strerror(int err)
+{
+	switch (err) {
+	case -ECONNREFUSED:
+		return "no ckptd answers at the endpoint (is it running?)";
+	case -ECANCELED:
+		return "the save was skipped: the staging pool was full";
+	case -EBADMSG:
+		return "checksum mismatch: the checkpoint is corrupt";
+	case -ENOTCONN:
+		return "the connection to ckptd was lost";
+	default:
+		return strerror(err < 0 ? -err : err);
+	}
+}
+
+const char *ckpt_state_name(enum ckpt_state s)
+{
+	return ipc_state_name(s);
+}

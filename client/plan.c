@@ -1,0 +1,459 @@
+/*
+ * libckpt: host memory, plans, saves and restores (ckpt.h). Each call checks
+ * its arguments with the same rules the agent applies (ipc/validate.c), so
+ * a mistake is reported before anything is sent, in the same words.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <pthread.h>
+
+#include "client.h"
+
+/* ---- host memory ------------------------------------------------------ */
+
+int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
+{
+	Ckpt__V1__RegisterRegionRequest req = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
+	Ckpt__V1__RegisterRegionReply *rep;
+	char err[IPC_ERRLEN];
+	struct cl_alloc *a;
+	int rc;
+
+	if (!c || !ptr)
+		return -EINVAL;
+	*ptr = NULL;
+	if (!c->attached)
+		return cl_fail(c, -EINVAL, "ckpt_host_alloc needs a client from ckpt_connect");
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return cl_fail(c, -ENOMEM, "out of memory");
+	rc = ipc_shm_create(bytes, c->shm_gid, &a->shm, err);
+	if (rc) {
+		free(a);
+		return cl_fail(c, rc, "ckpt_host_alloc(%zu): %s", bytes, err);
+	}
+	req.session_id = c->session_id;
+	req.shm_name = a->shm.name;
+	req.secret.data = a->shm.secret;
+	req.secret.len = sizeof(a->shm.secret);
+	req.size = a->shm.size;
+	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
+		     CL_DEFAULT_TIMEOUT_MS);
+	/* Mapped by the agent now (or refused): the name has done its job either way. */
+	ipc_shm_unlink(a->shm.name);
+	if (rc) {
+		ipc_shm_unmap(&a->shm);
+		free(a);
+		return rc;
+	}
+	a->region_id = rep->region_id;
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	pthread_mutex_lock(&c->mu);
+	a->next = c->allocs;
+	c->allocs = a;
+	pthread_mutex_unlock(&c->mu);
+	*ptr = a->shm.data;
+	return 0;
+}
+
+void ckpt_host_free(struct ckpt_client *c, void *ptr)
+{
+	Ckpt__V1__DropRegionRequest req = CKPT__V1__DROP_REGION_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct cl_alloc **pa, *a = NULL;
+
+	if (!c || !ptr)
+		return;
+	pthread_mutex_lock(&c->mu);
+	for (pa = &c->allocs; *pa; pa = &(*pa)->next)
+		if ((*pa)->shm.data == ptr) {
+			a = *pa;
+			*pa = a->next;
+			break;
+		}
+	pthread_mutex_unlock(&c->mu);
+	if (!a)
+		return;
+	req.session_id = c->session_id;
+	req.region_id = a->region_id;
+	if (cl_call(c, IPC_DROP_REGION, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
+		protobuf_c_message_free_unpacked(rep, NULL);
+	ipc_shm_unmap(&a->shm);
+	free(a);
+}
+
+/* Under c->mu: the region holding [p, p + n), and the offset of p in it. */
+static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint64_t n,
+				     uint64_t *offset)
+{
+	const char *q = p;
+
+	for (const struct cl_alloc *a = c->allocs; a; a = a->next) {
+		const char *d = a->shm.data;
+
+		if (q >= d && q <= d + a->shm.size && n <= (uint64_t)(d + a->shm.size - q)) {
+			*offset = (uint64_t)(q - d);
+			return a;
+		}
+	}
+	/* An empty tensor needs no memory: any region will do for it. */
+	if (n == 0 && c->allocs) {
+		*offset = 0;
+		return c->allocs;
+	}
+	return NULL;
+}
+
+static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
+{
+	struct ckpt_client *c = ctx;
+
+	for (const struct cl_alloc *a = c->allocs; a; a = a->next)
+		if (kind == CKPT__V1__REGION_KIND__REGION_HOST && a->region_id == region) {
+			*size = a->shm.size;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+/* ---- plans ------------------------------------------------------------ */
+
+/* Under c->mu: one tensor into the request, with its region found. */
+static int spec_tensor(struct ckpt_client *c, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
+		       struct ipc_tensor *v, char *err)
+{
+	const struct cl_alloc *a;
+	uint64_t nbytes, offset;
+	int rc;
+
+	if (!t->name)
+		return ipc_errf(err, -EINVAL, "a tensor has no name");
+	if (t->ndim < 0 || t->ndim > CKPT_MAX_NDIM || (t->ndim && !t->shape))
+		return ipc_errf(err, -EINVAL, "tensor '%s': ndim %d (0..%d, with a shape)", t->name,
+				t->ndim, CKPT_MAX_NDIM);
+	rc = ipc_tensor_nbytes(t->name, t->dtype, (size_t)t->ndim, t->shape, &nbytes, err);
+	if (rc)
+		return rc;
+	a = locate(c, t->data, nbytes, &offset);
+	if (!a)
+		return ipc_errf(err, -EINVAL,
+				"tensor '%s': its memory is neither from ckpt_host_alloc nor a CUDA "
+				"device pointer (or runs past the end of its allocation)",
+				t->name);
+	ckpt__v1__tensor_spec__init(s);
+	s->name = (char *)t->name;
+	s->dtype = (Ckpt__V1__DType)t->dtype;
+	s->n_shape = (size_t)t->ndim;
+	s->shape = (int64_t *)t->shape;
+	s->kind = CKPT__V1__REGION_KIND__REGION_HOST;
+	s->region = a->region_id;
+	s->offset = offset;
+	s->nbytes = nbytes;
+	if (t->global_shape) {
+		if (!t->global_offset)
+			return ipc_errf(err, -EINVAL, "tensor '%s': global_shape without global_offset",
+					t->name);
+		s->n_global_shape = s->n_global_offset = (size_t)t->ndim;
+		s->global_shape = (int64_t *)t->global_shape;
+		s->global_offset = (int64_t *)t->global_offset;
+	}
+	*v = (struct ipc_tensor){s->name,	 s->dtype,	     s->n_shape,
+				 s->shape,	 s->kind,	     s->region,
+				 s->offset,	 s->nbytes,	     s->n_global_shape,
+				 s->global_shape, s->global_offset};
+	return 0;
+}
+
+static int plan_request(struct ckpt_client *c, const struct ckpt_tensor *t, size_t n,
+			Ckpt__V1__CreatePlanRequest *req, char *err)
+{
+	Ckpt__V1__TensorSpec *specs = calloc(n ? n : 1, sizeof(*specs));
+	Ckpt__V1__TensorSpec **pv = calloc(n ? n : 1, sizeof(*pv));
+	struct ipc_tensor *v = calloc(n ? n : 1, sizeof(*v));
+	int rc = 0;
+
+	if (!specs || !pv || !v) {
+		rc = ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
+		goto out;
+	}
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < n && !rc; i++) {
+		rc = spec_tensor(c, &t[i], &specs[i], &v[i], err);
+		pv[i] = &specs[i];
+	}
+	if (!rc)
+		rc = ipc_check_tensors(v, n, region_size, c, err);
+	pthread_mutex_unlock(&c->mu);
+	req->n_tensors = n;
+	req->tensors = pv;
+out:
+	free(v);
+	if (rc) {
+		free(specs);
+		free(pv);
+		req->tensors = NULL;
+	}
+	return rc;
+}
+
+int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
+		      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
+		      struct ckpt_plan **out)
+{
+	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
+	Ckpt__V1__CreatePlanReply *rep = NULL;
+	char err[IPC_ERRLEN];
+	struct ckpt_plan *p;
+	int rc;
+
+	if (!c || !out || (n && !t))
+		return c ? cl_fail(c, -EINVAL, "ckpt_plan_create: NULL argument") : -EINVAL;
+	*out = NULL;
+	if (!c->attached)
+		return cl_fail(c, -EINVAL, "ckpt_plan_create needs a client from ckpt_connect");
+	rc = ipc_check_job(job, err);
+	if (!rc)
+		rc = ipc_check_rank(rank, world, err);
+	if (!rc && (bp < CKPT_BP_DEFAULT || bp > CKPT_BP_SKIP))
+		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", bp);
+	if (!rc && n > IPC_MAX_TENSORS)
+		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n, IPC_MAX_TENSORS);
+	if (!rc)
+		rc = plan_request(c, t, n, &req, err);
+	if (rc)
+		return cl_fail(c, rc, "plan for job %s rank %d: %s", job ? job : "(null)", rank, err);
+	req.session_id = c->session_id;
+	req.job = (char *)job;
+	req.rank = rank;
+	req.world = world;
+	req.backpressure = (Ckpt__V1__Backpressure)bp;
+	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
+		     CL_DEFAULT_TIMEOUT_MS);
+	if (req.n_tensors)
+		free(req.tensors[0]);
+	free(req.tensors);
+	if (rc)
+		return rc;
+	p = calloc(1, sizeof(*p));
+	if (!p) {
+		protobuf_c_message_free_unpacked(&rep->base, NULL);
+		return cl_fail(c, -ENOMEM, "out of memory");
+	}
+	p->c = c;
+	p->id = rep->plan_id;
+	snprintf(p->job, sizeof(p->job), "%s", job);
+	p->rank = rank;
+	p->world = world;
+	p->shard_bytes = rep->shard_bytes;
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	*out = p;
+	return 0;
+}
+
+int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
+		     const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out)
+{
+	return ckpt_plan_create2(c, job, rank, world, t, n, CKPT_BP_DEFAULT, out);
+}
+
+void ckpt_plan_destroy(struct ckpt_plan *p)
+{
+	Ckpt__V1__DropPlanRequest req = CKPT__V1__DROP_PLAN_REQUEST__INIT;
+	ProtobufCMessage *rep;
+
+	if (!p)
+		return;
+	req.plan_id = p->id;
+	if (cl_call(p->c, IPC_DROP_PLAN, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
+		protobuf_c_message_free_unpacked(rep, NULL);
+	free(p);
+}
+
+uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
+{
+	return p ? p->shard_bytes : 0;
+}
+
+/* ---- saves ------------------------------------------------------------ */
+
+int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct ckpt_save **out)
+{
+	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
+	Ckpt__V1__SaveReply *rep;
+	struct ckpt_client *c;
+	char err[IPC_ERRLEN];
+	struct ckpt_save *s;
+	int rc;
+
+	if (!p || !out)
+		return -EINVAL;
+	c = p->c;
+	*out = NULL;
+	rc = ipc_check_step(step, err);
+	if (!rc)
+		rc = ipc_check_meta(meta_json, err);
+	if (rc)
+		return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step, err);
+	req.plan_id = p->id;
+	req.step = step;
+	req.meta_json = (char *)(meta_json ? meta_json : "");
+	rc = cl_call(c, IPC_SAVE, &req.base, (ProtobufCMessage **)&rep, CL_DEFAULT_TIMEOUT_MS);
+	if (rc)
+		return rc;
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		protobuf_c_message_free_unpacked(&rep->base, NULL);
+		return cl_fail(c, -ENOMEM, "out of memory");
+	}
+	s->c = c;
+	s->id = rep->save_id;
+	s->state = rep->state;
+	snprintf(s->reason, sizeof(s->reason), "%s", rep->reason ? rep->reason : "");
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	pthread_mutex_lock(&c->mu);
+	/* The stream may have told us of this save before its reply arrived. */
+	for (unsigned i = 0; i < CL_EARLY; i++) {
+		struct cl_early *e = &c->early[i];
+
+		if (e->save_id == s->id && e->state > s->state) {
+			s->state = e->state;
+			snprintf(s->reason, sizeof(s->reason), "%s", e->reason);
+		}
+	}
+	s->next = c->saves;
+	c->saves = s;
+	pthread_mutex_unlock(&c->mu);
+	*out = s;
+	return 0;
+}
+
+static struct timespec abs_deadline(int timeout_ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	return ts;
+}
+
+int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
+{
+	struct timespec deadline = abs_deadline(timeout_ms < 0 ? 0 : timeout_ms);
+	struct ckpt_client *c = s ? s->c : NULL;
+	int rc = 0;
+
+	if (!c || until < CKPT_QUEUED || until > CKPT_UPLOADED)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	for (;;) {
+		if (s->state == CKPT_FAILED) {
+			rc = -EIO;
+			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
+			break;
+		}
+		if (s->state == CKPT_SKIPPED) {
+			rc = -ECANCELED;
+			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
+			break;
+		}
+		if (s->state >= (int)until)
+			break;
+		if (c->gone) {
+			rc = -ENOTCONN;
+			snprintf(c->last_error, sizeof(c->last_error),
+				 "the connection to ckptd at %s was lost", c->endpoint);
+			break;
+		}
+		if (timeout_ms < 0)
+			pthread_cond_wait(&c->cv, &c->mu);
+		else if (pthread_cond_timedwait(&c->cv, &c->mu, &deadline) == ETIMEDOUT) {
+			rc = s->state >= (int)until ? 0 : -ETIMEDOUT;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+enum ckpt_state ckpt_save_state(struct ckpt_save *s)
+{
+	enum ckpt_state st;
+
+	if (!s || !s->c)
+		return s ? (enum ckpt_state)s->state : CKPT_FAILED;
+	pthread_mutex_lock(&s->c->mu);
+	st = (enum ckpt_state)s->state;
+	pthread_mutex_unlock(&s->c->mu);
+	return st;
+}
+
+const char *ckpt_save_reason(struct ckpt_save *s)
+{
+	return s ? s->reason : "";
+}
+
+void ckpt_save_release(struct ckpt_save *s)
+{
+	struct ckpt_client *c;
+
+	if (!s)
+		return;
+	c = s->c;
+	if (c) {
+		pthread_mutex_lock(&c->mu);
+		for (struct ckpt_save **ps = &c->saves; *ps; ps = &(*ps)->next)
+			if (*ps == s) {
+				*ps = s->next;
+				break;
+			}
+		pthread_mutex_unlock(&c->mu);
+	}
+	free(s);
+}
+
+/* ---- restore ---------------------------------------------------------- */
+
+int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
+		  char **meta_json)
+{
+	Ckpt__V1__RestoreRequest req = CKPT__V1__RESTORE_REQUEST__INIT;
+	Ckpt__V1__RestoreReply *rep;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	if (meta_json)
+		*meta_json = NULL;
+	if (!p)
+		return -EINVAL;
+	if (step != CKPT_LATEST && (rc = ipc_check_step(step, err)))
+		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
+	req.plan_id = p->id;
+	req.step = step;
+	req.fallback = fallback != 0;
+	/* No deadline: a restore moves as many bytes as the shard has. */
+	rc = cl_call(p->c, IPC_RESTORE, &req.base, (ProtobufCMessage **)&rep, CL_NO_TIMEOUT);
+	if (rc)
+		return rc;
+	if (restored_step)
+		*restored_step = rep->step;
+	if (meta_json && rep->meta_json && *rep->meta_json) {
+		*meta_json = strdup(rep->meta_json);
+		if (!*meta_json)
+			rc = cl_fail(p->c, -ENOMEM, "out of memory");
+	}
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	return rc;
+}
+
+int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json)
+{
+	return ckpt_restore2(p, step, 0, restored_step, meta_json);
+}
