@@ -1,0 +1,316 @@
+/*
+ * The integration tests' harness (see harness.h). Failures stop the test
+ * with a libcheck assertion that says what did not happen.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "client.h"
+#include "harness.h"
+
+#ifndef CKPTD_BIN
+#error "CKPTD_BIN must name the agent binary"
+#endif
+#ifndef CKPTCTL_BIN
+#error "CKPTCTL_BIN must name ckptctl"
+#endif
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+	nanosleep(&ts, NULL);
+}
+
+static void spawn(struct agent_proc *a)
+{
+	char cmd[2048];
+	pid_t pid;
+
+	snprintf(cmd, sizeof(cmd), "exec %s --root %s --listen %s --log-level debug %s >>%s 2>&1",
+		 CKPTD_BIN, a->root, a->endpoint, a->args, a->log);
+	pid = fork();
+	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	a->pid = pid;
+}
+
+/* Until the agent answers a status call (sanitizer builds start slowly). */
+static void wait_ready(struct agent_proc *a)
+{
+	for (int i = 0; i < 600; i++) {
+		struct ckpt_client *c;
+		Ckpt__V1__StatusRequest req = CKPT__V1__STATUS_REQUEST__INIT;
+		ProtobufCMessage *rep;
+		int status;
+
+		if (waitpid(a->pid, &status, WNOHANG) == a->pid) {
+			char buf[4096] = "";
+			FILE *f = fopen(a->log, "r");
+
+			if (f) {
+				buf[fread(buf, 1, sizeof(buf) - 1, f)] = '\0';
+				fclose(f);
+			}
+			a->pid = 0;
+			ck_abort_msg("ckptd exited at start (status %d): %s", status, buf);
+		}
+		if (cl_open(a->endpoint, false, &c) == 0) {
+			int rc = cl_call(c, IPC_STATUS, &req.base, &rep, 2000);
+
+			if (rc == 0)
+				protobuf_c_message_free_unpacked(rep, NULL);
+			ckpt_disconnect(c);
+			if (rc == 0)
+				return;
+		}
+		sleep_ms(50);
+	}
+	ck_abort_msg("ckptd did not serve %s within 30 s", a->endpoint);
+}
+
+void h_agent_start(struct agent_proc *a, const char *args)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+
+	memset(a, 0, sizeof(*a));
+	snprintf(a->dir, sizeof(a->dir), "%s/ckit.XXXXXX", tmp);
+	ck_assert_msg(mkdtemp(a->dir), "mkdtemp %s: %s", a->dir, strerror(errno));
+	snprintf(a->root, sizeof(a->root), "%s/root", a->dir);
+	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
+	snprintf(a->log, sizeof(a->log), "%s/agent.log", a->dir);
+	snprintf(a->args, sizeof(a->args), "%s", args ? args : "--staging-mb 64 --chunk-mb 1");
+	spawn(a);
+	wait_ready(a);
+}
+
+void h_agent_restart(struct agent_proc *a)
+{
+	ck_assert_msg(a->pid == 0, "restart of a running agent");
+	spawn(a);
+	wait_ready(a);
+}
+
+int h_agent_stop(struct agent_proc *a)
+{
+	int status = 0;
+
+	if (a->pid <= 0)
+		return -1;
+	kill(a->pid, SIGTERM);
+	for (int i = 0; i < 600; i++) {
+		if (waitpid(a->pid, &status, WNOHANG) == a->pid) {
+			a->pid = 0;
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		}
+		sleep_ms(50);
+	}
+	kill(a->pid, SIGKILL);
+	waitpid(a->pid, &status, 0);
+	a->pid = 0;
+	ck_abort_msg("ckptd did not stop within 30 s of SIGTERM");
+	return -1;
+}
+
+void h_agent_kill(struct agent_proc *a)
+{
+	int status;
+
+	if (a->pid <= 0)
+		return;
+	kill(a->pid, SIGKILL);
+	waitpid(a->pid, &status, 0);
+	a->pid = 0;
+}
+
+void h_agent_cleanup(struct agent_proc *a)
+{
+	char cmd[400];
+
+	if (a->pid > 0) {
+		int rc = h_agent_stop(a);
+
+		ck_assert_msg(rc == 0, "ckptd exited with %d at stop (see %s)", rc, a->log);
+	}
+	if (getenv("CKPT_TEST_KEEP"))
+		return;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", a->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "harness: could not remove %s\n", a->dir);
+}
+
+bool h_log_has(const struct agent_proc *a, const char *needle)
+{
+	FILE *f = fopen(a->log, "r");
+	char line[4096];
+	bool found = false;
+
+	while (f && !found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
+{
+	char args[1024], cmd[2048];
+	va_list ap;
+	size_t n = 0;
+	FILE *p;
+	int status;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	snprintf(cmd, sizeof(cmd), "%s --endpoint %s %s 2>&1", CKPTCTL_BIN, a->endpoint, args);
+	p = popen(cmd, "r");
+	ck_assert_msg(p, "popen %s", cmd);
+	if (out && len) {
+		n = fread(out, 1, len - 1, p);
+		out[n] = '\0';
+	}
+	while (fgetc(p) != EOF)
+		;
+	status = pclose(p);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
+{
+	size_t n = (size_t)snprintf(buf, len, "%s/", a->root);
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf + n, len - n, fmt, ap);
+	va_end(ap);
+}
+
+bool h_exists(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0;
+}
+
+void h_flip_byte(const char *path, uint64_t off)
+{
+	int fd = open(path, O_RDWR);
+	uint8_t b;
+
+	ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
+	ck_assert_int_eq(pread(fd, &b, 1, (off_t)off), 1);
+	b ^= 0x10;
+	ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)off), 1);
+	fsync(fd);
+	close(fd);
+}
+
+/* ---- test tensors ----------------------------------------------------- */
+
+static const enum ckpt_dtype dtypes[] = {CKPT_F32, CKPT_BF16, CKPT_U8, CKPT_I64, CKPT_F16,
+					 CKPT_BOOL, CKPT_F64, CKPT_I32};
+static const unsigned dsize[] = {4, 2, 1, 8, 2, 1, 8, 4};
+
+static uint64_t mix(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	return x ^ (x >> 33);
+}
+
+uint8_t h_value(uint64_t seed, size_t i, size_t j)
+{
+	return (uint8_t)(mix(seed * 0x9e3779b97f4a7c15ull + i * 0x100000001b3ull + j / 8) >>
+			 (j % 8 * 8));
+}
+
+size_t h_tensor_bytes(const struct h_model *m, size_t i)
+{
+	return (size_t)(m->shape[i][0] * m->shape[i][1]) * dsize[i % 8];
+}
+
+void h_model_make(struct h_model *m, struct ckpt_client *c, size_t n, size_t scale)
+{
+	size_t off = 0;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	m->c = c;
+	m->n = n;
+	m->t = calloc(n, sizeof(*m->t));
+	m->shape = calloc(n, sizeof(*m->shape));
+	m->name = calloc(n, sizeof(*m->name));
+	ck_assert(m->t && m->shape && m->name);
+	for (size_t i = 0; i < n; i++) {
+		int64_t cols = 7 + 2 * (int64_t)i;
+
+		m->shape[i][1] = cols;
+		/* every 5th tensor is empty: no bytes, still saved and restored */
+		m->shape[i][0] = i % 5 == 4 ? 0 : (int64_t)(scale / (cols * dsize[i % 8]) + 1 + i);
+		m->bytes += (h_tensor_bytes(m, i) + 63) / 64 * 64;
+	}
+	rc = ckpt_host_alloc(c, m->bytes ? m->bytes : 1, &m->base);
+	ck_assert_msg(rc == 0, "ckpt_host_alloc(%zu): %s", m->bytes, ckpt_last_error(c));
+	for (size_t i = 0; i < n; i++) {
+		snprintf(m->name[i], sizeof(m->name[i]), "model.layer%02zu.%s", i,
+			 i % 2 ? "bias" : "weight");
+		m->t[i] = (struct ckpt_tensor){.name = m->name[i],
+					       .dtype = dtypes[i % 8],
+					       .ndim = 2,
+					       .shape = m->shape[i],
+					       .data = (char *)m->base + off};
+		off += (h_tensor_bytes(m, i) + 63) / 64 * 64;
+	}
+}
+
+void h_model_fill(struct h_model *m, uint64_t seed)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		uint8_t *d = m->t[i].data;
+
+		for (size_t j = 0, e = h_tensor_bytes(m, i); j < e; j++)
+			d[j] = h_value(seed, i, j);
+	}
+}
+
+bool h_model_check(const struct h_model *m, uint64_t seed, size_t *bad)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		const uint8_t *d = m->t[i].data;
+
+		for (size_t j = 0, e = h_tensor_bytes(m, i); j < e; j++)
+			if (d[j] != h_value(seed, i, j)) {
+				if (bad)
+					*bad = i;
+				return false;
+			}
+	}
+	return true;
+}
+
+void h_model_free(struct h_model *m)
+{
+	if (m->c && m->base)
+		ckpt_host_free(m->c, m->base);
+	free(m->t);
+	free(m->shape);
+	free(m->name);
+	memset(m, 0, sizeof(*m));
+}

@@ -1,0 +1,71 @@
+/*
+ * Integration-test harness: a real ckptd in a temporary directory, started,
+ * stopped, killed and restarted by the test; ckptctl run against it; and a
+ * trainer-side helper that fills host tensors with known values.
+ */
+#ifndef CKPT_TEST_HARNESS_H
+#define CKPT_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ckpt.h"
+
+struct agent_proc {
+	pid_t pid;
+	char dir[256];      /* the test's temporary directory */
+	char root[320];     /* <dir>/root */
+	char endpoint[340]; /* unix:<dir>/ckptd.sock */
+	char log[320];      /* <dir>/agent.log */
+	char args[512];     /* extra flags given at start */
+};
+
+/* Makes the directory and starts ckptd with `args` (may be NULL); waits until it serves. */
+void h_agent_start(struct agent_proc *a, const char *args);
+/* Starts it again on the same directory and flags. */
+void h_agent_restart(struct agent_proc *a);
+/* SIGTERM and wait; returns its exit status. */
+int h_agent_stop(struct agent_proc *a);
+/* SIGKILL and wait. */
+void h_agent_kill(struct agent_proc *a);
+/* Stops the agent if running and removes the directory. */
+void h_agent_cleanup(struct agent_proc *a);
+/* Whether the agent's log contains `needle`. */
+bool h_log_has(const struct agent_proc *a, const char *needle);
+
+/* Runs ckptctl --endpoint <a> <args>; stdout+stderr into out; returns its exit status. */
+int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* A path under the agent's root: "<root>/<rel>". */
+void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+bool h_exists(const char *path);
+/* Flips one bit of the byte at `off` of a file. */
+void h_flip_byte(const char *path, uint64_t off);
+
+/* Test tensors: n tensors of varied dtypes and odd sizes in one host region. */
+struct h_model {
+	size_t n;
+	struct ckpt_tensor *t;
+	int64_t (*shape)[2];
+	char (*name)[48];
+	void *base;
+	size_t bytes;
+	struct ckpt_client *c;
+};
+
+/* n tensors, the i-th of about `scale` bytes (never a multiple of 4096). */
+void h_model_make(struct h_model *m, struct ckpt_client *c, size_t n, size_t scale);
+/* Writes the values of (seed, tensor, byte) into every tensor. */
+void h_model_fill(struct h_model *m, uint64_t seed);
+/* Whether every tensor holds the values of seed; on a miss, which tensor. */
+bool h_model_check(const struct h_model *m, uint64_t seed, size_t *bad);
+void h_model_free(struct h_model *m);
+size_t h_tensor_bytes(const struct h_model *m, size_t i);
+/* The byte written at (seed, tensor i, byte j). */
+uint8_t h_value(uint64_t seed, size_t i, size_t j);
+
+#endif

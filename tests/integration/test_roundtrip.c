@@ -1,0 +1,341 @@
+/*
+ * Save and restore through a real agent: odd sizes and every dtype, the
+ * trainer rewriting its tensors right after CAPTURED, a save larger than the
+ * staging pool, 4 ranks of one job, and LATEST after the agent restarts.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+static struct ckpt_client *connect_to(const struct agent_proc *a)
+{
+	struct ckpt_client *c;
+	int rc = ckpt_connect(a->endpoint, &c);
+
+	ck_assert_msg(rc == 0, "ckpt_connect %s: %s", a->endpoint, ckpt_strerror(rc));
+	return c;
+}
+
+static void save_and_wait(struct ckpt_plan *p, int64_t step, const char *meta,
+			  enum ckpt_state until)
+{
+	struct ckpt_save *s;
+	int rc = ckpt_save(p, step, meta, &s);
+
+	ck_assert_msg(rc == 0, "save %lld: %s", (long long)step, ckpt_strerror(rc));
+	rc = ckpt_save_wait(s, until, 60000);
+	ck_assert_msg(rc == 0, "save %lld to %s: %s (%s)", (long long)step, ckpt_state_name(until),
+		      ckpt_strerror(rc), ckpt_save_reason(s));
+	ckpt_save_release(s);
+}
+
+START_TEST(roundtrip_odd_sizes)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	int64_t step = -1;
+	char *meta = NULL;
+	size_t bad = 0;
+	int rc;
+
+	h_agent_start(&a, NULL);
+	c = connect_to(&a);
+	h_model_make(&m, c, 13, 100003); /* 13 tensors, ~100 KB each, 8 dtypes, some empty */
+	for (size_t i = 0; i < m.n; i++)
+		ck_assert_msg(h_tensor_bytes(&m, i) % 4096 != 0 || h_tensor_bytes(&m, i) == 0,
+			      "tensor %zu is a multiple of 4096", i);
+	rc = ckpt_plan_create(c, "rt", 0, 1, m.t, m.n, &p);
+	ck_assert_msg(rc == 0, "plan: %s", ckpt_last_error(c));
+	h_model_fill(&m, 7);
+	save_and_wait(p, 42, "{\"lr\": 0.5, \"epoch\": 3}", CKPT_COMMITTED);
+	h_model_fill(&m, 8); /* whatever is there now must be replaced */
+	rc = ckpt_restore(p, 42, &step, &meta);
+	ck_assert_msg(rc == 0, "restore: %s", ckpt_last_error(c));
+	ck_assert_int_eq(step, 42);
+	ck_assert_msg(h_model_check(&m, 7, &bad), "tensor %s differs after restore", m.name[bad]);
+	ck_assert_ptr_nonnull(meta);
+	{
+		json_t *j = json_loads(meta, 0, NULL);
+
+		ck_assert_ptr_nonnull(j);
+		ck_assert_int_eq(json_integer_value(json_object_get(j, "epoch")), 3);
+		ck_assert(json_real_value(json_object_get(j, "lr")) == 0.5);
+		json_decref(j);
+	}
+	free(meta);
+	/* CKPT_LATEST is that step; a step that does not exist is -ENOENT */
+	h_model_fill(&m, 9);
+	ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 42);
+	ck_assert(h_model_check(&m, 7, NULL));
+	rc = ckpt_restore(p, 41, NULL, NULL);
+	ck_assert_int_eq(rc, -ENOENT);
+	ck_assert_msg(strstr(ckpt_last_error(c), "rt") && strstr(ckpt_last_error(c), "41"),
+		      "the error names job and step: %s", ckpt_last_error(c));
+	/* the same step twice is refused, and says so */
+	{
+		struct ckpt_save *s;
+
+		rc = ckpt_save(p, 42, NULL, &s);
+		ck_assert_int_eq(rc, -EEXIST);
+		ck_assert_msg(strstr(ckpt_last_error(c), "already committed"), "%s",
+			      ckpt_last_error(c));
+	}
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* The checkpoint holds the step's values even if the trainer writes right after CAPTURED. */
+START_TEST(rewrite_after_captured)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s[3];
+	struct h_model m;
+	size_t bad = 0;
+
+	/* 1 write in flight of 1 MiB: persisting takes a while after CAPTURED */
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
+	c = connect_to(&a);
+	h_model_make(&m, c, 6, 6 << 20); /* ~36 MiB: fits in the pool */
+	ck_assert_int_eq(ckpt_plan_create(c, "rw", 0, 1, m.t, m.n, &p), 0);
+	for (int k = 0; k < 3; k++) {
+		h_model_fill(&m, 100 + (uint64_t)k);
+		ck_assert_int_eq(ckpt_save(p, k + 1, NULL, &s[k]), 0);
+		ck_assert_int_eq(ckpt_save_wait(s[k], CKPT_CAPTURED, 60000), 0);
+		/* the next step's values, at once, while the agent still writes */
+		h_model_fill(&m, 900 + (uint64_t)k);
+	}
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(ckpt_save_wait(s[k], CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s[k]);
+	}
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(ckpt_restore(p, k + 1, NULL, NULL), 0);
+		ck_assert_msg(h_model_check(&m, 100 + (uint64_t)k, &bad),
+			      "step %d: tensor %s does not hold the saved values", k + 1,
+			      m.name[bad]);
+	}
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* A save larger than the pool streams through it, and is still exact. */
+START_TEST(larger_than_pool)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	char out[8192];
+
+	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1");
+	c = connect_to(&a);
+	h_model_make(&m, c, 5, 9 << 20); /* ~45 MiB through a 16 MiB pool */
+	ck_assert_int_eq(ckpt_plan_create(c, "big", 0, 1, m.t, m.n, &p), 0);
+	ck_assert_uint_gt(ckpt_plan_bytes(p), 16u << 20);
+	h_model_fill(&m, 5);
+	save_and_wait(p, 1, NULL, CKPT_COMMITTED);
+	h_model_fill(&m, 6);
+	ck_assert_int_eq(ckpt_restore(p, 1, NULL, NULL), 0);
+	ck_assert(h_model_check(&m, 5, NULL));
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify big 1"), 0);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* One rank of a 4-rank job: a sharded tensor's rows and a tensor of its own. */
+static int rank_main(const char *endpoint, int rank, bool restore)
+{
+	int64_t gshape[2] = {400, 33}, lshape[2] = {100, 33}, goff[2] = {100 * rank, 0};
+	int64_t own[1] = {1000 + rank};
+	struct ckpt_tensor t[2];
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	char name[32];
+	float *mem;
+	int rc;
+
+	if (ckpt_connect(endpoint, &c))
+		return 10;
+	if (ckpt_host_alloc(c, sizeof(float) * (100 * 33 + 1000 + 4), (void **)&mem))
+		return 11;
+	snprintf(name, sizeof(name), "rank%d.state", rank);
+	t[0] = (struct ckpt_tensor){"embed", CKPT_F32, 2, lshape, mem, gshape, goff};
+	t[1] = (struct ckpt_tensor){name, CKPT_F32, 1, own, mem + 100 * 33, NULL, NULL};
+	for (int i = 0; i < 100 * 33; i++)
+		mem[i] = (float)(rank * 100 * 33 + i);
+	for (int i = 0; i < own[0]; i++)
+		mem[100 * 33 + i] = (float)(rank * 7 + i);
+	if (ckpt_plan_create(c, "dp", rank, 4, t, 2, &p))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+	if (restore) {
+		memset(mem, 0, sizeof(float) * (100 * 33 + 1000 + 4));
+		if (ckpt_restore(p, CKPT_LATEST, NULL, NULL))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
+		for (int i = 0; i < 100 * 33; i++)
+			if (mem[i] != (float)(rank * 100 * 33 + i))
+				return 14;
+		for (int i = 0; i < own[0]; i++)
+			if (mem[100 * 33 + i] != (float)(rank * 7 + i))
+				return 15;
+	} else {
+		if (ckpt_save(p, 10, rank == 0 ? "{\"ranks\":4}" : NULL, &s))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 16;
+		rc = ckpt_save_wait(s, CKPT_COMMITTED, 60000);
+		if (rc)
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_save_reason(s)), 17;
+		ckpt_save_release(s);
+	}
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	return 0;
+}
+
+/*
+ * Each rank is a fresh process (this program again, with --rank): a trainer
+ * per process, as on a real node, and no gRPC state carried across fork.
+ */
+static void run_ranks(const struct agent_proc *a, bool restore)
+{
+	pid_t pid[4];
+
+	for (int r = 0; r < 4; r++) {
+		char rank[8];
+
+		snprintf(rank, sizeof(rank), "%d", r);
+		pid[r] = fork();
+		ck_assert_int_ge(pid[r], 0);
+		if (pid[r] == 0) {
+			execl("/proc/self/exe", "test_roundtrip", "--rank", rank, a->endpoint,
+			      restore ? "restore" : "save", (char *)NULL);
+			_exit(127);
+		}
+	}
+	for (int r = 0; r < 4; r++) {
+		int st;
+
+		ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with %d", r,
+			      WEXITSTATUS(st));
+	}
+}
+
+START_TEST(four_ranks_one_checkpoint)
+{
+	struct agent_proc a;
+	char out[65536], path[512];
+	json_t *j, *chunks, *embed;
+
+	h_agent_start(&a, NULL);
+	run_ranks(&a, false);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json list dp"), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "list --json is JSON: %s", out);
+	ck_assert_int_eq(json_array_size(json_object_get(j, "checkpoints")), 1);
+	ck_assert_int_eq(json_integer_value(json_object_get(
+				 json_array_get(json_object_get(j, "checkpoints"), 0), "world")),
+			 4);
+	json_decref(j);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json show dp 10"), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "show --json is JSON");
+	ck_assert_int_eq(json_array_size(json_object_get(j, "ranks")), 4);
+	embed = json_object_get(json_object_get(j, "tensors"), "embed");
+	chunks = json_object_get(embed, "chunks");
+	ck_assert_int_eq(json_array_size(chunks), 4);
+	ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(embed, "global_shape"), 0)),
+			 400);
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "meta"), "ranks")),
+			 4);
+	json_decref(j);
+	for (int r = 0; r < 4; r++) {
+		h_path(&a, path, sizeof(path), "dp/step-000000000010/rank-%05d.safetensors", r);
+		ck_assert_msg(h_exists(path), "%s exists", path);
+	}
+	run_ranks(&a, true);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+START_TEST(latest_after_restart)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	int64_t step = -1;
+
+	h_agent_start(&a, NULL);
+	c = connect_to(&a);
+	h_model_make(&m, c, 4, 300001);
+	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
+	for (int k = 1; k <= 3; k++) {
+		h_model_fill(&m, (uint64_t)k);
+		save_and_wait(p, k * 100, NULL, CKPT_COMMITTED);
+	}
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_restart(&a);
+	c = connect_to(&a);
+	h_model_make(&m, c, 4, 300001);
+	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
+	h_model_fill(&m, 99);
+	ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 300);
+	ck_assert(h_model_check(&m, 3, NULL));
+	ck_assert_int_eq(ckpt_restore(p, 100, &step, NULL), 0);
+	ck_assert(h_model_check(&m, 1, NULL));
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s = suite_create("roundtrip");
+	TCase *tc = tcase_create("agent");
+	SRunner *sr;
+	int failed;
+
+	if (argc == 5 && strcmp(argv[1], "--rank") == 0)
+		return rank_main(argv[3], atoi(argv[2]), strcmp(argv[4], "restore") == 0);
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, roundtrip_odd_sizes);
+	tcase_add_test(tc, rewrite_after_captured);
+	tcase_add_test(tc, larger_than_pool);
+	tcase_add_test(tc, four_ranks_one_checkpoint);
+	tcase_add_test(tc, latest_after_restart);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
