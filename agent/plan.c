@@ -248,12 +248,14 @@ static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_t
 		p->n = i + 1;
 		t->dtype = v[i].dtype;
 		t->ndim = v[i].ndim;
-		memcpy(t->shape, v[i].shape, t->ndim * sizeof(int64_t));
+		/* A scalar (ndim 0) arrives with no shape array at all: copy nothing. */
+		if (t->ndim)
+			memcpy(t->shape, v[i].shape, t->ndim * sizeof(int64_t));
 		t->sharded = v[i].global_ndim > 0;
 		if (t->sharded) {
 			memcpy(t->global_shape, v[i].global_shape, t->ndim * sizeof(int64_t));
 			memcpy(t->global_offset, v[i].global_offset, t->ndim * sizeof(int64_t));
-		} else {
+		} else if (t->ndim) {
 			memcpy(t->global_shape, t->shape, t->ndim * sizeof(int64_t));
 		}
 		t->offset = v[i].offset;

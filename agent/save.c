@@ -415,6 +415,10 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	s->nchunks = (unsigned)((p->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
 				pool_chunk_bytes(a->pool));
 	s->pool_limited = s->nchunks > pool_nchunks(a->pool);
+	if (s->pool_limited) /* a note, not a failure: CAPTURED comes later */
+		snprintf(s->reason, sizeof(s->reason),
+			 "larger than the staging pool (%u of %u chunks): streamed through it",
+			 s->nchunks, pool_nchunks(a->pool));
 	s->work.fn = save_capture;
 	cp->rank[p->rank] = s;
 	cp->nsaved++;

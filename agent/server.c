@@ -24,6 +24,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
 #include "log.h"
@@ -43,7 +44,8 @@ struct outmsg {
 
 struct rpc {
 	struct server *srv;
-	enum ipc_method method;
+	enum ipc_method method; /* IPC_NMETHODS: a method we do not have */
+	grpc_call_details details_in; /* unknown methods only */
 	grpc_call *call;
 	gpr_timespec deadline;
 	grpc_metadata_array md;
@@ -78,6 +80,12 @@ static void on_new(struct rpc *c, bool ok);
 static void on_final(struct rpc *c, bool ok);
 static void on_send(struct rpc *c, bool ok);
 static void on_close(struct rpc *c, bool ok);
+static void finish_unary(struct rpc *c, grpc_status_code code, const char *msg);
+
+static const char *path_of(const struct rpc *c)
+{
+	return c->method < IPC_NMETHODS ? ipc_methods[c->method].path : "(unknown method)";
+}
 
 static void rpc_free(struct rpc *c)
 {
@@ -96,6 +104,8 @@ static void rpc_free(struct rpc *c)
 		grpc_byte_buffer_destroy(c->reply);
 	grpc_slice_unref(c->details);
 	grpc_metadata_array_destroy(&c->md);
+	if (c->method == IPC_NMETHODS)
+		grpc_call_details_destroy(&c->details_in);
 	if (c->call)
 		grpc_call_unref(c->call);
 	free(c);
@@ -134,10 +144,18 @@ static int request_call(struct server *s, enum ipc_method m)
 	pthread_mutex_lock(&s->mu);
 	s->live++;
 	pthread_mutex_unlock(&s->mu);
-	e = grpc_server_request_registered_call(s->gs, s->methods[m], &c->call, &c->deadline,
-						&c->md, &c->payload, s->cq, s->cq, &c->t_new);
+	if (m == IPC_NMETHODS) {
+		/* Calls to methods nobody registered wait for this, or forever. */
+		grpc_call_details_init(&c->details_in);
+		e = grpc_server_request_call(s->gs, &c->call, &c->details_in, &c->md, s->cq, s->cq,
+					     &c->t_new);
+	} else {
+		e = grpc_server_request_registered_call(s->gs, s->methods[m], &c->call,
+							&c->deadline, &c->md, &c->payload, s->cq,
+							s->cq, &c->t_new);
+	}
 	if (e != GRPC_CALL_OK) {
-		log_msg(LOG_ERR, "gRPC: requesting a %s call failed (%d)", ipc_methods[m].path, e);
+		log_msg(LOG_ERR, "gRPC: requesting a call failed (%d)", e);
 		rpc_free(c);
 		return -EIO;
 	}
@@ -155,6 +173,14 @@ static void on_new(struct rpc *c, bool ok)
 	}
 	if (!s->shutdown_done)
 		request_call(s, c->method);
+	if (c->method == IPC_NMETHODS) {
+		char *path = grpc_slice_to_c_string(c->details_in.method);
+
+		finish_unary(c, GRPC_STATUS_UNIMPLEMENTED, "ckpt.v1 has no such method");
+		log_msg(LOG_DEBUG, "call to unknown method %.128s refused", path);
+		gpr_free(path);
+		return;
+	}
 	req = ipc_unpack(ipc_methods[c->method].request, c->payload);
 	if (!req) {
 		rpc_fail(c, -EINVAL, "%s: the request is not a well-formed %s message",
@@ -175,6 +201,7 @@ static void finish_unary(struct rpc *c, grpc_status_code code, const char *msg)
 	grpc_op ops[4];
 	size_t n = 0;
 	grpc_call_error e;
+	grpc_call *call;
 
 	memset(ops, 0, sizeof(ops));
 	ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -188,11 +215,18 @@ static void finish_unary(struct rpc *c, grpc_status_code code, const char *msg)
 	ops[n++].data.send_status_from_server.status_details = &c->details;
 	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+	/*
+	 * A worker may be answering: the completion thread will read and free
+	 * this call. Publish our writes through the server's mutex (gRPC's own
+	 * locks order them too, but tools and readers cannot see those).
+	 */
+	call = c->call; /* the last read of c before the hand-over */
+	pthread_mutex_lock(&c->srv->mu);
 	c->refs = 1;
-	e = grpc_call_start_batch(c->call, ops, n, &c->t_final, NULL);
+	pthread_mutex_unlock(&c->srv->mu);
+	e = grpc_call_start_batch(call, ops, n, &c->t_final, NULL);
 	if (e != GRPC_CALL_OK) {
-		log_msg(LOG_ERR, "gRPC: %s: reply batch refused (%d)", ipc_methods[c->method].path,
-			e);
+		log_msg(LOG_ERR, "gRPC: %s: reply batch refused (%d)", path_of(c), e);
 		rpc_free(c);
 	}
 }
@@ -211,7 +245,7 @@ void rpc_fail(struct rpc *c, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	log_msg(LOG_DEBUG, "%s: %s", ipc_methods[c->method].path, msg);
+	log_msg(LOG_DEBUG, "%s: %s", path_of(c), msg);
 	finish_unary(c, ipc_errno_to_status(err), msg);
 }
 
@@ -461,7 +495,7 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 	rc = socket_access(s, o, err);
 	if (rc)
 		goto fail_started;
-	for (int m = 0; m < IPC_NMETHODS; m++) {
+	for (int m = 0; m <= IPC_NMETHODS; m++) {
 		rc = request_call(s, m);
 		if (rc) {
 			ipc_errf(err, rc, "cannot request gRPC calls");
