@@ -223,8 +223,10 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n, IPC_MAX_TENSORS);
 	if (!rc)
 		rc = plan_request(c, t, n, &req, err);
-	if (rc)
-		return cl_fail(c, rc, "plan for job %s rank %d: %s", job ? job : "(null)", rank, err);
+	if (rc) /* the job is named only once it is known to be a name */
+		return ipc_check_job(job, NULL) ? cl_fail(c, rc, "plan: %s", err)
+						: cl_fail(c, rc, "plan for job %s rank %d: %s", job,
+							  rank, err);
 	req.session_id = c->session_id;
 	req.job = (char *)job;
 	req.rank = rank;
