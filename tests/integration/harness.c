@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include <check.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <jansson.h>
 
 #include "client.h"
 #include "harness.h"
@@ -313,4 +317,89 @@ void h_model_free(struct h_model *m)
 	free(m->shape);
 	free(m->name);
 	memset(m, 0, sizeof(*m));
+}
+
+/* ---- below libckpt ---------------------------------------------------- */
+
+int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
+	       char *msg, size_t msglen)
+{
+	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+	grpc_slice payload = grpc_slice_from_copied_buffer(buf, len);
+	grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&payload, 1), *in = NULL;
+	grpc_metadata_array imd, tmd;
+	grpc_status_code st = GRPC_STATUS_UNKNOWN;
+	grpc_slice details = grpc_empty_slice();
+	grpc_completion_queue *cq;
+	grpc_channel *ch;
+	grpc_call *call;
+	grpc_op ops[6];
+	char *d;
+
+	grpc_init();
+	ch = grpc_channel_create(a->endpoint, creds, NULL);
+	cq = grpc_completion_queue_create_for_pluck(NULL);
+	call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+					grpc_slice_from_static_string(method), NULL,
+					gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	grpc_metadata_array_init(&imd);
+	grpc_metadata_array_init(&tmd);
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = out;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+	ops[4].op = GRPC_OP_RECV_MESSAGE;
+	ops[4].data.recv_message.recv_message = &in;
+	ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+	ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+	ops[5].data.recv_status_on_client.status = &st;
+	ops[5].data.recv_status_on_client.status_details = &details;
+	ck_assert_int_eq(grpc_call_start_batch(call, ops, 6, ops, NULL), GRPC_CALL_OK);
+	grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	d = grpc_slice_to_c_string(details);
+	snprintf(msg, msglen, "%s", d);
+	gpr_free(d);
+	if (in)
+		grpc_byte_buffer_destroy(in);
+	grpc_byte_buffer_destroy(out);
+	grpc_slice_unref(payload);
+	grpc_slice_unref(details);
+	grpc_metadata_array_destroy(&imd);
+	grpc_metadata_array_destroy(&tmd);
+	grpc_call_unref(call);
+	grpc_completion_queue_shutdown(cq);
+	grpc_completion_queue_destroy(cq);
+	grpc_channel_destroy(ch);
+	grpc_channel_credentials_release(creds);
+	grpc_shutdown();
+	return st;
+}
+
+bool h_wait_state(const struct agent_proc *a, const char *job, long long step, const char *state,
+		  int timeout_ms)
+{
+	static char out[1 << 20];
+
+	for (int waited = 0; waited <= timeout_ms; waited += 100) {
+		json_t *j, *c;
+		size_t i;
+
+		if (h_ctl(a, out, sizeof(out), "--json list %s", job) == 0 &&
+		    (j = json_loads(out, 0, NULL))) {
+			bool found = false;
+
+			json_array_foreach(json_object_get(j, "checkpoints"), i, c)
+				found |= json_integer_value(json_object_get(c, "step")) == step &&
+					 strcmp(json_string_value(json_object_get(c, "state")),
+						state) == 0;
+			json_decref(j);
+			if (found)
+				return true;
+		}
+		sleep_ms(100);
+	}
+	return false;
 }

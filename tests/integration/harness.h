@@ -39,6 +39,16 @@ bool h_log_has(const struct agent_proc *a, const char *needle);
 int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/*
+ * Sends `len` raw bytes as the request of `method` ("/ckpt.v1.Ckpt/Save"),
+ * bypassing libckpt's checks; returns the gRPC status code, its message in msg.
+ */
+int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
+	       char *msg, size_t msglen);
+/* Polls `ckptctl --json list job` until step has `state` (or timeout_ms); whether it did. */
+bool h_wait_state(const struct agent_proc *a, const char *job, long long step, const char *state,
+		  int timeout_ms);
+
 /* A path under the agent's root: "<root>/<rel>". */
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

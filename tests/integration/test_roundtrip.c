@@ -319,13 +319,15 @@ END_TEST
 
 int main(int argc, char **argv)
 {
-	Suite *s = suite_create("roundtrip");
-	TCase *tc = tcase_create("agent");
+	Suite *s;
+	TCase *tc;
 	SRunner *sr;
 	int failed;
 
 	if (argc == 5 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[3], atoi(argv[2]), strcmp(argv[4], "restore") == 0);
+	s = suite_create("roundtrip");
+	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, roundtrip_odd_sizes);
 	tcase_add_test(tc, rewrite_after_captured);

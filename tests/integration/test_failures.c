@@ -1,0 +1,375 @@
+/*
+ * Failures, for real: corrupt bytes found by restore and verify (naming the
+ * tensor and the file), the agent SIGKILLed in the middle of a save, trainers
+ * killed before and after CAPTURED, and a full staging pool under the skip
+ * policy.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+static struct ckpt_client *connect_to(const struct agent_proc *a)
+{
+	struct ckpt_client *c;
+	int rc = ckpt_connect(a->endpoint, &c);
+
+	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
+	return c;
+}
+
+static void commit(struct ckpt_plan *p, int64_t step)
+{
+	struct ckpt_save *s;
+
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step %lld: %s",
+		      (long long)step, ckpt_save_reason(s));
+	ckpt_save_release(s);
+}
+
+/* The byte range of tensor `name` of rank 0 in step's shard, from the manifest. */
+static void tensor_range(const struct agent_proc *a, const char *job, int64_t step,
+			 const char *name, uint64_t *begin, uint64_t *end)
+{
+	static char out[1 << 20];
+	json_t *j, *r;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s %lld", job, (long long)step), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_ptr_nonnull(j);
+	r = json_object_get(json_array_get(json_object_get(json_object_get(json_object_get(j,
+				"tensors"), name), "chunks"), 0), "byte_range");
+	ck_assert_ptr_nonnull(r);
+	*begin = (uint64_t)json_integer_value(json_array_get(r, 0));
+	*end = (uint64_t)json_integer_value(json_array_get(r, 1));
+	json_decref(j);
+}
+
+START_TEST(corrupt_byte)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	char out[16384], shard[512];
+	uint64_t b, e;
+	int64_t step = -1;
+	int rc;
+
+	h_agent_start(&a, NULL);
+	c = connect_to(&a);
+	h_model_make(&m, c, 6, 200003);
+	ck_assert_int_eq(ckpt_plan_create(c, "cor", 0, 1, m.t, m.n, &p), 0);
+	h_model_fill(&m, 1);
+	commit(p, 1);
+	h_model_fill(&m, 2);
+	commit(p, 2);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify cor 2"), 0);
+	ck_assert_msg(strstr(out, "OK"), "%s", out);
+
+	/* one flipped bit in the middle of tensor 2 of step 2 */
+	tensor_range(&a, "cor", 2, m.name[2], &b, &e);
+	h_path(&a, shard, sizeof(shard), "cor/step-000000000002/rank-00000.safetensors");
+	h_flip_byte(shard, b + (e - b) / 2);
+
+	rc = ckpt_restore(p, 2, NULL, NULL);
+	ck_assert_int_eq(rc, -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(c), m.name[2]) &&
+			      strstr(ckpt_last_error(c), "rank-00000.safetensors") &&
+			      strstr(ckpt_last_error(c), "cor") && strstr(ckpt_last_error(c), "step 2"),
+		      "restore names job, step, tensor and file: %s", ckpt_last_error(c));
+	rc = h_ctl(&a, out, sizeof(out), "verify cor 2");
+	ck_assert_int_eq(rc, 1);
+	ck_assert_msg(strstr(out, "CORRUPT") && strstr(out, m.name[2]) &&
+			      strstr(out, "checksum mismatch") && strstr(out, shard),
+		      "verify names the tensor and the file: %s", out);
+	/* only that tensor */
+	ck_assert_msg(!strstr(out, m.name[1]) && !strstr(out, m.name[3]), "%s", out);
+
+	/* LATEST with fallback passes over the damaged step to the newest good one */
+	h_model_fill(&m, 9);
+	rc = ckpt_restore2(p, CKPT_LATEST, 1, &step, NULL);
+	ck_assert_msg(rc == 0, "fallback: %s", ckpt_last_error(c));
+	ck_assert_int_eq(step, 1);
+	ck_assert(h_model_check(&m, 1, NULL));
+	/* without fallback it is an error, not a silent older step */
+	ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), -EBADMSG);
+
+	/* a damaged header: restore still reads the bytes it checks; verify says */
+	h_path(&a, shard, sizeof(shard), "cor/step-000000000001/rank-00000.safetensors");
+	h_flip_byte(shard, 12);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify cor 1"), 1);
+	ck_assert_msg(strstr(out, "rank-00000.safetensors"), "%s", out);
+	/* and the agent is still fine */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "status"), 0);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+START_TEST(truncated_shard)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	char out[8192], shard[512];
+
+	h_agent_start(&a, NULL);
+	c = connect_to(&a);
+	h_model_make(&m, c, 3, 100003);
+	ck_assert_int_eq(ckpt_plan_create(c, "tr", 0, 1, m.t, m.n, &p), 0);
+	h_model_fill(&m, 3);
+	commit(p, 5);
+	h_path(&a, shard, sizeof(shard), "tr/step-000000000005/rank-00000.safetensors");
+	ck_assert_int_eq(truncate(shard, 5000), 0);
+	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(c), "5000 bytes"), "%s", ckpt_last_error(c));
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
+	ck_assert_int_eq(unlink(shard), 0);
+	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -ENOENT);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * SIGKILL at three moments of a save: right after it is queued, right after
+ * CAPTURED (while it is written), and a little later. After a restart,
+ * nothing partial is visible: the step is either absent (its directory
+ * removed at start) or committed and byte-exact; and LATEST loads.
+ */
+START_TEST(agent_killed_mid_save)
+{
+	const int delays_ms[] = {-1, 0, 15};
+	struct agent_proc a;
+	char out[65536], dir[512];
+	unsigned removed = 0;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
+	for (int k = 0; k < 3; k++) {
+		struct ckpt_client *c = connect_to(&a);
+		struct ckpt_plan *p;
+		struct ckpt_save *s;
+		struct h_model m;
+		int64_t step = -1;
+		json_t *j;
+
+		h_model_make(&m, c, 4, 10 << 20); /* ~40 MiB, written 1 MiB at a time */
+		ck_assert_int_eq(ckpt_plan_create(c, "kill", 0, 1, m.t, m.n, &p), 0);
+		h_model_fill(&m, 10 + (uint64_t)k);
+		commit(p, 10 * k + 1);
+		h_model_fill(&m, 20 + (uint64_t)k);
+		ck_assert_int_eq(ckpt_save(p, 10 * k + 2, NULL, &s), 0);
+		if (delays_ms[k] >= 0) {
+			struct timespec ts = {0, delays_ms[k] * 1000000L};
+
+			ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 60000), 0);
+			nanosleep(&ts, NULL);
+		}
+		h_agent_kill(&a);
+		ckpt_save_release(s);
+		ckpt_plan_destroy(p);
+		h_model_free(&m);
+		ckpt_disconnect(c);
+
+		h_agent_restart(&a);
+		h_path(&a, dir, sizeof(dir), "kill/step-%012d", 10 * k + 2);
+		ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json status"), 0);
+		j = json_loads(out, 0, NULL);
+		removed += (unsigned)json_integer_value(json_object_get(j, "removed_at_start"));
+		json_decref(j);
+		if (h_exists(dir)) { /* it finished before the kill: then it must be whole */
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify kill %d", 10 * k + 2), 0);
+		} else {
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show kill %d", 10 * k + 2), 1);
+		}
+		/* LATEST loads, and is byte-exact for its step */
+		c = connect_to(&a);
+		h_model_make(&m, c, 4, 10 << 20);
+		ck_assert_int_eq(ckpt_plan_create(c, "kill", 0, 1, m.t, m.n, &p), 0);
+		ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), 0);
+		ck_assert(step == 10 * k + 1 || step == 10 * k + 2);
+		ck_assert(h_model_check(&m, step == 10 * k + 1 ? 10 + (uint64_t)k : 20 + (uint64_t)k,
+					NULL));
+		ckpt_plan_destroy(p);
+		h_model_free(&m);
+		ckpt_disconnect(c);
+	}
+	/* 40 MiB at one 1 MiB write at a time: at least one kill lands mid-write */
+	ck_assert_msg(removed >= 1, "a partial step was found and removed at restart");
+	ck_assert_msg(h_log_has(&a, "partial step directories"), "the restart logs its cleanup");
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* ---- trainers in their own processes ----------------------------------- */
+
+/* A trainer: one U8 tensor of mb MiB; saves `step` and then does `mode`. */
+static int trainer_main(const char *endpoint, const char *job, long step, long mb,
+			const char *mode)
+{
+	int64_t shape[1] = {mb << 20};
+	struct ckpt_tensor t = {"blob", CKPT_U8, 1, shape, NULL, NULL, NULL};
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+
+	if (ckpt_connect(endpoint, &c) || ckpt_host_alloc(c, (size_t)shape[0], &t.data))
+		return 10;
+	memset(t.data, (int)step, (size_t)shape[0]);
+	if (ckpt_plan_create(c, job, 0, 1, &t, 1, &p) || ckpt_save(p, step, NULL, &s))
+		return fprintf(stderr, "trainer: %s\n", ckpt_last_error(c)), 11;
+	if (strcmp(mode, "die-queued") == 0)
+		raise(SIGKILL);
+	if (strcmp(mode, "die-captured") == 0) {
+		if (ckpt_save_wait(s, CKPT_CAPTURED, 60000))
+			return 12;
+		raise(SIGKILL);
+	}
+	if (ckpt_save_wait(s, CKPT_COMMITTED, 120000))
+		return fprintf(stderr, "trainer: %s\n", ckpt_save_reason(s)), 13;
+	ckpt_save_release(s);
+	ckpt_plan_destroy(p);
+	ckpt_host_free(c, t.data);
+	ckpt_disconnect(c);
+	return 0;
+}
+
+static pid_t trainer(const struct agent_proc *a, const char *job, long step, long mb,
+		     const char *mode)
+{
+	char s[32], m[32];
+	pid_t pid;
+
+	snprintf(s, sizeof(s), "%ld", step);
+	snprintf(m, sizeof(m), "%ld", mb);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		execl("/proc/self/exe", "test_failures", "--trainer", a->endpoint, job, s, m, mode,
+		      (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int reap(pid_t pid)
+{
+	int st;
+
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(trainer_killed_after_captured_commits)
+{
+	struct agent_proc a;
+	char out[8192];
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
+	ck_assert_int_eq(reap(trainer(&a, "orphan", 5, 40, "die-captured")), 128 + SIGKILL);
+	ck_assert_msg(h_wait_state(&a, "orphan", 5, "COMMITTED", 60000),
+		      "the save of a dead trainer commits");
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify orphan 5"), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+START_TEST(trainer_killed_before_captured_aborts)
+{
+	struct agent_proc a;
+	char out[8192], dir[512];
+	pid_t hog;
+
+	/* A 256 MiB save streams through a 16 MiB pool, slowly: the victim waits for room. */
+	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
+	hog = trainer(&a, "hog", 1, 256, "commit");
+	ck_assert(h_wait_state(&a, "hog", 1, "QUEUED", 30000));
+	ck_assert_int_eq(reap(trainer(&a, "victim", 7, 8, "die-queued")), 128 + SIGKILL);
+	ck_assert_int_eq(reap(hog), 0);
+	ck_assert(h_wait_state(&a, "hog", 1, "COMMITTED", 10000));
+	/* the victim's save was aborted: never committed, nothing on disk */
+	h_path(&a, dir, sizeof(dir), "victim/step-000000000007");
+	for (int i = 0; i < 100 && h_exists(dir); i++)
+		usleep(100000);
+	ck_assert_msg(!h_exists(dir), "%s was removed", dir);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show victim 7"), 1);
+	ck_assert_msg(h_log_has(&a, "before its save was CAPTURED"), "the abort is logged");
+	ck_assert_msg(h_log_has(&a, "client test_failures") && h_log_has(&a, "1 regions released"),
+		      "the dead trainer's region is released");
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+START_TEST(skip_when_pool_full)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	struct h_model m;
+	pid_t hog;
+
+	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1 --backpressure skip");
+	hog = trainer(&a, "hog", 1, 256, "commit");
+	/* in flight: the hog's save holds the whole pool for a while */
+	ck_assert(h_wait_state(&a, "hog", 1, "QUEUED", 30000));
+	c = connect_to(&a);
+	h_model_make(&m, c, 2, 1 << 20);
+	ck_assert_int_eq(ckpt_plan_create(c, "skipper", 0, 1, m.t, m.n, &p), 0);
+	ck_assert_int_eq(ckpt_save(p, 3, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 60000), -ECANCELED);
+	ck_assert_int_eq(ckpt_save_state(s), CKPT_SKIPPED);
+	ck_assert_msg(strstr(ckpt_save_reason(s), "staging pool full"), "%s", ckpt_save_reason(s));
+	ckpt_save_release(s);
+	ck_assert_int_eq(reap(hog), 0);
+	/* with room again, the same plan saves */
+	commit(p, 4);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s;
+	TCase *tc;
+	SRunner *sr;
+	int failed;
+
+	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
+		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
+	s = suite_create("failures");
+	tc = tcase_create("agent");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, corrupt_byte);
+	tcase_add_test(tc, truncated_shard);
+	tcase_add_test(tc, agent_killed_mid_save);
+	tcase_add_test(tc, trainer_killed_after_captured_commits);
+	tcase_add_test(tc, trainer_killed_before_captured_aborts);
+	tcase_add_test(tc, skip_when_pool_full);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
