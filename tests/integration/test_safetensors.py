@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from agentproc import Agent
+
 try:
     import numpy as np
     import safetensors
@@ -125,52 +127,6 @@ def first_difference(a, b):
 
 
 # ---- the agent and the fixture ---------------------------------------------
-
-class Agent:
-    def __init__(self, ckptd, ckptctl, tmp):
-        self.ckptctl = ckptctl
-        self.root = os.path.join(tmp, "root")
-        self.endpoint = "unix:" + os.path.join(tmp, "ckptd.sock")
-        self.log_path = os.path.join(tmp, "agent.log")
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [ckptd, "--root", self.root, "--listen", self.endpoint,
-             "--staging-mb", "64", "--chunk-mb", "1"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def log_tail(self):
-        with open(self.log_path, "rb") as f:
-            return f.read()[-4000:].decode(errors="replace")
-
-    def wait_ready(self, seconds=30):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ckptd exited at start with {self.proc.returncode}:\n"
-                                   + self.log_tail())
-            r = subprocess.run([self.ckptctl, "--endpoint", self.endpoint, "status"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=30)
-            if r.returncode == 0:
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"ckptd did not answer 'ckptctl status' within {seconds} s:\n"
-                           + self.log_tail())
-
-    def stop(self):
-        """SIGTERM and wait; returns the exit status (None if it had to be killed)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                self.log.close()
-                return None
-        self.log.close()
-        return self.proc.returncode
-
 
 def run_fixtures(fixture, agent, job, seed, world):
     """Runs one fixture per rank at once; returns their reports, by rank."""

@@ -1,0 +1,260 @@
+"""ckpt: libckpt for Python, over ctypes (no build step).
+
+The same shape as ckpt.h:
+
+    import ckpt, numpy as np
+    c = ckpt.Client()                          # $CKPT_ENDPOINT or the default socket
+    mem = c.host_alloc(nbytes)                 # shared memory the agent reads and writes
+    w = mem.ndarray(np.float32, (1024, 1024))  # a numpy view into it (offset=0)
+    plan = c.plan("my-job", rank=0, world=1, tensors=[ckpt.Tensor("w", w)])
+    save = plan.save(step=100, meta={"lr": 0.1})
+    save.wait(ckpt.CAPTURED)                   # then train on
+    step, meta = plan.restore(ckpt.LATEST)
+
+Failures raise ckpt.Error with the errno and the agent's message. The
+library is found through $CKPT_LIB, then libckpt.so.0 on the loader's path.
+numpy is only needed for Tensor(name, array) and HostMemory.ndarray.
+"""
+
+import ctypes
+import errno as _errno
+import json
+import os
+
+QUEUED, CAPTURED, DURABLE, COMMITTED, UPLOADED, FAILED, SKIPPED = range(1, 8)
+LATEST = -1
+BLOCK, SKIP = 1, 2
+
+DTYPES = {
+    "BOOL": 1, "U8": 2, "I8": 3, "F8_E5M2": 4, "F8_E4M3": 5, "I16": 6, "U16": 7,
+    "F16": 8, "BF16": 9, "I32": 10, "U32": 11, "F32": 12, "F64": 13, "I64": 14,
+    "U64": 15,
+}
+_NUMPY_DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32",
+    "float64": "F64", "int64": "I64", "uint64": "U64",
+}
+
+
+class Error(OSError):
+    """A libckpt failure: errno, and the agent's message."""
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+        ("global_shape", ctypes.POINTER(ctypes.c_int64)),
+        ("global_offset", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+def _load():
+    path = os.environ.get("CKPT_LIB", "libckpt.so.0")
+    lib = ctypes.CDLL(path)
+    vp, cp, i64, i32 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int
+    sigs = {
+        "ckpt_connect": (i32, [cp, ctypes.POINTER(vp)]),
+        "ckpt_disconnect": (None, [vp]),
+        "ckpt_host_alloc": (i32, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
+        "ckpt_host_free": (None, [vp, vp]),
+        "ckpt_plan_create2": (i32, [vp, cp, i32, i32, ctypes.POINTER(_Tensor),
+                                    ctypes.c_size_t, i32, ctypes.POINTER(vp)]),
+        "ckpt_plan_destroy": (None, [vp]),
+        "ckpt_plan_bytes": (ctypes.c_uint64, [vp]),
+        "ckpt_save": (i32, [vp, i64, cp, ctypes.POINTER(vp)]),
+        "ckpt_save_wait": (i32, [vp, i32, i32]),
+        "ckpt_save_state": (i32, [vp]),
+        "ckpt_save_reason": (cp, [vp]),
+        "ckpt_save_release": (None, [vp]),
+        "ckpt_restore2": (i32, [vp, i64, i32, ctypes.POINTER(i64), ctypes.POINTER(vp)]),
+        "ckpt_strerror": (cp, [i32]),
+        "ckpt_last_error": (cp, [vp]),
+        "ckpt_state_name": (cp, [i32]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+_lib = None
+
+
+def _l():
+    global _lib
+    if _lib is None:
+        _lib = _load()
+    return _lib
+
+
+def state_name(state):
+    return _l().ckpt_state_name(state).decode()
+
+
+def _check(rc, client=None):
+    if rc >= 0:
+        return rc
+    msg = ""
+    if client is not None:
+        msg = _l().ckpt_last_error(client).decode(errors="replace")
+    if not msg:
+        msg = _l().ckpt_strerror(rc).decode(errors="replace")
+    raise Error(-rc, msg)
+
+
+class HostMemory:
+    """Memory from ckpt_host_alloc: .address, .size, and views into it."""
+
+    def __init__(self, client, ptr, size):
+        self._client, self.address, self.size = client, ptr, size
+
+    def buffer(self):
+        return (ctypes.c_char * self.size).from_address(self.address)
+
+    def ndarray(self, dtype, shape, offset=0):
+        import numpy as np
+        dt = np.dtype(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        if offset < 0 or offset + count * dt.itemsize > self.size:
+            raise ValueError("view of %d bytes at %d is outside %d bytes of host memory"
+                             % (count * dt.itemsize, offset, self.size))
+        return np.frombuffer(self.buffer(), dtype=dt, count=count,
+                             offset=offset).reshape(shape)
+
+    def free(self):
+        if self.address:
+            _l().ckpt_host_free(self._client._c, self.address)
+            self.address = 0
+
+
+class Tensor:
+    """A tensor of a plan: a numpy array living in host memory, or raw fields."""
+
+    def __init__(self, name, array=None, dtype=None, shape=None, address=None,
+                 global_shape=None, global_offset=None):
+        if array is not None:
+            dtype = _NUMPY_DTYPES.get(array.dtype.name)
+            if dtype is None:
+                raise ValueError("tensor %r: numpy dtype %s has no safetensors name"
+                                 % (name, array.dtype))
+            if not array.flags["C_CONTIGUOUS"]:
+                raise ValueError("tensor %r: the array must be C-contiguous" % name)
+            shape, address = array.shape, array.ctypes.data
+            self.array = array
+        if dtype not in DTYPES:
+            raise ValueError("tensor %r: unknown dtype %r" % (name, dtype))
+        self.name, self.dtype, self.shape = name, dtype, tuple(shape)
+        self.address = address
+        self.global_shape, self.global_offset = global_shape, global_offset
+
+
+class Save:
+    def __init__(self, client, handle):
+        self._client, self._s = client, handle
+
+    def wait(self, until=CAPTURED, timeout_ms=-1):
+        _check(_l().ckpt_save_wait(self._s, until, timeout_ms), self._client._c)
+
+    @property
+    def state(self):
+        return _l().ckpt_save_state(self._s)
+
+    @property
+    def reason(self):
+        return _l().ckpt_save_reason(self._s).decode(errors="replace")
+
+    def release(self):
+        if self._s:
+            _l().ckpt_save_release(self._s)
+            self._s = None
+
+    def __del__(self):
+        self.release()
+
+
+class Plan:
+    def __init__(self, client, handle, tensors):
+        self._client, self._p, self._tensors = client, handle, tensors
+
+    @property
+    def bytes(self):
+        return _l().ckpt_plan_bytes(self._p)
+
+    def save(self, step, meta=None):
+        if meta is not None and not isinstance(meta, str):
+            meta = json.dumps(meta)
+        out = ctypes.c_void_p()
+        _check(_l().ckpt_save(self._p, step, meta.encode() if meta else None,
+                              ctypes.byref(out)), self._client._c)
+        return Save(self._client, out)
+
+    def restore(self, step=LATEST, fallback=False):
+        """(restored step, meta as a Python value or None)"""
+        got, meta = ctypes.c_int64(-1), ctypes.c_void_p()
+        _check(_l().ckpt_restore2(self._p, step, int(fallback), ctypes.byref(got),
+                                  ctypes.byref(meta)), self._client._c)
+        text = None
+        if meta.value:
+            text = ctypes.string_at(meta.value).decode()
+            ctypes.CDLL(None).free(meta)
+        return got.value, json.loads(text) if text else None
+
+    def destroy(self):
+        if self._p:
+            _l().ckpt_plan_destroy(self._p)
+            self._p = None
+
+
+class Client:
+    def __init__(self, endpoint=None):
+        self._c = ctypes.c_void_p()
+        _check(_l().ckpt_connect(endpoint.encode() if endpoint else None,
+                                 ctypes.byref(self._c)))
+
+    def host_alloc(self, nbytes):
+        ptr = ctypes.c_void_p()
+        _check(_l().ckpt_host_alloc(self._c, nbytes, ctypes.byref(ptr)), self._c)
+        return HostMemory(self, ptr.value, nbytes)
+
+    def plan(self, job, rank, world, tensors, backpressure=0):
+        arr = (_Tensor * len(tensors))()
+        keep = []
+        for i, t in enumerate(tensors):
+            shape = (ctypes.c_int64 * max(len(t.shape), 1))(*t.shape)
+            keep.append(shape)
+            gs = go = None
+            if t.global_shape is not None:
+                gs = (ctypes.c_int64 * len(t.global_shape))(*t.global_shape)
+                go = (ctypes.c_int64 * len(t.global_offset or ()))(*(t.global_offset or ()))
+                keep += [gs, go]
+            name = t.name.encode()
+            keep.append(name)
+            arr[i] = _Tensor(name, DTYPES[t.dtype], len(t.shape), shape, t.address,
+                             ctypes.cast(gs, ctypes.POINTER(ctypes.c_int64)) if gs else None,
+                             ctypes.cast(go, ctypes.POINTER(ctypes.c_int64)) if go else None)
+        out = ctypes.c_void_p()
+        _check(_l().ckpt_plan_create2(self._c, job.encode(), rank, world, arr, len(tensors),
+                                      backpressure, ctypes.byref(out)), self._c)
+        return Plan(self, out, tensors)
+
+    @property
+    def last_error(self):
+        return _l().ckpt_last_error(self._c).decode(errors="replace")
+
+    def close(self):
+        if self._c:
+            _l().ckpt_disconnect(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

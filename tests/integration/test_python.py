@@ -1,0 +1,87 @@
+"""The Python module (client/python/ckpt.py) against a real agent: numpy
+arrays in host memory saved and restored with their meta, and failures
+raised as ckpt.Error with the agent's words."""
+
+import errno
+import os
+import shutil
+import sys
+import tempfile
+
+try:
+    import numpy as np
+except ImportError as e:
+    print(f"skipped: numpy is not available ({e})")
+    sys.exit(77)
+
+from agentproc import Agent
+
+sys.path.insert(0, os.environ["CKPT_PY_DIR"])
+import ckpt  # noqa: E402
+
+
+def expect_error(fn, code, words):
+    try:
+        fn()
+    except ckpt.Error as e:
+        assert e.errno == code, f"errno {e.errno} ({e}), want {code}"
+        assert words in str(e), f"{words!r} not in {e}"
+        return
+    raise AssertionError(f"no error; wanted errno {code} with {words!r}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="ckpy.", dir=os.environ.get("CK_TMPDIR"))
+    agent = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
+    try:
+        agent.wait_ready()
+        rng = np.random.default_rng(7)
+        with ckpt.Client(agent.endpoint) as c:
+            mem = c.host_alloc(1 << 20)
+            w = mem.ndarray(np.float32, (300, 301))
+            b = mem.ndarray(np.int64, (77,), offset=w.nbytes)
+            h = mem.ndarray(np.float16, (5, 3), offset=w.nbytes + b.nbytes)
+            odd = mem.ndarray(np.uint8, (1001,), offset=w.nbytes + b.nbytes + h.nbytes)
+            arrays = {"w": w, "b": b, "h": h, "odd": odd}
+            for a in arrays.values():
+                a[...] = rng.integers(0, 100, size=a.shape).astype(a.dtype)
+            saved = {k: a.copy() for k, a in arrays.items()}
+            plan = c.plan("py", 0, 1, [ckpt.Tensor(k, a) for k, a in arrays.items()])
+            assert plan.bytes > sum(a.nbytes for a in arrays.values())
+            s = plan.save(3, meta={"lr": 0.25, "tokens": 12345})
+            s.wait(ckpt.CAPTURED)
+            for a in arrays.values():  # train on: the checkpoint keeps step 3
+                a[...] = 0
+            s.wait(ckpt.COMMITTED, 60000)
+            assert s.state == ckpt.COMMITTED, ckpt.state_name(s.state)
+            s.release()
+            step, meta = plan.restore(ckpt.LATEST)
+            assert step == 3, step
+            assert meta == {"lr": 0.25, "tokens": 12345}, meta
+            for k, a in arrays.items():
+                assert np.array_equal(a, saved[k]), f"tensor {k} differs after restore"
+
+            expect_error(lambda: plan.restore(4), errno.ENOENT, "no committed step 4")
+            expect_error(lambda: plan.save(3), errno.EEXIST, "already committed")
+            expect_error(lambda: c.plan("a/b", 0, 1, [ckpt.Tensor("w", w)]),
+                         errno.EINVAL, "'/'")
+            stray = np.zeros(16, dtype=np.float32)  # not from host_alloc
+            expect_error(lambda: c.plan("j", 0, 1, [ckpt.Tensor("x", stray)]),
+                         errno.EINVAL, "neither from ckpt_host_alloc")
+            plan.destroy()
+            mem.free()
+        status = agent.stop()
+        assert status == 0, f"ckptd exited with {status}"
+        print("ok: save, restore, meta and errors through the Python module")
+        return 0
+    except AssertionError as e:
+        print(f"FAIL: {e}\nagent log:\n{agent.log_tail()}")
+        return 1
+    finally:
+        agent.stop()
+        if not os.environ.get("CKPT_TEST_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
