@@ -69,9 +69,22 @@ static int start_storage(struct agent *a, char *err)
 	return catalog_load(a->cat, a->store, err);
 }
 
+/* The control thread, once a second. */
+static void tick(void *ctx)
+{
+	struct agent *a = ctx;
+
+	pthread_mutex_lock(&a->mu);
+	cp_expire(a, ipc_mono_ns());
+	pthread_mutex_unlock(&a->mu);
+}
+
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 {
-	struct server_opts so = {cfg->listen, cfg->socket_mode, cfg->socket_gid, {0}, NULL};
+	struct server_opts so = {.listen = cfg->listen,
+				 .tick = tick,
+				 .socket_mode = cfg->socket_mode,
+				 .socket_gid = cfg->socket_gid};
 	struct agent *a;
 	int rc;
 
@@ -139,7 +152,8 @@ static bool drained(void *ctx)
 		list_for_each(pos, &a->ckpts)
 			cp_fail(a, container_of(pos, struct checkpoint, link), "the agent stopped");
 	}
-	idle = a->inflight == 0;
+	/* Failed saves may still have writes in flight, and cleanups queued. */
+	idle = a->inflight == 0 && !cp_any_busy(a);
 	pthread_mutex_unlock(&a->mu);
 	return idle && workq_busy(a->capture) == 0 && workq_busy(a->commit) == 0 &&
 	       workq_busy(a->maint) == 0;
@@ -170,10 +184,11 @@ void agent_destroy(struct agent *a)
 	if (!a)
 		return;
 	server_destroy(a->srv);
+	/* The engine first: its last completions may still queue commit-thread work. */
+	ioeng_destroy(a->io);
 	workq_destroy(a->capture);
 	workq_destroy(a->commit);
 	workq_destroy(a->maint);
-	ioeng_destroy(a->io);
 	free_objects(a);
 	storage_destroy(a->store);
 	pool_destroy(a->pool);

@@ -55,6 +55,7 @@ struct agent_config {
 	bool direct;
 	bool lock_pool;
 	int log_level;
+	unsigned commit_timeout_s; /* a step still missing ranks after this fails */
 };
 
 struct catalog;
@@ -77,6 +78,7 @@ struct agent {
 	struct list watchers;
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
+	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;
 };
@@ -139,8 +141,9 @@ struct plan {
 	void *header;          /* the shard's first header_len bytes */
 	uint64_t header_len;
 	uint64_t shard_bytes;
-	unsigned refs;   /* 1 until dropped, + 1 per save or restore holding it */
-	unsigned active; /* captures and restores using its regions now */
+	unsigned refs;      /* 1 until dropped, + 1 per save or restore holding it */
+	unsigned active;    /* captures and restores using its regions now */
+	unsigned restoring; /* restores writing its regions: saves must wait */
 	bool dropped;
 };
 
@@ -176,6 +179,7 @@ struct checkpoint {
 	char *meta;
 	struct work work;
 	int64_t t_first; /* monotonic ns of the first rank's save */
+	bool committing; /* the commit job is queued or running: it decides */
 	bool cleaning;   /* failed: removal of its files queued or running */
 	bool cleaned;
 };
@@ -187,6 +191,12 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, struct che
 void cp_rank_durable(struct agent *a, struct checkpoint *cp);
 /* Under mu: the checkpoint fails; every rank's save with it. */
 void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason);
+/* Under mu: the plan of (job, rank) is gone: steps still missing that rank cannot commit. */
+void cp_rank_gone(struct agent *a, const char *job, int rank);
+/* Under mu: fails steps that have waited for missing ranks longer than the timeout. */
+void cp_expire(struct agent *a, int64_t now_mono);
+/* Under mu: whether any checkpoint still has I/O running or queued work. */
+bool cp_any_busy(struct agent *a);
 /* Under mu: a rank's pipeline has stopped (success or not). */
 void cp_rank_stopped(struct agent *a, struct checkpoint *cp);
 /* Under mu: drop checkpoints that are finished and unreferenced. */
@@ -212,7 +222,7 @@ struct save {
 	char reason[IPC_ERRLEN];
 	atomic_bool abort;
 	bool pool_limited;
-	bool skip_if_busy;
+	unsigned want; /* chunks to reserve; counted in queued_chunks until then */
 	struct pool_resv resv;
 	struct storage_shard *shard;
 	unsigned nchunks;

@@ -56,7 +56,7 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, struct che
 
 void cp_release(struct agent *a, struct checkpoint *cp)
 {
-	if (cp->state == CKPT__V1__STATE__STATE_QUEUED || cp->nrunning)
+	if (cp->state == CKPT__V1__STATE__STATE_QUEUED || cp->nrunning || cp->committing)
 		return;
 	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
 		/* Kept while ranks may still arrive, so they learn it failed at once. */
@@ -89,7 +89,8 @@ void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
 {
 	char why[IPC_ERRLEN + 64];
 
-	if (cp->state != CKPT__V1__STATE__STATE_QUEUED)
+	/* Every rank is durable and the commit is under way: it decides. */
+	if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing)
 		return;
 	cp->state = CKPT__V1__STATE__STATE_FAILED;
 	snprintf(cp->reason, sizeof(cp->reason), "%s", reason);
@@ -111,9 +112,62 @@ void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
 void cp_rank_durable(struct agent *a, struct checkpoint *cp)
 {
 	if (++cp->ndurable == (unsigned)cp->world && cp->state == CKPT__V1__STATE__STATE_QUEUED) {
+		cp->committing = true;
 		cp->work.fn = commit_run;
 		workq_push(a->commit, &cp->work);
 	}
+}
+
+void cp_rank_gone(struct agent *a, const char *job, int rank)
+{
+	struct list *pos, *tmp;
+	char why[96];
+
+	list_for_each_safe(pos, tmp, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || strcmp(cp->job, job) != 0 ||
+		    rank >= cp->world || cp->rank[rank])
+			continue;
+		snprintf(why, sizeof(why), "rank %d left (its plan was dropped) before saving this "
+					   "step", rank);
+		cp_fail(a, cp, why);
+	}
+}
+
+void cp_expire(struct agent *a, int64_t now)
+{
+	const int64_t limit = (int64_t)a->cfg.commit_timeout_s * 1000000000;
+	struct list *pos, *tmp;
+	char why[160];
+
+	list_for_each_safe(pos, tmp, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || (int)cp->nsaved == cp->world ||
+		    now - cp->t_first < limit)
+			continue;
+		snprintf(why, sizeof(why),
+			 "%d of %d ranks did not save this step within %u s (--commit-timeout)",
+			 cp->world - (int)cp->nsaved, cp->world, a->cfg.commit_timeout_s);
+		cp_fail(a, cp, why);
+	}
+}
+
+bool cp_any_busy(struct agent *a)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->nrunning || cp->committing || cp->cleaning)
+			return true;
+	}
+	return false;
 }
 
 void cp_rank_stopped(struct agent *a, struct checkpoint *cp)
@@ -285,6 +339,7 @@ static void commit_run(struct work *w)
 	if (!rc)
 		catalog_entry_from_manifest(m, &ce);
 	pthread_mutex_lock(&a->mu);
+	cp->committing = false;
 	if (rc) {
 		cp_fail(a, cp, err);
 	} else if (cp->state == CKPT__V1__STATE__STATE_QUEUED) {

@@ -446,6 +446,7 @@ static void restore_run(struct work *w)
 	restore_reply(rs, rc, step, meta, err);
 	free(meta);
 	pthread_mutex_lock(&a->mu);
+	rs->plan->restoring--;
 	plan_idle(a, rs->plan);
 	plan_put(a, rs->plan);
 	pthread_mutex_unlock(&a->mu);
@@ -495,6 +496,7 @@ static int restore_prepare(struct agent *a, const Ckpt__V1__RestoreRequest *req,
 	e->readers++;
 	plan_get(p);
 	plan_busy(p);
+	p->restoring++;
 	return 0;
 }
 

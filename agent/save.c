@@ -167,8 +167,12 @@ void save_trim(struct agent *a)
 
 /* ---- the pipeline's end ----------------------------------------------- */
 
-/* Any thread, no lock: the last stage has finished. */
-static void pipeline_end(struct save *s, const char *failure)
+/*
+ * Any thread, no lock: the last stage has finished. durable: the final fsync
+ * succeeded; failure: why not (NULL when the save was aborted and already
+ * says why).
+ */
+static void pipeline_end(struct save *s, bool durable, const char *failure)
 {
 	struct agent *a = s->a;
 
@@ -181,9 +185,9 @@ static void pipeline_end(struct save *s, const char *failure)
 	XXH3_freeState(s->xs);
 	s->xs = NULL;
 	pthread_mutex_lock(&a->mu);
-	if (failure)
+	if (failure) {
 		save_fail(a, s, failure);
-	else if (s->state == CKPT__V1__STATE__STATE_CAPTURED) {
+	} else if (durable && s->state == CKPT__V1__STATE__STATE_CAPTURED) {
 		save_set_state(a, s, CKPT__V1__STATE__STATE_DURABLE, NULL);
 		cp_rank_durable(a, s->cp);
 	}
@@ -207,9 +211,9 @@ static void finish_done(struct io_req *r)
 
 	if (r->res < 0) {
 		io_failure(s, "making durable", (int)r->res, why, sizeof(why));
-		pipeline_end(s, why);
+		pipeline_end(s, false, why);
 	} else {
-		pipeline_end(s, NULL);
+		pipeline_end(s, true, NULL);
 	}
 }
 
@@ -222,10 +226,11 @@ static void stage_done(struct save *s)
 		return;
 	if (s->io_err) {
 		io_failure(s, "writing", s->io_err, why, sizeof(why));
-		pipeline_end(s, why);
-	} else if (atomic_load(&s->abort) || !s->shard ||
-		   atomic_load(&s->bytes_written) != s->plan->shard_bytes) {
-		pipeline_end(s, NULL); /* aborted: the reason is set already */
+		pipeline_end(s, false, why);
+	} else if (atomic_load(&s->abort)) {
+		pipeline_end(s, false, NULL); /* whoever aborted it said why */
+	} else if (!s->shard || atomic_load(&s->bytes_written) != s->plan->shard_bytes) {
+		pipeline_end(s, false, "the capture stopped before every byte was written");
 	} else {
 		/* Every byte written: the exact size, then fsync (the shard's durability). */
 		atomic_store(&s->stages, 1);
@@ -326,11 +331,13 @@ static int capture_setup(struct save *s, char *why)
 	struct agent *a = s->a;
 	const struct plan *p = s->plan;
 	char err[IPC_ERRLEN];
-	unsigned want = s->nchunks < pool_nchunks(a->pool) ? s->nchunks : pool_nchunks(a->pool);
 	bool wait = p->backpressure != CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP;
 	int rc;
 
-	rc = pool_reserve(a->pool, &s->resv, want ? want : 1, wait, &s->abort);
+	rc = pool_reserve(a->pool, &s->resv, s->want, wait, &s->abort);
+	pthread_mutex_lock(&a->mu);
+	a->queued_chunks -= s->want; /* holding them now, or never will */
+	pthread_mutex_unlock(&a->mu);
 	if (rc == -EAGAIN) {
 		snprintf(why, IPC_ERRLEN,
 			 "staging pool full (earlier saves still persisting) and the job's policy is "
@@ -378,15 +385,17 @@ static void save_capture(struct work *w)
 
 /* ---- the RPCs --------------------------------------------------------- */
 
-/* Under mu: would a save of n chunks wait behind earlier ones right now? */
+/*
+ * Under mu: would a save of n chunks wait behind earlier ones right now?
+ * Saves queued ahead of it (not yet holding their chunks) count as taken:
+ * ranks of one step saved together fit if the pool holds them all.
+ */
 static bool pool_busy(struct agent *a, unsigned n)
 {
 	struct pool_stats st;
 
 	pool_get_stats(a->pool, &st);
-	if (n > st.chunks)
-		n = st.chunks;
-	return st.waiters > 0 || st.free_credits < n || workq_busy(a->capture) > 0;
+	return st.waiters > 0 || st.free_credits < a->queued_chunks + n;
 }
 
 static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp,
@@ -415,6 +424,7 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	s->nchunks = (unsigned)((p->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
 				pool_chunk_bytes(a->pool));
 	s->pool_limited = s->nchunks > pool_nchunks(a->pool);
+	s->want = s->pool_limited ? pool_nchunks(a->pool) : s->nchunks;
 	if (s->pool_limited) /* a note, not a failure: CAPTURED comes later */
 		snprintf(s->reason, sizeof(s->reason),
 			 "larger than the staging pool (%u of %u chunks): streamed through it",
@@ -454,6 +464,11 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
 				(long long)req->step, p->rank,
 				ipc_state_name(cp->rank[p->rank]->state));
+	if (p->restoring)
+		return ipc_errf(err, -EBUSY,
+				"job %s rank %d: a restore is writing this plan's memory: save "
+				"after it returns",
+				p->job, p->rank);
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */
@@ -463,17 +478,23 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 		}
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
-	if (!cp->meta && req->meta_json && *req->meta_json && (p->rank == 0 || !cp->meta))
+	/* The user meta: rank 0's, or else the first rank's that has one. */
+	if (req->meta_json && *req->meta_json && (p->rank == 0 || !cp->meta)) {
+		free(cp->meta);
 		cp->meta = strdup(req->meta_json);
+	}
 	*out = s;
 	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+		char why[IPC_ERRLEN + 64];
+
+		snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
+			 (long long)cp->step, cp->reason);
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, cp->reason);
-		cp_release(a, cp);
-		return 0;
+		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
+		return 0; /* the caller answers, then lets the checkpoint go */
 	}
 	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
-	    pool_busy(a, s->nchunks)) {
+	    pool_busy(a, s->want)) {
 		atomic_store(&s->abort, true);
 		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED,
 			       "staging pool full (earlier saves still persisting) and the job's "
@@ -483,6 +504,7 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 	}
 	/* Running: the capture stage holds the plan's regions until CAPTURED. */
 	atomic_store(&s->stages, 1);
+	a->queued_chunks += s->want;
 	cp->nrunning++;
 	plan_busy(p);
 	workq_push(a->capture, &s->work);
@@ -515,6 +537,9 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rep.reason = s->reason;
 		/* the reply is packed now, under the lock: s may change right after */
 		rpc_reply(c, &rep.base);
+		/* born failed (its checkpoint had failed): nothing will run for it */
+		if (s->state == CKPT__V1__STATE__STATE_FAILED && s->cp && !atomic_load(&s->stages))
+			cp_release(a, s->cp);
 	}
 	pthread_mutex_unlock(&a->mu);
 	if (rc)

@@ -30,6 +30,9 @@
 #include "log.h"
 #include "server.h"
 
+/* A stream whose reader falls this far behind is cut off, as if it had left. */
+#define STREAM_MAX_QUEUED 4096
+
 struct rpc;
 
 struct tag {
@@ -58,6 +61,7 @@ struct rpc {
 	bool stream, meta_sent, sending, ended, closed, released, final_started;
 	int end_status;
 	struct outmsg *head, *tail;
+	unsigned queued;
 	rpc_close_fn on_close;
 	void *ctx;
 	int refs;
@@ -68,6 +72,7 @@ struct server {
 	grpc_completion_queue *cq;
 	void *methods[IPC_NMETHODS];
 	rpc_handler_fn handlers[IPC_NMETHODS];
+	void (*tick)(void *ctx);
 	void *ctx;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	pthread_mutex_t mu;
@@ -318,6 +323,13 @@ int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 		rc = -EPIPE;
 		goto out;
 	}
+	if (c->queued >= STREAM_MAX_QUEUED) {
+		/* Cancelled, the close callback tells the owner, who cleans up. */
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     "this stream's reader fell too far behind", NULL);
+		rc = -ENOBUFS;
+		goto out;
+	}
 	m = calloc(1, sizeof(*m));
 	if (!m || !(m->bb = ipc_pack(msg))) {
 		free(m);
@@ -329,6 +341,7 @@ int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 	else
 		c->head = m;
 	c->tail = m;
+	c->queued++;
 	stream_kick(c);
 out:
 	pthread_mutex_unlock(&c->srv->mu);
@@ -345,6 +358,7 @@ static void on_send(struct rpc *c, bool ok)
 		c->head = m->next;
 		if (!c->head)
 			c->tail = NULL;
+		c->queued--;
 		grpc_byte_buffer_destroy(m->bb);
 		free(m);
 	}
@@ -480,6 +494,7 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&s->mu, NULL);
 	memcpy(s->handlers, o->handlers, sizeof(s->handlers));
+	s->tick = o->tick;
 	s->ctx = o->ctx;
 	grpc_init();
 	s->gs = grpc_server_create(&cargs, NULL);
@@ -518,9 +533,15 @@ fail:
 void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx), void *ctx)
 {
 	bool stopping = false, cq_down = false;
+	gpr_timespec next_tick = gpr_now(GPR_CLOCK_MONOTONIC);
 
 	s->t_shutdown = (struct tag){on_shutdown, NULL};
 	for (;;) {
+		if (s->tick && gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), next_tick) >= 0) {
+			next_tick = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+						 gpr_time_from_millis(1000, GPR_TIMESPAN));
+			s->tick(s->ctx);
+		}
 		grpc_event ev = grpc_completion_queue_next(
 			s->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN)),
 			NULL);

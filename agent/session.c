@@ -105,8 +105,10 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	pthread_mutex_lock(&a->mu);
 	if (a->nsessions >= MAX_SESSIONS || a->stopping) {
 		pthread_mutex_unlock(&a->mu);
-		rpc_fail(c, -EAGAIN, "the agent has %u clients, its limit%s", a->nsessions,
-			 a->stopping ? " (and it is stopping)" : "");
+		if (a->stopping)
+			rpc_fail(c, -EAGAIN, "the agent is stopping");
+		else
+			rpc_fail(c, -EAGAIN, "the agent has %u clients, its limit", a->nsessions);
 		goto out;
 	}
 	s = calloc(1, sizeof(*s));
