@@ -33,9 +33,10 @@ struct cl_early {
 struct ckpt_client {
 	char endpoint[256];
 	grpc_channel *ch;
-	grpc_completion_queue *pluck; /* unary calls, any thread */
-	pthread_mutex_t mu;           /* everything below */
-	pthread_cond_t cv;            /* a save's state changed, or the session ended */
+	pthread_mutex_t mu; /* everything below */
+	pthread_cond_t cv;  /* a save's state changed, or the session ended */
+	pthread_cond_t idle; /* the last waiter has left (for disconnect) */
+	unsigned waiters;    /* threads inside ckpt_save_wait */
 	char last_error[1024];
 	/* the Attach session, for trainers */
 	bool attached;
@@ -44,12 +45,16 @@ struct ckpt_client {
 	grpc_call *scall;
 	grpc_byte_buffer *sreq;    /* sends live until the call ends */
 	grpc_metadata_array smd;   /* written by gRPC when the stream opens */
+	grpc_metadata_array strail; /* the stream's status, when it ends */
+	grpc_status_code sstatus;
+	grpc_slice sdetails;
 	pthread_t thread;
 	bool gone; /* the session ended: the agent went away */
 	struct ckpt_save *saves;
 	struct cl_early early[CL_EARLY];
 	unsigned nearly;
 	struct cl_alloc *allocs;
+	struct ckpt_plan *plans;
 	long shm_gid; /* group to share regions with, or -1 */
 };
 
@@ -62,7 +67,8 @@ struct ckpt_save {
 };
 
 struct ckpt_plan {
-	struct ckpt_client *c;
+	struct ckpt_plan *next;
+	struct ckpt_client *c; /* NULL once the client is disconnected */
 	uint64_t id;
 	char job[IPC_MAX_JOB + 1];
 	int rank, world;

@@ -95,17 +95,33 @@ static void *session_thread(void *arg)
 	return NULL;
 }
 
-/* Opens the Attach stream and reads the session id, before the thread starts. */
+/* Waits on the session queue until `tag` completes (or deadline); whether it did. */
+static bool wait_tag(struct ckpt_client *c, void *tag, gpr_timespec deadline)
+{
+	for (;;) {
+		grpc_event e = grpc_completion_queue_next(c->scq, deadline, NULL);
+
+		if (e.type != GRPC_OP_COMPLETE)
+			return false;
+		if (e.tag == tag)
+			return true;
+	}
+}
+
+/*
+ * Opens the Attach stream and reads the session id, before the thread
+ * starts. The stream's status is asked for at once, so a refusal reaches the
+ * caller in the agent's words.
+ */
 static int attach(struct ckpt_client *c)
 {
 	Ckpt__V1__AttachRequest req = CKPT__V1__ATTACH_REQUEST__INIT;
+	static int tag_start, tag_status;
+	int tag_recv, rc = 0;
 	grpc_byte_buffer *in = NULL;
 	Ckpt__V1__SessionEvent *ev = NULL;
 	char prog[64] = "libckpt";
-	int tag_start, tag_recv, rc = 0;
 	grpc_op ops[4];
-	grpc_event e;
-	bool got = false;
 
 	if (readlink("/proc/self/exe", prog, sizeof(prog) - 1) > 0)
 		prog[sizeof(prog) - 1] = '\0';
@@ -125,24 +141,33 @@ static int attach(struct ckpt_client *c)
 	ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->smd;
 	grpc_call_start_batch(c->scall, ops, 4, &tag_start, NULL);
 	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+	ops[0].data.recv_status_on_client.trailing_metadata = &c->strail;
+	ops[0].data.recv_status_on_client.status = &c->sstatus;
+	ops[0].data.recv_status_on_client.status_details = &c->sdetails;
+	grpc_call_start_batch(c->scall, ops, 1, &tag_status, NULL);
+	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_RECV_MESSAGE;
 	ops[0].data.recv_message.recv_message = &in;
 	grpc_call_start_batch(c->scall, ops, 1, &tag_recv, NULL);
-	while (!got) {
-		e = grpc_completion_queue_next(c->scq, cl_deadline(ATTACH_TIMEOUT_MS), NULL);
-		if (e.type != GRPC_OP_COMPLETE)
-			break;
-		got = e.tag == &tag_recv;
-	}
-	if (got && in)
-		ev = (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
-	if (!ev || !ev->session_id) {
-		/* No agent, or not ours: the status of the call says which. */
-		rc = cl_fail(c, -ECONNREFUSED, "cannot reach ckptd at %s (is it running?)",
-			     c->endpoint);
+	if (!wait_tag(c, &tag_recv, cl_deadline(ATTACH_TIMEOUT_MS))) {
+		/* No answer in time: cancel, and let the batch finish before `in` goes. */
 		grpc_call_cancel(c->scall, NULL);
+		wait_tag(c, &tag_recv, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		rc = cl_fail(c, -ETIMEDOUT, "ckptd at %s did not answer within %d s", c->endpoint,
+			     ATTACH_TIMEOUT_MS / 1000);
+	} else if (!in) {
+		/* The stream ended at once: refused, or nobody there. */
+		wait_tag(c, &tag_status, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		rc = cl_status(c, ipc_methods[IPC_ATTACH].path, c->sstatus, c->sdetails, NULL);
+		if (rc == 0)
+			rc = cl_fail(c, -EPROTO, "ckptd ended the session without a word");
 	} else {
-		c->session_id = ev->session_id;
+		ev = (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
+		if (!ev || !ev->session_id)
+			rc = cl_fail(c, -EPROTO, "%s does not speak ckpt.v1", c->endpoint);
+		else
+			c->session_id = ev->session_id;
 	}
 	if (ev)
 		protobuf_c_message_free_unpacked(&ev->base, NULL);
@@ -173,6 +198,13 @@ static void client_free(struct ckpt_client *c)
 			pthread_join(c->thread, NULL);
 		grpc_call_unref(c->scall);
 	}
+	/* Threads still in ckpt_save_wait leave (-ENOTCONN) before c goes. */
+	pthread_mutex_lock(&c->mu);
+	c->gone = true;
+	pthread_cond_broadcast(&c->cv);
+	while (c->waiters)
+		pthread_cond_wait(&c->idle, &c->mu);
+	pthread_mutex_unlock(&c->mu);
 	if (c->scq) {
 		grpc_completion_queue_shutdown(c->scq);
 		do
@@ -184,8 +216,8 @@ static void client_free(struct ckpt_client *c)
 	if (c->sreq)
 		grpc_byte_buffer_destroy(c->sreq);
 	grpc_metadata_array_destroy(&c->smd);
-	if (c->pluck)
-		grpc_completion_queue_destroy(c->pluck);
+	grpc_metadata_array_destroy(&c->strail);
+	grpc_slice_unref(c->sdetails);
 	if (c->ch)
 		grpc_channel_destroy(c->ch);
 	while (c->allocs) {
@@ -195,14 +227,14 @@ static void client_free(struct ckpt_client *c)
 		ipc_shm_unmap(&a->shm);
 		free(a);
 	}
-	while (c->saves) {
-		struct ckpt_save *s = c->saves;
-
-		c->saves = s->next;
-		s->c = NULL; /* released later by the user: the client is gone */
-	}
+	/* Plans and saves the user still holds outlive us: they learn we are gone. */
+	for (struct ckpt_save *s = c->saves; s; s = s->next)
+		s->c = NULL;
+	for (struct ckpt_plan *p = c->plans; p; p = p->next)
+		p->c = NULL;
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
+	pthread_cond_destroy(&c->idle);
 	free(c);
 	grpc_shutdown();
 }
@@ -229,19 +261,22 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
+	pthread_cond_init(&c->idle, NULL);
 	grpc_metadata_array_init(&c->smd);
+	grpc_metadata_array_init(&c->strail);
+	c->sdetails = grpc_empty_slice();
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
 	c->shm_gid = share_gid(endpoint);
 	grpc_init();
 	creds = grpc_insecure_credentials_create();
 	c->ch = grpc_channel_create(c->endpoint, creds, &cargs);
 	grpc_channel_credentials_release(creds);
-	c->pluck = grpc_completion_queue_create_for_pluck(NULL);
 	if (session) {
 		rc = attach(c);
 		if (!rc)
 			rc = -pthread_create(&c->thread, NULL, session_thread, c);
 		if (rc) {
+			/* ckpt_connect has no client to ask ckpt_last_error of: say it here */
 			fprintf(stderr, "libckpt: %s\n", c->last_error);
 			client_free(c);
 			return rc;

@@ -251,6 +251,10 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	p->world = world;
 	p->shard_bytes = rep->shard_bytes;
 	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	pthread_mutex_lock(&c->mu);
+	p->next = c->plans;
+	c->plans = p;
+	pthread_mutex_unlock(&c->mu);
 	*out = p;
 	return 0;
 }
@@ -268,9 +272,18 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 
 	if (!p)
 		return;
-	req.plan_id = p->id;
-	if (cl_call(p->c, IPC_DROP_PLAN, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
-		protobuf_c_message_free_unpacked(rep, NULL);
+	if (p->c) { /* else the client is gone, and the agent dropped the plan with it */
+		req.plan_id = p->id;
+		if (cl_call(p->c, IPC_DROP_PLAN, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
+			protobuf_c_message_free_unpacked(rep, NULL);
+		pthread_mutex_lock(&p->c->mu);
+		for (struct ckpt_plan **pp = &p->c->plans; *pp; pp = &(*pp)->next)
+			if (*pp == p) {
+				*pp = p->next;
+				break;
+			}
+		pthread_mutex_unlock(&p->c->mu);
+	}
 	free(p);
 }
 
@@ -294,6 +307,8 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 		return -EINVAL;
 	c = p->c;
 	*out = NULL;
+	if (!c)
+		return -ENOTCONN;
 	rc = ipc_check_step(step, err);
 	if (!rc)
 		rc = ipc_check_meta(meta_json, err);
@@ -352,9 +367,14 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 	struct ckpt_client *c = s ? s->c : NULL;
 	int rc = 0;
 
-	if (!c || until < CKPT_QUEUED || until > CKPT_UPLOADED)
+	if (!s || until < CKPT_QUEUED || until > CKPT_UPLOADED)
 		return -EINVAL;
+	if (!c)
+		return -ENOTCONN;
+	if (until > CKPT_COMMITTED)
+		return cl_fail(c, -ENOTSUP, "this agent has no object-store tier: nothing is UPLOADED");
 	pthread_mutex_lock(&c->mu);
+	c->waiters++;
 	for (;;) {
 		if (s->state == CKPT_FAILED) {
 			rc = -EIO;
@@ -381,6 +401,8 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 			break;
 		}
 	}
+	if (--c->waiters == 0)
+		pthread_cond_broadcast(&c->idle);
 	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
@@ -435,6 +457,8 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 		*meta_json = NULL;
 	if (!p)
 		return -EINVAL;
+	if (!p->c)
+		return -ENOTCONN;
 	if (step != CKPT_LATEST && (rc = ipc_check_step(step, err)))
 		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
 	req.plan_id = p->id;

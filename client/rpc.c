@@ -69,6 +69,7 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 	grpc_status_code st = GRPC_STATUS_UNKNOWN;
 	grpc_slice details = grpc_empty_slice();
 	const char *errstr = NULL;
+	grpc_completion_queue *cq;
 	grpc_op ops[6];
 	grpc_call *call;
 	grpc_event ev;
@@ -77,9 +78,14 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 	*reply = NULL;
 	if (!out)
 		return cl_fail(c, -ENOMEM, "out of memory");
+	/*
+	 * A queue per call: gRPC allows only 6 threads to pluck one queue at
+	 * once, and the API promises any number of threads may call.
+	 */
+	cq = grpc_completion_queue_create_for_pluck(NULL);
 	grpc_metadata_array_init(&init_md);
 	grpc_metadata_array_init(&trail_md);
-	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->pluck,
+	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
 					grpc_slice_from_static_string(d->path), NULL,
 					cl_deadline(timeout_ms), NULL);
 	memset(ops, 0, sizeof(ops));
@@ -100,8 +106,7 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 		rc = cl_fail(c, -EIO, "%s: the call could not start", d->path);
 		goto out;
 	}
-	ev = grpc_completion_queue_pluck(c->pluck, &ops, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-					 NULL);
+	ev = grpc_completion_queue_pluck(cq, &ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
 		rc = cl_fail(c, -EIO, "%s: the call failed", d->path);
 		goto out;
@@ -123,6 +128,8 @@ out:
 	grpc_metadata_array_destroy(&init_md);
 	grpc_metadata_array_destroy(&trail_md);
 	grpc_call_unref(call);
+	grpc_completion_queue_shutdown(cq);
+	grpc_completion_queue_destroy(cq);
 	return rc;
 }
 
