@@ -96,17 +96,34 @@ static void summary_from_entry(const struct cat_entry *e, bool latest,
 	s->reason = "";
 }
 
-static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *s)
+/*
+ * A checkpoint in flight is as far as its slowest rank (QUEUED while ranks
+ * are missing); `note` says how many ranks are where.
+ */
+static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *s, char *note,
+			    size_t len)
 {
+	int slowest = CKPT__V1__STATE__STATE_COMMITTED;
+
 	ckpt__v1__checkpoint_summary__init(s);
 	s->job = cp->job;
 	s->step = cp->step;
 	s->world = cp->world;
-	s->state = cp->state;
-	s->reason = cp->reason;
 	for (int r = 0; r < cp->world; r++)
-		if (cp->rank[r])
+		if (cp->rank[r]) {
 			s->bytes += cp->rank[r]->bytes_total;
+			if (cp->rank[r]->state < slowest)
+				slowest = cp->rank[r]->state;
+		}
+	if (cp->state != CKPT__V1__STATE__STATE_QUEUED) {
+		s->state = cp->state;
+		s->reason = cp->reason;
+		return;
+	}
+	s->state = (int)cp->nsaved < cp->world ? CKPT__V1__STATE__STATE_QUEUED : slowest;
+	snprintf(note, len, "%u of %d ranks saved, %u durable%s", cp->nsaved, cp->world,
+		 cp->ndurable, cp->committing ? ", committing" : "");
+	s->reason = note;
 }
 
 void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
@@ -114,6 +131,7 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
 	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
 	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL;
+	char (*notes)[96] = NULL;
 	const char *job = req->job && *req->job ? req->job : NULL;
 	struct agent *a = ctx;
 	struct cat_entry **e = NULL;
@@ -130,7 +148,8 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	list_for_each(pos, &a->ckpts) n++;
 	v = calloc(n ? n : 1, sizeof(*v));
 	pv = calloc(n ? n : 1, sizeof(*pv));
-	if (!e || !v || !pv) {
+	notes = calloc(n ? n : 1, sizeof(*notes));
+	if (!e || !v || !pv || !notes) {
 		pthread_mutex_unlock(&a->mu);
 		rpc_fail(c, -ENOMEM, "list: out of memory");
 		goto out;
@@ -148,7 +167,7 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 
 		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)))
 			continue;
-		summary_from_cp(cp, &v[k]);
+		summary_from_cp(cp, &v[k], notes[k], sizeof(notes[k]));
 		pv[k] = &v[k];
 		k++;
 	}
@@ -160,6 +179,7 @@ out:
 	free(e);
 	free(v);
 	free(pv);
+	free(notes);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 

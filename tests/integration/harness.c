@@ -392,9 +392,15 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
 			bool found = false;
 
 			json_array_foreach(json_object_get(j, "checkpoints"), i, c)
-				found |= json_integer_value(json_object_get(c, "step")) == step &&
-					 strcmp(json_string_value(json_object_get(c, "state")),
-						state) == 0;
+			{
+				const char *st = json_string_value(json_object_get(c, "state"));
+
+				if (json_integer_value(json_object_get(c, "step")) != step || !st)
+					continue;
+				found |= strcmp(st, state) == 0 ||
+					 (strcmp(state, "IN_FLIGHT") == 0 &&
+					  strcmp(st, "COMMITTED") && strcmp(st, "FAILED"));
+			}
 			json_decref(j);
 			if (found)
 				return true;

@@ -45,7 +45,10 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
  */
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
 	       char *msg, size_t msglen);
-/* Polls `ckptctl --json list job` until step has `state` (or timeout_ms); whether it did. */
+/*
+ * Polls `ckptctl --json list job` until step has `state` (or timeout_ms);
+ * whether it did. "IN_FLIGHT" matches any state short of COMMITTED/FAILED.
+ */
 bool h_wait_state(const struct agent_proc *a, const char *job, long long step, const char *state,
 		  int timeout_ms);
 

@@ -356,7 +356,7 @@ START_TEST(stop_mid_save)
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
 	for (int k = 0; k < 2; k++) {
 		pid = spawn_rank(&a, "term", 0, 1, 10 + k, "big", NULL);
-		ck_assert(h_wait_state(&a, "term", 10 + k, "QUEUED", 30000));
+		ck_assert(h_wait_state(&a, "term", 10 + k, "IN_FLIGHT", 30000));
 		usleep(k * 30000);
 		/* a clean stop, whatever the save was doing: exit 0, nothing freed twice */
 		ck_assert_int_eq(h_agent_stop(&a), 0);

@@ -300,7 +300,7 @@ START_TEST(trainer_killed_before_captured_aborts)
 	/* A 256 MiB save streams through a 16 MiB pool, slowly: the victim waits for room. */
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
 	hog = trainer(&a, "hog", 1, 256, "commit");
-	ck_assert(h_wait_state(&a, "hog", 1, "QUEUED", 30000));
+	ck_assert(h_wait_state(&a, "hog", 1, "IN_FLIGHT", 30000));
 	ck_assert_int_eq(reap(trainer(&a, "victim", 7, 8, "die-queued")), 128 + SIGKILL);
 	ck_assert_int_eq(reap(hog), 0);
 	ck_assert(h_wait_state(&a, "hog", 1, "COMMITTED", 10000));
@@ -329,7 +329,7 @@ START_TEST(skip_when_pool_full)
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1 --backpressure skip");
 	hog = trainer(&a, "hog", 1, 256, "commit");
 	/* in flight: the hog's save holds the whole pool for a while */
-	ck_assert(h_wait_state(&a, "hog", 1, "QUEUED", 30000));
+	ck_assert(h_wait_state(&a, "hog", 1, "IN_FLIGHT", 30000));
 	c = connect_to(&a);
 	h_model_make(&m, c, 2, 1 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "skipper", 0, 1, m.t, m.n, &p), 0);
