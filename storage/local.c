@@ -10,14 +10,16 @@
  * finish complete on the I/O engine's thread. One mutex orders the
  * read-modify-write of LATEST between concurrent commits and removals.
  *
- * Map of the file:
- *   helpers        names, paths, directories, small files, LATEST
- *   shards         create (directories made durable as they appear), write,
- *                  finish (exact size, fsync), open, read
- *   commit         manifest to a temporary name, fsync, rename, fsync the
- *                  directories; then LATEST the same way; undone on failure
- *   reading        read_manifest, list_jobs, list_steps, get/set_latest
- *   removal        remove (out of sight first), recover (start-up)
+ * Map of the backend (local.h: what the three files share):
+ *   local.c        the backend object (local_create, local_direct, the ops
+ *                  table); helpers: names, paths, directories, small files;
+ *                  shards: create (directories made durable as they appear),
+ *                  write, finish (exact size, fsync), open, read
+ *   local_commit.c commit: manifest to a temporary name, fsync, rename, fsync
+ *                  the directories; then LATEST the same way; undone on
+ *                  failure; get/set_latest; remove (out of sight first)
+ *   local_scan.c   walking directories; read_manifest, list_jobs,
+ *                  list_steps; recover (start-up)
  *
  * Everything goes through the root's descriptor, one path component at a
  * time with O_NOFOLLOW, and through the fsops table (tests inject faults).
@@ -32,45 +34,18 @@
  * any save starts (a save in progress looks like a partial step).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "storage.h"
-
-#define LOCAL_ALIGN 4096u
-#define LOCAL_MAX_ENTRIES (1u << 20) /* directory entries we agree to look at */
-#define LOCAL_MAX_DEPTH 8 /* nesting rm_tree descends into */
-#define LOCAL_MAX_TRIES 1000 /* -EINTR/-EAGAIN/0-byte answers before we give up */
-#define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
-#define MANIFEST_NAME "manifest.json"
-#define MANIFEST_TMP ".manifest.json.tmp"
-#define LATEST_NAME "LATEST"
-#define LATEST_TMP ".LATEST.tmp"
-#define TRASH_PREFIX ".trash."
-#define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-
-struct local {
-	struct storage base; /* first: a struct storage * is a struct local * */
-	const struct fsops *ops;
-	struct ioeng *io;
-	int rootfd;
-	char *root;
-	pthread_mutex_t lock; /* direct, direct_why, trash_seq, and LATEST updates */
-	bool direct;
-	const char *direct_why; /* a constant, or refused_why once written */
-	char refused_why[IPC_ERRLEN];
-	uint64_t trash_seq;
-};
+#include "local.h"
 
 struct storage_shard {
 	struct local *l;
@@ -80,55 +55,34 @@ struct storage_shard {
 
 static const struct storage_ops local_ops;
 
-static struct local *to_local(struct storage *s)
-{
-	return (struct local *)s;
-}
-
 /* ---- helpers ---------------------------------------------------------- */
 
-static void close_fd(int *fd)
+void local_close_fd(int *fd)
 {
 	if (*fd >= 0)
 		close(*fd);
 	*fd = -1;
 }
 
-static void step_name(int64_t step, char *buf, size_t len)
+void local_step_name(int64_t step, char *buf, size_t len)
 {
 	snprintf(buf, len, "step-%012" PRId64, step);
 }
 
-/* "step-" and exactly 12 digits, nothing else. */
-static bool parse_step_name(const char *name, int64_t *step)
-{
-	int64_t v = 0;
-
-	if (strncmp(name, "step-", 5) != 0 || strlen(name) != 17)
-		return false;
-	for (int i = 5; i < 17; i++) {
-		if (name[i] < '0' || name[i] > '9')
-			return false;
-		v = v * 10 + (name[i] - '0');
-	}
-	*step = v;
-	return true;
-}
-
 /* "<root>/<job>[/step-...][/leaf]" for messages. */
-static const char *path_of(const struct local *l, char *buf, size_t len, const char *job,
-                           int64_t step, const char *leaf)
+const char *local_path_of(const struct local *l, char *buf, size_t len, const char *job,
+                          int64_t step, const char *leaf)
 {
 	char sn[32] = "";
 
 	if (step >= 0)
-		step_name(step, sn, sizeof(sn));
+		local_step_name(step, sn, sizeof(sn));
 	snprintf(buf, len, "%s/%s%s%s%s%s", l->root, job, sn[0] ? "/" : "", sn, leaf ? "/" : "",
 	         leaf ? leaf : "");
 	return buf;
 }
 
-static int check_job_step(const char *job, int64_t step, char *err)
+int local_check_job_step(const char *job, int64_t step, char *err)
 {
 	int rc = ipc_check_job(job, err);
 
@@ -136,7 +90,7 @@ static int check_job_step(const char *job, int64_t step, char *err)
 }
 
 /* A directory under dirfd, never through a symlink. */
-static int open_dir(struct local *l, int dirfd, const char *name)
+int local_open_dir(struct local *l, int dirfd, const char *name)
 {
 	return l->ops->openat(dirfd, name, DIR_FLAGS, 0);
 }
@@ -154,27 +108,27 @@ static int dir_error(int rc, const char *path, char *err)
 	return ipc_errf(err, rc, "cannot open %s: %s", path, strerror(-rc));
 }
 
-static int open_job(struct local *l, const char *job, char *err)
+int local_open_job(struct local *l, const char *job, char *err)
 {
 	char p[PATH_MAX];
-	int fd = open_dir(l, l->rootfd, job);
+	int fd = local_open_dir(l, l->rootfd, job);
 
 	if (fd == -ENOENT)
 		return ipc_errf(err, fd, "no job '%s' under %s", job, l->root);
-	return fd < 0 ? dir_error(fd, path_of(l, p, sizeof(p), job, -1, NULL), err) : fd;
+	return fd < 0 ? dir_error(fd, local_path_of(l, p, sizeof(p), job, -1, NULL), err) : fd;
 }
 
-static int open_step(struct local *l, int jobfd, const char *job, int64_t step, char *err)
+int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, char *err)
 {
 	char sn[32], p[PATH_MAX];
 	int fd;
 
-	step_name(step, sn, sizeof(sn));
-	fd = open_dir(l, jobfd, sn);
+	local_step_name(step, sn, sizeof(sn));
+	fd = local_open_dir(l, jobfd, sn);
 	if (fd == -ENOENT)
 		return ipc_errf(err, fd, "no checkpoint of job '%s' at step %" PRId64 " (%s)", job,
-		                step, path_of(l, p, sizeof(p), job, step, NULL));
-	return fd < 0 ? dir_error(fd, path_of(l, p, sizeof(p), job, step, NULL), err) : fd;
+		                step, local_path_of(l, p, sizeof(p), job, step, NULL));
+	return fd < 0 ? dir_error(fd, local_path_of(l, p, sizeof(p), job, step, NULL), err) : fd;
 }
 
 /*
@@ -196,7 +150,7 @@ static int make_dir(struct local *l, int dirfd, const char *name, const char *pa
 			    err, rc, "fsync of the directory holding %s failed: %s: check the disk",
 			    path, strerror(-rc));
 	}
-	rc = open_dir(l, dirfd, name);
+	rc = local_open_dir(l, dirfd, name);
 	return rc < 0 ? dir_error(rc, path, err) : rc;
 }
 
@@ -205,8 +159,8 @@ static int make_dir(struct local *l, int dirfd, const char *name, const char *pa
  * cannot hang us, cleared again once fstat shows a regular file (io_uring
  * would answer -EAGAIN on a non-blocking file instead of waiting).
  */
-static int open_regular(struct local *l, int dirfd, const char *name, int flags, mode_t mode,
-                        struct stat *st)
+int local_open_regular(struct local *l, int dirfd, const char *name, int flags, mode_t mode,
+                       struct stat *st)
 {
 	int fd = l->ops->openat(dirfd, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
 
@@ -221,14 +175,14 @@ static int open_regular(struct local *l, int dirfd, const char *name, int flags,
 }
 
 /* Reads a whole small file; -EFBIG beyond max bytes. *out is malloc'd + NUL. */
-static int read_small(struct local *l, int dirfd, const char *name, size_t max, char **out,
-                      size_t *len)
+int local_read_small(struct local *l, int dirfd, const char *name, size_t max, char **out,
+                     size_t *len)
 {
 	struct stat st;
 	size_t got = 0;
 	unsigned tries = 0;
 	char *buf;
-	int fd = open_regular(l, dirfd, name, O_RDONLY, 0, &st);
+	int fd = local_open_regular(l, dirfd, name, O_RDONLY, 0, &st);
 
 	if (fd < 0)
 		return fd;
@@ -262,317 +216,11 @@ static int read_small(struct local *l, int dirfd, const char *name, size_t max, 
 	return 0;
 }
 
-static int pwrite_all(struct local *l, int fd, const char *buf, size_t len)
-{
-	size_t done = 0;
-	unsigned tries = 0;
-
-	while (done < len) {
-		ssize_t n = l->ops->pwrite(fd, buf + done, len - done, (off_t)done);
-
-		if ((n == -EINTR || n == -EAGAIN) && ++tries < LOCAL_MAX_TRIES)
-			continue;
-		if (n < 0)
-			return (int)n;
-		if (n == 0 && ++tries >= LOCAL_MAX_TRIES)
-			return -EIO; /* no progress and no reason: give up */
-		done += (size_t)n;
-	}
-	return 0;
-}
-
-/*
- * Writes a temporary file and fsyncs it: its bytes must be on disk before
- * any rename can make them visible under the real name, or a crash could
- * leave the real name pointing at an empty or torn file.
- */
-static int write_tmp(struct local *l, int dirfd, const char *tmp, const void *buf, size_t len,
-                     const char *path, char *err)
-{
-	struct stat st;
-	int fd = open_regular(l, dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, &st);
-	int rc;
-
-	if (fd < 0)
-		return ipc_errf(err, fd, "cannot create %s: %s", path, strerror(-fd));
-	rc = pwrite_all(l, fd, buf, len);
-	if (rc < 0) {
-		ipc_errf(err, rc, "writing %s failed: %s%s", path, strerror(-rc),
-		         rc == -ENOSPC ? ": the disk is full; free space or delete old checkpoints"
-		                       : "");
-		goto fail;
-	}
-	rc = l->ops->fsync(fd);
-	if (rc < 0) {
-		ipc_errf(err, rc, "fsync of %s failed: %s: check the disk", path, strerror(-rc));
-		goto fail;
-	}
-	close(fd);
-	return 0;
-fail:
-	close(fd);
-	l->ops->unlinkat(dirfd, tmp, 0);
-	return rc;
-}
-
-/* LATEST as a step: 0, -ENOENT (none), -EINVAL (not a step number), or why not. */
-static int latest_read(struct local *l, int jobfd, int64_t *step)
-{
-	char *buf = NULL;
-	size_t len, i;
-	int64_t v = 0;
-	int rc = read_small(l, jobfd, LATEST_NAME, LATEST_MAX, &buf, &len);
-
-	if (rc == -EFBIG)
-		return -EINVAL;
-	if (rc < 0)
-		return rc;
-	if (len > 0 && buf[len - 1] == '\n')
-		len--;
-	rc = len > 0 && len <= 12 ? 0 : -EINVAL;
-	for (i = 0; rc == 0 && i < len; i++) {
-		if (buf[i] < '0' || buf[i] > '9')
-			rc = -EINVAL;
-		else
-			v = v * 10 + (buf[i] - '0');
-	}
-	free(buf);
-	if (rc == 0)
-		*step = v;
-	return rc;
-}
-
-/*
- * Replaces LATEST: written to a temporary name and fsync'd (else a crash
- * could leave LATEST empty), renamed over (readers see the old or the new
- * value, never a mix), then the job directory fsync'd (else a crash could
- * bring back the old value). *renamed says whether the new value became
- * visible, for a caller that must undo it.
- */
-static int latest_write(struct local *l, int jobfd, const char *job, int64_t step, bool *renamed,
-                        char *err)
-{
-	char text[32], p[PATH_MAX];
-	int n = snprintf(text, sizeof(text), "%" PRId64 "\n", step);
-	int rc;
-
-	*renamed = false;
-	rc = write_tmp(l, jobfd, LATEST_TMP, text, (size_t)n,
-	               path_of(l, p, sizeof(p), job, -1, LATEST_TMP), err);
-	if (rc < 0)
-		return rc;
-	rc = l->ops->renameat(jobfd, LATEST_TMP, jobfd, LATEST_NAME);
-	if (rc < 0) {
-		l->ops->unlinkat(jobfd, LATEST_TMP, 0);
-		return ipc_errf(err, rc, "renaming %s to LATEST failed: %s", p, strerror(-rc));
-	}
-	*renamed = true;
-	rc = l->ops->fsync(jobfd);
-	if (rc < 0)
-		return ipc_errf(err, rc,
-		                "fsync of %s after replacing LATEST failed: %s: check the disk",
-		                path_of(l, p, sizeof(p), job, -1, NULL), strerror(-rc));
-	return 0;
-}
-
-/* Removes LATEST, durably: else it could come back after a crash. */
-static int latest_remove(struct local *l, int jobfd, const char *job, char *err)
-{
-	char p[PATH_MAX];
-	int rc = l->ops->unlinkat(jobfd, LATEST_NAME, 0);
-
-	path_of(l, p, sizeof(p), job, -1, LATEST_NAME);
-	if (rc == -ENOENT)
-		return 0;
-	if (rc == 0)
-		rc = l->ops->fsync(jobfd);
-	return rc < 0 ? ipc_errf(err, rc, "removing %s failed: %s", p, strerror(-rc)) : 0;
-}
-
-/* Every name in a directory but . and .. (malloc'd array of malloc'd names). */
-static int list_dir(struct local *l, int dirfd, char ***out, size_t *n)
-{
-	int fd = l->ops->openat(dirfd, ".", DIR_FLAGS, 0);
-	char **v = NULL, **nv;
-	size_t cap = 0, cnt = 0;
-	struct dirent *de;
-	DIR *d;
-	int rc = 0;
-
-	if (fd < 0)
-		return fd;
-	d = fdopendir(fd);
-	if (!d) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	for (;;) {
-		errno = 0;
-		de = readdir(d);
-		if (!de) {
-			rc = -errno; /* 0 at the end */
-			break;
-		}
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if (cnt == LOCAL_MAX_ENTRIES) {
-			rc = -E2BIG;
-			break;
-		}
-		if (cnt == cap) {
-			cap = cap ? cap * 2 : 16;
-			nv = realloc(v, cap * sizeof(*v));
-			if (!nv) {
-				rc = -ENOMEM;
-				break;
-			}
-			v = nv;
-		}
-		if (!(v[cnt] = strdup(de->d_name))) {
-			rc = -ENOMEM;
-			break;
-		}
-		cnt++;
-	}
-	closedir(d);
-	if (rc < 0) {
-		while (cnt)
-			free(v[--cnt]);
-		free(v);
-		return rc;
-	}
-	*out = v;
-	*n = cnt;
-	return 0;
-}
-
-static void free_names(char **v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
-}
-
-static bool is_dir_at(int dirfd, const char *name)
-{
-	struct stat st;
-
-	return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* A step directory with a regular manifest.json in it. */
-static bool committed_at(struct local *l, int jobfd, const char *sname)
-{
-	struct stat st;
-	int fd = open_dir(l, jobfd, sname);
-	bool yes;
-
-	if (fd < 0)
-		return false;
-	yes = fstatat(fd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
-	close(fd);
-	return yes;
-}
-
-/*
- * Deletes name under dirfd and, if a directory, what it holds. Links are
- * removed, never followed; depth bounds what a hostile tree can make us do.
- */
-static int rm_tree(struct local *l, int dirfd, const char *name, int depth)
-{
-	char **v;
-	size_t n;
-	int fd, rc = l->ops->unlinkat(dirfd, name, 0);
-
-	if (rc != -EISDIR && rc != -EPERM)
-		return rc == -ENOENT ? 0 : rc;
-	if (depth >= LOCAL_MAX_DEPTH)
-		return -ELOOP;
-	fd = open_dir(l, dirfd, name);
-	if (fd < 0)
-		return fd;
-	rc = list_dir(l, fd, &v, &n);
-	if (rc == 0) {
-		for (size_t i = 0; rc == 0 && i < n; i++)
-			rc = rm_tree(l, fd, v[i], depth + 1);
-		free_names(v, n);
-	}
-	close(fd);
-	if (rc < 0)
-		return rc;
-	rc = l->ops->unlinkat(dirfd, name, AT_REMOVEDIR);
-	return rc == -ENOENT ? 0 : rc;
-}
-
-static int cmp_step(const void *a, const void *b)
-{
-	const struct storage_step *x = a, *y = b;
-
-	return x->step < y->step ? -1 : x->step > y->step;
-}
-
-/* The step directories of a job, sorted (malloc'd; NULL when none). */
-static int collect_steps(struct local *l, int jobfd, struct storage_step **out, size_t *n)
-{
-	struct storage_step *v = NULL;
-	char **names;
-	size_t cnt, k = 0;
-	int rc = list_dir(l, jobfd, &names, &cnt);
-
-	if (rc < 0)
-		return rc;
-	if (cnt && !(v = calloc(cnt, sizeof(*v)))) {
-		free_names(names, cnt);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < cnt; i++) {
-		int64_t step;
-
-		if (!parse_step_name(names[i], &step) || !is_dir_at(jobfd, names[i]))
-			continue; /* not ours: junk, a link, a file */
-		v[k].step = step;
-		v[k].committed = committed_at(l, jobfd, names[i]);
-		k++;
-	}
-	free_names(names, cnt);
-	if (k)
-		qsort(v, k, sizeof(*v), cmp_step);
-	else {
-		free(v);
-		v = NULL;
-	}
-	*out = v;
-	*n = k;
-	return 0;
-}
-
-/* Newest committed step other than `except`; -ENOENT when there is none. */
-static int newest_committed(struct local *l, int jobfd, int64_t except, int64_t *step)
-{
-	struct storage_step *v;
-	size_t n;
-	int rc = collect_steps(l, jobfd, &v, &n);
-
-	if (rc < 0)
-		return rc;
-	rc = -ENOENT;
-	for (size_t i = n; i-- > 0;) {
-		if (v[i].committed && v[i].step != except) {
-			*step = v[i].step;
-			rc = 0;
-			break;
-		}
-	}
-	free(v);
-	return rc;
-}
-
 /* ---- shards ----------------------------------------------------------- */
 
 static int check_shard_args(const char *job, int64_t step, int rank, char *err)
 {
-	int rc = check_job_step(job, step, err);
+	int rc = local_check_job_step(job, step, err);
 
 	return rc ? rc : ipc_check_rank(rank, IPC_MAX_WORLD, err);
 }
@@ -610,12 +258,12 @@ static int open_shard_file(struct local *l, int stepfd, const char *name, int fl
 	int fd;
 
 	if (!use_direct(l))
-		return open_regular(l, stepfd, name, flags, 0644, st);
-	fd = open_regular(l, stepfd, name, flags | O_DIRECT, 0644, st);
+		return local_open_regular(l, stepfd, name, flags, 0644, st);
+	fd = local_open_regular(l, stepfd, name, flags | O_DIRECT, 0644, st);
 	if (fd != -EINVAL)
 		return fd;
 	/* EINVAL is also "not a regular file": O_DIRECT is to blame only if this works. */
-	fd = open_regular(l, stepfd, name, flags, 0644, st);
+	fd = local_open_regular(l, stepfd, name, flags, 0644, st);
 	if (fd >= 0)
 		direct_refused(l, -EINVAL);
 	return fd;
@@ -645,15 +293,16 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 		return rc;
 	if (size > (uint64_t)INT64_MAX - LOCAL_ALIGN)
 		return ipc_errf(err, -EFBIG, "shard size %" PRIu64 " is too large", size);
-	step_name(step, sn, sizeof(sn));
+	local_step_name(step, sn, sizeof(sn));
 	manifest_rank_file(rank, fname, sizeof(fname));
-	rc = jobfd = make_dir(l, l->rootfd, job, path_of(l, p, sizeof(p), job, -1, NULL), err);
+	rc = jobfd =
+	    make_dir(l, l->rootfd, job, local_path_of(l, p, sizeof(p), job, -1, NULL), err);
 	if (rc < 0)
 		goto out;
-	rc = stepfd = make_dir(l, jobfd, sn, path_of(l, p, sizeof(p), job, step, NULL), err);
+	rc = stepfd = make_dir(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), err);
 	if (rc < 0)
 		goto out;
-	path_of(l, p, sizeof(p), job, step, fname);
+	local_path_of(l, p, sizeof(p), job, step, fname);
 	sh = calloc(1, sizeof(*sh));
 	if (!sh) {
 		rc = ipc_errf(err, -ENOMEM, "out of memory opening %s", p);
@@ -672,7 +321,7 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 		         rc == -ENOSPC ? ": the disk is full; free space or delete old "
 		                         "checkpoints (ckptctl gc JOB)"
 		                       : "");
-		close_fd(&fd);
+		local_close_fd(&fd);
 		l->ops->unlinkat(stepfd, fname, 0);
 		goto out;
 	}
@@ -684,8 +333,8 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 	rc = 0;
 out:
 	free(sh);
-	close_fd(&stepfd);
-	close_fd(&jobfd);
+	local_close_fd(&stepfd);
+	local_close_fd(&jobfd);
 	return rc;
 }
 
@@ -746,11 +395,11 @@ static int local_shard_open(struct storage *s, const char *job, int64_t step, in
 	if ((rc = check_shard_args(job, step, rank, err)))
 		return rc;
 	manifest_rank_file(rank, fname, sizeof(fname));
-	path_of(l, p, sizeof(p), job, step, fname);
-	rc = jobfd = open_job(l, job, err);
+	local_path_of(l, p, sizeof(p), job, step, fname);
+	rc = jobfd = local_open_job(l, job, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = open_step(l, jobfd, job, step, err);
+	rc = stepfd = local_open_step(l, jobfd, job, step, err);
 	if (rc < 0)
 		goto out;
 	rc = fd = open_shard_file(l, stepfd, fname, O_RDONLY, &st);
@@ -772,8 +421,8 @@ static int local_shard_open(struct storage *s, const char *job, int64_t step, in
 	*out = sh;
 	rc = 0;
 out:
-	close_fd(&stepfd);
-	close_fd(&jobfd);
+	local_close_fd(&stepfd);
+	local_close_fd(&jobfd);
 	return rc;
 }
 
@@ -787,7 +436,7 @@ static void local_shard_close(struct storage_shard *sh)
 {
 	if (!sh)
 		return;
-	close_fd(&sh->fd);
+	local_close_fd(&sh->fd);
 	free(sh);
 }
 
@@ -797,586 +446,7 @@ static void local_shard_path(struct storage *s, const char *job, int64_t step, i
 	char fname[32];
 
 	manifest_rank_file(rank, fname, sizeof(fname));
-	path_of(to_local(s), buf, len, job, step, fname);
-}
-
-/* ---- commit ----------------------------------------------------------- */
-
-/* Adds to a message already in err (what the failure means for the caller). */
-static void err_append(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void err_append(char *err, const char *fmt, ...)
-{
-	size_t n;
-	va_list ap;
-
-	if (!err)
-		return;
-	n = strnlen(err, IPC_ERRLEN);
-	if (n + 1 >= IPC_ERRLEN)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err + n, IPC_ERRLEN - n, fmt, ap);
-	va_end(ap);
-}
-
-/* Every rank's shard is there: a regular file of the size the manifest says. */
-static int check_shards(struct local *l, int stepfd, const struct manifest *m, char *err)
-{
-	char want[32], p[PATH_MAX];
-	struct stat st;
-
-	if (m->nranks == 0 || !m->ranks)
-		return ipc_errf(err, -EINVAL,
-		                "the manifest of job '%s' step %" PRId64 " lists no shards", m->job,
-		                m->step);
-	for (size_t i = 0; i < m->nranks; i++) {
-		const struct manifest_rank *r = &m->ranks[i];
-
-		if (ipc_check_rank(r->rank, IPC_MAX_WORLD, err))
-			return -EINVAL;
-		manifest_rank_file(r->rank, want, sizeof(want));
-		path_of(l, p, sizeof(p), m->job, m->step, want);
-		if (!r->file || strcmp(r->file, want) != 0)
-			return ipc_errf(err, -EINVAL,
-			                "the manifest names file '%.64s' for rank %d, not %s",
-			                r->file ? r->file : "(none)", r->rank, want);
-		if (fstatat(stepfd, want, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			return ipc_errf(err, -errno,
-			                "shard %s is missing (%s): the step cannot be committed", p,
-			                strerror(errno));
-		if (!S_ISREG(st.st_mode))
-			return ipc_errf(err, -EINVAL, "shard %s is not a regular file", p);
-		if ((uint64_t)st.st_size != r->size)
-			return ipc_errf(err, -EIO,
-			                "shard %s is %lld bytes but the manifest says %" PRIu64
-			                ": it was not written completely",
-			                p, (long long)st.st_size, r->size);
-	}
-	return 0;
-}
-
-/*
- * The commit proper. Each step says what a crash (or a reader) would meet
- * without it. *visible: manifest.json exists (the caller undoes it if a
- * later step fails).
- */
-static int publish_manifest(struct local *l, int jobfd, int stepfd, const struct manifest *m,
-                            const char *json, size_t len, bool *visible, char *err)
-{
-	char tmp[PATH_MAX], dir[PATH_MAX];
-	int rc;
-
-	*visible = false;
-	path_of(l, tmp, sizeof(tmp), m->job, m->step, MANIFEST_TMP);
-	path_of(l, dir, sizeof(dir), m->job, m->step, NULL);
-	/*
-	 * 1-2. The manifest under a temporary name, written and fsync'd
-	 * (write_tmp): without the fsync, a crash after the rename could
-	 * leave manifest.json empty or torn while its name says "committed".
-	 */
-	rc = write_tmp(l, stepfd, MANIFEST_TMP, json, len, tmp, err);
-	if (rc < 0)
-		return rc;
-	/*
-	 * 3. The step directory BEFORE the rename: the shard files' entries
-	 * must be durable before the manifest can be. Nothing orders
-	 * directory updates on disk; without this a crash could keep the
-	 * manifest and lose a rank file: a committed checkpoint that
-	 * cannot be loaded.
-	 */
-	rc = l->ops->fsync(stepfd);
-	if (rc < 0) {
-		ipc_errf(err, rc, "fsync of %s failed: %s: check the disk", dir, strerror(-rc));
-		goto drop_tmp;
-	}
-	/*
-	 * 4. The rename is the commit: atomic, so readers see no manifest or
-	 * the whole of it, never a part.
-	 */
-	rc = l->ops->renameat(stepfd, MANIFEST_TMP, stepfd, MANIFEST_NAME);
-	if (rc < 0) {
-		ipc_errf(err, rc, "renaming %s to %s failed: %s", tmp, MANIFEST_NAME,
-		         strerror(-rc));
-		goto drop_tmp;
-	}
-	*visible = true;
-	/*
-	 * 5. The step directory again: makes the rename durable. Without it
-	 * a crash could lose manifest.json after the save was reported
-	 * COMMITTED, and recovery would then delete the step as partial.
-	 */
-	rc = l->ops->fsync(stepfd);
-	if (rc < 0)
-		return ipc_errf(err, rc, "fsync of %s after the rename failed: %s: check the disk",
-		                dir, strerror(-rc));
-	/*
-	 * 6. The job directory: it holds the step directory's own entry.
-	 * Without it a crash could lose the whole step directory, manifest
-	 * and shards, of a checkpoint reported COMMITTED.
-	 */
-	rc = l->ops->fsync(jobfd);
-	if (rc < 0)
-		return ipc_errf(err, rc, "fsync of %s failed: %s: check the disk",
-		                path_of(l, dir, sizeof(dir), m->job, -1, NULL), strerror(-rc));
-	return 0;
-
-drop_tmp:
-	l->ops->unlinkat(stepfd, MANIFEST_TMP, 0);
-	return rc;
-}
-
-/*
- * A commit that failed after the rename: the manifest goes back out of
- * sight, so that a FAILED save leaves no checkpoint visible. Best effort:
- * the disk has just failed us; if this does not stick either, what stays
- * visible is complete (every shard was durable before the commit began).
- */
-static void unpublish(struct local *l, int stepfd)
-{
-	l->ops->unlinkat(stepfd, MANIFEST_NAME, 0);
-	l->ops->fsync(stepfd);
-}
-
-/*
- * 7-10. LATEST, the same way (latest_write), and only forward: an older
- * step that commits late must not hide a newer one. Under the lock: two
- * commits of one job read and replace it one after the other. On failure
- * after LATEST was replaced, the old value is put back (best effort).
- */
-static int advance_latest(struct local *l, int jobfd, const struct manifest *m, char *err)
-{
-	char ignored[IPC_ERRLEN];
-	int64_t cur = -1;
-	bool renamed, again;
-	int rc, had;
-
-	pthread_mutex_lock(&l->lock);
-	had = latest_read(l, jobfd, &cur);
-	if (had == 0 && cur >= m->step) {
-		pthread_mutex_unlock(&l->lock);
-		return 0;
-	}
-	rc = latest_write(l, jobfd, m->job, m->step, &renamed, err);
-	if (rc < 0 && renamed) {
-		if (had == 0)
-			latest_write(l, jobfd, m->job, cur, &again, ignored);
-		else
-			latest_remove(l, jobfd, m->job, ignored);
-	}
-	pthread_mutex_unlock(&l->lock);
-	return rc;
-}
-
-static int local_commit(struct storage *s, const struct manifest *m, char *err)
-{
-	struct local *l = to_local(s);
-	int jobfd = -1, stepfd = -1, rc;
-	char *json = NULL, p[PATH_MAX];
-	bool visible = false;
-	struct stat st;
-	size_t len = 0;
-
-	if (!m)
-		return ipc_errf(err, -EINVAL, "no manifest to commit");
-	if ((rc = check_job_step(m->job, m->step, err)))
-		return rc;
-	rc = jobfd = open_job(l, m->job, err);
-	if (rc < 0)
-		return rc;
-	rc = stepfd = open_step(l, jobfd, m->job, m->step, err);
-	if (rc < 0)
-		goto out;
-	if (fstatat(stepfd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-		/* Replacing it would also make our undo delete a good checkpoint. */
-		rc = ipc_errf(
-		    err, -EEXIST,
-		    "job '%s' step %" PRId64 " is already committed (%s exists): delete it "
-		    "first to save it again",
-		    m->job, m->step, path_of(l, p, sizeof(p), m->job, m->step, MANIFEST_NAME));
-		goto out;
-	}
-	/* Checks the manifest (manifest_check) before we look at files it names. */
-	rc = manifest_to_json(m, &json, &len, err);
-	if (rc < 0)
-		goto out;
-	rc = check_shards(l, stepfd, m, err);
-	if (rc < 0)
-		goto out;
-	rc = publish_manifest(l, jobfd, stepfd, m, json, len, &visible, err);
-	if (rc == 0)
-		rc = advance_latest(l, jobfd, m, err);
-	if (rc < 0) {
-		if (visible)
-			unpublish(l, stepfd);
-		err_append(err, "; job '%s' step %" PRId64 " was not committed", m->job, m->step);
-	}
-out:
-	free(json);
-	close_fd(&stepfd);
-	close_fd(&jobfd);
-	return rc;
-}
-
-/* ---- reading ---------------------------------------------------------- */
-
-static int local_read_manifest(struct storage *s, const char *job, int64_t step,
-                               struct manifest **out, char *err)
-{
-	struct local *l = to_local(s);
-	char p[PATH_MAX], why[IPC_ERRLEN] = "";
-	int jobfd = -1, stepfd = -1, rc;
-	struct manifest *m = NULL;
-	char *buf = NULL;
-	size_t len = 0;
-
-	*out = NULL;
-	if ((rc = check_job_step(job, step, err)))
-		return rc;
-	path_of(l, p, sizeof(p), job, step, MANIFEST_NAME);
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	rc = stepfd = open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
-	rc = read_small(l, stepfd, MANIFEST_NAME, MANIFEST_MAX_BYTES, &buf, &len);
-	if (rc == -ENOENT)
-		ipc_errf(err, rc, "job '%s' step %" PRId64 " is not committed (no %s)", job, step,
-		         p);
-	else if (rc == -EFBIG)
-		ipc_errf(err, rc, "%s is larger than %u MiB: not a manifest ckptd wrote", p,
-		         MANIFEST_MAX_BYTES >> 20);
-	else if (rc == -ELOOP || rc == -EINVAL)
-		ipc_errf(err, rc, "%s is not a regular file (a link?): ckptd does not follow links",
-		         p);
-	else if (rc < 0)
-		ipc_errf(err, rc, "cannot read %s: %s", p, strerror(-rc));
-	if (rc < 0)
-		goto out;
-	rc = manifest_from_json(buf, len, &m, why);
-	if (rc < 0) {
-		ipc_errf(err, rc, "%s: %s", p, why);
-		goto out;
-	}
-	if (!m->job || strcmp(m->job, job) != 0 || m->step != step) {
-		rc = ipc_errf(err, -EINVAL,
-		              "%s names job '%.64s' step %" PRId64 ", not job '%s' step %" PRId64
-		              ": it was copied or moved here; delete the step",
-		              p, m->job ? m->job : "", m->step, job, step);
-		manifest_free(m);
-		goto out;
-	}
-	*out = m;
-out:
-	free(buf);
-	close_fd(&stepfd);
-	close_fd(&jobfd);
-	return rc;
-}
-
-static int cmp_name(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* *jobs: malloc'd array of malloc'd names, sorted (free each, then the array). */
-static int local_list_jobs(struct storage *s, char ***jobs, size_t *n, char *err)
-{
-	struct local *l = to_local(s);
-	char **v;
-	size_t cnt, k = 0;
-	int rc = list_dir(l, l->rootfd, &v, &cnt);
-
-	*jobs = NULL;
-	*n = 0;
-	if (rc < 0)
-		return ipc_errf(err, rc, "cannot list %s: %s", l->root, strerror(-rc));
-	for (size_t i = 0; i < cnt; i++) {
-		if (ipc_check_job(v[i], NULL) == 0 && is_dir_at(l->rootfd, v[i]))
-			v[k++] = v[i];
-		else
-			free(v[i]); /* not a job: a file, a link, a name we never make */
-	}
-	if (k == 0) {
-		free(v);
-		return 0;
-	}
-	qsort(v, k, sizeof(*v), cmp_name);
-	*jobs = v;
-	*n = k;
-	return 0;
-}
-
-/* *steps: malloc'd, sorted by step; NULL when there are none. */
-static int local_list_steps(struct storage *s, const char *job, struct storage_step **steps,
-                            size_t *n, char *err)
-{
-	struct local *l = to_local(s);
-	char p[PATH_MAX];
-	int jobfd, rc;
-
-	*steps = NULL;
-	*n = 0;
-	if ((rc = ipc_check_job(job, err)))
-		return rc;
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	rc = collect_steps(l, jobfd, steps, n);
-	close(jobfd);
-	if (rc < 0)
-		return ipc_errf(err, rc, "cannot list %s: %s",
-		                path_of(l, p, sizeof(p), job, -1, NULL), strerror(-rc));
-	return 0;
-}
-
-static int local_get_latest(struct storage *s, const char *job, int64_t *step, char *err)
-{
-	struct local *l = to_local(s);
-	char p[PATH_MAX];
-	int jobfd, rc;
-
-	if ((rc = ipc_check_job(job, err)))
-		return rc;
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	path_of(l, p, sizeof(p), job, -1, LATEST_NAME);
-	rc = latest_read(l, jobfd, step);
-	close(jobfd);
-	if (rc == -ENOENT)
-		return ipc_errf(err, rc, "job '%s' has no LATEST (nothing committed yet?)", job);
-	if (rc == -EINVAL || rc == -ELOOP)
-		return ipc_errf(err, rc,
-		                "%s is not a regular file holding a step number: restart the agent "
-		                "(recovery rewrites it)",
-		                p);
-	if (rc < 0)
-		return ipc_errf(err, rc, "cannot read %s: %s", p, strerror(-rc));
-	return 0;
-}
-
-static int local_set_latest(struct storage *s, const char *job, int64_t step, char *err)
-{
-	struct local *l = to_local(s);
-	bool renamed;
-	int jobfd, rc;
-
-	if ((rc = ipc_check_job(job, err)) || (step >= 0 && (rc = ipc_check_step(step, err))))
-		return rc;
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	pthread_mutex_lock(&l->lock);
-	if (step < 0)
-		rc = latest_remove(l, jobfd, job, err);
-	else
-		rc = latest_write(l, jobfd, job, step, &renamed, err);
-	pthread_mutex_unlock(&l->lock);
-	close(jobfd);
-	return rc;
-}
-
-/* ---- removal ---------------------------------------------------------- */
-
-/*
- * If LATEST names `step`, points it at the newest other committed step (or
- * removes it). Done before the step goes, so that LATEST never names a
- * step that is not there, crash or no crash.
- */
-static int repoint_latest(struct local *l, int jobfd, const char *job, int64_t step, char *err)
-{
-	int64_t cur, newest;
-	bool renamed;
-	int rc;
-
-	pthread_mutex_lock(&l->lock);
-	rc = latest_read(l, jobfd, &cur);
-	if (rc == 0 && cur == step) {
-		rc = newest_committed(l, jobfd, step, &newest);
-		if (rc == 0)
-			rc = latest_write(l, jobfd, job, newest, &renamed, err);
-		else if (rc == -ENOENT)
-			rc = latest_remove(l, jobfd, job, err);
-		else
-			ipc_errf(err, rc, "cannot list the steps of job '%s': %s", job,
-			         strerror(-rc));
-	} else {
-		rc = 0; /* not LATEST, or LATEST unreadable: recovery fixes that */
-	}
-	pthread_mutex_unlock(&l->lock);
-	return rc;
-}
-
-static int local_remove(struct storage *s, const char *job, int64_t step, char *err)
-{
-	struct local *l = to_local(s);
-	char sn[32], trash[96], p[PATH_MAX];
-	int jobfd, stepfd, rc;
-	uint64_t seq;
-
-	if ((rc = check_job_step(job, step, err)))
-		return rc;
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	rc = stepfd = open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
-	close(stepfd);
-	rc = repoint_latest(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
-	pthread_mutex_lock(&l->lock);
-	seq = ++l->trash_seq;
-	pthread_mutex_unlock(&l->lock);
-	step_name(step, sn, sizeof(sn));
-	snprintf(trash, sizeof(trash), "%s%s.%d.%" PRIu64, TRASH_PREFIX, sn, (int)getpid(), seq);
-	path_of(l, p, sizeof(p), job, step, NULL);
-	/* One rename takes the whole step out of sight at once. */
-	rc = l->ops->renameat(jobfd, sn, jobfd, trash);
-	if (rc < 0) {
-		ipc_errf(err, rc, "cannot remove %s (rename failed): %s", p, strerror(-rc));
-		goto out;
-	}
-	/*
-	 * Durably out of sight: without this fsync a crash during the
-	 * deletion below could bring the step back under its name with part
-	 * of its files gone, a manifest naming shards that are not there.
-	 */
-	rc = l->ops->fsync(jobfd);
-	if (rc < 0) {
-		ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk", p,
-		         strerror(-rc));
-		goto out;
-	}
-	rc = rm_tree(l, jobfd, trash, 0);
-	if (rc < 0)
-		ipc_errf(err, rc,
-		         "%s is out of sight, but deleting its files failed: %s; the agent deletes "
-		         "them at its next start",
-		         p, strerror(-rc));
-out:
-	close(jobfd);
-	return rc;
-}
-
-static bool is_leftover(const char *name)
-{
-	size_t n = strlen(name);
-
-	return strncmp(name, TRASH_PREFIX, strlen(TRASH_PREFIX)) == 0 ||
-	       (name[0] == '.' && n > 5 && strcmp(name + n - 4, ".tmp") == 0);
-}
-
-/* LATEST = the newest committed step, or no LATEST when there is none. */
-static int fix_latest(struct local *l, int jobfd, const char *job, int64_t newest,
-                      struct storage_recovery *rec, char *err)
-{
-	int64_t cur = -1;
-	bool renamed;
-	int rc;
-
-	pthread_mutex_lock(&l->lock);
-	rc = latest_read(l, jobfd, &cur);
-	if (newest < 0 && rc != -ENOENT)
-		rc = latest_remove(l, jobfd, job, err);
-	else if (newest >= 0 && (rc != 0 || cur != newest))
-		rc = latest_write(l, jobfd, job, newest, &renamed, err);
-	else
-		rc = 1; /* already right */
-	pthread_mutex_unlock(&l->lock);
-	if (rc == 0)
-		rec->latest_fixed++;
-	return rc < 0 ? rc : 0;
-}
-
-/* One entry of a job directory at start-up. */
-static int recover_entry(struct local *l, int jobfd, const char *job, const char *name,
-                         int64_t *newest, struct storage_recovery *rec, char *err)
-{
-	char p[PATH_MAX];
-	int64_t step;
-	int rc;
-
-	snprintf(p, sizeof(p), "%s/%s/%s", l->root, job, name);
-	if (parse_step_name(name, &step)) {
-		if (!is_dir_at(jobfd, name))
-			return 0; /* not ours: left alone */
-		if (committed_at(l, jobfd, name)) {
-			int fd = open_dir(l, jobfd, name);
-
-			if (step > *newest)
-				*newest = step;
-			/* A commit that died before its rename, with a manifest already there. */
-			if (fd >= 0 && l->ops->unlinkat(fd, MANIFEST_TMP, 0) == 0)
-				rec->temp_removed++;
-			close_fd(&fd);
-			return 0;
-		}
-		/* No manifest: a save that never committed. Not a checkpoint. */
-		rc = rm_tree(l, jobfd, name, 0);
-		if (rc == 0)
-			rec->partial_removed++;
-	} else if (is_leftover(name)) {
-		/* A removal or a temporary file that a crash interrupted. */
-		rc = rm_tree(l, jobfd, name, 0);
-		if (rc == 0)
-			rec->temp_removed++;
-	} else {
-		return 0;
-	}
-	return rc < 0 ? ipc_errf(err, rc, "cannot remove %s: %s", p, strerror(-rc)) : 0;
-}
-
-static int recover_job(struct local *l, const char *job, struct storage_recovery *rec, char *err)
-{
-	char why[IPC_ERRLEN];
-	int64_t newest = -1;
-	int jobfd, rc, first = 0;
-	char **v;
-	size_t n;
-
-	rc = jobfd = open_job(l, job, err);
-	if (rc < 0)
-		return rc;
-	rc = list_dir(l, jobfd, &v, &n);
-	if (rc < 0) {
-		close(jobfd);
-		return ipc_errf(err, rc, "cannot list %s/%s: %s", l->root, job, strerror(-rc));
-	}
-	/* Keeps going past an error: one bad entry must not block the rest. */
-	for (size_t i = 0; i < n; i++) {
-		rc = recover_entry(l, jobfd, job, v[i], &newest, rec, first ? why : err);
-		if (rc < 0 && !first)
-			first = rc;
-	}
-	free_names(v, n);
-	rc = fix_latest(l, jobfd, job, newest, rec, first ? why : err);
-	close(jobfd);
-	return first ? first : rc;
-}
-
-static int local_recover(struct storage *s, struct storage_recovery *rec, char *err)
-{
-	struct local *l = to_local(s);
-	char why[IPC_ERRLEN];
-	int rc, first = 0;
-	char **jobs;
-	size_t n;
-
-	memset(rec, 0, sizeof(*rec));
-	rc = local_list_jobs(s, &jobs, &n, err);
-	if (rc < 0)
-		return rc;
-	for (size_t i = 0; i < n; i++) {
-		rc = recover_job(l, jobs[i], rec, first ? why : err);
-		if (rc < 0 && !first)
-			first = rc;
-	}
-	free_names(jobs, n);
-	return first;
+	local_path_of(to_local(s), buf, len, job, step, fname);
 }
 
 /* ---- the backend ------------------------------------------------------ */
@@ -1387,7 +457,7 @@ static void local_destroy(struct storage *s)
 
 	if (!l)
 		return;
-	close_fd(&l->rootfd);
+	local_close_fd(&l->rootfd);
 	free(l->root);
 	pthread_mutex_destroy(&l->lock);
 	free(l);
