@@ -21,6 +21,11 @@ struct cl_alloc {
 	uint64_t region_id;
 };
 
+/* The Attach call's batches; each flag is set when its batch completes. */
+struct attach_tags {
+	bool start, status, recv;
+};
+
 /* A state change the session stream brought before ckpt_save knew the save. */
 struct cl_early {
 	uint64_t save_id;
@@ -48,6 +53,7 @@ struct ckpt_client {
 	grpc_metadata_array strail; /* the stream's status, when it ends */
 	grpc_status_code sstatus;
 	grpc_slice sdetails;
+	struct attach_tags atags; /* live as long as the call: late completions name them */
 	pthread_t thread;
 	bool gone; /* the session ended: the agent went away */
 	struct ckpt_save *saves;

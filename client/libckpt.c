@@ -95,17 +95,27 @@ static void *session_thread(void *arg)
 	return NULL;
 }
 
-/* Waits on the session queue until `tag` completes (or deadline); whether it did. */
-static bool wait_tag(struct ckpt_client *c, void *tag, gpr_timespec deadline)
+/*
+ * Waits on the session queue until *flag is set (or the deadline); whether it
+ * was. Every completion on the way is recorded, whichever batch it is: they
+ * come in any order.
+ */
+static bool wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag,
+		      gpr_timespec deadline)
 {
-	for (;;) {
+	while (!*flag) {
 		grpc_event e = grpc_completion_queue_next(c->scq, deadline, NULL);
 
 		if (e.type != GRPC_OP_COMPLETE)
 			return false;
-		if (e.tag == tag)
-			return true;
+		if (e.tag == &t->start)
+			t->start = true;
+		else if (e.tag == &t->status)
+			t->status = true;
+		else if (e.tag == &t->recv)
+			t->recv = true;
 	}
+	return true;
 }
 
 /*
@@ -116,8 +126,8 @@ static bool wait_tag(struct ckpt_client *c, void *tag, gpr_timespec deadline)
 static int attach(struct ckpt_client *c)
 {
 	Ckpt__V1__AttachRequest req = CKPT__V1__ATTACH_REQUEST__INIT;
-	static int tag_start, tag_status;
-	int tag_recv, rc = 0;
+	struct attach_tags *t = &c->atags;
+	int rc = 0;
 	grpc_byte_buffer *in = NULL;
 	Ckpt__V1__SessionEvent *ev = NULL;
 	char prog[64] = "libckpt";
@@ -139,26 +149,27 @@ static int attach(struct ckpt_client *c)
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
 	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
 	ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->smd;
-	grpc_call_start_batch(c->scall, ops, 4, &tag_start, NULL);
+	memset(t, 0, sizeof(*t));
+	grpc_call_start_batch(c->scall, ops, 4, &t->start, NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
 	ops[0].data.recv_status_on_client.trailing_metadata = &c->strail;
 	ops[0].data.recv_status_on_client.status = &c->sstatus;
 	ops[0].data.recv_status_on_client.status_details = &c->sdetails;
-	grpc_call_start_batch(c->scall, ops, 1, &tag_status, NULL);
+	grpc_call_start_batch(c->scall, ops, 1, &t->status, NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_RECV_MESSAGE;
 	ops[0].data.recv_message.recv_message = &in;
-	grpc_call_start_batch(c->scall, ops, 1, &tag_recv, NULL);
-	if (!wait_tag(c, &tag_recv, cl_deadline(ATTACH_TIMEOUT_MS))) {
+	grpc_call_start_batch(c->scall, ops, 1, &t->recv, NULL);
+	if (!wait_flag(c, t, &t->recv, cl_deadline(ATTACH_TIMEOUT_MS))) {
 		/* No answer in time: cancel, and let the batch finish before `in` goes. */
 		grpc_call_cancel(c->scall, NULL);
-		wait_tag(c, &tag_recv, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		wait_flag(c, t, &t->recv, gpr_inf_future(GPR_CLOCK_MONOTONIC));
 		rc = cl_fail(c, -ETIMEDOUT, "ckptd at %s did not answer within %d s", c->endpoint,
 			     ATTACH_TIMEOUT_MS / 1000);
 	} else if (!in) {
 		/* The stream ended at once: refused, or nobody there. */
-		wait_tag(c, &tag_status, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		wait_flag(c, t, &t->status, gpr_inf_future(GPR_CLOCK_MONOTONIC));
 		rc = cl_status(c, ipc_methods[IPC_ATTACH].path, c->sstatus, c->sdetails, NULL);
 		if (rc == 0)
 			rc = cl_fail(c, -EPROTO, "ckptd ended the session without a word");

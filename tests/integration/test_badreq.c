@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <check.h>
 #include <grpc/status.h>
@@ -273,6 +274,29 @@ START_TEST(oversized_message)
 }
 END_TEST
 
+/* Nobody listening: a prompt, clear refusal, many times over, never a hang. */
+START_TEST(connect_to_nothing)
+{
+	char ep[400];
+
+	snprintf(ep, sizeof(ep), "unix:%s/nobody.sock", a.dir);
+	for (int i = 0; i < 20; i++) {
+		struct ckpt_client *x = (struct ckpt_client *)&a;
+		struct timespec t0, t1;
+		int rc;
+
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = ckpt_connect(ep, &x);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		ck_assert_int_eq(rc, -ECONNREFUSED);
+		ck_assert_ptr_null(x);
+		ck_assert_msg(t1.tv_sec - t0.tv_sec < 10, "refused only after %ld s",
+			      (long)(t1.tv_sec - t0.tv_sec));
+	}
+	still_serving();
+}
+END_TEST
+
 START_TEST(ctl_usage_and_errors)
 {
 	char out[4096];
@@ -305,6 +329,7 @@ int main(void)
 	tcase_add_test(tc, agent_refuses_calls);
 	tcase_add_test(tc, oversized_message);
 	tcase_add_test(tc, ctl_usage_and_errors);
+	tcase_add_test(tc, connect_to_nothing);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
