@@ -132,18 +132,22 @@ int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, c
 }
 
 /*
- * Makes (if needed) and opens directory `name` under dirfd. A new entry is
- * made durable at once by fsyncing dirfd: without it a crash could lose the
- * directory, and with it every shard written inside, after the save was
- * told its files were durable.
+ * Makes (if needed) and opens directory `name` under dirfd. durable: a new
+ * entry is made durable at once by fsyncing dirfd. A job directory needs it:
+ * no commit ever fsyncs the root, so without it a crash could lose the job
+ * and every checkpoint committed in it. A step directory does not: the
+ * commit fsyncs the job directory before the manifest can be seen, and a
+ * step directory lost before that was not a checkpoint (and the fsync would
+ * sit in every save's stall, before the first byte is copied).
  */
-static int make_dir(struct local *l, int dirfd, const char *name, const char *path, char *err)
+static int make_dir(struct local *l, int dirfd, const char *name, const char *path, bool durable,
+                    char *err)
 {
 	int rc = l->ops->mkdirat(dirfd, name, 0755);
 
 	if (rc < 0 && rc != -EEXIST)
 		return ipc_errf(err, rc, "cannot create directory %s: %s", path, strerror(-rc));
-	if (rc == 0) {
+	if (rc == 0 && durable) {
 		rc = l->ops->fsync(dirfd);
 		if (rc < 0)
 			return ipc_errf(
@@ -295,11 +299,12 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 		return ipc_errf(err, -EFBIG, "shard size %" PRIu64 " is too large", size);
 	local_step_name(step, sn, sizeof(sn));
 	manifest_rank_file(rank, fname, sizeof(fname));
-	rc = jobfd =
-	    make_dir(l, l->rootfd, job, local_path_of(l, p, sizeof(p), job, -1, NULL), err);
+	rc = jobfd = make_dir(l, l->rootfd, job, local_path_of(l, p, sizeof(p), job, -1, NULL),
+			      true, err);
 	if (rc < 0)
 		goto out;
-	rc = stepfd = make_dir(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), err);
+	rc = stepfd = make_dir(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), false,
+			       err);
 	if (rc < 0)
 		goto out;
 	local_path_of(l, p, sizeof(p), job, step, fname);
