@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent.h"
 
@@ -102,11 +103,23 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	rc = start_storage(a, err);
 	if (rc)
 		goto fail;
+	{
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		unsigned helpers = cfg->copy_threads >= 0 ? (unsigned)cfg->copy_threads
+							  : (unsigned)(cpus > 1 ? cpus - 1 : 0);
+
+		rc = copier_create(helpers, &a->copier, err);
+		if (rc)
+			goto fail;
+	}
 	rc = workq_create("ckpt-capture", cfg->capture_threads, &a->capture, err);
 	if (!rc)
 		rc = workq_create("ckpt-commit", 1, &a->commit, err);
 	if (!rc)
 		rc = workq_create("ckpt-maint", 1, &a->maint, err);
+	/* Checksums at a lower priority: while a capture copies on every core, they wait. */
+	if (!rc)
+		rc = workq_create_nice("ckpt-hash", 1, 10, &a->hasher, err);
 	if (rc)
 		goto fail;
 	memcpy(so.handlers, handlers, sizeof(handlers));
@@ -156,7 +169,7 @@ static bool drained(void *ctx)
 	idle = a->inflight == 0 && !cp_any_busy(a);
 	pthread_mutex_unlock(&a->mu);
 	return idle && workq_busy(a->capture) == 0 && workq_busy(a->commit) == 0 &&
-	       workq_busy(a->maint) == 0;
+	       workq_busy(a->maint) == 0 && workq_busy(a->hasher) == 0;
 }
 
 void agent_run(struct agent *a, atomic_bool *stop)
@@ -186,9 +199,12 @@ void agent_destroy(struct agent *a)
 	server_destroy(a->srv);
 	/* The engine first: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);
+	/* Each queue before the ones its last jobs may push to. */
 	workq_destroy(a->capture);
+	workq_destroy(a->hasher);
 	workq_destroy(a->commit);
 	workq_destroy(a->maint);
+	copier_destroy(a->copier);
 	free_objects(a);
 	storage_destroy(a->store);
 	pool_destroy(a->pool);

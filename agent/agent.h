@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <pthread.h>
 
+#include "copier.h"
 #include "ipc.h"
 #include "list.h"
 #include "log.h"
@@ -52,6 +53,7 @@ struct agent_config {
 	enum ioeng_kind io_engine;
 	int backpressure; /* CKPT__V1__BACKPRESSURE__* (not DEFAULT) */
 	unsigned capture_threads;
+	int copy_threads; /* helpers joining each copy; < 0: one per other CPU */
 	bool direct;
 	bool lock_pool;
 	int log_level;
@@ -66,7 +68,8 @@ struct agent {
 	struct ioeng *io;
 	struct storage *store;
 	struct server *srv;
-	struct workq *capture, *commit, *maint;
+	struct workq *capture, *commit, *maint, *hasher;
+	struct copier *copier;
 	int64_t started_mono;
 	struct storage_recovery recovered;
 

@@ -38,6 +38,7 @@ static void usage(FILE *f)
 		"  --io-engine E          auto, io_uring or pwrite (default auto)\n"
 		"  --backpressure P       block or skip when the pool is full (default block)\n"
 		"  --capture-threads N    copy workers (default 2)\n"
+		"  --copy-threads N       helpers joining each copy (default: CPUs - 1)\n"
 		"  --commit-timeout S     a step still missing ranks after S seconds fails (600)\n"
 		"  --socket-mode MODE     octal mode of the socket (default 0660)\n"
 		"  --no-direct            buffered writes instead of O_DIRECT\n"
@@ -63,7 +64,7 @@ static long long number(const char *flag, const char *v, long long min, long lon
 }
 
 enum { O_ROOT = 256, O_LISTEN, O_STAGING, O_CHUNK, O_QD, O_ENGINE, O_BP, O_THREADS, O_MODE,
-       O_NODIRECT, O_NOLOCK, O_LOG, O_VERSION, O_HELP, O_COMMIT_TIMEOUT };
+       O_NODIRECT, O_NOLOCK, O_LOG, O_VERSION, O_HELP, O_COMMIT_TIMEOUT, O_COPY };
 
 static const struct option options[] = {
 	{"root", required_argument, NULL, O_ROOT},
@@ -75,6 +76,7 @@ static const struct option options[] = {
 	{"backpressure", required_argument, NULL, O_BP},
 	{"capture-threads", required_argument, NULL, O_THREADS},
 	{"commit-timeout", required_argument, NULL, O_COMMIT_TIMEOUT},
+	{"copy-threads", required_argument, NULL, O_COPY},
 	{"socket-mode", required_argument, NULL, O_MODE},
 	{"no-direct", no_argument, NULL, O_NODIRECT},
 	{"no-lock", no_argument, NULL, O_NOLOCK},
@@ -106,6 +108,8 @@ static int flag(struct agent_config *c, int opt, const char *v)
 	case O_THREADS:
 		return (n = number("--capture-threads", v, 1, 64)) < 0 ? 2
 								      : (c->capture_threads = n, 0);
+	case O_COPY:
+		return (n = number("--copy-threads", v, 0, 64)) < 0 ? 2 : (c->copy_threads = (int)n, 0);
 	case O_COMMIT_TIMEOUT:
 		return (n = number("--commit-timeout", v, 1, 86400 * 7)) < 0
 			       ? 2
@@ -196,6 +200,7 @@ int main(int argc, char **argv)
 		.backpressure = CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK,
 		.capture_threads = 2,
 		.commit_timeout_s = 600,
+		.copy_threads = -1,
 		.direct = true,
 		.lock_pool = true,
 		.log_level = LOG_INFO,

@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include "storage.h"
+#include "work.h"
 
 struct pool;
 
@@ -33,6 +34,8 @@ struct pool_chunk {
 	unsigned index; /* position in the pool: the registered buffer index */
 	uint64_t fill; /* bytes of data in it (the write may be padded) */
 	struct io_req req; /* the I/O this chunk is the buffer of */
+	struct work hash; /* saves: its checksum pass, on the hasher thread */
+	atomic_int busy;  /* saves: its write and its checksums still to finish */
 	void *owner; /* the save or restore using it */
 	struct pool_chunk *next;
 };

@@ -7,11 +7,13 @@
  *                    creates the shard file, and for each chunk in file
  *                    order: copies header/tensor bytes in, hands the chunk to
  *                    the I/O thread; after the last one: CAPTURED
- *   I/O thread       chunk_prep: XXH3 of each tensor as its bytes pass, in
- *                    file order, just before the chunk is written;
- *                    chunk_done: the chunk back to the reservation (the
- *                    capture of a later chunk may be waiting for it); after
- *                    the last: exact size + fsync, then DURABLE
+ *   I/O thread       writes each chunk as soon as it is handed over
+ *   hasher thread    XXH3 of each tensor as its bytes pass, in file order,
+ *                    at a lower priority than the copies
+ *   either           when a chunk's write and checksums are both done, it
+ *                    goes back to the reservation (the capture of a later
+ *                    chunk may be waiting for it); after the last: exact
+ *                    size + fsync, then DURABLE
  *
  * Copy and write overlap: chunk k+1 is copied while chunk k is written. A save
  * that fits in the pool reserves all its chunks at once, so its capture never
@@ -239,15 +241,35 @@ static void stage_done(struct save *s)
 	}
 }
 
-/* ---- the I/O thread's part -------------------------------------------- */
+/* ---- a chunk's write and its checksums ---------------------------------- */
 
-/* Checksums, tensor by tensor in file order, over the bytes about to be written. */
-static void chunk_prep(struct io_req *r)
+/*
+ * Both finished (any thread): the chunk goes back to the reservation, where
+ * the capture of a later chunk may be waiting for it.
+ */
+static void chunk_put(struct pool_chunk *c)
 {
-	struct pool_chunk *c = r->ctx;
+	struct save *s = c->owner;
+
+	if (atomic_fetch_sub(&c->busy, 1) != 1)
+		return;
+	c->owner = NULL;
+	pool_give(&s->resv, c);
+	stage_done(s);
+}
+
+/*
+ * The hasher thread: each tensor's XXH3 as its bytes pass, in file order.
+ * Chunks reach it in the order they were captured, so a tensor spanning
+ * several chunks is hashed in one stream; it runs at a lower priority than
+ * the copies, and while they take every core it waits.
+ */
+static void chunk_hash(struct work *w)
+{
+	struct pool_chunk *c = container_of(w, struct pool_chunk, hash);
 	struct save *s = c->owner;
 	const struct plan *p = s->plan;
-	const uint64_t a0 = r->off, b0 = r->off + c->fill;
+	const uint64_t a0 = c->req.off, b0 = c->req.off + c->fill;
 	const char *buf = c->buf;
 	size_t i = s->hash_next;
 
@@ -272,9 +294,11 @@ static void chunk_prep(struct io_req *r)
 		s->digest[i] = XXH3_64bits_digest(s->xs);
 	}
 	s->hash_next = i;
+	chunk_put(c);
 }
 
-static void chunk_done(struct io_req *r)
+/* The I/O thread: the chunk is on disk (or not). */
+static void chunk_written(struct io_req *r)
 {
 	struct pool_chunk *c = r->ctx;
 	struct save *s = c->owner;
@@ -286,12 +310,16 @@ static void chunk_done(struct io_req *r)
 	} else {
 		atomic_fetch_add(&s->bytes_written, c->fill);
 	}
-	c->owner = NULL;
-	pool_give(&s->resv, c);
-	stage_done(s);
+	chunk_put(c);
 }
 
 /* ---- the capture worker ----------------------------------------------- */
+
+/* A part of a chunk's copy (copier.h): header and tensor bytes of the plan. */
+static void image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
+{
+	plan_read_image(plan, off, dst, len);
+}
 
 static int capture_chunks(struct save *s)
 {
@@ -307,7 +335,8 @@ static int capture_chunks(struct save *s)
 			return -ECANCELED;
 		fill = p->shard_bytes - off < cb ? p->shard_bytes - off : cb;
 		len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
-		plan_read_image(p, off, c->buf, fill);
+		/* the trainer's stall is this copy: split across the copier's threads */
+		copier_run(a->copier, image_part, p, off, c->buf, fill, 1u << 20);
 		memset((char *)c->buf + fill, 0, len - fill);
 		c->fill = fill;
 		c->owner = s;
@@ -316,12 +345,14 @@ static int capture_chunks(struct save *s)
 					 .len = len,
 					 .off = off,
 					 .buf_index = (int)c->index,
-					 .prep = chunk_prep,
-					 .done = chunk_done,
+					 .done = chunk_written,
 					 .ctx = c};
+		c->hash.fn = chunk_hash;
+		atomic_store(&c->busy, 2); /* the write and the checksums */
 		atomic_fetch_add(&s->stages, 1);
 		atomic_fetch_add(&s->bytes_captured, fill);
 		a->store->ops->shard_write(s->shard, &c->req);
+		workq_push(a->hasher, &c->hash);
 	}
 	return 0;
 }
@@ -363,11 +394,19 @@ static void save_capture(struct work *w)
 	struct save *s = container_of(w, struct save, work);
 	struct agent *a = s->a;
 	char why[IPC_ERRLEN] = "";
+	int64_t t1 = ipc_mono_ns(), t2, t3;
 	int rc;
 
 	rc = capture_setup(s, why);
+	t2 = ipc_mono_ns();
 	if (!rc)
 		rc = capture_chunks(s);
+	t3 = ipc_mono_ns();
+	log_msg(LOG_DEBUG,
+		"capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
+		"%.2f ms copying %llu bytes",
+		s->job, (long long)s->step, s->rank, (double)(t1 - s->t_queued) / 1e6,
+		(double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6, (unsigned long long)s->bytes_total);
 	pthread_mutex_lock(&a->mu);
 	plan_idle(a, s->plan);
 	if (rc == -EAGAIN && !atomic_load(&s->abort)) {

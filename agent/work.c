@@ -8,12 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <pthread.h>
 
 #include "ipc.h"
 #include "work.h"
 
 struct workq {
+	int nice;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct work *head, *tail;
@@ -29,6 +32,9 @@ static void *worker(void *arg)
 	struct workq *q = arg;
 
 	pthread_setname_np(pthread_self(), q->name);
+	/* Per thread on Linux: only this worker yields. Failing is harmless. */
+	if (q->nice && setpriority(PRIO_PROCESS, (id_t)gettid(), q->nice))
+		q->nice = 0;
 	pthread_mutex_lock(&q->mu);
 	for (;;) {
 		struct work *w;
@@ -52,6 +58,11 @@ static void *worker(void *arg)
 
 int workq_create(const char *name, unsigned threads, struct workq **out, char *err)
 {
+	return workq_create_nice(name, threads, 0, out, err);
+}
+
+int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err)
+{
 	struct workq *q = calloc(1, sizeof(*q));
 	int rc;
 
@@ -59,6 +70,7 @@ int workq_create(const char *name, unsigned threads, struct workq **out, char *e
 		free(q);
 		return ipc_errf(err, -ENOMEM, "out of memory for the %s workers", name);
 	}
+	q->nice = nice;
 	pthread_mutex_init(&q->mu, NULL);
 	pthread_cond_init(&q->cv, NULL);
 	snprintf(q->name, sizeof(q->name), "%s", name);

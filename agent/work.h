@@ -16,6 +16,8 @@ struct work {
 struct workq;
 
 int workq_create(const char *name, unsigned threads, struct workq **out, char *err);
+/* The same, its threads at `nice` (higher: yield to busier work). */
+int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err);
 /* Any thread. */
 void workq_push(struct workq *q, struct work *w);
 /* Jobs queued or running. */
