@@ -1,0 +1,395 @@
+/*
+ * ckpt_bench: what a checkpoint costs a trainer, measured from the trainer's
+ * side against a running ckptd, with the references a user compares it to.
+ *
+ *   ckpt_bench --endpoint E --dir D --sizes 256,1024,4096 --ranks 1,4 --reps 5 --out F
+ *   ckpt_bench --endpoint E --dir D --control-plane N --out F
+ *
+ * For each size (MiB, the whole checkpoint) and rank count (the size split
+ * across that many ranks, each a thread with its own client, as separate
+ * trainer processes would be):
+ *   memcpy      the same bytes copied into warm memory (1 rank)
+ *   intrainer   the trainer writing them itself: write() + fsync(), buffered,
+ *               as torch.save does (1 rank)
+ *   stall       ckpt_save until CAPTURED
+ *   durable     ckpt_save until DURABLE (the slowest rank)
+ *   commit      ckpt_save until COMMITTED (the slowest rank)
+ *   restore     ckpt_restore of that checkpoint (all ranks)
+ * and for a cached plan of 1,000 small tensors: ckpt_plan_create and the
+ * client time of ckpt_save. Raw samples go to F as JSON; bench/report.py
+ * turns them, with fio's, into the table and the ratios.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define NTENSORS 16
+
+struct opts {
+	const char *endpoint, *dir, *out;
+	long sizes[8], ranks[8];
+	int nsizes, nranks, reps;
+	int control; /* > 0: only the control plane, with this many saves */
+};
+
+struct rank {
+	int id, world;
+	uint64_t bytes;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	void *mem;
+	int64_t shape[NTENSORS][1];
+	char names[NTENSORS][16];
+	struct ckpt_tensor t[NTENSORS];
+	/* one repetition */
+	int64_t step;
+	pthread_barrier_t *bar;
+	double t0, stall, durable, commit, rs0, rs1;
+	int err;
+};
+
+static FILE *out;
+static int nrecords;
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, struct ckpt_client *c, int rc)
+{
+	fprintf(stderr, "ckpt_bench: %s: %s (%s)\n", what, ckpt_strerror(rc),
+		c ? ckpt_last_error(c) : "");
+	exit(1);
+}
+
+static void record(const char *metric, long mib, long ranks, const double *v, int n)
+{
+	fprintf(out, "%s{\"metric\": \"%s\", \"size_mib\": %ld, \"ranks\": %ld, \"samples\": [",
+		nrecords++ ? ",\n  " : "\n  ", metric, mib, ranks);
+	for (int i = 0; i < n; i++)
+		fprintf(out, "%s%.9f", i ? ", " : "", v[i]);
+	fprintf(out, "]}");
+	fflush(out);
+}
+
+/* Training: every byte of the rank's tensors changes between saves. */
+static void train(struct rank *r, uint64_t seed)
+{
+	uint64_t *w = r->mem, n = r->bytes / 8;
+
+	for (uint64_t i = 0; i < n; i++)
+		w[i] = (i + seed) * 0x9e3779b97f4a7c15ull;
+}
+
+/* A rank's tensors: NTENSORS of uneven sizes, together `bytes`, in one region. */
+static void rank_setup(struct rank *r, const struct opts *o, long mib)
+{
+	uint64_t left, off = 0;
+	char job[64];
+	int rc;
+
+	rc = ckpt_connect(o->endpoint, &r->c);
+	if (rc)
+		die("connect", NULL, rc);
+	rc = ckpt_host_alloc(r->c, r->bytes, &r->mem);
+	if (rc)
+		die("host alloc", r->c, rc);
+	left = r->bytes;
+	for (int i = 0; i < NTENSORS; i++) {
+		uint64_t n = i == NTENSORS - 1 ? left : r->bytes / NTENSORS - 4096 + 97 * (uint64_t)i;
+
+		n &= ~(uint64_t)7;
+		left -= n;
+		r->shape[i][0] = (int64_t)(n / 4);
+		snprintf(r->names[i], sizeof(r->names[i]), "w%d.%d", r->id, i);
+		r->t[i] = (struct ckpt_tensor){r->names[i], CKPT_F32, 1, r->shape[i],
+					       (char *)r->mem + off, NULL, NULL};
+		off += n;
+	}
+	snprintf(job, sizeof(job), "bench-%ldm-%dr", mib, r->world);
+	rc = ckpt_plan_create(r->c, job, r->id, r->world, r->t, NTENSORS, &r->p);
+	if (rc)
+		die("plan", r->c, rc);
+	train(r, 1);
+}
+
+static void rank_teardown(struct rank *r)
+{
+	ckpt_plan_destroy(r->p);
+	ckpt_host_free(r->c, r->mem);
+	ckpt_disconnect(r->c);
+}
+
+/* One rank's save and restore of one repetition. */
+static void *rank_rep(void *arg)
+{
+	struct rank *r = arg;
+	struct ckpt_save *s;
+	int rc;
+
+	train(r, (uint64_t)r->step + 2);
+	pthread_barrier_wait(r->bar);
+	r->t0 = now();
+	rc = ckpt_save(r->p, r->step, NULL, &s);
+	if (!rc)
+		rc = ckpt_save_wait(s, CKPT_CAPTURED, -1);
+	r->stall = now() - r->t0;
+	if (!rc)
+		rc = ckpt_save_wait(s, CKPT_DURABLE, -1);
+	r->durable = now() - r->t0;
+	if (!rc)
+		rc = ckpt_save_wait(s, CKPT_COMMITTED, -1);
+	r->commit = now() - r->t0;
+	if (rc)
+		die("save", r->c, rc);
+	ckpt_save_release(s);
+	pthread_barrier_wait(r->bar);
+	r->rs0 = now();
+	rc = ckpt_restore(r->p, r->step, NULL, NULL);
+	r->rs1 = now();
+	if (rc)
+		die("restore", r->c, rc);
+	return NULL;
+}
+
+static void delete_step(struct ckpt_client *c, const char *job, int64_t step)
+{
+	Ckpt__V1__DeleteRequest req = CKPT__V1__DELETE_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	int rc;
+
+	req.job = (char *)job;
+	req.step = step;
+	rc = cl_call(c, IPC_DELETE, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS);
+	if (rc)
+		die("delete", c, rc);
+	protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+/* The references, from the first rank's memory: memcpy and the in-trainer write. */
+static void references(struct rank *r, const struct opts *o, long mib)
+{
+	double mc[16], it[16];
+	char path[512];
+	void *dst;
+
+	dst = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+		   -1, 0);
+	if (dst == MAP_FAILED)
+		die("mmap", NULL, -errno);
+	memcpy(dst, r->mem, r->bytes); /* warm */
+	for (int i = 0; i < o->reps; i++) {
+		double t0 = now();
+
+		memcpy(dst, r->mem, r->bytes);
+		mc[i] = now() - t0;
+	}
+	munmap(dst, r->bytes);
+	snprintf(path, sizeof(path), "%s/intrainer.bin", o->dir);
+	for (int i = 0; i < o->reps; i++) {
+		double t0 = now();
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+		if (fd < 0)
+			die(path, NULL, -errno);
+		for (int k = 0; k < NTENSORS; k++) {
+			const char *p = r->t[k].data;
+			uint64_t n = (uint64_t)r->shape[k][0] * 4;
+
+			while (n) {
+				ssize_t w = write(fd, p, n > (1u << 30) ? 1u << 30 : n);
+
+				if (w <= 0)
+					die("write", NULL, -errno);
+				p += w;
+				n -= (uint64_t)w;
+			}
+		}
+		if (fsync(fd))
+			die("fsync", NULL, -errno);
+		close(fd);
+		it[i] = now() - t0;
+		unlink(path);
+	}
+	record("memcpy_seconds", mib, 1, mc, o->reps);
+	record("intrainer_seconds", mib, 1, it, o->reps);
+}
+
+static void run_size(const struct opts *o, long mib, long world)
+{
+	struct rank *r = calloc((size_t)world, sizeof(*r));
+	double stall[16], dur[16], com[16], rst[16];
+	pthread_barrier_t bar;
+	pthread_t th[16];
+	char job[64];
+
+	pthread_barrier_init(&bar, NULL, (unsigned)world);
+	for (int k = 0; k < world; k++) {
+		r[k] = (struct rank){.id = k, .world = (int)world, .bar = &bar};
+		r[k].bytes = ((uint64_t)mib << 20) / (uint64_t)world;
+		rank_setup(&r[k], o, mib);
+	}
+	snprintf(job, sizeof(job), "bench-%ldm-%ldr", mib, world);
+	for (int i = 0; i < o->reps; i++) {
+		double t0 = 1e300, c1 = 0, d1 = 0, s = 0, r0 = 1e300, r1 = 0;
+
+		for (int k = 0; k < world; k++) {
+			r[k].step = i + 1;
+			pthread_create(&th[k], NULL, rank_rep, &r[k]);
+		}
+		for (int k = 0; k < world; k++) {
+			pthread_join(th[k], NULL);
+			t0 = r[k].t0 < t0 ? r[k].t0 : t0;
+			c1 = r[k].t0 + r[k].commit > c1 ? r[k].t0 + r[k].commit : c1;
+			d1 = r[k].t0 + r[k].durable > d1 ? r[k].t0 + r[k].durable : d1;
+			s += r[k].stall / (double)world;
+			r0 = r[k].rs0 < r0 ? r[k].rs0 : r0;
+			r1 = r[k].rs1 > r1 ? r[k].rs1 : r1;
+		}
+		stall[i] = s; /* the mean rank's stall */
+		dur[i] = d1 - t0;
+		com[i] = c1 - t0;
+		rst[i] = r1 - r0;
+		delete_step(r[0].c, job, i + 1);
+	}
+	record("stall_seconds", mib, world, stall, o->reps);
+	record("durable_seconds", mib, world, dur, o->reps);
+	record("commit_seconds", mib, world, com, o->reps);
+	record("restore_seconds", mib, world, rst, o->reps);
+	if (world == 1)
+		references(&r[0], o, mib);
+	for (int k = 0; k < world; k++)
+		rank_teardown(&r[k]);
+	pthread_barrier_destroy(&bar);
+	free(r);
+}
+
+/* A cached plan of 1,000 small tensors: plan creation and the save call itself. */
+static void control_plane(const struct opts *o)
+{
+	enum { N = 1000, SAVES = 1000 };
+	static int64_t shape[N][1];
+	static char names[N][16];
+	static struct ckpt_tensor t[N];
+	static double pc[16], sc[SAVES];
+	const int saves = o->control < SAVES ? o->control : SAVES;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	void *mem;
+	int rc;
+
+	if ((rc = ckpt_connect(o->endpoint, &c)) || (rc = ckpt_host_alloc(c, N * 1024, &mem)))
+		die("control plane setup", NULL, rc);
+	for (int i = 0; i < N; i++) {
+		shape[i][0] = 256;
+		snprintf(names[i], sizeof(names[i]), "p%d", i);
+		t[i] = (struct ckpt_tensor){names[i], CKPT_F32, 1, shape[i], (char *)mem + i * 1024,
+					    NULL, NULL};
+	}
+	for (int i = 0; i < o->reps; i++) {
+		double t0 = now();
+
+		rc = ckpt_plan_create(c, "bench-ctl", 0, 1, t, N, &p);
+		pc[i] = now() - t0;
+		if (rc)
+			die("plan of 1000", c, rc);
+		if (i + 1 < o->reps)
+			ckpt_plan_destroy(p);
+	}
+	for (int i = 0; i < saves; i++) {
+		struct ckpt_save *s;
+		double t0 = now();
+
+		rc = ckpt_save(p, i + 1, NULL, &s);
+		sc[i] = now() - t0;
+		if (rc || (rc = ckpt_save_wait(s, CKPT_COMMITTED, -1)))
+			die("save of 1000", c, rc);
+		ckpt_save_release(s);
+	}
+	for (int i = 0; i < saves; i++)
+		delete_step(c, "bench-ctl", i + 1);
+	record("plan_create_seconds", 0, 1, pc, o->reps);
+	record("save_call_seconds", 0, 1, sc, saves);
+	ckpt_plan_destroy(p);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+}
+
+static int list(const char *s, long *v, int max)
+{
+	int n = 0;
+
+	for (char *end; *s && n < max; s = *end ? end + 1 : end) {
+		v[n++] = strtol(s, &end, 10);
+		if (end == s || v[n - 1] <= 0)
+			return -1;
+	}
+	return n;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"endpoint", required_argument, NULL, 'e'}, {"dir", required_argument, NULL, 'd'},
+		{"sizes", required_argument, NULL, 's'},    {"ranks", required_argument, NULL, 'r'},
+		{"reps", required_argument, NULL, 'n'},	    {"out", required_argument, NULL, 'o'},
+		{"control-plane", required_argument, NULL, 'c'},
+		{NULL, 0, NULL, 0},
+	};
+	struct opts o = {.reps = 5};
+	int opt;
+
+	o.nsizes = list("256,1024,4096", o.sizes, 8);
+	o.nranks = list("1,4", o.ranks, 8);
+	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		if (opt == 'e')
+			o.endpoint = optarg;
+		else if (opt == 'd')
+			o.dir = optarg;
+		else if (opt == 's')
+			o.nsizes = list(optarg, o.sizes, 8);
+		else if (opt == 'r')
+			o.nranks = list(optarg, o.ranks, 8);
+		else if (opt == 'n')
+			o.reps = atoi(optarg);
+		else if (opt == 'o')
+			o.out = optarg;
+		else if (opt == 'c')
+			o.control = atoi(optarg);
+		else
+			return 2;
+	}
+	if (!o.endpoint || !o.dir || !o.out || o.nsizes < 1 || o.nranks < 1 || o.reps < 1 ||
+	    o.reps > 16) {
+		fprintf(stderr, "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
+				"[--ranks N,...] [--reps 1..16]\n");
+		return 2;
+	}
+	out = fopen(o.out, "w");
+	if (!out)
+		die(o.out, NULL, -errno);
+	fprintf(out, "[");
+	if (o.control > 0) {
+		control_plane(&o);
+	} else {
+		for (int i = 0; i < o.nsizes; i++)
+			for (int k = 0; k < o.nranks; k++)
+				run_size(&o, o.sizes[i], o.ranks[k]);
+	}
+	fprintf(out, "\n]\n");
+	fclose(out);
+	return 0;
+}
