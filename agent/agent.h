@@ -58,6 +58,13 @@ struct agent_config {
 	bool lock_pool;
 	int log_level;
 	unsigned commit_timeout_s; /* a step still missing ranks after this fails */
+	/* retention, per job: keep the last keep_last committed checkpoints and
+	   every one whose step is a multiple of keep_every (0: none); 0/0 keeps all */
+	unsigned keep_last;
+	int64_t keep_every;
+	const char *metrics_listen; /* "127.0.0.1:9464"; NULL: no metrics endpoint */
+	const char *socket_group;   /* group name for the socket; NULL: leave it */
+	const char *config_path;    /* the config file read, or NULL */
 };
 
 struct catalog;

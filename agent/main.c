@@ -40,6 +40,10 @@ static void usage(FILE *f)
 		"  --capture-threads N    copy workers (default 2)\n"
 		"  --copy-threads N       helpers joining each copy (default: CPUs - 1)\n"
 		"  --commit-timeout S     a step still missing ranks after S seconds fails (600)\n"
+		"  --keep-last K          keep the last K committed checkpoints of a job (0: all)\n"
+		"  --keep-every M         and every one whose step is a multiple of M (0: none)\n"
+		"  --metrics-listen A     Prometheus /metrics on HOST:PORT (default: none)\n"
+		"  --socket-group G       group of the socket (trainers' group)\n"
 		"  --socket-mode MODE     octal mode of the socket (default 0660)\n"
 		"  --no-direct            buffered writes instead of O_DIRECT\n"
 		"  --no-lock              do not mlock the staging pool\n"
@@ -64,7 +68,8 @@ static long long number(const char *flag, const char *v, long long min, long lon
 }
 
 enum { O_ROOT = 256, O_LISTEN, O_STAGING, O_CHUNK, O_QD, O_ENGINE, O_BP, O_THREADS, O_MODE,
-       O_NODIRECT, O_NOLOCK, O_LOG, O_VERSION, O_HELP, O_COMMIT_TIMEOUT, O_COPY };
+       O_NODIRECT, O_NOLOCK, O_LOG, O_VERSION, O_HELP, O_COMMIT_TIMEOUT, O_COPY, O_KEEP_LAST,
+       O_KEEP_EVERY, O_METRICS, O_SOCKET_GROUP };
 
 static const struct option options[] = {
 	{"root", required_argument, NULL, O_ROOT},
@@ -77,6 +82,10 @@ static const struct option options[] = {
 	{"capture-threads", required_argument, NULL, O_THREADS},
 	{"commit-timeout", required_argument, NULL, O_COMMIT_TIMEOUT},
 	{"copy-threads", required_argument, NULL, O_COPY},
+	{"keep-last", required_argument, NULL, O_KEEP_LAST},
+	{"keep-every", required_argument, NULL, O_KEEP_EVERY},
+	{"metrics-listen", required_argument, NULL, O_METRICS},
+	{"socket-group", required_argument, NULL, O_SOCKET_GROUP},
 	{"socket-mode", required_argument, NULL, O_MODE},
 	{"no-direct", no_argument, NULL, O_NODIRECT},
 	{"no-lock", no_argument, NULL, O_NOLOCK},
@@ -108,6 +117,16 @@ static int flag(struct agent_config *c, int opt, const char *v)
 	case O_THREADS:
 		return (n = number("--capture-threads", v, 1, 64)) < 0 ? 2
 								      : (c->capture_threads = n, 0);
+	case O_KEEP_LAST:
+		return (n = number("--keep-last", v, 0, 1000000)) < 0 ? 2 : (c->keep_last = (unsigned)n, 0);
+	case O_KEEP_EVERY:
+		return (n = number("--keep-every", v, 0, IPC_MAX_STEP)) < 0 ? 2 : (c->keep_every = n, 0);
+	case O_METRICS:
+		c->metrics_listen = v;
+		return 0;
+	case O_SOCKET_GROUP:
+		c->socket_group = v;
+		return 0;
 	case O_COPY:
 		return (n = number("--copy-threads", v, 0, 64)) < 0 ? 2 : (c->copy_threads = (int)n, 0);
 	case O_COMMIT_TIMEOUT:
