@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "notify.h"
 
 #define STOP_GRACE_NS (120LL * 1000000000) /* saves in flight get this long at stop */
 
@@ -29,6 +30,8 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
 	[IPC_SHOW] = rpc_show,
 	[IPC_VERIFY] = rpc_verify,
 	[IPC_DELETE] = rpc_delete,
+    [IPC_PIN] = rpc_pin,
+    [IPC_GC] = rpc_gc,
 };
 
 static int start_storage(struct agent *a, char *err)
@@ -70,6 +73,38 @@ static int start_storage(struct agent *a, char *err)
 	return catalog_load(a->cat, a->store, err);
 }
 
+/*
+ * What `systemctl status ckptd` shows (STATUS=, sent only when it changes),
+ * and the watchdog ping: a control thread that stops turning stops pinging.
+ * The counters are read under mu; the datagram goes out after it is dropped.
+ */
+static void tell_systemd(struct agent *a)
+{
+	unsigned clients, inflight;
+	unsigned long long committed, failed;
+	bool stopping;
+
+	pthread_mutex_lock(&a->mu);
+	clients = a->nsessions;
+	inflight = a->inflight;
+	committed = a->finals[CKPT__V1__STATE__STATE_COMMITTED];
+	failed = a->finals[CKPT__V1__STATE__STATE_FAILED];
+	stopping = a->stopping;
+	pthread_mutex_unlock(&a->mu);
+	if (stopping)
+		notify_status("stopping: %u save%s in flight", inflight, inflight == 1 ? "" : "s");
+	else if (failed)
+		notify_status("serving %s: %u client%s, %u save%s in flight, %llu committed, "
+		              "%llu failed",
+		              a->cfg.listen, clients, clients == 1 ? "" : "s", inflight,
+		              inflight == 1 ? "" : "s", committed, failed);
+	else
+		notify_status("serving %s: %u client%s, %u save%s in flight, %llu committed",
+		              a->cfg.listen, clients, clients == 1 ? "" : "s", inflight,
+		              inflight == 1 ? "" : "s", committed);
+	notify_watchdog();
+}
+
 /* The control thread, once a second. */
 static void tick(void *ctx)
 {
@@ -77,7 +112,38 @@ static void tick(void *ctx)
 
 	pthread_mutex_lock(&a->mu);
 	cp_expire(a, ipc_mono_ns());
+	watchers_progress(a);
 	pthread_mutex_unlock(&a->mu);
+	tell_systemd(a);
+}
+
+/*
+ * The effective configuration, one line at start-up, with the config file's
+ * key names (flags-only settings after them), so that the journal says what
+ * this run used whatever the file, the flags and the defaults said.
+ */
+static void log_config(const struct agent_config *c)
+{
+	static const char *const engines[] = {[IOENG_AUTO] = "auto", [IOENG_URING] = "io_uring",
+					      [IOENG_PWRITE] = "pwrite"};
+	char copy[16] = "auto";
+
+	if (c->copy_threads >= 0)
+		snprintf(copy, sizeof(copy), "%d", c->copy_threads);
+	log_msg(LOG_INFO,
+		"configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
+		"root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
+		"keep_every=%lld metrics=%s; chunk_mb=%llu capture_threads=%u copy_threads=%s "
+		"commit_timeout=%u direct=%s lock=%s",
+		c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
+		c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
+		c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
+		(unsigned long long)c->staging_mb,
+		c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
+		c->keep_last, (long long)c->keep_every,
+		c->metrics_listen ? c->metrics_listen : "off", (unsigned long long)c->chunk_mb,
+		c->capture_threads, copy, c->commit_timeout_s, c->direct ? "yes" : "no",
+		c->lock_pool ? "yes" : "no");
 }
 
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
@@ -89,6 +155,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	struct agent *a;
 	int rc;
 
+	log_config(cfg);
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return ipc_errf(err, -ENOMEM, "out of memory");
@@ -124,6 +191,8 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 		goto fail;
 	memcpy(so.handlers, handlers, sizeof(handlers));
 	so.ctx = a;
+	if (cfg->metrics_listen && (rc = metrics_create(a, cfg->metrics_listen, &a->metrics, err)))
+		goto fail;
 	rc = server_create(&so, &a->srv, err);
 	if (rc)
 		goto fail;
@@ -157,6 +226,8 @@ static bool drained(void *ctx)
 		st->since = ipc_mono_ns();
 		a->stopping = true;
 		log_msg(LOG_INFO, "stopping: %u saves in flight", a->inflight);
+		notify_stopping("stopping: %u save%s in flight", a->inflight,
+		                a->inflight == 1 ? "" : "s");
 	}
 	if (!st->aborted && ipc_mono_ns() - st->since > STOP_GRACE_NS) {
 		st->aborted = true;
@@ -178,6 +249,8 @@ void agent_run(struct agent *a, atomic_bool *stop)
 
 	log_msg(LOG_INFO, "serving %s (root %s, staging %llu MiB, %s)", a->cfg.listen, a->cfg.root,
 		(unsigned long long)a->cfg.staging_mb, ioeng_detail(a->io));
+	/* The socket is bound and calls are requested: they are served from here on. */
+	notify_ready("serving %s", a->cfg.listen);
 	server_run(a->srv, stop, drained, &st);
 	log_msg(LOG_INFO, "stopped");
 }
@@ -196,6 +269,7 @@ void agent_destroy(struct agent *a)
 {
 	if (!a)
 		return;
+	metrics_destroy(a->metrics); /* first: a scrape reads the pool and the engine */
 	server_destroy(a->srv);
 	/* The engine first: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);

@@ -9,15 +9,19 @@
  *   restore.c  restore and verify: shard -> staging -> checksum -> regions
  *   catalog.c  the committed checkpoints, as found on disk at start and since
  *   ops.c      status, list, show, delete, watch
+ *   gc.c       retention (GC after each commit and on request) and pins,
+ *              deciding through retention.c
  *   pool.c     the staging pool (pool.h); server.c the gRPC server (server.h)
  *   main.c     flags, start-up, signals, shutdown
  *
  * Threads (see README.md): the control thread runs gRPC and every handler;
- * capture workers copy in (saves) and out (restores); the I/O thread (the
- * engine's) writes, reads, fsyncs and computes checksums as chunks go out;
- * the commit thread writes manifests; the maint thread verifies, shows and
- * deletes. Nothing but the I/O thread touches the disk's data path, and the
- * control thread never waits for the disk.
+ * capture workers copy in (saves) and out (restores), with the copier's
+ * helpers; the I/O thread (the engine's) writes, reads and fsyncs; the
+ * hasher (nice 10) computes checksums as chunks go out; the commit thread
+ * writes manifests; the maint thread verifies, shows, deletes and collects
+ * garbage; libmicrohttpd's thread answers scrapes. Nothing but the I/O
+ * thread touches the disk's data path, and the control thread never waits
+ * for the disk.
  *
  * One lock, agent.mu, guards every list and every object's state below; it is
  * never held while copying or waiting for I/O. Lock order: agent.mu, then the
@@ -35,6 +39,7 @@
 #include "ipc.h"
 #include "list.h"
 #include "log.h"
+#include "metrics.h"
 #include "pool.h"
 #include "server.h"
 #include "storage.h"
@@ -79,6 +84,7 @@ struct agent {
 	struct copier *copier;
 	int64_t started_mono;
 	struct storage_recovery recovered;
+	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
 
 	pthread_mutex_t mu; /* everything below */
 	struct list sessions;
@@ -91,6 +97,7 @@ struct agent {
 	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;
+	uint64_t gc_removed; /* checkpoints removed by retention since start */
 };
 
 /* ---- sessions and regions (session.c) -------------------------------- */
@@ -167,7 +174,7 @@ void plan_put(struct agent *a, struct plan *p);
 /* Its regions are in use / no longer: once dropped and idle they are released. */
 void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
-/* Copies shard bytes [off, off + len) (header and tensors) to dst. No lock. */
+/* Copies shard bytes [off, off + len) (header and tensors) to dst. No lock. Host plans. */
 void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len);
 /* Where shard bytes [off, ...) of tensor i live in memory. No lock. */
 void *plan_tensor_addr(const struct plan *p, size_t i);
@@ -304,6 +311,17 @@ void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu: sends a save's new state to the watchers of its job. */
 void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info);
+/* Under mu: sends watchers the bytes moved by every save in flight (progress = true). */
+void watchers_progress(struct agent *a);
+/* Under mu: tells only the watchers where s is (a new save's QUEUED: its client has the reply). */
+void watchers_tell(struct agent *a, struct save *s, bool progress);
+
+/* ---- retention and pins (gc.c; the decision in retention.c) ----------- */
+
+/* Under mu: a checkpoint of job committed; queues its GC on the maint thread. */
+void gc_queue(struct agent *a, const char *job);
+void rpc_gc(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_pin(struct rpc *c, ProtobufCMessage *req, void *ctx);
 
 /* ---- the agent (agent.c) --------------------------------------------- */
 

@@ -157,6 +157,7 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 		}
 		catalog_entry_from_manifest(m, &e);
 		manifest_free(m);
+		e.pinned = steps[i].pinned; /* pins live on disk: they survive restarts */
 		if (catalog_add(c, &e))
 			log_msg(LOG_ERR, "out of memory listing job %s", job);
 	}

@@ -354,6 +354,8 @@ static void commit_run(struct work *w)
 			cp->job, (long long)cp->step, cp->world, (unsigned long long)ce.bytes,
 			ce.capture_seconds, ce.durable_seconds, ce.commit_seconds);
 		supersede(a, cp);
+		/* Retention: older checkpoints of the job may go now (maint thread). */
+		gc_queue(a, cp->job);
 	}
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);

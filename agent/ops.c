@@ -1,7 +1,9 @@
 /*
  * What operators ask: status, list, show, delete, and the live watch of
  * saves. Status, list and watch answer from memory on the control thread;
- * show and delete touch the disk, so they run on the maint thread.
+ * show and delete touch the disk, so they run on the maint thread. Watchers
+ * get every state change (save.c) and, once a second (the agent's tick),
+ * the bytes moved by each save in flight, for progress bars and rates.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -55,7 +57,10 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.last_error = last;
 	rep.gpu = "no GPU support in this build";
 	rep.removed_at_start = a->recovered.partial_removed;
+	rep.keep_last = a->cfg.keep_last;
+	rep.keep_every = a->cfg.keep_every;
 	pthread_mutex_lock(&a->mu);
+	rep.gc_removed = a->gc_removed;
 	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
 		if (!ipc_state_final(s))
 			continue;
@@ -200,7 +205,7 @@ static void show_run(struct work *w)
 	Ckpt__V1__CheckpointSummary sum;
 	struct agent *a = op->a;
 	struct manifest *m = NULL;
-	struct cat_entry e, *newest;
+	struct cat_entry e, *newest, *pinned;
 	char err[IPC_ERRLEN], *json = NULL;
 	size_t len;
 	int rc;
@@ -214,6 +219,8 @@ static void show_run(struct work *w)
 	}
 	catalog_entry_from_manifest(m, &e);
 	pthread_mutex_lock(&a->mu);
+	pinned = catalog_find(a->cat, op->job, op->step);
+	e.pinned = pinned && pinned->pinned;
 	newest = catalog_newest(a->cat, op->job, INT64_MAX);
 	summary_from_entry(&e, newest && newest->step == op->step, &sum);
 	pthread_mutex_unlock(&a->mu);
@@ -331,6 +338,32 @@ void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
 
 		if (!w->job[0] || strcmp(w->job, info->job) == 0)
 			rpc_stream_send(w->stream, &info->base);
+	}
+}
+
+void watchers_tell(struct agent *a, struct save *s, bool progress)
+{
+	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
+
+	if (list_empty(&a->watchers))
+		return;
+	save_info(s, &info);
+	info.progress = progress;
+	watchers_publish(a, &info);
+}
+
+void watchers_progress(struct agent *a)
+{
+	struct list *pos;
+
+	if (list_empty(&a->watchers))
+		return;
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (!ipc_state_final(s->state))
+			watchers_tell(a, s, true);
 	}
 }
 

@@ -294,6 +294,7 @@ struct restore {
 	struct work work;
 	struct agent *a;
 	struct rpc *call;
+	int64_t t_start; /* monotonic ns of the request */
 	struct plan *plan;
 	int64_t step;
 	bool latest, fallback;
@@ -383,6 +384,7 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	Ckpt__V1__RestoreReply rep = CKPT__V1__RESTORE_REPLY__INIT;
 	const struct plan *p = rs->plan;
 
+	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->shard_bytes - p->header_len, rs->t_start);
 	if (rc) {
 		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
 			 (long long)step, p->rank, err);
@@ -513,6 +515,7 @@ void rpc_restore(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		goto out;
 	}
 	rs->call = c;
+	rs->t_start = ipc_mono_ns();
 	pthread_mutex_lock(&a->mu);
 	rc = restore_prepare(a, req, rs, err);
 	pthread_mutex_unlock(&a->mu);

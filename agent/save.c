@@ -106,6 +106,7 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
 		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
 			(long long)s->step, s->rank, s->reason);
+	metrics_on_save(a->metrics, s, state);
 	publish(a, s);
 }
 
@@ -321,23 +322,13 @@ static void image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
 	plan_read_image(plan, off, dst, len);
 }
 
-static int capture_chunks(struct save *s)
+/* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
+static void submit_chunk(struct save *s, struct pool_chunk *c, uint64_t off, uint64_t fill)
 {
 	struct agent *a = s->a;
-	const struct plan *p = s->plan;
-	const uint64_t cb = pool_chunk_bytes(a->pool);
+	uint64_t len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
 
-	for (unsigned k = 0; k < s->nchunks; k++) {
-		struct pool_chunk *c = pool_take(&s->resv, &s->abort);
-		uint64_t off = (uint64_t)k * cb, fill, len;
-
-		if (!c)
-			return -ECANCELED;
-		fill = p->shard_bytes - off < cb ? p->shard_bytes - off : cb;
-		len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
-		/* the trainer's stall is this copy: split across the copier's threads */
-		copier_run(a->copier, image_part, p, off, c->buf, fill, 1u << 20);
-		memset((char *)c->buf + fill, 0, len - fill);
+	memset((char *)c->buf + fill, 0, len - fill);
 		c->fill = fill;
 		c->owner = s;
 		c->req = (struct io_req){.op = IO_WRITE,
@@ -353,6 +344,30 @@ static int capture_chunks(struct save *s)
 		atomic_fetch_add(&s->bytes_captured, fill);
 		a->store->ops->shard_write(s->shard, &c->req);
 		workq_push(a->hasher, &c->hash);
+	}
+
+static uint64_t chunk_fill(const struct save *s, unsigned k, uint64_t cb)
+{
+	uint64_t off = (uint64_t)k * cb;
+
+	return s->plan->shard_bytes - off < cb ? s->plan->shard_bytes - off : cb;
+}
+
+/* Host memory: each chunk copied (split across the copier's threads), then written. */
+static int capture_chunks(struct save *s)
+{
+	struct agent *a = s->a;
+	const uint64_t cb = pool_chunk_bytes(a->pool);
+
+	for (unsigned k = 0; k < s->nchunks; k++) {
+		struct pool_chunk *c = pool_take(&s->resv, &s->abort);
+
+		if (!c)
+			return -ECANCELED;
+		/* the trainer's stall is this copy: split across the copier's threads */
+		copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
+		           chunk_fill(s, k, cb), 1u << 20);
+		submit_chunk(s, c, (uint64_t)k * cb, chunk_fill(s, k, cb));
 	}
 	return 0;
 }
@@ -473,6 +488,7 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	cp->nsaved++;
 	a->inflight++;
 	list_add_tail(&a->saves, &s->link);
+	watchers_tell(a, s, false); /* QUEUED: the client learns it from the reply */
 	return s;
 }
 

@@ -2,7 +2,8 @@
  * ckptctl: the operator's view of ckptd.
  *
  *   ckptctl [--endpoint E] [--json] status | list [JOB] | show JOB STEP |
- *           verify JOB STEP | delete JOB STEP
+ *           verify JOB STEP | delete JOB STEP | watch [JOB] | pin JOB STEP |
+ *           unpin JOB STEP | gc JOB
  *
  * Tables for people, JSON (--json) for programs. Exit status: 0 ok, 1 the
  * operation failed (or verify found damage), 2 bad usage.
@@ -18,27 +19,25 @@
 
 #include <jansson.h>
 
-#include "client.h"
+#include "ckptctl.h"
 
-#define EXIT_USAGE 2
-
-struct ctl {
-	struct ckpt_client *c;
-	bool json;
-};
-
-static void usage(FILE *f)
+void ctl_usage(FILE *f)
 {
 	fprintf(f, "usage: ckptctl [--endpoint E] [--json] COMMAND\n"
-		   "  status              the agent: I/O path, staging pool, saves, last error\n"
-		   "  list [JOB]          committed checkpoints (and those in flight)\n"
-		   "  show JOB STEP       one checkpoint: ranks and tensors\n"
-		   "  verify JOB STEP     read every byte back and check every checksum\n"
-		   "  delete JOB STEP     remove a checkpoint\n"
-		   "endpoint: --endpoint, else $CKPT_ENDPOINT, else " IPC_DEFAULT_ENDPOINT "\n");
+	           "  status              the agent: I/O path, staging pool, saves, last error\n"
+	           "  list [JOB]          committed checkpoints (and those in flight)\n"
+	           "  show JOB STEP       one checkpoint: ranks and tensors\n"
+	           "  verify JOB STEP     read every byte back and check every checksum\n"
+	           "  delete JOB STEP     remove a checkpoint\n"
+	           "  watch [JOB]         saves in flight, live (Ctrl-C quits); one line per\n"
+	           "                      event when stdout is not a terminal\n"
+	           "  pin JOB STEP        keep a checkpoint whatever the retention policy says\n"
+	           "  unpin JOB STEP      let retention remove it again\n"
+	           "  gc JOB              apply the retention policy to JOB now\n"
+	           "endpoint: --endpoint, else $CKPT_ENDPOINT, else " IPC_DEFAULT_ENDPOINT "\n");
 }
 
-static void human_bytes(uint64_t n, char *buf, size_t len)
+void ctl_human_bytes(uint64_t n, char *buf, size_t len)
 {
 	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
 	double v = (double)n;
@@ -51,7 +50,7 @@ static void human_bytes(uint64_t n, char *buf, size_t len)
 	snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }
 
-static void human_time(int64_t unix_ns, char *buf, size_t len)
+void ctl_human_time(int64_t unix_ns, char *buf, size_t len)
 {
 	time_t t = (time_t)(unix_ns / 1000000000);
 	struct tm tm;
@@ -60,7 +59,7 @@ static void human_time(int64_t unix_ns, char *buf, size_t len)
 	strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
 }
 
-static void human_secs(double s, char *buf, size_t len)
+void ctl_human_secs(double s, char *buf, size_t len)
 {
 	if (s <= 0)
 		snprintf(buf, len, "-");
@@ -70,7 +69,7 @@ static void human_secs(double s, char *buf, size_t len)
 		snprintf(buf, len, "%.2f s", s);
 }
 
-static int print_json(json_t *j)
+int ctl_print_json(json_t *j)
 {
 	int rc = json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 
@@ -79,10 +78,10 @@ static int print_json(json_t *j)
 	return rc ? 1 : 0;
 }
 
-static int fail(struct ctl *x, int rc)
+int ctl_fail(struct ctl *x, int rc)
 {
-	fprintf(stderr, "ckptctl: %s\n", *ckpt_last_error(x->c) ? ckpt_last_error(x->c)
-								 : ckpt_strerror(rc));
+	fprintf(stderr, "ckptctl: %s\n",
+	        *ckpt_last_error(x->c) ? ckpt_last_error(x->c) : ckpt_strerror(rc));
 	return 1;
 }
 
@@ -95,7 +94,8 @@ static int64_t parse_step(const char *s)
 	errno = 0;
 	v = strtoll(s, &end, 10);
 	if (errno || end == s || *end || v < 0 || v > IPC_MAX_STEP) {
-		fprintf(stderr, "ckptctl: '%s' is not a step (0..%lld)\n", s, (long long)IPC_MAX_STEP);
+		fprintf(stderr, "ckptctl: '%s' is not a step (0..%lld)\n", s,
+		        (long long)IPC_MAX_STEP);
 		return -1;
 	}
 	return v;
@@ -105,24 +105,27 @@ static int64_t parse_step(const char *s)
 
 static json_t *status_json(const Ckpt__V1__StatusReply *r)
 {
-	json_t *saves = json_object();
+	json_t *saves = json_object(), *j;
 
 	for (size_t i = 0; i < r->n_saves; i++)
 		json_object_set_new(saves, ipc_state_name(r->saves[i]->state),
-				    json_integer((json_int_t)r->saves[i]->count));
-	return json_pack(
-		"{s:s, s:I, s:f, s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I}, "
-		"s:{s:I, s:I, s:I, s:b, s:b, s:s}, s:{s:i, s:i, s:i}, s:o, s:s, s:s, s:i}",
-		"version", r->version, "pid", (json_int_t)r->pid, "uptime_seconds", r->uptime_seconds,
-		"root", r->root, "listen", r->listen, "io", "engine", r->io_engine, "detail",
-		r->io_detail, "bytes_written", (json_int_t)r->bytes_written, "bytes_read",
-		(json_int_t)r->bytes_read, "errors", (json_int_t)r->io_errors, "retries",
-		(json_int_t)r->io_retries, "pool", "bytes", (json_int_t)r->pool_bytes, "used_bytes",
-		(json_int_t)r->pool_used_bytes, "chunk_bytes", (json_int_t)r->chunk_bytes, "locked",
-		r->pool_locked, "registered", r->pool_registered, "detail", r->pool_detail, "clients",
-		"sessions", r->sessions, "plans", r->plans, "saves_in_flight", r->saves_in_flight,
-		"saves", saves, "last_error", r->last_error, "gpu", r->gpu, "removed_at_start",
-		r->removed_at_start);
+		                    json_integer((json_int_t)r->saves[i]->count));
+	j = json_pack(
+	    "{s:s, s:I, s:f, s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I}, "
+	    "s:{s:I, s:I, s:I, s:b, s:b, s:s}, s:{s:i, s:i, s:i}, s:o, s:s, s:s, s:i, "
+	    "s:{s:i, s:I, s:I}}",
+	    "version", r->version, "pid", (json_int_t)r->pid, "uptime_seconds", r->uptime_seconds,
+	    "root", r->root, "listen", r->listen, "io", "engine", r->io_engine, "detail",
+	    r->io_detail, "bytes_written", (json_int_t)r->bytes_written, "bytes_read",
+	    (json_int_t)r->bytes_read, "errors", (json_int_t)r->io_errors, "retries",
+	    (json_int_t)r->io_retries, "pool", "bytes", (json_int_t)r->pool_bytes, "used_bytes",
+	    (json_int_t)r->pool_used_bytes, "chunk_bytes", (json_int_t)r->chunk_bytes, "locked",
+	    r->pool_locked, "registered", r->pool_registered, "detail", r->pool_detail, "clients",
+	    "sessions", r->sessions, "plans", r->plans, "saves_in_flight", r->saves_in_flight,
+	    "saves", saves, "last_error", r->last_error, "gpu", r->gpu, "removed_at_start",
+	    r->removed_at_start, "retention", "keep_last", (int)r->keep_last, "keep_every",
+	    (json_int_t)r->keep_every, "removed", (json_int_t)r->gc_removed);
+	return j;
 }
 
 static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
@@ -135,15 +138,15 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	printf("%-12s %s\n", "endpoint", endpoint);
 	printf("%-12s %s\n", "root", r->root);
 	printf("%-12s %s (%s)\n", "I/O", r->io_engine, r->io_detail);
-	human_bytes(r->pool_bytes, a, sizeof(a));
-	human_bytes(r->pool_used_bytes, b, sizeof(b));
-	human_bytes(r->chunk_bytes, c, sizeof(c));
+	ctl_human_bytes(r->pool_bytes, a, sizeof(a));
+	ctl_human_bytes(r->pool_used_bytes, b, sizeof(b));
+	ctl_human_bytes(r->chunk_bytes, c, sizeof(c));
 	printf("%-12s %s in %s chunks, %s in use, %s (%s)\n", "staging", a, c, b,
 	       r->pool_locked ? "locked" : "not locked", r->pool_detail);
 	printf("%-12s %u sessions, %u plans, %u saves in flight\n", "clients", r->sessions,
 	       r->plans, r->saves_in_flight);
-	human_bytes(r->bytes_written, a, sizeof(a));
-	human_bytes(r->bytes_read, b, sizeof(b));
+	ctl_human_bytes(r->bytes_written, a, sizeof(a));
+	ctl_human_bytes(r->bytes_read, b, sizeof(b));
 	printf("%-12s %s written, %s read, %" PRIu64 " I/O errors, %" PRIu64 " retries\n", "bytes",
 	       a, b, r->io_errors, r->io_retries);
 	printf("%-12s", "saves");
@@ -153,6 +156,17 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	if (r->removed_at_start)
 		printf("%-12s %u partial checkpoints removed at start\n", "recovery",
 		       r->removed_at_start);
+	if (r->keep_last && r->keep_every)
+		printf("%-12s the last %u of each job, every step that is a multiple of %" PRId64
+		       ", LATEST and pinned ones; %" PRIu64 " removed since start\n",
+		       "retention", r->keep_last, r->keep_every, r->gc_removed);
+	else if (r->keep_last)
+		printf("%-12s the last %u of each job, LATEST and pinned ones; %" PRIu64
+		       " removed since start\n",
+		       "retention", r->keep_last, r->gc_removed);
+	else
+		printf("%-12s off: every checkpoint is kept (--keep-last K turns it on)\n",
+		       "retention");
 	printf("%-12s %s\n", "last error", *r->last_error ? r->last_error : "-");
 }
 
@@ -163,12 +177,12 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 	int rc;
 
 	if (argc != 0)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	rc = cl_call(x->c, IPC_STATUS, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
-		return fail(x, rc);
+		return ctl_fail(x, rc);
 	if (x->json)
-		rc = print_json(status_json(r));
+		rc = ctl_print_json(status_json(r));
 	else
 		status_table(r, cl_endpoint(x->c));
 	protobuf_c_message_free_unpacked(&r->base, NULL);
@@ -180,24 +194,24 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
 {
 	return json_pack("{s:s, s:I, s:s, s:i, s:I, s:I, s:b, s:b, s:i, s:f, s:f, s:f, s:s}", "job",
-			 s->job, "step", (json_int_t)s->step, "state", ipc_state_name(s->state),
-			 "world", s->world, "bytes", (json_int_t)s->bytes, "time_unix_ns",
-			 (json_int_t)s->time_unix_ns, "latest", s->latest, "pinned", s->pinned,
-			 "tensors", s->tensors, "capture_seconds", s->capture_seconds,
-			 "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
-			 "reason", s->reason ? s->reason : "");
+	                 s->job, "step", (json_int_t)s->step, "state", ipc_state_name(s->state),
+	                 "world", s->world, "bytes", (json_int_t)s->bytes, "time_unix_ns",
+	                 (json_int_t)s->time_unix_ns, "latest", s->latest, "pinned", s->pinned,
+	                 "tensors", s->tensors, "capture_seconds", s->capture_seconds,
+	                 "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
+	                 "reason", s->reason ? s->reason : "");
 }
 
 static void summary_row(const Ckpt__V1__CheckpointSummary *s)
 {
 	char size[32], when[32] = "-", cap[16], dur[16], com[16];
 
-	human_bytes(s->bytes, size, sizeof(size));
+	ctl_human_bytes(s->bytes, size, sizeof(size));
 	if (s->time_unix_ns)
-		human_time(s->time_unix_ns, when, sizeof(when));
-	human_secs(s->capture_seconds, cap, sizeof(cap));
-	human_secs(s->durable_seconds, dur, sizeof(dur));
-	human_secs(s->commit_seconds, com, sizeof(com));
+		ctl_human_time(s->time_unix_ns, when, sizeof(when));
+	ctl_human_secs(s->capture_seconds, cap, sizeof(cap));
+	ctl_human_secs(s->durable_seconds, dur, sizeof(dur));
+	ctl_human_secs(s->commit_seconds, com, sizeof(com));
 	printf("%-20s %12" PRId64 " %-10s %5d %11s  %-19s %9s %9s %9s %s%s%s\n", s->job, s->step,
 	       ipc_state_name(s->state), s->world, size, when, cap, dur, com,
 	       s->latest ? "LATEST " : "", s->pinned ? "pinned " : "",
@@ -211,17 +225,17 @@ static int cmd_list(struct ctl *x, int argc, char **argv)
 	int rc;
 
 	if (argc > 1)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	req.job = argc ? argv[0] : "";
 	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
-		return fail(x, rc);
+		return ctl_fail(x, rc);
 	if (x->json) {
 		json_t *a = json_array();
 
 		for (size_t i = 0; i < r->n_checkpoints; i++)
 			json_array_append_new(a, summary_json(r->checkpoints[i]));
-		rc = print_json(json_pack("{s:o}", "checkpoints", a));
+		rc = ctl_print_json(json_pack("{s:o}", "checkpoints", a));
 	} else if (r->n_checkpoints == 0) {
 		printf("no checkpoints%s%s\n", argc ? " for job " : "", argc ? argv[0] : "");
 	} else {
@@ -248,13 +262,14 @@ static void show_tensors(json_t *m)
 		size_t o = 1, i;
 		json_t *d;
 
-		json_array_foreach(json_object_get(t, "global_shape"), i, d)
-			o += (size_t)snprintf(shape + o, sizeof(shape) - o, "%s%" JSON_INTEGER_FORMAT,
-					      i ? "," : "", json_integer_value(d));
+		json_array_foreach(json_object_get(t, "global_shape"), i, d) o +=
+		    (size_t)snprintf(shape + o, sizeof(shape) - o, "%s%" JSON_INTEGER_FORMAT,
+		                     i ? "," : "", json_integer_value(d));
 		if (o < sizeof(shape) - 1)
 			strcat(shape, "]");
-		printf("%-40s %-8s %-24s %6zu\n", name, json_string_value(json_object_get(t, "dtype")),
-		       shape, json_array_size(json_object_get(t, "chunks")));
+		printf("%-40s %-8s %-24s %6zu\n", name,
+		       json_string_value(json_object_get(t, "dtype")), shape,
+		       json_array_size(json_object_get(t, "chunks")));
 	}
 }
 
@@ -267,27 +282,27 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 	int rc;
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_SHOW, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
-		return fail(x, rc);
+		return ctl_fail(x, rc);
 	m = json_loads(r->manifest_json, 0, NULL);
 	if (!m) {
 		fprintf(stderr, "ckptctl: the agent sent a manifest that is not JSON\n");
 		rc = 1;
 	} else if (x->json) {
-		rc = print_json(json_incref(m));
+		rc = ctl_print_json(json_incref(m));
 	} else {
 		printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP", "STATE",
 		       "WORLD", "SIZE", "COMMITTED (UTC)", "CAPTURE", "DURABLE", "COMMIT");
 		summary_row(r->summary);
 		printf("\n%-6s %-26s %14s\n", "RANK", "FILE", "BYTES");
 		json_array_foreach(json_object_get(m, "ranks"), i, rk)
-			printf("%-6" JSON_INTEGER_FORMAT " %-26s %14" JSON_INTEGER_FORMAT "\n",
-			       json_integer_value(json_object_get(rk, "rank")),
-			       json_string_value(json_object_get(rk, "file")),
-			       json_integer_value(json_object_get(rk, "size")));
+		    printf("%-6" JSON_INTEGER_FORMAT " %-26s %14" JSON_INTEGER_FORMAT "\n",
+		           json_integer_value(json_object_get(rk, "rank")),
+		           json_string_value(json_object_get(rk, "file")),
+		           json_integer_value(json_object_get(rk, "size")));
 		show_tensors(m);
 		if (json_object_get(m, "meta") && !json_is_null(json_object_get(m, "meta"))) {
 			char *meta = json_dumps(json_object_get(m, "meta"), JSON_ENCODE_ANY);
@@ -311,25 +326,25 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 	int rc;
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	req.job = argv[0];
 	if (!x->json && isatty(STDERR_FILENO))
 		fprintf(stderr, "verifying %s step %" PRId64 " (reading every byte)...\n", req.job,
-			req.step);
+		        req.step);
 	rc = cl_call(x->c, IPC_VERIFY, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
 	if (rc)
-		return fail(x, rc);
+		return ctl_fail(x, rc);
 	if (x->json) {
 		json_t *p = json_array();
 
 		for (size_t i = 0; i < r->n_problems; i++)
 			json_array_append_new(p, json_string(r->problems[i]));
-		print_json(json_pack("{s:s, s:I, s:b, s:I, s:i, s:o}", "job", req.job, "step",
-				     (json_int_t)req.step, "ok", r->ok, "bytes_checked",
-				     (json_int_t)r->bytes_checked, "tensors_checked",
-				     r->tensors_checked, "problems", p));
+		ctl_print_json(json_pack("{s:s, s:I, s:b, s:I, s:i, s:o}", "job", req.job, "step",
+		                         (json_int_t)req.step, "ok", r->ok, "bytes_checked",
+		                         (json_int_t)r->bytes_checked, "tensors_checked",
+		                         r->tensors_checked, "problems", p));
 	} else {
-		human_bytes(r->bytes_checked, size, sizeof(size));
+		ctl_human_bytes(r->bytes_checked, size, sizeof(size));
 		printf("%s step %" PRId64 ": %s (%u tensors, %s read and checked)\n", req.job,
 		       req.step, r->ok ? "OK" : "CORRUPT", r->tensors_checked, size);
 		for (size_t i = 0; i < r->n_problems; i++)
@@ -347,34 +362,131 @@ static int cmd_delete(struct ctl *x, int argc, char **argv)
 	int rc;
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_DELETE, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
-		return fail(x, rc);
+		return ctl_fail(x, rc);
 	protobuf_c_message_free_unpacked(r, NULL);
 	if (x->json)
-		return print_json(json_pack("{s:s, s:I, s:b}", "job", req.job, "step",
-					    (json_int_t)req.step, "deleted", 1));
+		return ctl_print_json(json_pack("{s:s, s:I, s:b}", "job", req.job, "step",
+		                                (json_int_t)req.step, "deleted", 1));
 	printf("deleted %s step %" PRId64 "\n", req.job, req.step);
 	return 0;
+}
+
+/* ---- retention: pin, unpin, gc ---------------------------------------- */
+
+static int pin_or_unpin(struct ctl *x, int argc, char **argv, bool pinned)
+{
+	Ckpt__V1__PinRequest req = CKPT__V1__PIN_REQUEST__INIT;
+	ProtobufCMessage *r;
+	int rc;
+
+	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
+		return ctl_usage(stderr), EXIT_USAGE;
+	req.job = argv[0];
+	req.pinned = pinned;
+	rc = cl_call(x->c, IPC_PIN, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
+	if (rc)
+		return ctl_fail(x, rc);
+	protobuf_c_message_free_unpacked(r, NULL);
+	if (x->json)
+		return ctl_print_json(json_pack("{s:s, s:I, s:b}", "job", req.job, "step",
+		                                (json_int_t)req.step, "pinned", pinned));
+	printf("%s %s step %" PRId64 "\n", pinned ? "pinned" : "unpinned", req.job, req.step);
+	return 0;
+}
+
+static int cmd_pin(struct ctl *x, int argc, char **argv)
+{
+	return pin_or_unpin(x, argc, argv, true);
+}
+
+static int cmd_unpin(struct ctl *x, int argc, char **argv)
+{
+	return pin_or_unpin(x, argc, argv, false);
+}
+
+static json_t *gc_json(const char *job, const Ckpt__V1__GcReply *r)
+{
+	json_t *removed = json_array(), *kept = json_array(), *problems = json_array();
+
+	for (size_t i = 0; i < r->n_removed; i++)
+		json_array_append_new(removed, json_integer((json_int_t)r->removed[i]));
+	for (size_t i = 0; i < r->n_kept; i++)
+		json_array_append_new(kept,
+		                      json_pack("{s:I, s:s}", "step", (json_int_t)r->kept[i]->step,
+		                                "reason", r->kept[i]->reason));
+	for (size_t i = 0; i < r->n_problems; i++)
+		json_array_append_new(problems, json_string(r->problems[i]));
+	return json_pack("{s:s, s:i, s:I, s:o, s:I, s:o, s:o}", "job", job, "keep_last",
+	                 (int)r->keep_last, "keep_every", (json_int_t)r->keep_every, "removed",
+	                 removed, "bytes_removed", (json_int_t)r->bytes_removed, "kept", kept,
+	                 "problems", problems);
+}
+
+static void gc_table(const char *job, const Ckpt__V1__GcReply *r)
+{
+	char size[32], every[64] = "";
+
+	ctl_human_bytes(r->bytes_removed, size, sizeof(size));
+	if (r->keep_every)
+		snprintf(every, sizeof(every), ", multiples of %" PRId64, r->keep_every);
+	if (r->keep_last == 0)
+		printf(
+		    "%s: retention is off (the agent runs with --keep-last 0): nothing removed\n",
+		    job);
+	else
+		printf("%s: removed %zu checkpoints (%s), kept %zu (policy: the last %u%s, LATEST, "
+		       "pinned)\n",
+		       job, r->n_removed, size, r->n_kept, r->keep_last, every);
+	for (size_t i = 0; i < r->n_removed; i++)
+		printf("  removed %12" PRId64 "\n", r->removed[i]);
+	for (size_t i = 0; i < r->n_kept; i++)
+		printf("  kept    %12" PRId64 "  %s\n", r->kept[i]->step, r->kept[i]->reason);
+	for (size_t i = 0; i < r->n_problems; i++)
+		printf("  FAILED  %s\n", r->problems[i]);
+}
+
+static int cmd_gc(struct ctl *x, int argc, char **argv)
+{
+	Ckpt__V1__GcRequest req = CKPT__V1__GC_REQUEST__INIT;
+	Ckpt__V1__GcReply *r;
+	int rc;
+
+	if (argc != 1)
+		return ctl_usage(stderr), EXIT_USAGE;
+	req.job = argv[0];
+	rc = cl_call(x->c, IPC_GC, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
+	if (rc)
+		return ctl_fail(x, rc);
+	if (x->json)
+		rc = ctl_print_json(gc_json(req.job, r));
+	else
+		gc_table(req.job, r);
+	if (!rc && r->n_problems)
+		rc = 1; /* some removals failed: said above, and in the agent's log */
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return rc;
 }
 
 static const struct {
 	const char *name;
 	int (*fn)(struct ctl *x, int argc, char **argv);
 } commands[] = {
-	{"status", cmd_status}, {"list", cmd_list},	{"show", cmd_show},
-	{"verify", cmd_verify}, {"delete", cmd_delete},
+    {"status", cmd_status}, {"list", cmd_list},     {"show", cmd_show},
+    {"verify", cmd_verify}, {"delete", cmd_delete}, {"watch", ctl_watch},
+    {"pin", cmd_pin},       {"unpin", cmd_unpin},   {"gc", cmd_gc},
 };
 
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{"endpoint", required_argument, NULL, 'e'},
-		{"json", no_argument, NULL, 'j'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"endpoint", required_argument, NULL, 'e'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	const char *endpoint = NULL;
 	struct ctl x = {0};
@@ -386,12 +498,12 @@ int main(int argc, char **argv)
 		else if (opt == 'j')
 			x.json = true;
 		else if (opt == 'h')
-			return usage(stdout), 0;
+			return ctl_usage(stdout), 0;
 		else
-			return usage(stderr), EXIT_USAGE;
+			return ctl_usage(stderr), EXIT_USAGE;
 	}
 	if (optind >= argc)
-		return usage(stderr), EXIT_USAGE;
+		return ctl_usage(stderr), EXIT_USAGE;
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[optind], commands[i].name) != 0)
 			continue;
@@ -413,6 +525,6 @@ int main(int argc, char **argv)
 		return rc;
 	}
 	fprintf(stderr, "ckptctl: unknown command '%s'\n", argv[optind]);
-	usage(stderr);
+	ctl_usage(stderr);
 	return EXIT_USAGE;
 }

@@ -154,6 +154,8 @@ enum ipc_method {
 	IPC_SHOW,
 	IPC_VERIFY,
 	IPC_DELETE,
+	IPC_PIN,
+	IPC_GC,
 	IPC_NMETHODS,
 };
 

@@ -22,21 +22,23 @@
 	}
 
 const struct ipc_method_desc ipc_methods[IPC_NMETHODS] = {
-	[IPC_ATTACH] = M("Attach", attach_request, session_event, true),
-	[IPC_REGISTER_REGION] =
-		M("RegisterRegion", register_region_request, register_region_reply, false),
-	[IPC_DROP_REGION] = M("DropRegion", drop_region_request, empty, false),
-	[IPC_CREATE_PLAN] = M("CreatePlan", create_plan_request, create_plan_reply, false),
-	[IPC_DROP_PLAN] = M("DropPlan", drop_plan_request, empty, false),
-	[IPC_SAVE] = M("Save", save_request, save_reply, false),
-	[IPC_GET_SAVE] = M("GetSave", get_save_request, save_info, false),
-	[IPC_WATCH] = M("Watch", watch_request, save_info, true),
-	[IPC_RESTORE] = M("Restore", restore_request, restore_reply, false),
-	[IPC_STATUS] = M("Status", status_request, status_reply, false),
-	[IPC_LIST] = M("List", list_request, list_reply, false),
-	[IPC_SHOW] = M("Show", show_request, show_reply, false),
-	[IPC_VERIFY] = M("Verify", verify_request, verify_reply, false),
-	[IPC_DELETE] = M("Delete", delete_request, empty, false),
+    [IPC_ATTACH] = M("Attach", attach_request, session_event, true),
+    [IPC_REGISTER_REGION] =
+        M("RegisterRegion", register_region_request, register_region_reply, false),
+    [IPC_DROP_REGION] = M("DropRegion", drop_region_request, empty, false),
+    [IPC_CREATE_PLAN] = M("CreatePlan", create_plan_request, create_plan_reply, false),
+    [IPC_DROP_PLAN] = M("DropPlan", drop_plan_request, empty, false),
+    [IPC_SAVE] = M("Save", save_request, save_reply, false),
+    [IPC_GET_SAVE] = M("GetSave", get_save_request, save_info, false),
+    [IPC_WATCH] = M("Watch", watch_request, save_info, true),
+    [IPC_RESTORE] = M("Restore", restore_request, restore_reply, false),
+    [IPC_STATUS] = M("Status", status_request, status_reply, false),
+    [IPC_LIST] = M("List", list_request, list_reply, false),
+    [IPC_SHOW] = M("Show", show_request, show_reply, false),
+    [IPC_VERIFY] = M("Verify", verify_request, verify_reply, false),
+    [IPC_DELETE] = M("Delete", delete_request, empty, false),
+    [IPC_PIN] = M("Pin", pin_request, empty, false),
+    [IPC_GC] = M("Gc", gc_request, gc_reply, false),
 };
 
 struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m)

@@ -6,8 +6,8 @@ pkgs=(build-essential cmake pkg-config liburing-dev libgrpc-dev protobuf-c-compi
 	libprotobuf-c-dev libzstd-dev check libxxhash-dev libjansson-dev libinih-dev
 	libmicrohttpd-dev libsystemd-dev libcurl4-openssl-dev)
 if [[ ${1:-} == --test ]]; then
-	pkgs+=(python3 python3-venv python3-grpcio python3-protobuf fio gnuplot-nox systemd
-		util-linux e2fsprogs)
+	pkgs+=(python3 python3-venv python3-grpcio python3-protobuf protobuf-compiler fio
+		gnuplot-nox systemd util-linux e2fsprogs)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

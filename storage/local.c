@@ -4,6 +4,7 @@
  *   <root>/<job>/step-<12 digits>/rank-<5 digits>.safetensors
  *   <root>/<job>/step-<12 digits>/manifest.json     written last: the commit
  *   <root>/<job>/LATEST                              "<step>\n", newest committed
+ *   <root>/<job>/step-<12 digits>/pinned             empty; present: kept by retention
  *
  * Callers: the agent's workers (create, open, commit, list, remove, recover:
  * synchronous, on their own thread, several at once); shard writes, reads and
@@ -17,7 +18,8 @@
  *                  write, finish (exact size, fsync), open, read
  *   local_commit.c commit: manifest to a temporary name, fsync, rename, fsync
  *                  the directories; then LATEST the same way; undone on
- *                  failure; get/set_latest; remove (out of sight first)
+ *                  failure; get/set_latest; set_pinned; remove (out of
+ *                  sight first)
  *   local_scan.c   walking directories; read_manifest, list_jobs,
  *                  list_steps; recover (start-up)
  *
@@ -483,6 +485,7 @@ static const struct storage_ops local_ops = {
     .list_steps = local_list_steps,
     .get_latest = local_get_latest,
     .set_latest = local_set_latest,
+    .set_pinned = local_set_pinned,
     .remove = local_remove,
     .recover = local_recover,
     .destroy = local_destroy,

@@ -30,6 +30,7 @@
 #define MANIFEST_NAME "manifest.json"
 #define MANIFEST_TMP ".manifest.json.tmp"
 #define LATEST_NAME "LATEST"
+#define PIN_NAME "pinned" /* an empty file in a step directory: the step is pinned */
 #define LATEST_TMP ".LATEST.tmp"
 #define TRASH_PREFIX ".trash."
 #define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -91,6 +92,7 @@ int local_commit(struct storage *s, const struct manifest *m, char *err);
 int local_get_latest(struct storage *s, const char *job, int64_t *step, char *err);
 int local_set_latest(struct storage *s, const char *job, int64_t step, char *err);
 int local_remove(struct storage *s, const char *job, int64_t step, char *err);
+int local_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
 
 /* ---- local_scan.c: walking directories; the reading and recovery ops --- */
 

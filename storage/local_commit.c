@@ -2,10 +2,11 @@
  * local_commit: what the local backend makes visible or takes out of sight
  * (the layout is in local.c): commit (the manifest, then LATEST: each
  * written to a temporary name, fsync'd, renamed, its directory fsync'd;
- * undone on failure), get/set_latest, remove (out of sight first).
+ * undone on failure), get/set_latest, set_pinned (a marker file, made
+ * durable), remove (out of sight first).
  *
  * Callers: the agent's workers through the ops table (commit, get/set_latest,
- * remove: synchronous, on their own thread, several at once), and
+ * set_pinned, remove: synchronous, on their own thread, several at once), and
  * local_scan.c's recover() for LATEST. l->lock orders every read-modify-write
  * of LATEST.
  */
@@ -417,6 +418,86 @@ out:
 	free(json);
 	local_close_fd(&stepfd);
 	local_close_fd(&jobfd);
+	return rc;
+}
+
+/* ---- pins ------------------------------------------------------------- */
+
+/*
+ * A pin is an empty regular file, PIN_NAME, in the step directory: it lives
+ * and goes with the step (the rename that takes a step out of sight takes
+ * its pin along) and needs no index of its own to keep in step. Pinning:
+ * the file is created and fsync'd (its inode), then the step directory is
+ * fsync'd (its entry); without the latter a crash could forget a pin the
+ * operator was told about, and retention would then delete the checkpoint.
+ * Unpinning: unlink, then the directory fsync'd, so that the answer given
+ * is what a restart finds. A failed pin is undone (best effort): it was not
+ * reported, so it must not appear after a restart either.
+ */
+int local_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err)
+{
+	struct local *l = to_local(s);
+	int jobfd, stepfd = -1, fd, rc;
+	char p[PATH_MAX];
+	struct stat st;
+
+	if ((rc = local_check_job_step(job, step, err)))
+		return rc;
+	rc = jobfd = local_open_job(l, job, err);
+	if (rc < 0)
+		return rc;
+	rc = stepfd = local_open_step(l, jobfd, job, step, err);
+	if (rc < 0)
+		goto out;
+	if (fstatat(stepfd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) {
+		rc = ipc_errf(err, -ENOENT,
+		              "job '%s' step %" PRId64 " is not committed: only a checkpoint can "
+		              "be pinned",
+		              job, step);
+		goto out;
+	}
+	local_path_of(l, p, sizeof(p), job, step, PIN_NAME);
+	if (pinned) {
+		rc = fd = local_open_regular(l, stepfd, PIN_NAME, O_WRONLY | O_CREAT, 0644, &st);
+		if (rc < 0) {
+			ipc_errf(err, rc, "cannot create %s: %s%s", p, strerror(-rc),
+			         rc == -ELOOP || rc == -EINVAL
+			             ? " (a link or not a regular file is "
+			               "in the way: remove it)"
+			             : "");
+			goto out;
+		}
+		rc = l->ops->fsync(fd);
+		close(fd);
+		if (rc < 0) {
+			ipc_errf(err, rc, "fsync of %s failed: %s: check the disk", p,
+			         strerror(-rc));
+			goto undo;
+		}
+	} else {
+		rc = l->ops->unlinkat(stepfd, PIN_NAME, 0);
+		if (rc == -ENOENT) {
+			rc = 0; /* not pinned: nothing to make durable */
+			goto out;
+		}
+		if (rc < 0) {
+			ipc_errf(err, rc, "cannot remove %s: %s", p, strerror(-rc));
+			goto out;
+		}
+	}
+	rc = l->ops->fsync(stepfd);
+	if (rc < 0) {
+		ipc_errf(err, rc, "fsync of %s failed: %s: check the disk",
+		         local_path_of(l, p, sizeof(p), job, step, NULL), strerror(-rc));
+		if (pinned)
+			goto undo;
+	}
+	goto out;
+undo:
+	l->ops->unlinkat(stepfd, PIN_NAME, 0);
+out:
+	local_close_fd(&stepfd);
+	close(jobfd);
 	return rc;
 }
 

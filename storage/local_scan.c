@@ -114,18 +114,34 @@ static bool is_dir_at(int dirfd, const char *name)
 	return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* A step directory with a regular manifest.json in it. */
-static bool committed_at(struct local *l, int jobfd, const char *sname)
+/* Whether a regular file `name` is in directory fd (a link is not). */
+static bool regular_at(int fd, const char *name)
 {
 	struct stat st;
+
+	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A step directory with a regular manifest.json in it; *pinned: and a pin marker. */
+static bool step_state_at(struct local *l, int jobfd, const char *sname, bool *pinned)
+{
 	int fd = local_open_dir(l, jobfd, sname);
 	bool yes;
 
+	if (pinned)
+		*pinned = false;
 	if (fd < 0)
 		return false;
-	yes = fstatat(fd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+	yes = regular_at(fd, MANIFEST_NAME);
+	if (yes && pinned)
+		*pinned = regular_at(fd, PIN_NAME);
 	close(fd);
 	return yes;
+}
+
+static bool committed_at(struct local *l, int jobfd, const char *sname)
+{
+	return step_state_at(l, jobfd, sname, NULL);
 }
 
 /*
@@ -185,7 +201,7 @@ static int collect_steps(struct local *l, int jobfd, struct storage_step **out, 
 		if (!parse_step_name(names[i], &step) || !is_dir_at(jobfd, names[i]))
 			continue; /* not ours: junk, a link, a file */
 		v[k].step = step;
-		v[k].committed = committed_at(l, jobfd, names[i]);
+		v[k].committed = step_state_at(l, jobfd, names[i], &v[k].pinned);
 		k++;
 	}
 	free_names(names, cnt);

@@ -246,6 +246,7 @@ struct storage_shard;
 struct storage_step {
 	int64_t step;
 	bool committed; /* has a manifest */
+	bool pinned; /* committed and pinned (set_pinned): retention keeps it */
 };
 
 struct storage_recovery {
@@ -284,6 +285,11 @@ struct storage_ops {
 	int (*get_latest)(struct storage *s, const char *job, int64_t *step, char *err);
 	/* step < 0: remove LATEST. */
 	int (*set_latest)(struct storage *s, const char *job, int64_t step, char *err);
+	/*
+	 * Pins (or unpins) a committed checkpoint, durably: list_steps reports
+	 * it after a restart. -ENOENT when the step is not committed.
+	 */
+	int (*set_pinned)(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
 	/* Removes a checkpoint, committed or not, out of sight first. */
 	int (*remove)(struct storage *s, const char *job, int64_t step, char *err);
 	/* Start-up: removes what is not a checkpoint, makes LATEST right. */

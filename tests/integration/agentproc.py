@@ -15,7 +15,8 @@ class Agent:
         self.log_path = os.path.join(tmp, "agent.log")
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [ckptd, "--root", self.root, "--listen", self.endpoint,
+            [ckptd, "--config", "/dev/null",  # not the host's /etc/ckptd/ckptd.conf
+             "--root", self.root, "--listen", self.endpoint,
              "--staging-mb", "64", "--chunk-mb", "1"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
 

@@ -42,7 +42,9 @@ static void spawn(struct agent_proc *a)
 	char cmd[2048];
 	pid_t pid;
 
-	snprintf(cmd, sizeof(cmd), "exec %s --root %s --listen %s --log-level debug %s >>%s 2>&1",
+	/* --config /dev/null: a host's /etc/ckptd/ckptd.conf must not change the test */
+	snprintf(cmd, sizeof(cmd),
+		 "exec %s --config /dev/null --root %s --listen %s --log-level debug %s >>%s 2>&1",
 		 CKPTD_BIN, a->root, a->endpoint, a->args, a->log);
 	pid = fork();
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));

@@ -574,6 +574,59 @@ START_TEST(test_remove)
 }
 END_TEST
 
+/* A pin: a marker file made durable (file, then directory), listed, undone on failure. */
+START_TEST(test_pin)
+{
+	struct storage_step *steps;
+	bool made = false, file_synced = false, dir_synced = false;
+	size_t n;
+
+	committed("job", 1);
+	committed("job", 2);
+	mk_shard("job", 3, 100); /* never committed */
+	rec_reset();
+	ck_assert_msg(st->ops->set_pinned(st, "job", 1, true, err) == 0, "pin: %s", err);
+	for (unsigned i = 0; i < rec.n; i++) {
+		if (strcmp(rec.log[i], "openat:pinned") == 0)
+			made = true;
+		else if (made && strcmp(rec.log[i], "fsync:pinned") == 0)
+			file_synced = true;
+		else if (file_synced && strcmp(rec.log[i], "fsync:step-000000000001") == 0)
+			dir_synced = true;
+	}
+	ck_assert_msg(made && file_synced && dir_synced, "marker, its fsync, the directory's");
+	ck_assert(exists(at("job/step-000000000001/pinned")));
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, true, err), 0); /* again: fine */
+	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
+	ck_assert_uint_eq(n, 3);
+	ck_assert(steps[0].committed && steps[0].pinned);
+	ck_assert(steps[1].committed && !steps[1].pinned);
+	ck_assert(!steps[2].committed && !steps[2].pinned);
+	free(steps);
+	/* only a checkpoint can be pinned */
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 3, true, err), -ENOENT);
+	ck_assert_msg(strstr(err, "not committed"), "%s", err);
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 9, true, err), -ENOENT);
+	ck_assert_int_eq(st->ops->set_pinned(st, "../job", 1, true, err), -EINVAL);
+	/* unpinned: gone, durably; twice is fine */
+	rec_reset();
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, false, err), 0);
+	ck_assert(!exists(at("job/step-000000000001/pinned")));
+	ck_assert_str_eq(rec.log[rec.n - 1], "fsync:step-000000000001");
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, false, err), 0);
+	/* the directory's fsync fails: the pin is not reported, nor left behind */
+	rec_fail("fsync", "step-000000000002", 1, -EIO);
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 2, true, err), -EIO);
+	ck_assert(!exists(at("job/step-000000000002/pinned")));
+	/* a removal takes the pin along with the step */
+	rec_reset();
+	ck_assert_int_eq(st->ops->set_pinned(st, "job", 2, true, err), 0);
+	ck_assert_int_eq(st->ops->remove(st, "job", 2, err), 0);
+	ck_assert(!exists(at("job/step-000000000002")));
+	ck_assert_uint_eq(count_trash("job"), 0);
+}
+END_TEST
+
 START_TEST(test_set_latest)
 {
 	committed("job", 1);
@@ -951,6 +1004,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_recover);
 	tcase_add_test(tc, test_remove);
 	tcase_add_test(tc, test_set_latest);
+	tcase_add_test(tc, test_pin);
 	tcase_add_test(tc, test_list_ignores_junk);
 	tcase_add_test(tc, test_read_manifest_checks);
 	tcase_add_test(tc, test_hostile_latest);

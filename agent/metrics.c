@@ -1,0 +1,361 @@
+/*
+ * GET /metrics (metrics.h): histograms of save durations, observed as saves
+ * change state (save_set_state calls metrics_on_save under agent.mu; the
+ * restore worker calls metrics_on_restore), and at scrape time the agent's
+ * counters: the I/O engine's (atomics), the pool's (its mutex) and, under
+ * agent.mu for a few loads, saves by final state, saves in flight, sessions
+ * and plans. The text is formatted after every lock is let go.
+ *
+ * libmicrohttpd runs the listening socket on its own thread, one request at
+ * a time; the socket is bound here, so that it is exactly HOST:PORT and a
+ * failure to bind stops start-up with the reason.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "agent.h"
+#include "config.h"
+#include "metrics.h"
+
+#ifndef CKPTD_VERSION
+#define CKPTD_VERSION "0.0.0"
+#endif
+
+/* Upper bounds in seconds, 1 ms .. 100 s; +Inf follows. */
+static const double bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                0.5,   1,      2.5,   5,    10,    25,   50,  100};
+#define NBOUNDS (sizeof(bounds) / sizeof(bounds[0]))
+
+struct hist {
+	uint64_t n[NBOUNDS + 1]; /* per bucket, not cumulative; the last is +Inf */
+	uint64_t count;
+	double sum;
+};
+
+enum { H_STALL, H_PERSIST, H_COMMIT, H_RESTORE, NHIST };
+
+struct metrics {
+	struct agent *a;
+	struct MHD_Daemon *d;
+	double start_unix; /* seconds */
+	pthread_mutex_t mu; /* everything below */
+	struct hist h[NHIST];
+	uint64_t restores_ok, restores_failed, restored_bytes;
+};
+
+static const struct {
+	const char *name, *help;
+} hists[NHIST] = {
+    [H_STALL] = {"ckptd_save_stall_seconds",
+                 "Time from save to CAPTURED: how long the trainer's tensors were held."},
+    [H_PERSIST] = {"ckptd_save_persist_seconds",
+                   "Time from save to DURABLE: the rank's shard written and fsync'd."},
+    [H_COMMIT] = {"ckptd_save_commit_seconds",
+                  "Time from save to COMMITTED: every rank durable and the manifest too."},
+    [H_RESTORE] = {"ckptd_restore_seconds",
+                   "Time of a successful restore, request to reply, fallbacks included."},
+};
+
+static void observe(struct hist *h, int64_t from_ns, int64_t to_ns)
+{
+	double v = (double)(to_ns - from_ns) / 1e9;
+	size_t i = 0;
+
+	if (from_ns <= 0 || to_ns < from_ns)
+		return;
+	while (i < NBOUNDS && v > bounds[i])
+		i++;
+	h->n[i]++;
+	h->count++;
+	h->sum += v;
+}
+
+void metrics_on_save(struct metrics *m, const struct save *s, int state)
+{
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->mu);
+	if (state == CKPT__V1__STATE__STATE_CAPTURED)
+		observe(&m->h[H_STALL], s->t_queued, s->t_captured);
+	else if (state == CKPT__V1__STATE__STATE_DURABLE)
+		observe(&m->h[H_PERSIST], s->t_queued, s->t_durable);
+	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
+		observe(&m->h[H_COMMIT], s->t_queued, s->t_committed);
+	pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, int64_t start_ns)
+{
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->mu);
+	if (rc)
+		m->restores_failed++;
+	else {
+		m->restores_ok++;
+		m->restored_bytes += bytes;
+		observe(&m->h[H_RESTORE], start_ns, ipc_mono_ns());
+	}
+	pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- a scrape --------------------------------------------------------- */
+
+/* What a scrape shows, copied under the locks. */
+struct snapshot {
+	struct hist h[NHIST];
+	uint64_t restores_ok, restores_failed, restored_bytes;
+	uint64_t finals[8];
+	unsigned inflight, sessions, plans;
+	struct ioeng_stats io;
+	struct pool_stats pool;
+};
+
+static void take_snapshot(struct metrics *m, struct snapshot *s)
+{
+	struct agent *a = m->a;
+
+	pthread_mutex_lock(&a->mu);
+	memcpy(s->finals, a->finals, sizeof(s->finals));
+	s->inflight = a->inflight;
+	s->sessions = a->nsessions;
+	s->plans = a->nplans;
+	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
+	memcpy(s->h, m->h, sizeof(s->h));
+	s->restores_ok = m->restores_ok;
+	s->restores_failed = m->restores_failed;
+	s->restored_bytes = m->restored_bytes;
+	pthread_mutex_unlock(&m->mu);
+	ioeng_get_stats(a->io, &s->io);
+	pool_get_stats(a->pool, &s->pool);
+}
+
+static void put_hist(FILE *f, const char *name, const char *help, const struct hist *h)
+{
+	uint64_t cum = 0;
+
+	fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	for (size_t i = 0; i < NBOUNDS; i++) {
+		cum += h->n[i];
+		fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
+	}
+	fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+	fprintf(f, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name,
+	        (unsigned long long)h->count);
+}
+
+/* One metric without labels. */
+static void put(FILE *f, const char *name, const char *type, const char *help, double v)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void put_saves(FILE *f, const struct snapshot *s)
+{
+	static const struct {
+		int state;
+		const char *label;
+	} st[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
+	          {CKPT__V1__STATE__STATE_FAILED, "failed"},
+	          {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
+
+	fprintf(f, "# HELP ckptd_saves_total Saves (one rank of one step) by final state.\n"
+	           "# TYPE ckptd_saves_total counter\n");
+	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++)
+		fprintf(f, "ckptd_saves_total{state=\"%s\"} %llu\n", st[i].label,
+		        (unsigned long long)s->finals[st[i].state]);
+	fprintf(f,
+	        "# HELP ckptd_restores_total Restores run, by result (requests refused at once, "
+	        "e.g. for a step that does not exist, are not counted).\n"
+	        "# TYPE ckptd_restores_total counter\n"
+	        "ckptd_restores_total{result=\"ok\"} %llu\n"
+	        "ckptd_restores_total{result=\"failed\"} %llu\n",
+	        (unsigned long long)s->restores_ok, (unsigned long long)s->restores_failed);
+}
+
+static void render(struct metrics *m, FILE *f)
+{
+	const struct pool_stats *p;
+	struct snapshot s;
+
+	take_snapshot(m, &s);
+	p = &s.pool;
+	put(f, "ckptd_up", "gauge", "1 while the agent serves.", 1);
+	put(f, "ckptd_start_time_seconds", "gauge", "When the agent started, in Unix seconds.",
+	    m->start_unix);
+	fprintf(f,
+	        "# HELP ckptd_info The agent's version and the I/O engine in use.\n"
+	        "# TYPE ckptd_info gauge\nckptd_info{version=\"%s\",io_engine=\"%s\"} 1\n",
+	        CKPTD_VERSION, ioeng_name(m->a->io));
+	for (int i = 0; i < NHIST; i++)
+		put_hist(f, hists[i].name, hists[i].help, &s.h[i]);
+	put_saves(f, &s);
+	put(f, "ckptd_restored_bytes_total", "counter", "Tensor bytes restored into trainers.",
+	    (double)s.restored_bytes);
+	put(f, "ckptd_written_bytes_total", "counter", "Bytes written to shard files.",
+	    (double)s.io.bytes_written);
+	put(f, "ckptd_read_bytes_total", "counter", "Bytes read from shard files.",
+	    (double)s.io.bytes_read);
+	put(f, "ckptd_fsyncs_total", "counter", "fsyncs of shard files.", (double)s.io.fsyncs);
+	put(f, "ckptd_io_errors_total", "counter", "Reads, writes and fsyncs that failed.",
+	    (double)s.io.errors);
+	put(f, "ckptd_io_retries_total", "counter", "Short or interrupted I/O resubmitted.",
+	    (double)s.io.retries);
+	put(f, "ckptd_pool_bytes", "gauge", "Size of the staging pool.", (double)p->bytes);
+	put(f, "ckptd_pool_used_bytes", "gauge",
+	    "Staging pool bytes reserved by saves and restores.",
+	    (double)((uint64_t)(p->chunks - p->free_credits) * p->chunk_bytes));
+	put(f, "ckptd_pool_waits_total", "counter",
+	    "Reservations that had to wait for room in the pool.", (double)p->waits);
+	put(f, "ckptd_saves_in_flight", "gauge", "Saves not yet in a final state.", s.inflight);
+	put(f, "ckptd_sessions", "gauge", "Clients attached.", s.sessions);
+	put(f, "ckptd_plans", "gauge", "Plans registered.", s.plans);
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
+                             const char *type)
+{
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	if (!body)
+		return MHD_NO; /* out of memory: drop the connection */
+	r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+	ret = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* libmicrohttpd's thread: one request. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **req_cls)
+{
+	struct metrics *m = cls;
+	char *body = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+		return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, strdup("GET /metrics\n"), 13,
+		             "text/plain");
+	if (strcmp(url, "/metrics") != 0)
+		return reply(conn, MHD_HTTP_NOT_FOUND, strdup("not found: try /metrics\n"), 24,
+		             "text/plain");
+	f = open_memstream(&body, &len);
+	if (!f)
+		return MHD_NO;
+	render(m, f);
+	if (fclose(f)) {
+		free(body);
+		return MHD_NO;
+	}
+	return reply(conn, MHD_HTTP_OK, body, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+/* ---- start and stop --------------------------------------------------- */
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char line[512];
+
+	vsnprintf(line, sizeof(line), fmt, ap);
+	line[strcspn(line, "\n")] = '\0';
+	log_msg(LOG_WARNING, "metrics endpoint: %s", line);
+}
+
+/* A socket bound to exactly HOST:PORT and listening; the fd, or -errno with err. */
+static int listen_on(const char *spec, char *err)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res, *ai;
+	char host[256], why[160], port_s[8];
+	unsigned port;
+	int fd = -1, e = EADDRNOTAVAIL, one = 1, g;
+
+	if (config_split_hostport(spec, host, sizeof(host), &port, why, sizeof(why)))
+		return ipc_errf(err, -EINVAL, "metrics listen address '%s': %s", spec, why);
+	snprintf(port_s, sizeof(port_s), "%u", port);
+	g = getaddrinfo(host, port_s, &hints, &res);
+	if (g)
+		return ipc_errf(err, -EINVAL, "metrics listen address '%s': %s", spec,
+		                gai_strerror(g));
+	for (ai = res; ai && fd < 0; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (fd < 0) {
+			e = errno;
+			continue;
+		}
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (ai->ai_family == AF_INET6) /* [::]:P is IPv6 only: bind only what was named */
+			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 16)) {
+			e = errno;
+			close(fd);
+			fd = -1;
+		}
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return ipc_errf(err, -e, "metrics: cannot listen on %s: %s", spec, strerror(e));
+	return fd;
+}
+
+int metrics_create(struct agent *a, const char *listen, struct metrics **out, char *err)
+{
+	struct metrics *m;
+	struct timespec now;
+	int fd;
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	m->a = a;
+	clock_gettime(CLOCK_REALTIME, &now);
+	m->start_unix = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+	pthread_mutex_init(&m->mu, NULL);
+	fd = listen_on(listen, err);
+	if (fd < 0) {
+		metrics_destroy(m);
+		return fd;
+	}
+	m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+	                        on_request, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	                        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, 16u,
+	                        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+	if (!m->d) {
+		close(fd);
+		metrics_destroy(m);
+		return ipc_errf(err, -EIO, "metrics: libmicrohttpd did not start on %s", listen);
+	}
+	log_msg(LOG_INFO, "metrics: http://%s/metrics", listen);
+	*out = m;
+	return 0;
+}
+
+void metrics_destroy(struct metrics *m)
+{
+	if (!m)
+		return;
+	if (m->d)
+		MHD_stop_daemon(m->d); /* waits for a request in progress; closes the socket */
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}

@@ -1,0 +1,32 @@
+/*
+ * The Prometheus endpoint: GET /metrics in the text exposition format,
+ * served by libmicrohttpd on its own thread, only where
+ * `[metrics] listen` / --metrics-listen names a HOST:PORT (and only there).
+ *
+ * Save durations are observed as saves change state (save_set_state, under
+ * agent.mu); everything else (bytes, I/O errors and retries, the pool,
+ * saves by final state, sessions, plans) is read when scraped. A scrape
+ * takes agent.mu only to copy a few numbers, never while formatting or
+ * writing, so it never holds up the agent.
+ *
+ * Lock order: agent.mu, then the metrics' own mutex.
+ */
+#ifndef CKPT_AGENT_METRICS_H
+#define CKPT_AGENT_METRICS_H
+
+#include <stdint.h>
+
+struct agent;
+struct metrics;
+struct save;
+
+/* Binds listen ("HOST:PORT", "[V6]:PORT") and serves a's metrics; 0 or -errno with err. */
+int metrics_create(struct agent *a, const char *listen, struct metrics **out, char *err);
+/* Stops serving (waits for a scrape in progress). NULL is fine. */
+void metrics_destroy(struct metrics *m);
+/* Under agent.mu: s has just reached `state` (its t_* are set). NULL m: nothing. */
+void metrics_on_save(struct metrics *m, const struct save *s, int state);
+/* A restore has been answered: rc 0 (and bytes restored) or its error. NULL m: nothing. */
+void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, int64_t start_ns);
+
+#endif /* CKPT_AGENT_METRICS_H */

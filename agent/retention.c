@@ -1,0 +1,71 @@
+/*
+ * retention: the policy's decision for one job (retention.h). Pure: called
+ * by gc.c under agent.mu on the maint thread, and by the unit test.
+ *
+ * A step stays when any of these holds, checked in this order (the first is
+ * the reason given): retention is off; it is the newest committed step (what
+ * LATEST names, and what a restore of LATEST reads); it is pinned; a restore
+ * or verify is reading it; it is among the last keep_last; its step is a
+ * multiple of keep_every. Everything else goes.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "retention.h"
+
+size_t retention_decide(const struct ret_policy *p, struct ret_step *v, size_t n)
+{
+	size_t removed = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct ret_step *s = &v[i];
+
+		if (p->keep_last == 0)
+			s->why = RET_OFF;
+		else if (s->latest || i + 1 == n)
+			s->why = RET_LATEST;
+		else if (s->pinned)
+			s->why = RET_PINNED;
+		else if (s->busy)
+			s->why = RET_BUSY;
+		else if (n - i <= p->keep_last)
+			s->why = RET_LAST;
+		else if (p->keep_every > 0 && s->step % p->keep_every == 0)
+			s->why = RET_EVERY;
+		else
+			s->why = RET_REMOVE;
+		removed += s->why == RET_REMOVE;
+	}
+	return removed;
+}
+
+const char *retention_why(enum ret_why w, const struct ret_policy *p, char *buf, size_t len)
+{
+	switch (w) {
+	case RET_REMOVE:
+		snprintf(buf, len, "removed");
+		break;
+	case RET_OFF:
+		snprintf(buf, len, "retention off (keep_last 0)");
+		break;
+	case RET_LATEST:
+		snprintf(buf, len, "LATEST");
+		break;
+	case RET_PINNED:
+		snprintf(buf, len, "pinned");
+		break;
+	case RET_BUSY:
+		snprintf(buf, len, "being restored or verified");
+		break;
+	case RET_LAST:
+		snprintf(buf, len, "last %u", p->keep_last);
+		break;
+	case RET_EVERY:
+		snprintf(buf, len, "multiple of %" PRId64, p->keep_every);
+		break;
+	default:
+		snprintf(buf, len, "?");
+		break;
+	}
+	return buf;
+}

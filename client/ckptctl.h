@@ -1,0 +1,39 @@
+/*
+ * ckptctl.h: what ckptctl's files share (ckptctl.c: the commands and main;
+ * ckptctl_watch.c: the live view). Private to ckptctl.
+ */
+#ifndef CKPT_CKPTCTL_H
+#define CKPT_CKPTCTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "client.h"
+
+#define EXIT_USAGE 2
+
+struct ctl {
+	struct ckpt_client *c;
+	bool json;
+};
+
+/* "1.5 GiB" */
+void ctl_human_bytes(uint64_t n, char *buf, size_t len);
+/* "2025-01-31 12:00:00" (UTC) */
+void ctl_human_time(int64_t unix_ns, char *buf, size_t len);
+/* "12 ms", "1.50 s", "-" for 0 */
+void ctl_human_secs(double s, char *buf, size_t len);
+/* Prints j (indented) and frees it; 0, or 1 if it could not be written. */
+int ctl_print_json(json_t *j);
+/* Prints the agent's message for rc on stderr; returns 1 (the exit status). */
+int ctl_fail(struct ctl *x, int rc);
+void ctl_usage(FILE *f);
+
+/* ckptctl watch [JOB]: a live view on a terminal, else one line (or JSON object) per event. */
+int ctl_watch(struct ctl *x, int argc, char **argv);
+
+#endif /* CKPT_CKPTCTL_H */

@@ -1,0 +1,618 @@
+/*
+ * ckptctl watch [JOB]: the saves in flight, through the server-streaming
+ * Watch call. The agent sends the saves in flight, then every change of
+ * state, and once a second the bytes each save in flight has moved
+ * (SaveInfo.progress).
+ *
+ *   stdout a terminal: a live view redrawn in place four times a second
+ *     with ANSI cursor moves (no curses): per rank of each save in flight
+ *     its state, bytes written of total, a bar and the rate; below it the
+ *     last checkpoints that finished, with their durations. Ctrl-C or
+ *     SIGTERM puts the terminal back as it was and exits 0; Ctrl-Z does too
+ *     until the view is continued.
+ *   otherwise: one line per event, written at once (pipes, logs, grep);
+ *     with --json one JSON object per line.
+ *
+ * One thread: it waits on the stream at most REDRAW_MS at a time, so a
+ * signal (which only sets a flag) is acted on within that.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckptctl.h"
+
+#define REDRAW_MS 250
+#define RECENT 6 /* finished checkpoints shown */
+#define BAR 24 /* progress bar width */
+#define VIEW_LINE_MAX 512
+
+/* A rank's save in flight. */
+struct track {
+	uint64_t id;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	int rank, world, state;
+	uint64_t total, captured, written;
+	int64_t queued_unix_ns;
+	bool pool_limited;
+	int64_t first_ns; /* client monotonic: first seen */
+	uint64_t first_written;
+	double rate; /* bytes written per second since first seen */
+};
+
+/* A checkpoint that finished (its ranks merged as they arrive). */
+struct recent {
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	int world, state;
+	unsigned ranks;
+	uint64_t bytes;
+	double capture, durable, commit;
+	int64_t done_unix_ns;
+	char reason[160];
+};
+
+struct view {
+	const char *job; /* NULL: every job */
+	const char *endpoint;
+	struct track *t;
+	size_t n, cap;
+	struct recent r[RECENT]; /* oldest first */
+	size_t nr;
+	unsigned drawn; /* lines of the last frame */
+	uint64_t events;
+};
+
+static volatile sig_atomic_t g_stop, g_redraw_all;
+static struct termios g_saved;
+static bool g_tty_set;
+
+static const char SHOW_CURSOR[] = "\033[?25h", HIDE_CURSOR[] = "\033[?25l";
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t unix_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- the terminal ----------------------------------------------------- */
+
+/* Async-signal-safe: write(2) and tcsetattr(3) only. */
+static void term_restore(void)
+{
+	ssize_t ignored = write(STDOUT_FILENO, SHOW_CURSOR, sizeof(SHOW_CURSOR) - 1);
+
+	(void)ignored;
+	if (g_tty_set)
+		tcsetattr(STDIN_FILENO, TCSANOW, &g_saved);
+}
+
+/* Cursor hidden; keys typed are not echoed into the view. */
+static void term_setup(void)
+{
+	struct termios t;
+	ssize_t ignored = write(STDOUT_FILENO, HIDE_CURSOR, sizeof(HIDE_CURSOR) - 1);
+
+	(void)ignored;
+	if (g_tty_set) {
+		t = g_saved;
+		t.c_lflag &= ~(tcflag_t)(ECHO | ICANON);
+		tcsetattr(STDIN_FILENO, TCSANOW, &t);
+	}
+}
+
+static void on_stop_signal(int sig)
+{
+	(void)sig;
+	g_stop = 1;
+}
+
+static void on_tstp(int sig)
+{
+	int e = errno;
+
+	term_restore();
+	signal(sig, SIG_DFL);
+	raise(sig); /* stops here until SIGCONT */
+	errno = e;
+}
+
+static void on_cont(int sig)
+{
+	struct sigaction sa;
+	int e = errno;
+
+	(void)sig;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_tstp;
+	sigaction(SIGTSTP, &sa, NULL);
+	term_setup();
+	g_redraw_all = 1; /* the screen moved on meanwhile: draw afresh below it */
+	errno = e;
+}
+
+static void signals_setup(bool tty)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop_signal; /* no SA_RESTART: nothing here blocks long anyway */
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	if (!tty)
+		return;
+	sa.sa_handler = on_tstp;
+	sigaction(SIGTSTP, &sa, NULL);
+	sa.sa_handler = on_cont;
+	sigaction(SIGCONT, &sa, NULL);
+}
+
+static void term_size(unsigned *cols, unsigned *rows)
+{
+	struct winsize ws;
+
+	*cols = 80;
+	*rows = 24;
+	if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+		*cols = ws.ws_col;
+		*rows = ws.ws_row;
+	}
+}
+
+/* ---- what the view knows ---------------------------------------------- */
+
+static struct track *track_find(struct view *v, uint64_t id)
+{
+	for (size_t i = 0; i < v->n; i++)
+		if (v->t[i].id == id)
+			return &v->t[i];
+	return NULL;
+}
+
+static struct track *track_add(struct view *v, const Ckpt__V1__SaveInfo *s)
+{
+	struct track *t;
+
+	if (v->n == v->cap) {
+		size_t cap = v->cap ? v->cap * 2 : 16;
+		struct track *nt = realloc(v->t, cap * sizeof(*nt));
+
+		if (!nt)
+			return NULL;
+		v->t = nt;
+		v->cap = cap;
+	}
+	t = &v->t[v->n++];
+	memset(t, 0, sizeof(*t));
+	t->id = s->save_id;
+	snprintf(t->job, sizeof(t->job), "%s", s->job);
+	t->step = s->step;
+	t->rank = s->rank;
+	t->world = s->world;
+	t->queued_unix_ns = s->queued_unix_ns;
+	t->first_ns = mono_ns();
+	t->first_written = s->bytes_written;
+	return t;
+}
+
+static void recent_add(struct view *v, const Ckpt__V1__SaveInfo *s, int64_t done_ns)
+{
+	struct recent *r = NULL;
+
+	for (size_t i = 0; i < v->nr; i++)
+		if (v->r[i].step == s->step && strcmp(v->r[i].job, s->job) == 0)
+			r = &v->r[i];
+	if (!r) {
+		if (v->nr == RECENT)
+			memmove(&v->r[0], &v->r[1], (RECENT - 1) * sizeof(v->r[0]));
+		else
+			v->nr++;
+		r = &v->r[v->nr - 1];
+		memset(r, 0, sizeof(*r));
+		snprintf(r->job, sizeof(r->job), "%s", s->job);
+		r->step = s->step;
+		r->world = s->world;
+		r->state = s->state;
+	}
+	r->ranks++;
+	r->bytes += s->bytes_total;
+	r->done_unix_ns = done_ns;
+	if (s->state == CKPT__V1__STATE__STATE_FAILED || s->state == CKPT__V1__STATE__STATE_SKIPPED)
+		r->state = s->state; /* one rank failing fails the checkpoint */
+	if (s->reason && *s->reason && !r->reason[0])
+		snprintf(r->reason, sizeof(r->reason), "%s", s->reason);
+	r->capture = s->capture_seconds > r->capture ? s->capture_seconds : r->capture;
+	r->durable = s->durable_seconds > r->durable ? s->durable_seconds : r->durable;
+	r->commit = s->commit_seconds > r->commit ? s->commit_seconds : r->commit;
+}
+
+static void view_event(struct view *v, const Ckpt__V1__SaveInfo *s)
+{
+	struct track *t = track_find(v, s->save_id);
+	int64_t now = mono_ns();
+
+	v->events++;
+	if (ipc_state_final(s->state)) {
+		if (t)
+			*t = v->t[--v->n];
+		recent_add(v, s, unix_ns());
+		return;
+	}
+	if (!t && !(t = track_add(v, s)))
+		return;
+	t->state = s->state;
+	t->total = s->bytes_total;
+	t->captured = s->bytes_captured;
+	t->written = s->bytes_written;
+	t->pool_limited = s->pool_limited;
+	if (now - t->first_ns > 100000000 && t->written >= t->first_written)
+		t->rate =
+		    (double)(t->written - t->first_written) / ((double)(now - t->first_ns) / 1e9);
+}
+
+/* The last committed checkpoints, from a List call, to start the view with. */
+static void view_seed(struct ctl *x, struct view *v)
+{
+	Ckpt__V1__ListRequest req = CKPT__V1__LIST_REQUEST__INIT;
+	Ckpt__V1__ListReply *r;
+	Ckpt__V1__CheckpointSummary **c;
+	size_t n, from;
+
+	req.job = v->job ? (char *)v->job : "";
+	if (cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS))
+		return; /* the stream will say what is wrong */
+	c = calloc(r->n_checkpoints + 1, sizeof(*c));
+	n = 0;
+	for (size_t i = 0; c && i < r->n_checkpoints; i++)
+		if (r->checkpoints[i]->state == CKPT__V1__STATE__STATE_COMMITTED)
+			c[n++] = r->checkpoints[i];
+	/* by commit time: insertion sort, lists are short */
+	for (size_t i = 1; i < n; i++)
+		for (size_t k = i; k > 0 && c[k - 1]->time_unix_ns > c[k]->time_unix_ns; k--) {
+			Ckpt__V1__CheckpointSummary *tmp = c[k];
+
+			c[k] = c[k - 1];
+			c[k - 1] = tmp;
+		}
+	from = n > RECENT ? n - RECENT : 0;
+	for (size_t i = from; i < n; i++) {
+		struct recent *e = &v->r[v->nr++];
+
+		memset(e, 0, sizeof(*e));
+		snprintf(e->job, sizeof(e->job), "%s", c[i]->job);
+		e->step = c[i]->step;
+		e->world = c[i]->world;
+		e->ranks = (unsigned)c[i]->world;
+		e->state = c[i]->state;
+		e->bytes = c[i]->bytes;
+		e->capture = c[i]->capture_seconds;
+		e->durable = c[i]->durable_seconds;
+		e->commit = c[i]->commit_seconds;
+		e->done_unix_ns = c[i]->time_unix_ns;
+	}
+	free(c);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* ---- the live view ---------------------------------------------------- */
+
+struct frame {
+	char *buf;
+	size_t len, cap;
+	unsigned lines, max_lines, cols;
+};
+
+/* Appends n bytes; false (and the frame left as it was) when out of memory. */
+static bool frame_put(struct frame *f, const char *p, size_t n)
+{
+	if (f->len + n > f->cap) {
+		size_t cap = (f->len + n) * 2 + 256;
+		char *b = realloc(f->buf, cap);
+
+		if (!b)
+			return false;
+		f->buf = b;
+		f->cap = cap;
+	}
+	memcpy(f->buf + f->len, p, n);
+	f->len += n;
+	return true;
+}
+
+/* One line of the frame, cut to the terminal's width (it must not wrap). */
+static void frame_line(struct frame *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void frame_line(struct frame *f, const char *fmt, ...)
+{
+	static const char eol[] = "\033[K\n"; /* clears what an older, longer line left */
+	char line[VIEW_LINE_MAX];
+	va_list ap;
+	size_t n;
+
+	if (f->lines >= f->max_lines)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	n = strlen(line);
+	if (n >= f->cols)
+		n = f->cols ? f->cols - 1 : 0;
+	if (frame_put(f, line, n) && frame_put(f, eol, sizeof(eol) - 1))
+		f->lines++;
+}
+
+static void bar(const struct track *t, char *buf)
+{
+	unsigned w = 0, c = 0;
+
+	if (t->total) {
+		w = (unsigned)((double)t->written / (double)t->total * BAR);
+		c = (unsigned)((double)t->captured / (double)t->total * BAR);
+	} else if (t->state >= CKPT__V1__STATE__STATE_DURABLE) {
+		w = c = BAR;
+	}
+	buf[0] = '[';
+	for (unsigned i = 0; i < BAR; i++)
+		buf[1 + i] = i < w ? '#' : i < c ? '=' : '.';
+	buf[BAR + 1] = ']';
+	buf[BAR + 2] = '\0';
+}
+
+static void draw_inflight(struct frame *f, const struct view *v, int64_t now_unix, unsigned room)
+{
+	char b[BAR + 4], done[32], total[32], rate[40], age[16];
+
+	frame_line(f, "SAVES IN FLIGHT (%zu)  bar: # written, = captured", v->n);
+	if (!v->n) {
+		frame_line(f, "  (none)");
+		return;
+	}
+	frame_line(f, "%-20s %10s %7s %-9s %-*s %5s %21s %12s %8s", "JOB", "STEP", "RANK", "STATE",
+	           BAR + 2, "PROGRESS", "", "WRITTEN / TOTAL", "RATE", "AGE");
+	for (size_t i = 0; i < v->n; i++) {
+		const struct track *t = &v->t[i];
+		double pct = t->total ? 100.0 * (double)t->written / (double)t->total : 0;
+		char rk[24];
+
+		if (i + 1 == room && v->n > room) {
+			frame_line(f, "  ... and %zu more", v->n - i);
+			break;
+		}
+		bar(t, b);
+		ctl_human_bytes(t->written, done, sizeof(done));
+		ctl_human_bytes(t->total, total, sizeof(total));
+		if (t->rate > 0) {
+			ctl_human_bytes((uint64_t)t->rate, rate, sizeof(rate));
+			strcat(rate, "/s");
+		} else {
+			snprintf(rate, sizeof(rate), "-");
+		}
+		ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0,
+		               age, sizeof(age));
+		snprintf(rk, sizeof(rk), "%d/%d", t->rank, t->world);
+		frame_line(f, "%-20s %10" PRId64 " %7s %-9s %s %4.0f%% %9s / %9s %12s %8s%s",
+		           t->job, t->step, rk, ipc_state_name(t->state), b, pct, done, total, rate,
+		           age, t->pool_limited ? "  (streams through the pool)" : "");
+	}
+}
+
+static void draw_recent(struct frame *f, const struct view *v)
+{
+	char size[32], cap[16], dur[16], com[16], when[32];
+
+	frame_line(f, "LAST CHECKPOINTS");
+	if (!v->nr) {
+		frame_line(f, "  (none yet)");
+		return;
+	}
+	frame_line(f, "%-20s %10s %5s %-9s %11s %9s %9s %9s  %-19s", "JOB", "STEP", "WORLD",
+	           "STATE", "SIZE", "CAPTURE", "DURABLE", "COMMIT", "FINISHED (UTC)");
+	for (size_t i = v->nr; i-- > 0;) { /* newest first */
+		const struct recent *r = &v->r[i];
+
+		ctl_human_bytes(r->bytes, size, sizeof(size));
+		ctl_human_secs(r->capture, cap, sizeof(cap));
+		ctl_human_secs(r->durable, dur, sizeof(dur));
+		ctl_human_secs(r->commit, com, sizeof(com));
+		ctl_human_time(r->done_unix_ns, when, sizeof(when));
+		/* a committed checkpoint's reason is a note; a failed one's says why */
+		frame_line(f, "%-20s %10" PRId64 " %5d %-9s %11s %9s %9s %9s  %-19s %s", r->job,
+		           r->step, r->world, ipc_state_name(r->state), size, cap, dur, com, when,
+		           r->state == CKPT__V1__STATE__STATE_COMMITTED ? "" : r->reason);
+	}
+}
+
+static void draw(struct view *v)
+{
+	struct frame f = {0};
+	unsigned rows, room, fixed = 7 + (unsigned)v->nr;
+	int64_t now = unix_ns();
+	char when[32], head[64];
+	ssize_t ignored;
+
+	term_size(&f.cols, &rows);
+	f.max_lines = rows > 1 ? rows - 1 : 1; /* taller than the screen cannot be redrawn */
+	/* saves in flight get the rows the header and the recent list leave */
+	room = f.max_lines > fixed + 1 ? f.max_lines - fixed : 1;
+	if (g_redraw_all) {
+		g_redraw_all = 0;
+		v->drawn = 0;
+	}
+	if (v->drawn) { /* back to the top of the last frame */
+		snprintf(head, sizeof(head), "\r\033[%uA", v->drawn);
+		frame_put(&f, head, strlen(head));
+	}
+	ctl_human_time(now, when, sizeof(when));
+	frame_line(&f, "ckptctl watch: %s%s at %s  %s UTC  %" PRIu64 " events  (Ctrl-C quits)",
+	           v->job ? "job " : "every job", v->job ? v->job : "", v->endpoint, when + 11,
+	           v->events);
+	frame_line(&f, "%s", "");
+	draw_inflight(&f, v, now, room);
+	frame_line(&f, "%s", "");
+	draw_recent(&f, v);
+	/* the frame may be shorter than the last one: clear below it */
+	frame_put(&f, "\033[J", 3);
+	if (f.buf) { /* one write: no flicker */
+		ignored = write(STDOUT_FILENO, f.buf, f.len);
+		(void)ignored;
+	}
+	v->drawn = f.lines;
+	free(f.buf);
+}
+
+/* ---- line and JSON output --------------------------------------------- */
+
+static void iso_time(int64_t ns, char *buf, size_t len)
+{
+	time_t t = (time_t)(ns / 1000000000);
+	struct tm tm;
+	char s[32];
+
+	gmtime_r(&t, &tm);
+	strftime(s, sizeof(s), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%03dZ", s, (int)(ns / 1000000 % 1000));
+}
+
+/* Text the agent sent, on one line: control characters become '?'. */
+static void one_line(const char *in, char *out, size_t len)
+{
+	size_t i = 0;
+
+	for (; in && in[i] && i + 1 < len; i++)
+		out[i] = (unsigned char)in[i] < 0x20 || in[i] == 0x7f ? '?' : in[i];
+	out[i] = '\0';
+}
+
+static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
+{
+	int64_t now = unix_ns();
+	char when[40], reason[IPC_ERRLEN];
+	const char *event = s->progress ? "progress" : "state";
+
+	iso_time(now, when, sizeof(when));
+	if (x->json) {
+		json_t *j;
+		char *text;
+
+		j = json_pack(
+		    "{s:s, s:I, s:s, s:I, s:s, s:I, s:i, s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:f, "
+		    "s:f, s:f, s:b}",
+		    "time", when, "time_unix_ns", (json_int_t)now, "event", event, "save_id",
+		    (json_int_t)s->save_id, "job", s->job, "step", (json_int_t)s->step, "rank",
+		    s->rank, "world", s->world, "state", ipc_state_name(s->state), "bytes_total",
+		    (json_int_t)s->bytes_total, "bytes_captured", (json_int_t)s->bytes_captured,
+		    "bytes_written", (json_int_t)s->bytes_written, "reason",
+		    s->reason ? s->reason : "", "queued_unix_ns", (json_int_t)s->queued_unix_ns,
+		    "capture_seconds", s->capture_seconds, "durable_seconds", s->durable_seconds,
+		    "commit_seconds", s->commit_seconds, "pool_limited", s->pool_limited);
+		text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+
+		json_decref(j);
+		if (!text)
+			return -ENOMEM;
+		printf("%s\n", text);
+		free(text);
+	} else {
+		one_line(s->reason, reason, sizeof(reason));
+		printf("%s %-8s job=%s step=%" PRId64 " rank=%d/%d state=%s bytes=%" PRIu64
+		       "/%" PRIu64 " captured=%" PRIu64,
+		       when, event, s->job, s->step, s->rank, s->world, ipc_state_name(s->state),
+		       s->bytes_written, s->bytes_total, s->bytes_captured);
+		if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
+			printf(" capture=%.3fs durable=%.3fs commit=%.3fs", s->capture_seconds,
+			       s->durable_seconds, s->commit_seconds);
+		if (reason[0])
+			printf(" reason: %s", reason);
+		putchar('\n');
+	}
+	/* At once: whoever reads a pipe wants the event now, not a buffer later. */
+	return fflush(stdout) == 0 ? 0 : -errno;
+}
+
+/* ---- the command ------------------------------------------------------ */
+
+int ctl_watch(struct ctl *x, int argc, char **argv)
+{
+	Ckpt__V1__WatchRequest req = CKPT__V1__WATCH_REQUEST__INIT;
+	struct view v = {0};
+	struct cl_stream *s = NULL;
+	ProtobufCMessage *m;
+	char err[IPC_ERRLEN];
+	bool live = !x->json && isatty(STDOUT_FILENO);
+	int64_t next_draw = 0;
+	int rc, out = 0, status = 0;
+
+	if (argc > 1)
+		return ctl_usage(stderr), EXIT_USAGE;
+	if (argc && ipc_check_job(argv[0], err)) {
+		fprintf(stderr, "ckptctl: watch: %s\n", err);
+		return EXIT_USAGE;
+	}
+	v.job = argc ? argv[0] : NULL;
+	v.endpoint = cl_endpoint(x->c);
+	req.job = argc ? argv[0] : "";
+	signals_setup(live);
+	rc = cl_stream_open(x->c, IPC_WATCH, &req.base, &s);
+	if (rc)
+		return ctl_fail(x, rc);
+	if (live) {
+		g_tty_set = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &g_saved) == 0;
+		view_seed(x, &v);
+		term_setup();
+	}
+	while (!g_stop) {
+		if (live && mono_ns() >= next_draw) {
+			draw(&v);
+			next_draw = mono_ns() + (int64_t)REDRAW_MS * 1000000;
+		}
+		rc = cl_stream_next(s, &m, REDRAW_MS);
+		if (rc == -ETIMEDOUT)
+			continue;
+		if (rc <= 0) {
+			if (g_stop)
+				break; /* the call was cut by our own signal: not an error */
+			status = 1;
+			break;
+		}
+		if (live)
+			view_event(&v, (Ckpt__V1__SaveInfo *)m);
+		else
+			out = print_event(x, (Ckpt__V1__SaveInfo *)m);
+		protobuf_c_message_free_unpacked(m, NULL);
+		if (out < 0) {
+			status = 1; /* stdout is gone */
+			break;
+		}
+	}
+	if (live)
+		term_restore();
+	if (out < 0)
+		fprintf(stderr, "ckptctl: watch: writing to stdout: %s\n", strerror(-out));
+	else if (status && rc == 0)
+		fprintf(stderr, "ckptctl: watch: the agent ended the stream\n");
+	else if (status)
+		ctl_fail(x, rc);
+	cl_stream_close(s);
+	free(v.t);
+	return status;
+}

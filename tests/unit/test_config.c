@@ -1,0 +1,670 @@
+/*
+ * The agent's configuration (agent/config.c): a good file with every key,
+ * each kind of bad file (the message must name the file, the line and the
+ * key), unreadable files, groups, flags over the file in either order,
+ * defaults with no file, and what `ckptd --check-config` prints and exits
+ * with (through config_command_line, which is all main() does with argv).
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+
+#define NOGROUP "ckptd-test-no-such-group"
+
+static char dir[256];
+
+static void setup(void)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+
+	snprintf(dir, sizeof(dir), "%s/cfg.XXXXXX", tmp);
+	ck_assert_msg(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Writes `text` to <dir>/<name>; the path in path (256 bytes). */
+static void write_conf(char *path, const char *name, const char *text)
+{
+	FILE *f;
+
+	snprintf(path, 256, "%s/%s", dir, name);
+	f = fopen(path, "w");
+	ck_assert_msg(f, "%s: %s", path, strerror(errno));
+	ck_assert_int_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A group that exists here: the one we run as. */
+static const char *some_group(gid_t *gid)
+{
+	struct group *g = getgrgid(getegid());
+
+	ck_assert_msg(g, "no name for our own group %u", (unsigned)getegid());
+	*gid = g->gr_gid;
+	return g->gr_name;
+}
+
+/* config_parse_args + config_load on argv (NULL-terminated). */
+static int load_argv(struct config *c, const char *default_path, char *err, const char **argv)
+{
+	struct config_args a;
+	int argc = 0, rc;
+
+	while (argv[argc])
+		argc++;
+	rc = config_parse_args(argc, (char **)argv, &a, err);
+	ck_assert_msg(rc == 0, "flags refused: %s", err);
+	ck_assert_int_eq(config_init(c), 0);
+	return config_load(c, &a, default_path, err);
+}
+
+/* ---- good files ------------------------------------------------------- */
+
+START_TEST(test_every_key)
+{
+	char path[256], text[1024], err[IPC_ERRLEN] = "";
+	struct config c;
+	gid_t gid;
+	const char *grp = some_group(&gid);
+	const char *argv[] = {"ckptd", "--config", path, NULL};
+
+	snprintf(text, sizeof(text),
+	         "# every key\n" /* 1 */
+	         "[agent]\n" /* 2 */
+	         "listen = unix:/tmp/x/ckptd.sock\n" /* 3 */
+	         "socket_mode = 0640\n" /* 4 */
+	         "socket_group = %s\n" /* 5 */
+	         "log_level = debug   ; inline comment\n" /* 6 */
+	         "\n" /* 7 */
+	         "[storage]\n" /* 8 */
+	         "root = /srv/ckpt\n" /* 9 */
+	         "io_engine = pwrite\n" /* 10 */
+	         "queue_depth = 32\n" /* 11 */
+	         "[staging]\n" /* 12 */
+	         "size_mb = 4096\n" /* 13 */
+	         "[jobs]\n" /* 14 */
+	         "backpressure = skip\n" /* 15 */
+	         "keep_last = 3\n" /* 16 */
+	         "keep_every = 1000\n" /* 17 */
+	         "[metrics]\n" /* 18 */
+	         "listen = 127.0.0.1:9464\n", /* 19 */
+	         grp);
+	write_conf(path, "good.conf", text);
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
+	ck_assert_str_eq(c.cfg.listen, "unix:/tmp/x/ckptd.sock");
+	ck_assert_uint_eq(c.cfg.socket_mode, 0640);
+	ck_assert_str_eq(c.cfg.socket_group, grp);
+	ck_assert_int_eq(c.cfg.socket_gid, (long)gid);
+	ck_assert_int_eq(c.cfg.log_level, LOG_DEBUG);
+	ck_assert_str_eq(c.cfg.root, "/srv/ckpt");
+	ck_assert_int_eq(c.cfg.io_engine, IOENG_PWRITE);
+	ck_assert_uint_eq(c.cfg.queue_depth, 32);
+	ck_assert_uint_eq(c.cfg.staging_mb, 4096);
+	ck_assert_int_eq(c.cfg.backpressure, CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP);
+	ck_assert_uint_eq(c.cfg.keep_last, 3);
+	ck_assert_int_eq(c.cfg.keep_every, 1000);
+	ck_assert_str_eq(c.cfg.metrics_listen, "127.0.0.1:9464");
+	ck_assert_str_eq(c.cfg.config_path, path);
+	/* where each came from: the file, at its line */
+	{
+		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10,
+		                                            11, 13, 15, 16, 17, 19};
+
+		for (int s = 0; s < CS_CHUNK_MB; s++) {
+			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
+			ck_assert_uint_eq(c.line[s], lines[s]);
+		}
+		for (int s = CS_CHUNK_MB; s < CONFIG_NSETTINGS; s++)
+			ck_assert_int_eq(c.from[s], CONFIG_DEFAULT);
+	}
+	config_free(&c);
+}
+END_TEST
+
+static void assert_defaults(const struct config *c)
+{
+	const struct agent_config *a = &c->cfg;
+
+	ck_assert_str_eq(a->root, "/var/lib/ckptd");
+	ck_assert_str_eq(a->listen, IPC_DEFAULT_ENDPOINT);
+	ck_assert_uint_eq(a->socket_mode, 0660);
+	ck_assert_int_eq(a->socket_gid, -1);
+	ck_assert_ptr_null(a->socket_group);
+	ck_assert_uint_eq(a->staging_mb, 1024);
+	ck_assert_uint_eq(a->chunk_mb, 8);
+	ck_assert_uint_eq(a->queue_depth, 8);
+	ck_assert_int_eq(a->io_engine, IOENG_AUTO);
+	ck_assert_int_eq(a->backpressure, CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK);
+	ck_assert_uint_eq(a->capture_threads, 2);
+	ck_assert_int_eq(a->copy_threads, -1);
+	ck_assert_uint_eq(a->commit_timeout_s, 600);
+	ck_assert(a->direct);
+	ck_assert(a->lock_pool);
+	ck_assert_int_eq(a->log_level, LOG_INFO);
+	ck_assert_uint_eq(a->keep_last, 0);
+	ck_assert_int_eq(a->keep_every, 0);
+	ck_assert_ptr_null(a->metrics_listen);
+	for (int s = 0; s < CONFIG_NSETTINGS; s++)
+		ck_assert_int_eq(c->from[s], CONFIG_DEFAULT);
+}
+
+START_TEST(test_defaults_without_file)
+{
+	char absent[300], err[IPC_ERRLEN] = "";
+	const char *argv[] = {"ckptd", NULL};
+	struct config c;
+
+	snprintf(absent, sizeof(absent), "%s/absent.conf", dir);
+	ck_assert_msg(load_argv(&c, absent, err, argv) == 0, "%s", err);
+	assert_defaults(&c);
+	ck_assert_ptr_null(c.path);
+	ck_assert_ptr_null(c.cfg.config_path);
+	config_free(&c);
+}
+END_TEST
+
+/* With no --config, the default path is read when it exists. */
+START_TEST(test_default_path_read)
+{
+	char path[256], err[IPC_ERRLEN] = "";
+	const char *argv[] = {"ckptd", NULL};
+	struct config c;
+
+	write_conf(path, "ckptd.conf", "[staging]\nsize_mb = 64\n");
+	ck_assert_msg(load_argv(&c, path, err, argv) == 0, "%s", err);
+	ck_assert_uint_eq(c.cfg.staging_mb, 64);
+	ck_assert_str_eq(c.cfg.config_path, path);
+	ck_assert_int_eq(c.from[CS_STAGING_MB], CONFIG_FILE);
+	config_free(&c);
+	/* and a bad one stops us, as a named one would */
+	write_conf(path, "ckptd.conf", "[staging]\nsize_mb = 1\n");
+	ck_assert_int_eq(load_argv(&c, path, err, argv), -EINVAL);
+	ck_assert_msg(strstr(err, ":2: [staging] size_mb = '1'"), "%s", err);
+	config_free(&c);
+}
+END_TEST
+
+/* Flags win over the file whether they come before or after --config. */
+START_TEST(test_flags_override_file)
+{
+	char path[256], err[IPC_ERRLEN] = "";
+	const char *before[] = {"ckptd", "--staging-mb", "32",   "--no-direct", "--config",
+	                        path,    "--io-engine",  "auto", NULL};
+	const char *after[] = {"ckptd",       "--config", path, "--staging-mb", "32", "--no-direct",
+	                       "--io-engine", "auto",     NULL};
+	struct config c;
+
+	write_conf(path, "f.conf",
+	           "[storage]\nio_engine = pwrite\nqueue_depth = 16\n[staging]\nsize_mb = 64\n");
+	ck_assert_msg(load_argv(&c, NULL, err, _i == 0 ? before : after) == 0, "%s", err);
+	ck_assert_uint_eq(c.cfg.staging_mb, 32);
+	ck_assert_int_eq(c.from[CS_STAGING_MB], CONFIG_FLAG);
+	ck_assert_int_eq(c.cfg.io_engine, IOENG_AUTO);
+	ck_assert_int_eq(c.from[CS_IO_ENGINE], CONFIG_FLAG);
+	ck_assert(!c.cfg.direct);
+	ck_assert_int_eq(c.from[CS_DIRECT], CONFIG_FLAG);
+	/* what no flag touched stays as the file says */
+	ck_assert_uint_eq(c.cfg.queue_depth, 16);
+	ck_assert_int_eq(c.from[CS_QUEUE_DEPTH], CONFIG_FILE);
+	ck_assert_uint_eq(c.line[CS_QUEUE_DEPTH], 3);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_flag_given_twice)
+{
+	char err[IPC_ERRLEN] = "";
+	const char *argv[] = {"ckptd", "--queue-depth", "4", "--queue-depth", "12", NULL};
+	struct config c;
+
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "%s", err);
+	ck_assert_uint_eq(c.cfg.queue_depth, 12);
+	config_free(&c);
+}
+END_TEST
+
+/* ---- bad files -------------------------------------------------------- */
+
+struct bad {
+	const char *text;
+	unsigned line;
+	const char *says; /* what the message must contain after "<path>:<line>: " */
+};
+
+static const struct bad bad_files[] = {
+    /* unknown section, even an empty one, and keys inside one */
+    {"[agent]\nlisten = unix:/a\n[bogus]\n", 3, "[bogus]: unknown section"},
+    {"[Agent]\nlisten = unix:/a\n", 1, "[Agent]: unknown section"},
+    /* unknown key, and a flag-only setting is no key */
+    {"[agent]\nlisten = unix:/a\nlisten_addr = x\n", 3,
+     "[agent] listen_addr: unknown key (keys of [agent]: listen, socket_mode"},
+    {"[staging]\nchunk_mb = 8\n", 2, "[staging] chunk_mb: unknown key"},
+    {"[storage]\nsize_mb = 64\n", 2, "[storage] size_mb: unknown key"},
+    /* bad values, one per kind */
+    {"[staging]\nsize_mb = lots\n", 2,
+     "[staging] size_mb = 'lots': expected a whole number in 16..4194304"},
+    {"[staging]\nsize_mb = 15\n", 2, "[staging] size_mb = '15': expected a whole number in 16"},
+    {"[staging]\nsize_mb = 4194305\n", 2, "[staging] size_mb = '4194305': expected a whole"},
+    {"[staging]\nsize_mb = 64k\n", 2, "[staging] size_mb = '64k': expected a whole number"},
+    {"[storage]\nqueue_depth = 0\n", 2,
+     "[storage] queue_depth = '0': expected a whole number in 1..256"},
+    {"[jobs]\nkeep_last = -1\n", 2, "[jobs] keep_last = '-1': expected a whole number in 0.."},
+    {"[jobs]\nkeep_every = 1000000000000\n", 2,
+     "[jobs] keep_every = '1000000000000': expected a whole number in 0..999999999999"},
+    {"[agent]\nsocket_mode = 0999\n", 2,
+     "[agent] socket_mode = '0999': expected an octal mode in 0..0777"},
+    {"[agent]\nsocket_mode = 01777\n", 2, "[agent] socket_mode = '01777': expected an octal"},
+    {"[agent]\nlog_level = loud\n", 2,
+     "[agent] log_level = 'loud': expected error, warning, notice, info or debug"},
+    {"[storage]\nio_engine = aio\n", 2,
+     "[storage] io_engine = 'aio': expected auto, io_uring or pwrite"},
+    {"[jobs]\nbackpressure = wait\n", 2, "[jobs] backpressure = 'wait': expected block or skip"},
+    {"[agent]\nlisten = /run/ckptd.sock\n", 2,
+     "[agent] listen = '/run/ckptd.sock': expected unix:PATH"},
+    {"[storage]\nroot =\n", 2, "[storage] root = '': expected a value"},
+    {"[agent]\nsocket_group =\n", 2, "[agent] socket_group = '': expected a group name"},
+    {"[metrics]\nlisten = localhost\n", 2, "[metrics] listen = 'localhost': expected HOST:PORT"},
+    {"[metrics]\nlisten = 127.0.0.1:0\n", 2,
+     "[metrics] listen = '127.0.0.1:0': expected a port in 1..65535"},
+    {"[metrics]\nlisten = 127.0.0.1:http\n", 2,
+     "[metrics] listen = '127.0.0.1:http': expected a port"},
+    {"[metrics]\nlisten = ::1:9464\n", 2, "an IPv6 address goes in brackets"},
+    /* a key set twice, in one section or in the section opened again */
+    {"[staging]\nsize_mb = 64\nsize_mb = 128\n", 3,
+     "[staging] size_mb: set twice (first on line 2)"},
+    {"[jobs]\nkeep_last = 1\n[agent]\n[jobs]\nkeep_last = 2\n", 5,
+     "[jobs] keep_last: set twice (first on line 2)"},
+    /* malformed lines */
+    {"[storage]\nroot /srv\n", 2, "'root /srv': expected key = value"},
+    {"[agent\nlisten = unix:/a\n", 1, "'[agent': a section header without its ']'"},
+    {"root = /srv\n[storage]\n", 1, "root: a key before any [section]"},
+    {"[agent]\nlisten = unix:/a\n   unix:/b\n", 3, "[agent] listen: an indented line continues"},
+    {"[storage]\nroot = "
+     "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+     2, "line longer than"},
+    /* the first problem is the one named, wherever inih or we found it */
+    {"[agent]\nlog_level = info\nnonsense\n[bogus]\n", 3, "'nonsense': expected key = value"},
+    {"[agent]\nlog_level = loud\nnonsense\n", 2, "[agent] log_level = 'loud'"},
+};
+
+START_TEST(test_bad_file)
+{
+	const struct bad *b = &bad_files[_i];
+	char path[256], want[512], err[IPC_ERRLEN] = "";
+	struct config c;
+	int rc;
+
+	write_conf(path, "bad.conf", b->text);
+	ck_assert_int_eq(config_init(&c), 0);
+	rc = config_read_file(&c, path, err);
+	ck_assert_msg(rc == -EINVAL, "file %d (%s) accepted: rc %d", _i, b->text, rc);
+	snprintf(want, sizeof(want), "%s:%u: ", path, b->line);
+	ck_assert_msg(strncmp(err, want, strlen(want)) == 0,
+	              "file %d: '%s' does not start with '%s'", _i, err, want);
+	ck_assert_msg(strstr(err, b->says), "file %d: '%s' does not say '%s'", _i, err, b->says);
+	config_free(&c);
+}
+END_TEST
+
+/* A NUL byte is not text: named at its line, not silently cut. */
+START_TEST(test_nul_byte)
+{
+	char path[256], err[IPC_ERRLEN] = "";
+	struct config c;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/nul.conf", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fwrite("[agent]\nlog_level = info\0debug\n", 1, 31, f);
+	fclose(f);
+	ck_assert_int_eq(config_init(&c), 0);
+	ck_assert_int_eq(config_read_file(&c, path, err), -EINVAL);
+	ck_assert_msg(strstr(err, ":2: a NUL byte"), "%s", err);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_unreadable)
+{
+	char path[300], err[IPC_ERRLEN] = "";
+	const char *argv[] = {"ckptd", "--config", path, NULL};
+	struct config c;
+
+	/* named with --config and absent: an error, unlike the default path */
+	snprintf(path, sizeof(path), "%s/absent.conf", dir);
+	ck_assert_int_eq(load_argv(&c, NULL, err, argv), -ENOENT);
+	ck_assert_msg(strstr(err, path) && strstr(err, "No such file"), "%s", err);
+	config_free(&c);
+	/* a directory */
+	snprintf(path, sizeof(path), "%s", dir);
+	ck_assert_int_eq(load_argv(&c, NULL, err, argv), -EISDIR);
+	ck_assert_msg(strstr(err, path) && strstr(err, "a directory"), "%s", err);
+	config_free(&c);
+	/* larger than 1 MiB: refused, not cut */
+	snprintf(path, sizeof(path), "%s/big.conf", dir);
+	{
+		FILE *f = fopen(path, "w");
+
+		ck_assert_ptr_nonnull(f);
+		for (int i = 0; i < 40000; i++)
+			fputs("; a comment line, repeated to make the file large\n", f);
+		ck_assert_int_eq(fclose(f), 0);
+	}
+	ck_assert_int_eq(load_argv(&c, NULL, err, argv), -EFBIG);
+	ck_assert_msg(strstr(err, path) && strstr(err, "larger than 1 MiB"), "%s", err);
+	config_free(&c);
+	/* /dev/null: no settings, and that is fine */
+	snprintf(path, sizeof(path), "/dev/null");
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "%s", err);
+	assert_defaults(&c);
+	config_free(&c);
+	/* no permission (root reads anything: that part needs another user) */
+	if (geteuid() != 0) {
+		snprintf(path, sizeof(path), "%s/secret.conf", dir);
+		write_conf(path, "secret.conf", "[staging]\nsize_mb = 64\n");
+		ck_assert_int_eq(chmod(path, 0), 0);
+		ck_assert_int_eq(load_argv(&c, NULL, err, argv), -EACCES);
+		ck_assert_msg(strstr(err, path) && strstr(err, "Permission denied"), "%s", err);
+		config_free(&c);
+	}
+}
+END_TEST
+
+START_TEST(test_groups)
+{
+	char path[256], err[IPC_ERRLEN] = "";
+	const char *from_file[] = {"ckptd", "--config", path, NULL};
+	const char *from_flag[] = {"ckptd", "--socket-group", NOGROUP, NULL};
+	const char *good_flag[] = {"ckptd", "--config", path, "--socket-group", NULL, NULL};
+	struct config c;
+	gid_t gid;
+
+	write_conf(path, "g.conf", "[agent]\nlog_level = info\nsocket_group = " NOGROUP "\n");
+	ck_assert_int_eq(load_argv(&c, NULL, err, from_file), -ENOENT);
+	ck_assert_msg(strstr(err, ":3: [agent] socket_group = '" NOGROUP "': no such group"), "%s",
+	              err);
+	ck_assert_msg(strncmp(err, path, strlen(path)) == 0, "%s", err);
+	config_free(&c);
+	ck_assert_int_eq(load_argv(&c, NULL, err, from_flag), -ENOENT);
+	ck_assert_str_eq(err, "--socket-group '" NOGROUP "': no such group");
+	config_free(&c);
+	/* the flag's good group wins over the file's bad one */
+	good_flag[4] = some_group(&gid);
+	ck_assert_msg(load_argv(&c, NULL, err, good_flag) == 0, "%s", err);
+	ck_assert_int_eq(c.cfg.socket_gid, (long)gid);
+	config_free(&c);
+}
+END_TEST
+
+/* ---- flags ------------------------------------------------------------ */
+
+struct bad_flags {
+	const char *argv[4];
+	const char *says;
+};
+
+static const struct bad_flags bad_flags[] = {
+    {{"--staging-mb", "lots"}, "--staging-mb 'lots': expected a whole number in 16..4194304"},
+    {{"--staging-mb", "8"}, "--staging-mb '8': expected a whole number in 16..4194304"},
+    {{"--socket-mode", "0999"}, "--socket-mode '0999': expected an octal mode in 0..0777"},
+    {{"--io-engine", "aio"}, "--io-engine 'aio': expected auto, io_uring or pwrite"},
+    {{"--backpressure", "wait"}, "--backpressure 'wait': expected block or skip"},
+    {{"--log-level", "loud"}, "--log-level 'loud': expected error, warning, notice, info or debug"},
+    {{"--listen", "tcp:1"}, "--listen 'tcp:1': expected unix:PATH"},
+    {{"--metrics-listen", "9464"},
+     "--metrics-listen '9464': expected HOST:PORT, e.g. 127.0.0.1:9464"},
+    {{"--chunk-mb", "2048"}, "--chunk-mb '2048': expected a whole number in 1..1024"},
+    {{"--bogus"}, "unknown option '--bogus'"},
+    {{"--root"}, "--root needs a value"},
+    {{"--root", "/a", "extra"}, "unexpected argument 'extra'"},
+};
+
+START_TEST(test_bad_flag)
+{
+	const struct bad_flags *b = &bad_flags[_i];
+	const char *argv[6] = {"ckptd"};
+	char err[IPC_ERRLEN] = "";
+	struct config_args a;
+	int argc = 1;
+
+	for (int i = 0; b->argv[i]; i++)
+		argv[argc++] = b->argv[i];
+	ck_assert_int_eq(config_parse_args(argc, (char **)argv, &a, err), -EINVAL);
+	ck_assert_str_eq(err, b->says);
+}
+END_TEST
+
+START_TEST(test_hostport)
+{
+	char host[64], why[128];
+	unsigned port = 0;
+
+	ck_assert_int_eq(
+	    config_split_hostport("127.0.0.1:9464", host, sizeof(host), &port, why, sizeof(why)),
+	    0);
+	ck_assert_str_eq(host, "127.0.0.1");
+	ck_assert_uint_eq(port, 9464);
+	ck_assert_int_eq(
+	    config_split_hostport("[::1]:80", host, sizeof(host), &port, why, sizeof(why)), 0);
+	ck_assert_str_eq(host, "::1");
+	ck_assert_uint_eq(port, 80);
+	ck_assert_int_eq(
+	    config_split_hostport("localhost:65535", host, sizeof(host), &port, why, sizeof(why)),
+	    0);
+	ck_assert_str_eq(host, "localhost");
+	static const char *const bad[] = {":80",      "host:",    "host:65536", "[::1]80", "[::1]",
+	                                  "host:+80", "host: 80", "[]:80",      "a:b:80",  ""};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_msg(config_split_hostport(bad[i], host, sizeof(host), &port, why,
+		                                    sizeof(why)) == -EINVAL,
+		              "'%s' accepted", bad[i]);
+}
+END_TEST
+
+/* ---- the command line as main() runs it -------------------------------- */
+
+struct run {
+	int rc;
+	char *out, *errs;
+	struct config c;
+};
+
+static void run(struct run *r, const char **argv)
+{
+	size_t olen, elen;
+	FILE *out = open_memstream(&r->out, &olen);
+	FILE *errs = open_memstream(&r->errs, &elen);
+	char absent[300];
+	int argc = 0;
+
+	ck_assert(out && errs);
+	while (argv[argc])
+		argc++;
+	snprintf(absent, sizeof(absent), "%s/absent.conf", dir);
+	r->rc = config_command_line(argc, (char **)argv, absent, &r->c, out, errs);
+	fclose(out);
+	fclose(errs);
+}
+
+static void run_free(struct run *r)
+{
+	config_free(&r->c);
+	free(r->out);
+	free(r->errs);
+}
+
+/* Whether `text` has a line starting with `start` and containing `also`. */
+static bool has_line(const char *text, const char *start, const char *also)
+{
+	for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p) : strlen(p);
+		char line[1024];
+
+		snprintf(line, sizeof(line), "%.*s", (int)n, p);
+		if (strncmp(line, start, strlen(start)) == 0 && strstr(line, also))
+			return true;
+	}
+	return false;
+}
+
+START_TEST(test_check_config_prints)
+{
+	char path[256], want[300], again[256], err[IPC_ERRLEN] = "";
+	const char *argv[] = {"ckptd", "--check-config", "--config", path, "--keep-last", "5",
+	                      NULL};
+	struct config back;
+	struct run r;
+
+	write_conf(path, "c.conf",
+	           "[storage]\nio_engine = pwrite\n\n[staging]\nsize_mb = 64\n"
+	           "[metrics]\nlisten = [::1]:9100\n");
+	run(&r, argv);
+	ck_assert_msg(r.rc == 0, "rc %d: %s", r.rc, r.errs);
+	ck_assert_str_eq(r.errs, "");
+	/* every key, in its section, with where it came from */
+	snprintf(want, sizeof(want), "; %s:5", path);
+	ck_assert_msg(has_line(r.out, "size_mb = 64 ", want), "%s", r.out);
+	snprintf(want, sizeof(want), "; %s:2", path);
+	ck_assert_msg(has_line(r.out, "io_engine = pwrite ", want), "%s", r.out);
+	snprintf(want, sizeof(want), "; %s:7", path);
+	ck_assert_msg(has_line(r.out, "listen = [::1]:9100 ", want), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "keep_last = 5 ", "; flag --keep-last"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "backpressure = block ", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "socket_mode = 0660 ", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "root = /var/lib/ckptd ", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "; socket_group = (not set", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, ";   --chunk-mb 8 ", "; default"), "%s", r.out);
+	for (int s = 0; s < CS_CHUNK_MB; s++) {
+		static const char *const keys[] = {"listen",      "socket_mode", "socket_group",
+		                                   "log_level",   "root",        "io_engine",
+		                                   "queue_depth", "size_mb",     "backpressure",
+		                                   "keep_last",   "keep_every",  "listen"};
+		char key[64];
+
+		snprintf(key, sizeof(key), "%s = ", keys[s]);
+		ck_assert_msg(strstr(r.out, key), "no %s in %s", keys[s], r.out);
+	}
+	ck_assert(strstr(r.out, "\n[agent]\n") && strstr(r.out, "\n[storage]\n") &&
+	          strstr(r.out, "\n[staging]\n") && strstr(r.out, "\n[jobs]\n") &&
+	          strstr(r.out, "\n[metrics]\n"));
+	/* and it is a config file that says the same again */
+	write_conf(again, "again.conf", r.out);
+	ck_assert_int_eq(config_init(&back), 0);
+	ck_assert_msg(config_read_file(&back, again, err) == 0, "%s\n%s", err, r.out);
+	for (int s = 0; s < CS_CHUNK_MB; s++) {
+		ck_assert_msg(back.num[s] == r.c.num[s], "setting %d: %lld, printed %lld", s,
+		              r.c.num[s], back.num[s]);
+		ck_assert_msg(!back.str[s] == !r.c.str[s] &&
+		                  (!back.str[s] || strcmp(back.str[s], r.c.str[s]) == 0),
+		              "setting %d: '%s', printed '%s'", s, r.c.str[s], back.str[s]);
+	}
+	config_free(&back);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(test_command_line_exits)
+{
+	char path[256], want[512];
+	const char *check_bad[] = {"ckptd", "--check-config", "--config", path, NULL};
+	const char *run_bad[] = {"ckptd", "--config", path, NULL};
+	const char *bad_flag[] = {"ckptd", "--check-config", "--queue-depth", "0", NULL};
+	const char *help[] = {"ckptd", "--help", NULL};
+	const char *version[] = {"ckptd", "--version", NULL};
+	const char *good[] = {"ckptd", "--root", "/srv", NULL};
+	struct run r;
+
+	write_conf(path, "x.conf", "[agent]\nlog_level = info\n\n[staging]\nsize_mb = lots\n");
+	snprintf(want, sizeof(want),
+	         "ckptd: %s:5: [staging] size_mb = 'lots': expected a whole number in "
+	         "16..4194304\n",
+	         path);
+	run(&r, check_bad);
+	ck_assert_int_eq(r.rc, 1);
+	ck_assert_str_eq(r.errs, want);
+	ck_assert_str_eq(r.out, "");
+	run_free(&r);
+	run(&r, run_bad); /* a bad file stops start-up just the same */
+	ck_assert_int_eq(r.rc, 1);
+	ck_assert_str_eq(r.errs, want);
+	run_free(&r);
+	run(&r, bad_flag);
+	ck_assert_int_eq(r.rc, 2);
+	ck_assert_msg(strstr(r.errs, "--queue-depth '0': expected a whole number in 1..256"), "%s",
+	              r.errs);
+	run_free(&r);
+	run(&r, help);
+	ck_assert_int_eq(r.rc, 0);
+	ck_assert_msg(strstr(r.out, "--config FILE") && strstr(r.out, "--check-config") &&
+	                  strstr(r.out, "--metrics-listen HOST:PORT"),
+	              "%s", r.out);
+	run_free(&r);
+	run(&r, version);
+	ck_assert_int_eq(r.rc, 0);
+	ck_assert_msg(strncmp(r.out, "ckptd ", 6) == 0, "%s", r.out);
+	run_free(&r);
+	run(&r, good); /* the agent is to run: nothing printed */
+	ck_assert_int_eq(r.rc, -1);
+	ck_assert_str_eq(r.out, "");
+	ck_assert_str_eq(r.errs, "");
+	ck_assert_str_eq(r.c.cfg.root, "/srv");
+	run_free(&r);
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+	Suite *s = suite_create("config");
+	TCase *good = tcase_create("good"), *bad = tcase_create("bad"),
+	      *cli = tcase_create("command line");
+
+	tcase_add_checked_fixture(good, setup, teardown);
+	tcase_add_test(good, test_every_key);
+	tcase_add_test(good, test_defaults_without_file);
+	tcase_add_test(good, test_default_path_read);
+	tcase_add_loop_test(good, test_flags_override_file, 0, 2);
+	tcase_add_test(good, test_flag_given_twice);
+	suite_add_tcase(s, good);
+	tcase_add_checked_fixture(bad, setup, teardown);
+	tcase_add_loop_test(bad, test_bad_file, 0, sizeof(bad_files) / sizeof(bad_files[0]));
+	tcase_add_test(bad, test_nul_byte);
+	tcase_add_test(bad, test_unreadable);
+	tcase_add_test(bad, test_groups);
+	suite_add_tcase(s, bad);
+	tcase_add_checked_fixture(cli, setup, teardown);
+	tcase_add_loop_test(cli, test_bad_flag, 0, sizeof(bad_flags) / sizeof(bad_flags[0]));
+	tcase_add_test(cli, test_hostport);
+	tcase_add_test(cli, test_check_config_prints);
+	tcase_add_test(cli, test_command_line_exits);
+	suite_add_tcase(s, cli);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(config_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
