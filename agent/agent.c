@@ -37,8 +37,9 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
 static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
+	/* With a GPU the pool is pinned by CUDA (cudaHostAlloc): D2H copies land in it. */
 	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool,
-			       NULL};
+	                       gpu_pool_alloc(a->gpu)};
 	struct local_opts lo = {a->cfg.root, NULL, NULL, a->cfg.direct};
 	const struct iovec *iov;
 	char why[IPC_ERRLEN];
@@ -167,6 +168,10 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->saves);
 	list_init(&a->ckpts);
 	list_init(&a->watchers);
+	rc = gpu_create(&a->gpu, err);
+	if (rc)
+		goto fail;
+	log_msg(LOG_INFO, "GPU: %s", gpu_status(a->gpu));
 	rc = start_storage(a, err);
 	if (rc)
 		goto fail;
@@ -179,7 +184,11 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 		if (rc)
 			goto fail;
 	}
-	rc = workq_create("ckpt-capture", cfg->capture_threads, &a->capture, err);
+	/* A capture of GPU memory mostly waits for its copies: one worker per GPU at least. */
+	rc = workq_create("ckpt-capture",
+	                  cfg->capture_threads > gpu_count(a->gpu) ? cfg->capture_threads
+	                                                           : gpu_count(a->gpu),
+	                  &a->capture, err);
 	if (!rc)
 		rc = workq_create("ckpt-commit", 1, &a->commit, err);
 	if (!rc)
@@ -282,6 +291,7 @@ void agent_destroy(struct agent *a)
 	free_objects(a);
 	storage_destroy(a->store);
 	pool_destroy(a->pool);
+	gpu_destroy(a->gpu); /* after the plans (their mappings) and the pinned pool */
 	catalog_destroy(a->cat);
 	pthread_mutex_destroy(&a->mu);
 	free(a);

@@ -12,7 +12,10 @@
  *   gc.c       retention (GC after each commit and on request) and pins,
  *              deciding through retention.c
  *   pool.c     the staging pool (pool.h); server.c the gRPC server (server.h)
- *   main.c     flags, start-up, signals, shutdown
+ *   copier.c   one copy split across threads (the capture of host memory)
+ *   gpu.c      GPUs: pinned staging, IPC handles (ipccache.c), lanes; fence.h
+ *   config.c   defaults, the config file, the flags; main.c runs the agent
+ *   metrics.c  the Prometheus endpoint; notify.c sd_notify for systemd
  *
  * Threads (see README.md): the control thread runs gRPC and every handler;
  * capture workers copy in (saves) and out (restores), with the copier's
@@ -36,6 +39,8 @@
 #include <pthread.h>
 
 #include "copier.h"
+#include "fence.h"
+#include "gpu.h"
 #include "ipc.h"
 #include "list.h"
 #include "log.h"
@@ -82,6 +87,7 @@ struct agent {
 	struct server *srv;
 	struct workq *capture, *commit, *maint, *hasher;
 	struct copier *copier;
+	struct gpu *gpu;
 	int64_t started_mono;
 	struct storage_recovery recovered;
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
@@ -139,10 +145,21 @@ struct plan_tensor {
 	bool sharded;
 	int64_t global_shape[IPC_MAX_NDIM];
 	int64_t global_offset[IPC_MAX_NDIM];
-	struct region *region;
+	struct region *region; /* host memory; NULL for a GPU tensor */
+	void *dptr;            /* GPU tensor: where it is, in the agent's mapping */
 	uint64_t offset;
 	uint64_t nbytes;
 	uint64_t begin, end; /* bytes of the shard file */
+};
+
+/* A CUDA plan's GPU side: its allocations (opened once: gpu.h), its lane, its fence. */
+struct plan_gpu {
+	int dev;
+	size_t n;
+	void **mem;            /* the opened allocations, in the request's order */
+	struct gpu_lane *lane; /* the stream its copies go on */
+	struct region *fence_region; /* the trainer's fence page */
+	struct fence fence;
 };
 
 struct plan {
@@ -157,6 +174,7 @@ struct plan {
 	struct plan_tensor *t; /* in file order */
 	void *header;          /* the shard's first header_len bytes */
 	uint64_t header_len;
+	struct plan_gpu *gpu;  /* NULL: host memory only */
 	uint64_t shard_bytes;
 	unsigned refs;      /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active;    /* captures and restores using its regions now */
@@ -176,6 +194,13 @@ void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
 /* Copies shard bytes [off, off + len) (header and tensors) to dst. No lock. Host plans. */
 void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len);
+/*
+ * A CUDA plan's bytes [off, off + len) into dst: host bytes copied now, GPU
+ * bytes queued on the plan's lane (wait for them with gpu_lane_wait). No lock.
+ */
+int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err);
+/* Under mu: a CUDA plan's save has captured or ended; moves the trainer's fence. */
+void plan_fence_finish(struct plan *p, uint32_t seq);
 /* Where shard bytes [off, ...) of tensor i live in memory. No lock. */
 void *plan_tensor_addr(const struct plan *p, size_t i);
 
@@ -238,6 +263,9 @@ struct save {
 	int state;
 	char reason[IPC_ERRLEN];
 	atomic_bool abort;
+	uint32_t fence_seq;  /* CUDA plans: this save's number on the plan's fence */
+	bool fence_done;     /* it has released its number */
+	uint8_t cuda_event[GPU_EVENT_HANDLE_BYTES]; /* the trainer's event for this save */
 	bool pool_limited;
 	unsigned want; /* chunks to reserve; counted in queued_chunks until then */
 	struct pool_resv resv;

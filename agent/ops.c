@@ -55,7 +55,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.io_errors = is.errors;
 	rep.io_retries = is.retries;
 	rep.last_error = last;
-	rep.gpu = "no GPU support in this build";
+	rep.gpu = (char *)gpu_status(a->gpu);
 	rep.removed_at_start = a->recovered.partial_removed;
 	rep.keep_last = a->cfg.keep_last;
 	rep.keep_every = a->cfg.keep_every;

@@ -37,9 +37,30 @@ void plan_get(struct plan *p)
 	p->refs++;
 }
 
-/* Each region once: plans hold one reference per distinct region. */
-static void release_regions(struct plan *p)
+/* The GPU side: lane, allocations (through the cache), fence page. */
+static void release_gpu(struct agent *a, struct plan *p)
 {
+	struct plan_gpu *g = p->gpu;
+
+	if (!g)
+		return;
+	gpu_lane_destroy(g->lane); /* waits for its copies first */
+	for (size_t i = 0; i < g->n; i++)
+		if (g->mem[i])
+			gpu_mem_put(a->gpu, g->dev, g->mem[i]);
+	if (g->fence_region)
+		region_put(g->fence_region);
+	free(g->mem);
+	free(g);
+	p->gpu = NULL;
+	for (size_t i = 0; i < p->n; i++)
+		p->t[i].dptr = NULL;
+}
+
+/* Each region once: plans hold one reference per distinct region. */
+static void release_regions(struct agent *a, struct plan *p)
+{
+	release_gpu(a, p);
 	for (size_t i = 0; i < p->n; i++) {
 		struct region *r = p->t[i].region;
 
@@ -52,9 +73,9 @@ static void release_regions(struct plan *p)
 	}
 }
 
-static void plan_free(struct plan *p)
+static void plan_free(struct agent *a, struct plan *p)
 {
-	release_regions(p);
+	release_regions(a, p);
 	for (size_t i = 0; i < p->n; i++)
 		free(p->t[i].name);
 	free(p->t);
@@ -65,7 +86,7 @@ static void plan_free(struct plan *p)
 void plan_put(struct agent *a, struct plan *p)
 {
 	if (--p->refs == 0)
-		plan_free(p);
+		plan_free(a, p);
 }
 
 void plan_busy(struct plan *p)
@@ -76,7 +97,7 @@ void plan_busy(struct plan *p)
 void plan_idle(struct agent *a, struct plan *p)
 {
 	if (--p->active == 0 && p->dropped)
-		release_regions(p);
+		release_regions(a, p);
 }
 
 void plan_drop(struct agent *a, struct plan *p)
@@ -109,7 +130,7 @@ void plan_drop(struct agent *a, struct plan *p)
 	cp_rank_gone(a, p->job, p->rank);
 	/* Mappings keep a dead trainer's memory alive: let them go as soon as idle. */
 	if (p->active == 0)
-		release_regions(p);
+		release_regions(a, p);
 	plan_put(a, p);
 }
 
@@ -117,6 +138,7 @@ void plan_drop(struct agent *a, struct plan *p)
 
 struct region_lookup {
 	struct session *sess;
+	const Ckpt__V1__CreatePlanRequest *req;
 };
 
 static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
@@ -124,6 +146,12 @@ static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
 	struct region_lookup *l = ctx;
 	struct region *r;
 
+	if (kind == CKPT__V1__REGION_KIND__REGION_CUDA) {
+		if (region >= l->req->n_cuda_regions)
+			return -ENOENT;
+		*size = l->req->cuda_regions[region]->size;
+		return 0;
+	}
 	if (kind != CKPT__V1__REGION_KIND__REGION_HOST)
 		return -ENOTSUP;
 	r = region_find(l->sess, region);
@@ -264,15 +292,71 @@ static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_t
 		t->nbytes = v[i].nbytes;
 	}
 	for (size_t i = 0; i < n; i++) {
-		struct region *r = region_find(sess, v[i].region);
+		struct region *r;
 		bool seen = false;
 
+		if (v[i].kind == CKPT__V1__REGION_KIND__REGION_CUDA) {
+			p->t[i].dptr = (char *)p->gpu->mem[v[i].region] + v[i].offset;
+			continue;
+		}
+		r = region_find(sess, v[i].region);
 		for (size_t j = 0; j < i && !seen; j++)
 			seen = p->t[j].region == r;
 		if (!seen)
 			r->refs++;
 		p->t[i].region = r;
 	}
+	return 0;
+}
+
+/*
+ * A CUDA plan's GPU side: every allocation on one device (a rank drives one
+ * GPU), opened once through the cache, a lane, and the trainer's fence page.
+ */
+static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
+                    const Ckpt__V1__CreatePlanRequest *req, char *err)
+{
+	struct plan_gpu *g;
+	struct region *fence;
+	int dev = -1, rc;
+
+	if (!gpu_usable(a->gpu))
+		return ipc_errf(err, -ENOTSUP, "CUDA tensors, but %s", gpu_status(a->gpu));
+	fence = region_find(sess, req->fence_region);
+	if (!fence || fence->shm.size < sizeof(uint32_t))
+		return ipc_errf(err, -EINVAL,
+		                "a CUDA plan needs its fence page (a registered "
+		                "host region)");
+	for (size_t i = 0; i < req->n_cuda_regions; i++) {
+		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
+		int d = gpu_device_of(a->gpu, r->device_uuid.data, r->device_uuid.len, err);
+
+		if (d < 0)
+			return d;
+		if (dev >= 0 && d != dev)
+			return ipc_errf(err, -EINVAL,
+			                "CUDA tensors on two GPUs in one plan: a "
+			                "rank's plan names one GPU");
+		dev = d;
+	}
+	g = p->gpu = calloc(1, sizeof(*g));
+	if (!g || !(g->mem = calloc(req->n_cuda_regions, sizeof(void *))))
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	g->dev = dev;
+	g->n = req->n_cuda_regions;
+	for (size_t i = 0; i < g->n; i++) {
+		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
+
+		rc = gpu_mem_get(a->gpu, dev, r->ipc_handle.data, r->ipc_handle.len, &g->mem[i],
+		                 err);
+		if (rc)
+			return rc;
+	}
+	rc = gpu_lane_create(a->gpu, dev, &g->lane, err);
+	if (rc)
+		return rc;
+	g->fence_region = fence;
+	fence->refs++;
 	return 0;
 }
 
@@ -291,14 +375,11 @@ static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, s
 				(unsigned long long)req->session_id);
 	if (a->nplans >= MAX_PLANS)
 		return ipc_errf(err, -EAGAIN, "the agent holds %u plans, its limit", a->nplans);
-	if (req->n_cuda_regions)
-		return ipc_errf(err, -ENOTSUP, "job %s rank %d: CUDA tensors, but this agent has "
-					       "no usable GPU",
-				req->job, req->rank);
 	rc = ipc_tensors_from_request(req, &v, err);
 	if (rc)
 		return rc;
 	l.sess = sess;
+	l.req = req;
 	rc = ipc_check_tensors(v, req->n_tensors, region_size, &l, err);
 	if (rc)
 		goto out;
@@ -314,6 +395,11 @@ static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, s
 	p->backpressure = req->backpressure ? (int)req->backpressure : a->cfg.backpressure;
 	p->sess = sess;
 	p->refs = 1;
+	if (req->n_cuda_regions) {
+		rc = open_gpu(a, p, sess, req, err);
+		if (rc)
+			goto out;
+	}
 	rc = fill_tensors(p, sess, v, req->n_tensors, err);
 	if (rc)
 		goto out;
@@ -348,7 +434,7 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rc = plan_build(a, req, &p, err);
 	if (rc) {
 		if (p)
-			plan_free(p);
+			plan_free(a, p);
 		pthread_mutex_unlock(&a->mu);
 		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
 		goto out;
@@ -430,4 +516,47 @@ void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len
 		d += n;
 		off += n;
 	}
+}
+
+int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err)
+{
+	char *d = dst;
+	uint64_t end = off + len;
+	int rc;
+
+	if (off < p->header_len) {
+		uint64_t n = (end < p->header_len ? end : p->header_len) - off;
+
+		memcpy(d, (const char *)p->header + off, n);
+		d += n;
+		off += n;
+	}
+	for (size_t i = tensor_at(p, off); i < p->n && off < end; i++) {
+		const struct plan_tensor *t = &p->t[i];
+		uint64_t n = (end < t->end ? end : t->end) - off;
+
+		if (t->dptr) {
+			rc = gpu_lane_copy(p->gpu->lane, d,
+			                   (const char *)t->dptr + (off - t->begin), n, true, err);
+			if (rc)
+				return rc;
+		} else {
+			memcpy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n);
+		}
+		d += n;
+		off += n;
+	}
+	return 0;
+}
+
+void plan_fence_finish(struct plan *p, uint32_t seq)
+{
+	struct plan_gpu *g = p->gpu;
+	uint32_t word;
+
+	if (!g || !g->fence_region)
+		return; /* dropped: its trainer is gone, and its fence page with it */
+	word = fence_finish(&g->fence, seq);
+	/* The trainer's GPU polls this word (cuStreamWaitValue32, >=): publish it. */
+	__atomic_store_n((uint32_t *)g->fence_region->shm.data, word, __ATOMIC_RELEASE);
 }

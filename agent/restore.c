@@ -32,6 +32,7 @@ struct extent {
 	int rank;
 	uint64_t begin, end; /* bytes of the rank's file */
 	char *dst;           /* restore: where they go */
+	bool device; /* dst is GPU memory: copied on the plan's lane */
 	uint64_t xxh3;
 	bool nosum;          /* a shard header, checked by parsing */
 	const char *tensor;
@@ -52,6 +53,8 @@ struct reader {
 	pthread_cond_t cv;
 	struct pool_resv resv;
 	atomic_bool abort;
+	struct gpu_lane *lane; /* a CUDA plan's: copies to GPU memory go there */
+	int copy_err; /* the first failed copy to the GPU */
 	/* the file being read */
 	struct storage_shard *sh;
 	uint64_t size;
@@ -142,8 +145,18 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 		if (from == e->begin)
 			XXH3_64bits_reset(xs);
 		XXH3_64bits_update(xs, buf + (from - a0), to - from);
-		if (e->dst)
+		if (e->dst && e->device) {
+			char why[IPC_ERRLEN];
+			int rc = gpu_lane_copy(r->lane, e->dst + (from - e->begin),
+			                       buf + (from - a0), to - from, false, why);
+
+			if (rc && !r->copy_err) {
+				r->copy_err = rc;
+				problem(r, rc, "tensor '%s': %s", e->tensor, why);
+			}
+		} else if (e->dst) {
 			memcpy(e->dst + (from - e->begin), buf + (from - a0), to - from);
+		}
 		r->bytes += to - from;
 		if (e->end > b0)
 			return; /* goes on in the next window */
@@ -215,6 +228,15 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 				strerror((int)-w->c->req.res));
 		else if (r->collect || !atomic_load(&r->abort))
 			consume(r, w, (uint64_t)w->c->req.res, &ei, last, xs);
+		if (r->lane) { /* the GPU copies out of this window land before it is reused */
+			char why[IPC_ERRLEN];
+
+			if ((gpu_lane_mark(r->lane, 0, why) || gpu_lane_wait(r->lane, 0, why)) &&
+			    !r->copy_err) {
+				r->copy_err = -EIO;
+				problem(r, -EIO, "restoring into GPU memory: %s", why);
+			}
+		}
 		pool_give(&r->resv, w->c);
 	}
 	if (ei < last && !atomic_load(&r->abort))
@@ -339,7 +361,8 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	*e = (struct extent){.rank = ch->rank,
 			     .begin = ch->begin,
 			     .end = ch->end,
-			     .dst = plan_tensor_addr(p, i),
+			     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
+	                     .device = t->dptr != NULL,
 			     .xxh3 = ch->xxh3,
 			     .tensor = t->name};
 	return 0;
@@ -356,6 +379,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	rc = reader_init(&r, a, p->job, step, p->n);
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
+	r.lane = p->gpu ? p->gpu->lane : NULL;
 	rc = a->store->ops->read_manifest(a->store, p->job, step, &m, err);
 	if (rc)
 		goto out;

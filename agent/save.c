@@ -95,6 +95,12 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 		s->t_durable = now;
 	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
 		s->t_committed = now;
+	/* A CUDA plan's fence moves once this save's copies are done, or never will be. */
+	if (s->fence_seq && !s->fence_done && s->plan &&
+	    (state == CKPT__V1__STATE__STATE_CAPTURED || ipc_state_final(state))) {
+		s->fence_done = true;
+		plan_fence_finish(s->plan, s->fence_seq);
+	}
 	if (ipc_state_final(state)) {
 		a->inflight--;
 		a->nfinished++;
@@ -372,6 +378,55 @@ static int capture_chunks(struct save *s)
 	return 0;
 }
 
+/*
+ * GPU memory: the copies of a chunk are queued on the plan's lane after the
+ * trainer's event (so they follow its pending kernels), the lane marks the
+ * chunk, and the chunk before it, done by then or soon, is waited for and
+ * written: chunk k+1 is on the copy engine while chunk k goes to disk. The
+ * capture worker waits; the trainer's host thread never does.
+ */
+static int capture_chunks_gpu(struct save *s, char *why)
+{
+	struct agent *a = s->a;
+	struct gpu_lane *lane = s->plan->gpu->lane;
+	const uint64_t cb = pool_chunk_bytes(a->pool);
+	struct pool_chunk *prev = NULL, *c = NULL;
+	unsigned k;
+	int rc;
+
+	rc = gpu_lane_after(lane, s->cuda_event, sizeof(s->cuda_event), why);
+	for (k = 0; !rc && k < s->nchunks; k++) {
+		c = pool_take(&s->resv, &s->abort);
+		if (!c) {
+			rc = -ECANCELED;
+			break;
+		}
+		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, chunk_fill(s, k, cb), why);
+		if (!rc)
+			rc = gpu_lane_mark(lane, (int)k, why);
+		if (!rc && prev && !(rc = gpu_lane_wait(lane, (int)k - 1, why)))
+			submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
+		if (!rc) {
+			prev = c;
+			c = NULL;
+		}
+	}
+	if (!rc && prev && !(rc = gpu_lane_wait(lane, (int)k - 1, why))) {
+		submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
+		prev = NULL;
+	}
+	if (rc) {
+		/* No copy may still be landing in a chunk that goes back. */
+		gpu_lane_wait(lane, 0, NULL);
+		gpu_lane_wait(lane, 1, NULL);
+		if (prev)
+			pool_give(&s->resv, prev);
+		if (c)
+			pool_give(&s->resv, c);
+	}
+	return rc;
+}
+
 static int capture_setup(struct save *s, char *why)
 {
 	struct agent *a = s->a;
@@ -415,7 +470,7 @@ static void save_capture(struct work *w)
 	rc = capture_setup(s, why);
 	t2 = ipc_mono_ns();
 	if (!rc)
-		rc = capture_chunks(s);
+		rc = s->plan->gpu ? capture_chunks_gpu(s, why) : capture_chunks(s);
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,
 		"capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
@@ -524,6 +579,18 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 				"job %s rank %d: a restore is writing this plan's memory: save "
 				"after it returns",
 				p->job, p->rank);
+	if (!p->gpu && req->cuda_event.len)
+		return ipc_errf(err, -EINVAL, "a CUDA event for a host-memory plan");
+	if (p->gpu && req->cuda_event.len != GPU_EVENT_HANDLE_BYTES)
+		return ipc_errf(
+		    err, -EINVAL,
+		    "a save of a CUDA plan carries the trainer's event handle (%d bytes): "
+		    "libckpt records it",
+		    GPU_EVENT_HANDLE_BYTES);
+	if (p->gpu && p->gpu->fence.issued - p->gpu->fence.released >= FENCE_WINDOW)
+		return ipc_errf(err, -EBUSY,
+		                "job %s rank %d: %d saves of this plan not yet captured", p->job,
+		                p->rank, FENCE_WINDOW);
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */
@@ -532,6 +599,10 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 			free(cp);
 		}
 		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	if (p->gpu) { /* room checked above: this cannot fail */
+		fence_issue(&p->gpu->fence, &s->fence_seq);
+		memcpy(s->cuda_event, req->cuda_event.data, GPU_EVENT_HANDLE_BYTES);
 	}
 	/* The user meta: rank 0's, or else the first rank's that has one. */
 	if (req->meta_json && *req->meta_json && (p->rank == 0 || !cp->meta)) {
@@ -578,8 +649,6 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rc = ipc_check_step(req->step, err);
 	if (!rc)
 		rc = ipc_check_meta(req->meta_json, err);
-	if (!rc && req->cuda_event.len)
-		rc = ipc_errf(err, -ENOTSUP, "a CUDA event for a host-memory plan");
 	if (rc) {
 		rpc_fail(c, rc, "save: %s", err);
 		goto out;
@@ -590,6 +659,7 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rep.save_id = s->id;
 		rep.state = s->state;
 		rep.reason = s->reason;
+		rep.fence_seq = s->fence_seq;
 		/* the reply is packed now, under the lock: s may change right after */
 		rpc_reply(c, &rep.base);
 		/* born failed (its checkpoint had failed): nothing will run for it */

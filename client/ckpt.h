@@ -156,9 +156,26 @@ const char *ckpt_strerror(int err);
 const char *ckpt_last_error(struct ckpt_client *c);
 const char *ckpt_state_name(enum ckpt_state s);
 
+/*
+ * The CUDA transport. Tensors whose data is a CUDA device pointer (memory from
+ * cudaMalloc, or a caching allocator's blocks of it) go into a plan like host
+ * tensors; all of one plan on one GPU. Define CKPT_HAVE_CUDA_API before
+ * including this header to declare these (libckpt built with CUDA has them).
+ */
 #ifdef CKPT_HAVE_CUDA_API
 #include <cuda_runtime_api.h>
-/* Makes `stream` wait for CAPTURED without blocking the host thread. */
+/*
+ * ckpt_save, with the agent's copies ordered after the work queued on
+ * `stream` (ckpt_save uses the default stream). Nothing waits on the host.
+ */
+int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
+		 struct ckpt_save **out);
+/*
+ * Makes `stream` wait for CAPTURED without blocking the host thread: work
+ * queued on it afterwards (the next step's writes to the tensors) runs only
+ * once the agent's copies of this save are done. If the agent goes away the
+ * fence opens. -EINVAL for a save of a host-memory plan.
+ */
 int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream);
 #endif
 

@@ -12,6 +12,7 @@
 #include <grpc/grpc.h>
 
 #include "ckpt.h"
+#include "gpu.h"
 #include "ipc.h"
 
 /* A host region from ckpt_host_alloc. */
@@ -70,6 +71,8 @@ struct ckpt_save {
 	uint64_t id;
 	int state;
 	char reason[IPC_ERRLEN];
+	uint32_t fence_seq;  /* CUDA plans: its number on the plan's fence */
+	uintptr_t fence_dev; /* the fence word as the GPU sees it */
 };
 
 struct ckpt_plan {
@@ -79,7 +82,16 @@ struct ckpt_plan {
 	char job[IPC_MAX_JOB + 1];
 	int rank, world;
 	uint64_t shard_bytes;
+	/* CUDA plans */
+	bool cuda;
+	struct cl_gpu_plan gpu;
+	void *fence_mem;   /* its host page (from ckpt_host_alloc) */
+	uint32_t last_seq; /* the newest fence number the agent gave */
 };
+
+/* Saves a CUDA plan with the trainer's event recorded on `stream`. */
+int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
+	    struct ckpt_save **out);
 
 #define CL_DEFAULT_TIMEOUT_MS 60000
 #define CL_NO_TIMEOUT (-1)

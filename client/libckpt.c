@@ -90,6 +90,10 @@ static void *session_thread(void *arg)
 	}
 	pthread_mutex_lock(&c->mu);
 	c->gone = true;
+	/* No agent to move the fences any more: a trainer's GPU must not wait forever. */
+	for (struct ckpt_plan *p = c->plans; p; p = p->next)
+		if (p->cuda)
+			cl_gpu_release(&p->gpu, p->last_seq);
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 	return NULL;
@@ -231,6 +235,11 @@ static void client_free(struct ckpt_client *c)
 	grpc_slice_unref(c->sdetails);
 	if (c->ch)
 		grpc_channel_destroy(c->ch);
+	/* CUDA plans the user still holds: unregister their fence pages before they go. */
+	for (struct ckpt_plan *p = c->plans; p; p = p->next) {
+		cl_gpu_plan_free(&p->gpu);
+		p->fence_mem = NULL;
+	}
 	while (c->allocs) {
 		struct cl_alloc *a = c->allocs;
 

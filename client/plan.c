@@ -107,11 +107,24 @@ static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint6
 	return NULL;
 }
 
+/* What a plan request is built from: the client, and the CUDA allocations met. */
+struct build {
+	struct ckpt_client *c;
+	struct cl_gpu_alloc *gpu; /* each allocation once, in first-seen order */
+	size_t ngpu;
+};
+
 static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
 {
-	struct ckpt_client *c = ctx;
+	struct build *b = ctx;
 
-	for (const struct cl_alloc *a = c->allocs; a; a = a->next)
+	if (kind == CKPT__V1__REGION_KIND__REGION_CUDA) {
+		if (region >= b->ngpu)
+			return -ENOENT;
+		*size = b->gpu[region].size;
+		return 0;
+	}
+	for (const struct cl_alloc *a = b->c->allocs; a; a = a->next)
 		if (kind == CKPT__V1__REGION_KIND__REGION_HOST && a->region_id == region) {
 			*size = a->shm.size;
 			return 0;
@@ -121,12 +134,57 @@ static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
 
 /* ---- plans ------------------------------------------------------------ */
 
+/* The index of a CUDA allocation in the request, added if new: one handle each. */
+static int gpu_region(struct build *b, const struct cl_gpu_alloc *a, char *err)
+{
+	struct cl_gpu_alloc *v;
+
+	for (size_t i = 0; i < b->ngpu; i++)
+		if (b->gpu[i].base == a->base && b->gpu[i].dev == a->dev)
+			return (int)i;
+	v = realloc(b->gpu, (b->ngpu + 1) * sizeof(*v));
+	if (!v)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	b->gpu = v;
+	b->gpu[b->ngpu] = *a;
+	return (int)b->ngpu++;
+}
+
+/* Where a tensor's bytes are: a host region, or a CUDA allocation. */
+static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
+		 Ckpt__V1__TensorSpec *s, char *err)
+{
+	const struct cl_alloc *a = locate(b->c, t->data, nbytes, &s->offset);
+	struct cl_gpu_alloc g;
+	int rc, idx;
+
+	if (a) {
+		s->kind = CKPT__V1__REGION_KIND__REGION_HOST;
+		s->region = a->region_id;
+		return 0;
+	}
+	rc = cl_gpu_locate(t->data, nbytes, &g, err);
+	if (rc == -ENOENT)
+		return ipc_errf(err, -EINVAL,
+				"tensor '%s': its memory is neither from ckpt_host_alloc nor a CUDA "
+				"device pointer (or runs past the end of its allocation)",
+				t->name);
+	if (rc)
+		return rc;
+	idx = gpu_region(b, &g, err);
+	if (idx < 0)
+		return idx;
+	s->kind = CKPT__V1__REGION_KIND__REGION_CUDA;
+	s->region = (uint64_t)idx;
+	s->offset = (uint64_t)((uintptr_t)t->data - g.base);
+	return 0;
+}
+
 /* Under c->mu: one tensor into the request, with its region found. */
-static int spec_tensor(struct ckpt_client *c, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
+static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
 		       struct ipc_tensor *v, char *err)
 {
-	const struct cl_alloc *a;
-	uint64_t nbytes, offset;
+	uint64_t nbytes;
 	int rc;
 
 	if (!t->name)
@@ -137,20 +195,14 @@ static int spec_tensor(struct ckpt_client *c, const struct ckpt_tensor *t, Ckpt_
 	rc = ipc_tensor_nbytes(t->name, t->dtype, (size_t)t->ndim, t->shape, &nbytes, err);
 	if (rc)
 		return rc;
-	a = locate(c, t->data, nbytes, &offset);
-	if (!a)
-		return ipc_errf(err, -EINVAL,
-				"tensor '%s': its memory is neither from ckpt_host_alloc nor a CUDA "
-				"device pointer (or runs past the end of its allocation)",
-				t->name);
 	ckpt__v1__tensor_spec__init(s);
+	rc = place(b, t, nbytes, s, err);
+	if (rc)
+		return rc;
 	s->name = (char *)t->name;
 	s->dtype = (Ckpt__V1__DType)t->dtype;
 	s->n_shape = (size_t)t->ndim;
 	s->shape = (int64_t *)t->shape;
-	s->kind = CKPT__V1__REGION_KIND__REGION_HOST;
-	s->region = a->region_id;
-	s->offset = offset;
 	s->nbytes = nbytes;
 	if (t->global_shape) {
 		if (!t->global_offset)
@@ -167,7 +219,7 @@ static int spec_tensor(struct ckpt_client *c, const struct ckpt_tensor *t, Ckpt_
 	return 0;
 }
 
-static int plan_request(struct ckpt_client *c, const struct ckpt_tensor *t, size_t n,
+static int plan_request(struct build *b, const struct ckpt_tensor *t, size_t n,
 			Ckpt__V1__CreatePlanRequest *req, char *err)
 {
 	Ckpt__V1__TensorSpec *specs = calloc(n ? n : 1, sizeof(*specs));
@@ -179,14 +231,14 @@ static int plan_request(struct ckpt_client *c, const struct ckpt_tensor *t, size
 		rc = ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
 		goto out;
 	}
-	pthread_mutex_lock(&c->mu);
+	pthread_mutex_lock(&b->c->mu);
 	for (size_t i = 0; i < n && !rc; i++) {
-		rc = spec_tensor(c, &t[i], &specs[i], &v[i], err);
+		rc = spec_tensor(b, &t[i], &specs[i], &v[i], err);
 		pv[i] = &specs[i];
 	}
 	if (!rc)
-		rc = ipc_check_tensors(v, n, region_size, c, err);
-	pthread_mutex_unlock(&c->mu);
+		rc = ipc_check_tensors(v, n, region_size, b, err);
+	pthread_mutex_unlock(&b->c->mu);
 	req->n_tensors = n;
 	req->tensors = pv;
 out:
@@ -199,14 +251,83 @@ out:
 	return rc;
 }
 
+/*
+ * A CUDA plan's side: the allocations as the request's CUDA regions (all on
+ * one GPU: a rank drives one), its event, and its fence page: a host region
+ * the agent maps too, registered with CUDA so a stream can wait on it.
+ */
+static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRequest *req,
+		    Ckpt__V1__CudaRegion *regs, Ckpt__V1__CudaRegion **pregs, char *err)
+{
+	const struct cl_alloc *fa;
+	uint64_t off;
+	int rc;
+
+	for (size_t i = 0; i < b->ngpu; i++) {
+		if (b->gpu[i].dev != b->gpu[0].dev)
+			return ipc_errf(err, -EINVAL, "tensors on GPUs %d and %d: a rank's plan names "
+						      "one GPU",
+					b->gpu[0].dev, b->gpu[i].dev);
+		ckpt__v1__cuda_region__init(&regs[i]);
+		regs[i].ipc_handle.data = b->gpu[i].handle;
+		regs[i].ipc_handle.len = CL_GPU_HANDLE;
+		regs[i].size = b->gpu[i].size;
+		regs[i].device = b->gpu[i].dev;
+		regs[i].device_uuid.data = b->gpu[i].uuid;
+		regs[i].device_uuid.len = CL_GPU_UUID;
+		pregs[i] = &regs[i];
+	}
+	rc = ckpt_host_alloc(b->c, 4096, &p->fence_mem);
+	if (rc)
+		return ipc_errf(err, rc, "the fence page: %s", b->c->last_error);
+	rc = cl_gpu_plan_init(&p->gpu, b->gpu[0].dev, p->fence_mem, err);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&b->c->mu);
+	fa = locate(b->c, p->fence_mem, 4096, &off);
+	req->fence_region = fa ? fa->region_id : 0;
+	pthread_mutex_unlock(&b->c->mu);
+	p->cuda = true;
+	req->n_cuda_regions = b->ngpu;
+	req->cuda_regions = pregs;
+	return 0;
+}
+
+/* Frees a plan that never reached (or has left) the agent. */
+static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p)
+{
+	if (!p)
+		return;
+	cl_gpu_plan_free(&p->gpu); /* unregisters the fence page before it goes */
+	if (p->fence_mem && c)
+		ckpt_host_free(c, p->fence_mem);
+	free(p);
+}
+
+static int plan_args(struct ckpt_client *c, const char *job, int rank, int world, size_t n,
+		     enum ckpt_backpressure bp, char *err)
+{
+	int rc = ipc_check_job(job, err);
+
+	if (!rc)
+		rc = ipc_check_rank(rank, world, err);
+	if (!rc && (bp < CKPT_BP_DEFAULT || bp > CKPT_BP_SKIP))
+		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", bp);
+	if (!rc && n > IPC_MAX_TENSORS)
+		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n, IPC_MAX_TENSORS);
+	return rc;
+}
+
 int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
 		      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
 		      struct ckpt_plan **out)
 {
 	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
 	Ckpt__V1__CreatePlanReply *rep = NULL;
+	Ckpt__V1__CudaRegion *regs = NULL, **pregs = NULL;
+	struct build b = {.c = c};
+	struct ckpt_plan *p = NULL;
 	char err[IPC_ERRLEN];
-	struct ckpt_plan *p;
 	int rc;
 
 	if (!c || !out || (n && !t))
@@ -214,19 +335,23 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	*out = NULL;
 	if (!c->attached)
 		return cl_fail(c, -EINVAL, "ckpt_plan_create needs a client from ckpt_connect");
-	rc = ipc_check_job(job, err);
+	rc = plan_args(c, job, rank, world, n, bp, err);
 	if (!rc)
-		rc = ipc_check_rank(rank, world, err);
-	if (!rc && (bp < CKPT_BP_DEFAULT || bp > CKPT_BP_SKIP))
-		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", bp);
-	if (!rc && n > IPC_MAX_TENSORS)
-		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n, IPC_MAX_TENSORS);
-	if (!rc)
-		rc = plan_request(c, t, n, &req, err);
-	if (rc) /* the job is named only once it is known to be a name */
-		return ipc_check_job(job, NULL) ? cl_fail(c, rc, "plan: %s", err)
-						: cl_fail(c, rc, "plan for job %s rank %d: %s", job,
-							  rank, err);
+		rc = plan_request(&b, t, n, &req, err);
+	if (!rc && !(p = calloc(1, sizeof(*p))))
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	if (!rc && b.ngpu) {
+		regs = calloc(b.ngpu, sizeof(*regs));
+		pregs = calloc(b.ngpu, sizeof(*pregs));
+		rc = regs && pregs ? gpu_side(&b, p, &req, regs, pregs, err)
+				   : ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	if (rc) { /* the job is named only once it is known to be a name */
+		rc = ipc_check_job(job, NULL) ? cl_fail(c, rc, "plan: %s", err)
+					      : cl_fail(c, rc, "plan for job %s rank %d: %s", job,
+							rank, err);
+		goto out;
+	}
 	req.session_id = c->session_id;
 	req.job = (char *)job;
 	req.rank = rank;
@@ -234,16 +359,8 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	req.backpressure = (Ckpt__V1__Backpressure)bp;
 	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
 		     CL_DEFAULT_TIMEOUT_MS);
-	if (req.n_tensors)
-		free(req.tensors[0]);
-	free(req.tensors);
 	if (rc)
-		return rc;
-	p = calloc(1, sizeof(*p));
-	if (!p) {
-		protobuf_c_message_free_unpacked(&rep->base, NULL);
-		return cl_fail(c, -ENOMEM, "out of memory");
-	}
+		goto out;
 	p->c = c;
 	p->id = rep->plan_id;
 	snprintf(p->job, sizeof(p->job), "%s", job);
@@ -256,7 +373,16 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	c->plans = p;
 	pthread_mutex_unlock(&c->mu);
 	*out = p;
-	return 0;
+	p = NULL;
+out:
+	plan_free_local(c, p);
+	if (req.n_tensors && req.tensors)
+		free(req.tensors[0]);
+	free(req.tensors);
+	free(regs);
+	free(pregs);
+	free(b.gpu);
+	return rc;
 }
 
 int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
@@ -284,7 +410,7 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 			}
 		pthread_mutex_unlock(&p->c->mu);
 	}
-	free(p);
+	plan_free_local(p->c, p);
 }
 
 uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
@@ -294,7 +420,8 @@ uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
 
 /* ---- saves ------------------------------------------------------------ */
 
-int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct ckpt_save **out)
+int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
+	    struct ckpt_save **out)
 {
 	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
 	Ckpt__V1__SaveReply *rep;
@@ -317,6 +444,15 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 	req.plan_id = p->id;
 	req.step = step;
 	req.meta_json = (char *)(meta_json ? meta_json : "");
+	if (p->cuda) {
+		/* The agent's copies start after everything queued on `stream` so far. */
+		rc = cl_gpu_record(&p->gpu, stream, err);
+		if (rc)
+			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step,
+				       err);
+		req.cuda_event.data = p->gpu.event_handle;
+		req.cuda_event.len = CL_GPU_HANDLE;
+	}
 	rc = cl_call(c, IPC_SAVE, &req.base, (ProtobufCMessage **)&rep, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		return rc;
@@ -328,6 +464,8 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 	s->c = c;
 	s->id = rep->save_id;
 	s->state = rep->state;
+	s->fence_seq = rep->fence_seq;
+	s->fence_dev = p->gpu.fence_dev;
 	snprintf(s->reason, sizeof(s->reason), "%s", rep->reason ? rep->reason : "");
 	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	pthread_mutex_lock(&c->mu);
@@ -342,10 +480,39 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 	}
 	s->next = c->saves;
 	c->saves = s;
+	if (s->fence_seq) /* numbers come in order of the agent's replies: keep the newest */
+		p->last_seq = (int32_t)(s->fence_seq - p->last_seq) > 0 ? s->fence_seq : p->last_seq;
 	pthread_mutex_unlock(&c->mu);
 	*out = s;
 	return 0;
 }
+
+int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct ckpt_save **out)
+{
+	return cl_save(p, step, meta_json, NULL, out);
+}
+
+#ifdef CKPT_HAVE_CUDA_API
+int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
+		 struct ckpt_save **out)
+{
+	return cl_save(p, step, meta_json, (void *)stream, out);
+}
+
+int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream)
+{
+	char err[IPC_ERRLEN];
+	int rc;
+
+	if (!s)
+		return -EINVAL;
+	if (!s->fence_seq)
+		return s->c ? cl_fail(s->c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan")
+			    : -EINVAL;
+	rc = cl_gpu_fence(s->fence_dev, (void *)stream, s->fence_seq, err);
+	return rc && s->c ? cl_fail(s->c, rc, "ckpt_save_fence: %s", err) : rc;
+}
+#endif
 
 static struct timespec abs_deadline(int timeout_ms)
 {

@@ -261,6 +261,52 @@ START_TEST(agent_refuses_calls)
 }
 END_TEST
 
+/*
+ * Device memory where the agent has no usable GPU (this machine, CI): the
+ * plan is refused with the reason, CUDA's own words included when CUDA is
+ * built; an event for a host plan is refused; the agent serves on.
+ */
+START_TEST(cuda_plan_without_gpu)
+{
+	Ckpt__V1__CreatePlanRequest r;
+	Ckpt__V1__TensorSpec specs[2], *pv[2];
+	Ckpt__V1__CudaRegion reg = CKPT__V1__CUDA_REGION__INIT, *preg = &reg;
+	Ckpt__V1__SaveRequest save = CKPT__V1__SAVE_REQUEST__INIT;
+	uint8_t handle[64] = {1}, uuid[16] = {2};
+	struct ckpt_plan *p;
+	char out[4096];
+
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "status"), 0);
+	if (!strstr(out, "no usable GPU") && !strstr(out, "without the CUDA toolkit")) {
+		printf("skipped: this agent has a GPU\n");
+		return;
+	}
+	plan_req(&r, specs, pv, c->allocs->region_id);
+	specs[1].kind = CKPT__V1__REGION_KIND__REGION_CUDA;
+	specs[1].region = 0;
+	specs[1].offset = 0;
+	reg.ipc_handle.data = handle;
+	reg.ipc_handle.len = sizeof(handle);
+	reg.device_uuid.data = uuid;
+	reg.device_uuid.len = sizeof(uuid);
+	reg.size = 1 << 20;
+	r.n_cuda_regions = 1;
+	r.cuda_regions = &preg;
+	r.fence_region = c->allocs->region_id;
+	EXPECT_RAW(IPC_CREATE_PLAN, r, GRPC_STATUS_UNIMPLEMENTED,
+		   strstr(out, "no usable GPU") ? "cudaGetDeviceCount" : "without the CUDA toolkit");
+	/* a host plan's save with a CUDA event */
+	ck_assert_int_eq(ckpt_plan_create(c, "hostonly", 0, 1, m.t, m.n, &p), 0);
+	save.plan_id = p->id;
+	save.step = 1;
+	save.cuda_event.data = handle;
+	save.cuda_event.len = sizeof(handle);
+	EXPECT_RAW(IPC_SAVE, save, GRPC_STATUS_INVALID_ARGUMENT, "CUDA event for a host");
+	ckpt_plan_destroy(p);
+	still_serving();
+}
+END_TEST
+
 /* A message beyond the agent's bound is refused by gRPC before it is parsed. */
 START_TEST(oversized_message)
 {
@@ -330,6 +376,7 @@ int main(void)
 	tcase_add_test(tc, oversized_message);
 	tcase_add_test(tc, ctl_usage_and_errors);
 	tcase_add_test(tc, connect_to_nothing);
+	tcase_add_test(tc, cuda_plan_without_gpu);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

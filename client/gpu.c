@@ -1,0 +1,185 @@
+/*
+ * libckpt's CUDA side (gpu.h). cudart calls only; each cudaError_t becomes a
+ * negative errno here with CUDA's text in the message. The two driver calls
+ * needed (cuMemGetAddressRange: an allocation's base; cuStreamWaitValue32:
+ * the fence) are looked up once through cudaGetDriverEntryPointByVersion.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <pthread.h>
+
+#include "gpu.h"
+#include "ipc.h"
+
+#ifdef CKPT_HAVE_CUDA
+#include <cuda.h> /* types and enums only: nothing from libcuda is linked */
+#include <cuda_runtime_api.h>
+
+typedef CUresult (*range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+typedef CUresult (*wait_fn)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned flags);
+
+static range_fn mem_range;
+static wait_fn wait_value;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void lookup(void)
+{
+	enum cudaDriverEntryPointQueryResult q;
+	void *fn;
+
+	/* 12000: the _v2 forms, with 64-bit sizes and the current wait semantics */
+	if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+					     &q) == cudaSuccess &&
+	    q == cudaDriverEntryPointSuccess)
+		mem_range = (range_fn)fn;
+	if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+					     &q) == cudaSuccess &&
+	    q == cudaDriverEntryPointSuccess)
+		wait_value = (wait_fn)fn;
+}
+
+static int cuda_err(char *err, cudaError_t e, const char *what)
+{
+	return ipc_errf(err, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
+			"%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+}
+
+int cl_gpu_locate(const void *p, uint64_t n, struct cl_gpu_alloc *a, char *err)
+{
+	struct cudaPointerAttributes attr;
+	struct cudaDeviceProp prop;
+	cudaIpcMemHandle_t h;
+	CUdeviceptr base;
+	size_t size;
+	cudaError_t e;
+
+	memset(a, 0, sizeof(*a));
+	/* Host memory, or no driver at all: not ours to export. */
+	if (!p || cudaPointerGetAttributes(&attr, p) != cudaSuccess ||
+	    attr.type != cudaMemoryTypeDevice) {
+		cudaGetLastError(); /* a failed query must not stick to the next call */
+		return -ENOENT;
+	}
+	pthread_once(&once, lookup);
+	if (!mem_range)
+		return ipc_errf(err, -ENOTSUP, "the CUDA driver offers no cuMemGetAddressRange");
+	if (mem_range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+		return ipc_errf(err, -EINVAL, "cuMemGetAddressRange refused a device pointer");
+	if ((uintptr_t)p + n > base + size)
+		return ipc_errf(err, -ERANGE, "%llu bytes at a device pointer run past the end of "
+					      "its allocation",
+				(unsigned long long)n);
+	e = cudaGetDeviceProperties(&prop, attr.device);
+	if (e == cudaSuccess)
+		e = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
+	if (e != cudaSuccess)
+		return cuda_err(err, e, "cudaIpcGetMemHandle (memory from cudaMalloc can be "
+					"shared; from cudaMallocAsync pools or VMM it may not)");
+	a->base = (uintptr_t)base;
+	a->size = size;
+	a->dev = attr.device;
+	memcpy(a->uuid, prop.uuid.bytes, CL_GPU_UUID);
+	memcpy(a->handle, &h, CL_GPU_HANDLE);
+	return 0;
+}
+
+int cl_gpu_plan_init(struct cl_gpu_plan *g, int dev, void *fence, char *err)
+{
+	cudaIpcEventHandle_t h;
+	cudaEvent_t ev = NULL;
+	void *dptr = NULL;
+	cudaError_t e;
+
+	memset(g, 0, sizeof(*g));
+	pthread_once(&once, lookup);
+	if (!wait_value)
+		return ipc_errf(err, -ENOTSUP, "the CUDA driver offers no cuStreamWaitValue32: "
+					       "ckpt_save_fence cannot work");
+	e = cudaSetDevice(dev);
+	if (e == cudaSuccess)
+		e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess);
+	if (e == cudaSuccess)
+		e = cudaIpcGetEventHandle(&h, ev);
+	/* The fence page: pinned and mapped, so a stream can wait on its word. */
+	if (e == cudaSuccess)
+		e = cudaHostRegister(fence, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (e == cudaSuccess)
+		e = cudaHostGetDevicePointer(&dptr, fence, 0);
+	if (e != cudaSuccess) {
+		if (ev)
+			cudaEventDestroy(ev);
+		cudaHostUnregister(fence);
+		return cuda_err(err, e, "setting up the plan's event and fence");
+	}
+	g->dev = dev;
+	g->event = ev;
+	memcpy(g->event_handle, &h, CL_GPU_HANDLE);
+	g->fence = fence;
+	g->fence_dev = (uintptr_t)dptr;
+	return 0;
+}
+
+void cl_gpu_plan_free(struct cl_gpu_plan *g)
+{
+	if (g->event)
+		cudaEventDestroy((cudaEvent_t)g->event);
+	if (g->fence)
+		cudaHostUnregister(g->fence);
+	memset(g, 0, sizeof(*g));
+}
+
+int cl_gpu_record(struct cl_gpu_plan *g, void *stream, char *err)
+{
+	cudaError_t e = cudaEventRecord((cudaEvent_t)g->event, (cudaStream_t)stream);
+
+	return e == cudaSuccess ? 0 : cuda_err(err, e, "cudaEventRecord of the save's event");
+}
+
+int cl_gpu_fence(uintptr_t fence_dev, void *stream, uint32_t seq, char *err)
+{
+	/* GEQ compares (int32_t)(*word - seq) >= 0: wraps like the agent's numbers. */
+	if (wait_value((CUstream)stream, (CUdeviceptr)fence_dev, seq, CU_STREAM_WAIT_VALUE_GEQ) !=
+	    CUDA_SUCCESS)
+		return ipc_errf(err, -EIO, "cuStreamWaitValue32 on the fence failed");
+	return 0;
+}
+
+void cl_gpu_release(struct cl_gpu_plan *g, uint32_t seq)
+{
+	if (g->fence)
+		__atomic_store_n((uint32_t *)g->fence, seq, __ATOMIC_RELEASE);
+}
+
+#else /* no CUDA toolkit at build time: nothing is device memory */
+
+int cl_gpu_locate(const void *p, uint64_t n, struct cl_gpu_alloc *a, char *err)
+{
+	memset(a, 0, sizeof(*a));
+	return -ENOENT;
+}
+
+int cl_gpu_plan_init(struct cl_gpu_plan *g, int dev, void *fence, char *err)
+{
+	return ipc_errf(err, -ENOTSUP, "libckpt was built without CUDA");
+}
+
+void cl_gpu_plan_free(struct cl_gpu_plan *g)
+{
+}
+
+int cl_gpu_record(struct cl_gpu_plan *g, void *stream, char *err)
+{
+	return ipc_errf(err, -ENOTSUP, "libckpt was built without CUDA");
+}
+
+int cl_gpu_fence(uintptr_t fence_dev, void *stream, uint32_t seq, char *err)
+{
+	return ipc_errf(err, -ENOTSUP, "libckpt was built without CUDA");
+}
+
+void cl_gpu_release(struct cl_gpu_plan *g, uint32_t seq)
+{
+}
+
+#endif
