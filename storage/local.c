@@ -133,6 +133,28 @@ int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, c
 	return fd < 0 ? dir_error(fd, local_path_of(l, p, sizeof(p), job, step, NULL), err) : fd;
 }
 
+int local_open_job_step(struct local *l, const char *job, int64_t step, int *jobfd, int *stepfd,
+                        char *err)
+{
+	int rc;
+
+	*jobfd = *stepfd = -1;
+	if ((rc = local_check_job_step(job, step, err)))
+		return rc;
+	rc = *jobfd = local_open_job(l, job, err);
+	if (rc < 0) {
+		*jobfd = -1;
+		return rc;
+	}
+	rc = *stepfd = local_open_step(l, *jobfd, job, step, err);
+	if (rc < 0) {
+		*stepfd = -1;
+		local_close_fd(jobfd);
+		return rc;
+	}
+	return 0;
+}
+
 /*
  * Makes (if needed) and opens directory `name` under dirfd. durable: a new
  * entry is made durable at once by fsyncing dirfd. A job directory needs it:
@@ -403,12 +425,9 @@ static int local_shard_open(struct storage *s, const char *job, int64_t step, in
 		return rc;
 	manifest_rank_file(rank, fname, sizeof(fname));
 	local_path_of(l, p, sizeof(p), job, step, fname);
-	rc = jobfd = local_open_job(l, job, err);
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = local_open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
 	rc = fd = open_shard_file(l, stepfd, fname, O_RDONLY, &st);
 	if (rc < 0) {
 		ipc_errf(err, rc, "cannot open shard %s: %s%s", p, strerror(-rc),

@@ -68,6 +68,9 @@ int local_open_dir(struct local *l, int dirfd, const char *name);
 /* The job's (step's) directory; a message saying which is missing if not there. */
 int local_open_job(struct local *l, const char *job, char *err);
 int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, char *err);
+/* Checks job and step and opens both directories; on failure neither stays open. */
+int local_open_job_step(struct local *l, const char *job, int64_t step, int *jobfd, int *stepfd,
+                        char *err);
 /* A regular file, never a link, never blocking on a FIFO; *st filled in. */
 int local_open_regular(struct local *l, int dirfd, const char *name, int flags, mode_t mode,
                        struct stat *st);

@@ -381,14 +381,9 @@ int local_commit(struct storage *s, const struct manifest *m, char *err)
 
 	if (!m)
 		return ipc_errf(err, -EINVAL, "no manifest to commit");
-	if ((rc = local_check_job_step(m->job, m->step, err)))
-		return rc;
-	rc = jobfd = local_open_job(l, m->job, err);
+	rc = local_open_job_step(l, m->job, m->step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = local_open_step(l, jobfd, m->job, m->step, err);
-	if (rc < 0)
-		goto out;
 	if (fstatat(stepfd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0) {
 		/* Replacing it would also make our undo delete a good checkpoint. */
 		rc = ipc_errf(err, -EEXIST,
@@ -441,14 +436,9 @@ int local_set_pinned(struct storage *s, const char *job, int64_t step, bool pinn
 	char p[PATH_MAX];
 	struct stat st;
 
-	if ((rc = local_check_job_step(job, step, err)))
-		return rc;
-	rc = jobfd = local_open_job(l, job, err);
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = local_open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
 	if (fstatat(stepfd, MANIFEST_NAME, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) {
 		rc = ipc_errf(err, -ENOENT,
 		              "job '%s' step %" PRId64 " is not committed: only a checkpoint can "
@@ -539,14 +529,9 @@ int local_remove(struct storage *s, const char *job, int64_t step, char *err)
 	int jobfd, stepfd, rc;
 	uint64_t seq;
 
-	if ((rc = local_check_job_step(job, step, err)))
-		return rc;
-	rc = jobfd = local_open_job(l, job, err);
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = local_open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
 	close(stepfd);
 	rc = repoint_latest(l, jobfd, job, step, err);
 	if (rc < 0)

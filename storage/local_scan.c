@@ -250,15 +250,10 @@ int local_read_manifest(struct storage *s, const char *job, int64_t step, struct
 	size_t len = 0;
 
 	*out = NULL;
-	if ((rc = local_check_job_step(job, step, err)))
-		return rc;
 	local_path_of(l, p, sizeof(p), job, step, MANIFEST_NAME);
-	rc = jobfd = local_open_job(l, job, err);
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = stepfd = local_open_step(l, jobfd, job, step, err);
-	if (rc < 0)
-		goto out;
 	rc = local_read_small(l, stepfd, MANIFEST_NAME, MANIFEST_MAX_BYTES, &buf, &len);
 	if (rc == -ENOENT)
 		ipc_errf(err, rc, "job '%s' step %" PRId64 " is not committed (no %s)", job, step,
