@@ -37,9 +37,8 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
 static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
-	/* With a GPU the pool is pinned by CUDA (cudaHostAlloc): D2H copies land in it. */
-	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool,
-	                       gpu_pool_alloc(a->gpu)};
+	/* Pinned for the GPUs too, by the first CUDA plan (gpu_pin). */
+	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool};
 	struct local_opts lo = {a->cfg.root, NULL, NULL, a->cfg.direct};
 	const struct iovec *iov;
 	char why[IPC_ERRLEN];
@@ -290,8 +289,8 @@ void agent_destroy(struct agent *a)
 	copier_destroy(a->copier);
 	free_objects(a);
 	storage_destroy(a->store);
+	gpu_destroy(a->gpu); /* after the plans (their mappings); unpins the pool */
 	pool_destroy(a->pool);
-	gpu_destroy(a->gpu); /* after the plans (their mappings) and the pinned pool */
 	catalog_destroy(a->cat);
 	pthread_mutex_destroy(&a->mu);
 	free(a);

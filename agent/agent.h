@@ -157,6 +157,11 @@ struct plan_gpu {
 	int dev;
 	size_t n;
 	void **mem;            /* the opened allocations, in the request's order */
+	/*
+	 * Held by a capture from its first wait to its last copy: captures of
+	 * one plan use the lane (and may replace it) one at a time.
+	 */
+	pthread_mutex_t capture;
 	struct gpu_lane *lane; /* the stream its copies go on */
 	struct region *fence_region; /* the trainer's fence page */
 	struct fence fence;
@@ -192,11 +197,10 @@ void plan_put(struct agent *a, struct plan *p);
 /* Its regions are in use / no longer: once dropped and idle they are released. */
 void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
-/* Copies shard bytes [off, off + len) (header and tensors) to dst. No lock. Host plans. */
-void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len);
 /*
- * A CUDA plan's bytes [off, off + len) into dst: host bytes copied now, GPU
- * bytes queued on the plan's lane (wait for them with gpu_lane_wait). No lock.
+ * Shard bytes [off, off + len) (header and tensors) into dst: host bytes
+ * copied now, a CUDA plan's GPU bytes queued on its lane (wait for them with
+ * gpu_lane_wait). No lock. Fails only for a GPU copy; never for host plans.
  */
 int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err);
 /* Under mu: a CUDA plan's save has captured or ended; moves the trainer's fence. */

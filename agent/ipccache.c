@@ -16,6 +16,7 @@ struct entry {
 	int dev;
 	uint8_t handle[IPC_HANDLE_BYTES];
 	void *ptr;
+	uint64_t size;
 	unsigned refs;
 };
 
@@ -50,7 +51,9 @@ void ipc_cache_destroy(struct ipc_cache *c)
 	free(c);
 }
 
-int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, void **ptr, char *err)
+/* The entry of (dev, handle) with a reference taken, opened if new. */
+static int lookup(struct ipc_cache *c, int dev, const uint8_t *handle, struct entry **out,
+		  char *err)
 {
 	struct entry *e;
 	int rc;
@@ -58,13 +61,13 @@ int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, void **pt
 	for (e = c->head; e; e = e->next)
 		if (e->dev == dev && memcmp(e->handle, handle, IPC_HANDLE_BYTES) == 0) {
 			e->refs++;
-			*ptr = e->ptr;
+			*out = e;
 			return 0;
 		}
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return ipc_errf(err, -ENOMEM, "out of memory");
-	rc = c->ops.open(c->ops.ctx, dev, handle, &e->ptr, err);
+	rc = c->ops.open(c->ops.ctx, dev, handle, &e->ptr, &e->size, err);
 	if (rc) {
 		free(e);
 		return rc;
@@ -75,6 +78,27 @@ int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, void **pt
 	e->next = c->head;
 	c->head = e;
 	c->n++;
+	*out = e;
+	return 0;
+}
+
+int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, uint64_t need, void **ptr,
+		  char *err)
+{
+	struct entry *e = NULL;
+	int rc = lookup(c, dev, handle, &e, err);
+
+	if (rc)
+		return rc;
+	if (need > e->size) {
+		uint64_t have = e->size;
+
+		ipc_cache_put(c, dev, e->ptr);
+		return ipc_errf(err, -ERANGE,
+				"a CUDA allocation of %llu bytes, but the plan says %llu: its "
+				"tensors would reach past it",
+				(unsigned long long)have, (unsigned long long)need);
+	}
 	*ptr = e->ptr;
 	return 0;
 }

@@ -5,11 +5,12 @@
  * each tensor in the order given, contiguous) and its safetensors header is
  * built once.
  *
- * Handlers run on the control thread; plan_read_image runs on capture
+ * Handlers run on the control thread; plan_queue_image runs on capture
  * workers, without the lock: a plan's layout never changes and its regions
  * stay mapped while it is busy (plan_busy/plan_idle).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ static void release_gpu(struct agent *a, struct plan *p)
 	if (!g)
 		return;
 	gpu_lane_destroy(g->lane); /* waits for its copies first */
+	pthread_mutex_destroy(&g->capture);
 	for (size_t i = 0; i < g->n; i++)
 		if (g->mem[i])
 			gpu_mem_put(a->gpu, g->dev, g->mem[i]);
@@ -309,6 +311,15 @@ static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_t
 	return 0;
 }
 
+/* The first CUDA plan pins the staging pool for DMA (once: gpu.h). */
+static void pin_pool(struct agent *a)
+{
+	unsigned n;
+	const struct iovec *iov = pool_iovecs(a->pool, &n);
+
+	gpu_pin(a->gpu, iov[0].iov_base, (uint64_t)n * pool_chunk_bytes(a->pool));
+}
+
 /*
  * A CUDA plan's GPU side: every allocation on one device (a rank drives one
  * GPU), opened once through the cache, a lane, and the trainer's fence page.
@@ -339,16 +350,25 @@ static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
 			                "rank's plan names one GPU");
 		dev = d;
 	}
-	g = p->gpu = calloc(1, sizeof(*g));
-	if (!g || !(g->mem = calloc(req->n_cuda_regions, sizeof(void *))))
+	g = calloc(1, sizeof(*g));
+	if (!g)
 		return ipc_errf(err, -ENOMEM, "out of memory");
+	if (pthread_mutex_init(&g->capture, NULL)) {
+		free(g);
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	p->gpu = g;
 	g->dev = dev;
+	g->mem = calloc(req->n_cuda_regions, sizeof(void *));
+	if (!g->mem)
+		return ipc_errf(err, -ENOMEM, "out of memory");
 	g->n = req->n_cuda_regions;
+	pin_pool(a);
 	for (size_t i = 0; i < g->n; i++) {
 		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
 
-		rc = gpu_mem_get(a->gpu, dev, r->ipc_handle.data, r->ipc_handle.len, &g->mem[i],
-		                 err);
+		rc = gpu_mem_get(a->gpu, dev, r->ipc_handle.data, r->ipc_handle.len, r->size,
+		                 &g->mem[i], err);
 		if (rc)
 			return rc;
 	}
@@ -496,28 +516,7 @@ static size_t tensor_at(const struct plan *p, uint64_t off)
 	return lo;
 }
 
-void plan_read_image(const struct plan *p, uint64_t off, void *dst, uint64_t len)
-{
-	char *d = dst;
-	uint64_t end = off + len;
-
-	if (off < p->header_len) {
-		uint64_t n = (end < p->header_len ? end : p->header_len) - off;
-
-		memcpy(d, (const char *)p->header + off, n);
-		d += n;
-		off += n;
-	}
-	for (size_t i = tensor_at(p, off); i < p->n && off < end; i++) {
-		const struct plan_tensor *t = &p->t[i];
-		uint64_t n = (end < t->end ? end : t->end) - off;
-
-		memcpy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n);
-		d += n;
-		off += n;
-	}
-}
-
+/* One walk for both kinds: host bytes copied now, GPU bytes queued on the plan's lane. */
 int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err)
 {
 	char *d = dst;

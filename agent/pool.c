@@ -1,6 +1,6 @@
 /*
  * The staging pool (pool.h): one region of host memory, pre-faulted and
- * locked (or pinned by the alloc hook), cut into fixed chunks, and the
+ * locked (and pinned for the GPUs by gpu_pin), cut into fixed chunks, and the
  * admission of saves to it by reservation.
  *
  *   pool_create / pool_destroy   start-up and shutdown, agent main thread
@@ -60,8 +60,6 @@ struct pool {
 	struct pool_chunk *chunks;
 	struct iovec *iov;
 	bool locked;
-	bool hooked; /* memory from alloc, to be given back through it */
-	struct pool_alloc alloc;
 	char detail[256];
 
 	/* Under mu. */
@@ -182,27 +180,6 @@ static int map_region(struct pool *p, char *huge, size_t hlen, char *err)
 	return 0;
 }
 
-static int hook_region(struct pool *p, const struct pool_alloc *a, char *err)
-{
-	char b[32], why[IPC_ERRLEN] = "";
-
-	assert(a->alloc && a->free);
-	p->base = a->alloc(a->ctx, p->bytes, why);
-	if (!p->base) {
-		fmt_size(b, sizeof(b), p->bytes);
-		return ipc_errf(err, -ENOMEM,
-		                "staging pool: %s of %s failed: %s: lower the pool size",
-		                p->alloc.what, b, why[0] ? why : "no reason given");
-	}
-	p->hooked = true;
-	if ((uintptr_t)p->base % POOL_ALIGN)
-		return ipc_errf(err, -EINVAL,
-		                "staging pool: %s returned memory at %p, not %u-byte aligned as "
-		                "O_DIRECT needs",
-		                p->alloc.what, p->base, POOL_ALIGN);
-	return 0;
-}
-
 /*
  * Fresh pages fault in at ~0.26 GB/s on first touch (DESIGN.md §5): pay
  * that here, once, and not in the trainer's first capture. A write per
@@ -224,12 +201,6 @@ static void lock_region(struct pool *p, bool want, char *lock, size_t llen)
 	char lim[32];
 	int e;
 
-	if (p->hooked) {
-		/* The hook exists to pin (cudaHostAlloc): it has done it. */
-		p->locked = true;
-		snprintf(lock, llen, "pinned by %s", p->alloc.what);
-		return;
-	}
 	if (!want) {
 		snprintf(lock, llen, "not locked (not asked to)");
 		return;
@@ -283,10 +254,7 @@ static void free_region(struct pool *p)
 {
 	if (!p->base)
 		return;
-	if (p->hooked)
-		p->alloc.free(p->alloc.ctx, p->base, p->bytes);
-	else
-		munmap(p->base, p->bytes); /* also unlocks */
+	munmap(p->base, p->bytes); /* also unlocks */
 	p->base = NULL;
 }
 
@@ -323,18 +291,13 @@ int pool_create(const struct pool_opts *o, struct pool **out, char *err)
 	p->n = n;
 	p->chunk_bytes = o->chunk_bytes;
 	p->bytes = (uint64_t)n * o->chunk_bytes;
-	if (o->alloc) {
-		p->alloc = *o->alloc;
-		if (!p->alloc.what)
-			p->alloc.what = "alloc hook";
-	}
 	p->chunks = calloc(n, sizeof(*p->chunks));
 	p->iov = calloc(n, sizeof(*p->iov));
 	if (!p->chunks || !p->iov) {
 		rc = ipc_errf(err, -ENOMEM, "staging pool: out of memory for its %u chunks", n);
 		goto free_arrays;
 	}
-	rc = o->alloc ? hook_region(p, o->alloc, err) : map_region(p, huge, sizeof(huge), err);
+	rc = map_region(p, huge, sizeof(huge), err);
 	if (rc)
 		goto free_memory;
 	prefault(p);
@@ -343,8 +306,7 @@ int pool_create(const struct pool_opts *o, struct pool **out, char *err)
 
 	fmt_size(sz, sizeof(sz), p->bytes);
 	fmt_size(csz, sizeof(csz), p->chunk_bytes);
-	snprintf(p->detail, sizeof(p->detail), "%s, %s in %u x %s chunks, %s%s%s",
-	         o->alloc ? p->alloc.what : "mmap", sz, n, csz, huge, huge[0] ? ", " : "", lock);
+	snprintf(p->detail, sizeof(p->detail), "mmap, %s in %u x %s chunks, %s%s%s", sz, n, csz, huge, huge[0] ? ", " : "", lock);
 	*out = p;
 	return 0;
 

@@ -1,7 +1,7 @@
 /*
  * The staging pool: one page-aligned, pre-faulted region of host memory,
- * locked where the limit allows (or pinned with cudaHostAlloc, through the
- * alloc hook), cut into fixed chunks that are registered with io_uring.
+ * locked where the limit allows (and pinned for the GPUs by gpu_pin when
+ * CUDA plans come), cut into fixed chunks that are registered with io_uring.
  * Captures copy into chunks; writes go out of them; nothing is copied in
  * between and nothing is allocated per I/O.
  *
@@ -40,19 +40,10 @@ struct pool_chunk {
 	struct pool_chunk *next;
 };
 
-/* Memory for the pool from elsewhere (cudaHostAlloc); NULL: mmap. */
-struct pool_alloc {
-	void *(*alloc)(void *ctx, uint64_t bytes, char *err);
-	void (*free)(void *ctx, void *p, uint64_t bytes);
-	void *ctx;
-	const char *what; /* "cudaHostAlloc", for the status line */
-};
-
 struct pool_opts {
 	uint64_t bytes; /* rounded down to whole chunks; at least 2 */
 	uint64_t chunk_bytes; /* multiple of 4096 */
 	bool lock; /* mlock the pool (skipped if the limit is too low) */
-	const struct pool_alloc *alloc;
 };
 
 struct pool_stats {

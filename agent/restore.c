@@ -231,7 +231,7 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		if (r->lane) { /* the GPU copies out of this window land before it is reused */
 			char why[IPC_ERRLEN];
 
-			if ((gpu_lane_mark(r->lane, 0, why) || gpu_lane_wait(r->lane, 0, why)) &&
+			if ((gpu_lane_mark(r->lane, 0, why) || gpu_lane_wait(r->lane, 0, NULL, why)) &&
 			    !r->copy_err) {
 				r->copy_err = -EIO;
 				problem(r, -EIO, "restoring into GPU memory: %s", why);
@@ -379,7 +379,15 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	rc = reader_init(&r, a, p->job, step, p->n);
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
-	r.lane = p->gpu ? p->gpu->lane : NULL;
+	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
+		pthread_mutex_lock(&p->gpu->capture);
+		r.lane = p->gpu->lane;
+		if (!r.lane) {
+			rc = ipc_errf(err, -EIO, "the plan's GPU stream was lost after a failed "
+						 "wait; create the plan again");
+			goto out;
+		}
+	}
 	rc = a->store->ops->read_manifest(a->store, p->job, step, &m, err);
 	if (rc)
 		goto out;
@@ -398,6 +406,8 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	if (!rc && m->meta_json && !(*meta = strdup(m->meta_json)))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 out:
+	if (p->gpu)
+		pthread_mutex_unlock(&p->gpu->capture);
 	manifest_free(m);
 	reader_free(&r);
 	return rc;

@@ -325,7 +325,7 @@ static void chunk_written(struct io_req *r)
 /* A part of a chunk's copy (copier.h): header and tensor bytes of the plan. */
 static void image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
 {
-	plan_read_image(plan, off, dst, len);
+	plan_queue_image(plan, off, dst, len, NULL); /* host plans: nothing can fail */
 }
 
 /* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
@@ -379,22 +379,57 @@ static int capture_chunks(struct save *s)
 }
 
 /*
- * GPU memory: the copies of a chunk are queued on the plan's lane after the
- * trainer's event (so they follow its pending kernels), the lane marks the
- * chunk, and the chunk before it, done by then or soon, is waited for and
- * written: chunk k+1 is on the copy engine while chunk k goes to disk. The
- * capture worker waits; the trainer's host thread never does.
+ * Waits (on the plan's lane) for the trainer's event: its GPU work before
+ * ckpt_save is done, so every byte copied after reads the step it saved,
+ * host tensors included. The one wait that may never end (a trainer that
+ * dies with work queued): it holds no chunks, and an abort ends it by
+ * abandoning the stuck lane for a fresh one.
+ */
+static int gpu_wait_trainer(struct save *s, char *why)
+{
+	struct plan_gpu *g = s->plan->gpu;
+	struct gpu_lane *fresh;
+	int rc;
+
+	if (!g->lane)
+		return ipc_errf(why, -EIO, "the plan has no GPU stream (an abort left it none): "
+		                           "create the plan again");
+	rc = gpu_lane_after(g->lane, s->cuda_event, sizeof(s->cuda_event), why);
+	if (!rc)
+		rc = gpu_lane_mark(g->lane, 1, why);
+	if (!rc)
+		rc = gpu_lane_wait(g->lane, 1, &s->abort, why);
+	if (rc == -ECANCELED) {
+		char err[IPC_ERRLEN];
+
+		gpu_lane_abandon(g->lane);
+		g->lane = NULL;
+		if (gpu_lane_create(s->a->gpu, g->dev, &fresh, err))
+			log_msg(LOG_WARNING, "job %s rank %d: no new GPU stream: %s", s->plan->job,
+			        s->plan->rank, err);
+		else
+			g->lane = fresh;
+	}
+	return rc;
+}
+
+/*
+ * GPU memory: the copies of a chunk are queued on the plan's lane, the lane
+ * marks the chunk, and the chunk before it, done by then or soon, is waited
+ * for and written: chunk k+1 is on the copy engine while chunk k goes to
+ * disk. The capture worker waits; the trainer's host thread never does.
  */
 static int capture_chunks_gpu(struct save *s, char *why)
 {
 	struct agent *a = s->a;
-	struct gpu_lane *lane = s->plan->gpu->lane;
+	struct plan_gpu *g = s->plan->gpu;
 	const uint64_t cb = pool_chunk_bytes(a->pool);
 	struct pool_chunk *prev = NULL, *c = NULL;
 	unsigned k;
 	int rc;
 
-	rc = gpu_lane_after(lane, s->cuda_event, sizeof(s->cuda_event), why);
+	pthread_mutex_lock(&g->capture);
+	rc = gpu_wait_trainer(s, why);
 	for (k = 0; !rc && k < s->nchunks; k++) {
 		c = pool_take(&s->resv, &s->abort);
 		if (!c) {
@@ -403,27 +438,28 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		}
 		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, chunk_fill(s, k, cb), why);
 		if (!rc)
-			rc = gpu_lane_mark(lane, (int)k, why);
-		if (!rc && prev && !(rc = gpu_lane_wait(lane, (int)k - 1, why)))
+			rc = gpu_lane_mark(g->lane, (int)k, why);
+		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why)))
 			submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
 		if (!rc) {
 			prev = c;
 			c = NULL;
 		}
 	}
-	if (!rc && prev && !(rc = gpu_lane_wait(lane, (int)k - 1, why))) {
+	if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
 		submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
 		prev = NULL;
 	}
-	if (rc) {
-		/* No copy may still be landing in a chunk that goes back. */
-		gpu_lane_wait(lane, 0, NULL);
-		gpu_lane_wait(lane, 1, NULL);
+	if (rc && (prev || c)) {
+		/* Past the trainer's event the queue is ours and finite: drain it, so
+		 * that no copy is still landing in a chunk that goes back. */
+		gpu_lane_sync(g->lane);
 		if (prev)
 			pool_give(&s->resv, prev);
 		if (c)
 			pool_give(&s->resv, c);
 	}
+	pthread_mutex_unlock(&g->capture);
 	return rc;
 }
 
@@ -567,13 +603,7 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 				"job %s step %lld is already committed: delete it first to save "
 				"it again",
 				p->job, (long long)req->step);
-	rc = cp_get(a, p->job, req->step, p->world, &cp, err);
-	if (rc)
-		return rc;
-	if (cp->rank[p->rank])
-		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
-				(long long)req->step, p->rank,
-				ipc_state_name(cp->rank[p->rank]->state));
+	/* Before cp_get: a refusal must not leave an empty checkpoint behind. */
 	if (p->restoring)
 		return ipc_errf(err, -EBUSY,
 				"job %s rank %d: a restore is writing this plan's memory: save "
@@ -591,6 +621,13 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 		return ipc_errf(err, -EBUSY,
 		                "job %s rank %d: %d saves of this plan not yet captured", p->job,
 		                p->rank, FENCE_WINDOW);
+	rc = cp_get(a, p->job, req->step, p->world, &cp, err);
+	if (rc)
+		return rc;
+	if (cp->rank[p->rank])
+		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
+				(long long)req->step, p->rank,
+				ipc_state_name(cp->rank[p->rank]->state));
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */

@@ -18,7 +18,10 @@ struct fake {
 	int last_dev;
 };
 
-static int fake_open(void *ctx, int dev, const uint8_t *handle, void **ptr, char *err)
+#define FAKE_SIZE 4096 /* every fake allocation's size */
+
+static int fake_open(void *ctx, int dev, const uint8_t *handle, void **ptr, uint64_t *size,
+		     char *err)
 {
 	struct fake *f = ctx;
 
@@ -27,6 +30,7 @@ static int fake_open(void *ctx, int dev, const uint8_t *handle, void **ptr, char
 		return ipc_errf(err, -EINVAL, "cudaIpcOpenMemHandle: invalid argument");
 	}
 	*ptr = &f->mem[f->opens % 8];
+	*size = FAKE_SIZE;
 	f->opens++;
 	f->last_dev = dev;
 	return 0;
@@ -58,8 +62,8 @@ START_TEST(opened_once_closed_with_the_last)
 
 	ck_assert_int_eq(ipc_cache_create(&ops, &c), 0);
 	handle(h, 1);
-	ck_assert_int_eq(ipc_cache_get(c, 0, h, &p1, err), 0);
-	ck_assert_int_eq(ipc_cache_get(c, 0, h, &p2, err), 0); /* a second plan */
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p1, err), 0);
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p2, err), 0); /* a second plan */
 	ck_assert_ptr_eq(p1, p2);
 	ck_assert_int_eq(f.opens, 1);
 	ck_assert_uint_eq(ipc_cache_open_count(c), 1);
@@ -69,7 +73,7 @@ START_TEST(opened_once_closed_with_the_last)
 	ck_assert_int_eq(f.closes, 1);
 	ck_assert_uint_eq(ipc_cache_open_count(c), 0);
 	/* opened again after it was closed: a new mapping */
-	ck_assert_int_eq(ipc_cache_get(c, 0, h, &p1, err), 0);
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p1, err), 0);
 	ck_assert_int_eq(f.opens, 2);
 	ipc_cache_destroy(c); /* closes what is left */
 	ck_assert_int_eq(f.closes, 2);
@@ -88,9 +92,9 @@ START_TEST(keys_are_device_and_handle)
 	ck_assert_int_eq(ipc_cache_create(&ops, &c), 0);
 	handle(a, 1);
 	handle(b, 2);
-	ck_assert_int_eq(ipc_cache_get(c, 0, a, &pa, err), 0);
-	ck_assert_int_eq(ipc_cache_get(c, 0, b, &pb, err), 0);
-	ck_assert_int_eq(ipc_cache_get(c, 1, a, &pc, err), 0); /* same bytes, other GPU */
+	ck_assert_int_eq(ipc_cache_get(c, 0, a, FAKE_SIZE, &pa, err), 0);
+	ck_assert_int_eq(ipc_cache_get(c, 0, b, FAKE_SIZE, &pb, err), 0);
+	ck_assert_int_eq(ipc_cache_get(c, 1, a, FAKE_SIZE, &pc, err), 0); /* same bytes, other GPU */
 	ck_assert_int_eq(f.opens, 3);
 	ck_assert_ptr_ne(pa, pb);
 	ck_assert_int_eq(f.last_dev, 1);
@@ -115,13 +119,42 @@ START_TEST(failed_open_is_not_cached)
 
 	ck_assert_int_eq(ipc_cache_create(&ops, &c), 0);
 	handle(h, 3);
-	ck_assert_int_eq(ipc_cache_get(c, 0, h, &p, err), -EINVAL);
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p, err), -EINVAL);
 	ck_assert_msg(strstr(err, "cudaIpcOpenMemHandle"), "%s", err);
 	ck_assert_uint_eq(ipc_cache_open_count(c), 0);
-	ck_assert_int_eq(ipc_cache_get(c, 0, h, &p, err), 0); /* tried again, works */
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p, err), 0); /* tried again, works */
 	ck_assert_int_eq(f.opens, 1);
 	ipc_cache_destroy(c);
 	ck_assert_int_eq(f.closes, 1);
+}
+END_TEST
+
+/* A client claiming more than the allocation has is refused, and holds nothing. */
+START_TEST(claim_past_the_allocation_refused)
+{
+	struct fake f = {0};
+	struct ipc_cache_ops ops = {fake_open, fake_close, &f};
+	struct ipc_cache *c;
+	uint8_t h[IPC_HANDLE_BYTES];
+	void *p = NULL, *q = NULL;
+	char err[IPC_ERRLEN];
+
+	ck_assert_int_eq(ipc_cache_create(&ops, &c), 0);
+	handle(h, 4);
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE + 1, &p, err), -ERANGE);
+	ck_assert_msg(strstr(err, "4096 bytes") && strstr(err, "4097"), "%s", err);
+	ck_assert_ptr_null(p);
+	ck_assert_uint_eq(ipc_cache_open_count(c), 0); /* opened, checked, closed */
+	ck_assert_int_eq(f.closes, 1);
+	/* Held by a plan already: a second plan's larger claim is refused too ... */
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, FAKE_SIZE, &p, err), 0);
+	ck_assert_int_eq(ipc_cache_get(c, 0, h, 2 * FAKE_SIZE, &q, err), -ERANGE);
+	/* ... without taking the first plan's mapping away. */
+	ck_assert_uint_eq(ipc_cache_open_count(c), 1);
+	ck_assert_int_eq(f.closes, 1);
+	ipc_cache_put(c, 0, p);
+	ck_assert_int_eq(f.closes, 2);
+	ipc_cache_destroy(c);
 }
 END_TEST
 
@@ -175,6 +208,7 @@ int main(void)
 	tcase_add_test(tc, opened_once_closed_with_the_last);
 	tcase_add_test(tc, keys_are_device_and_handle);
 	tcase_add_test(tc, failed_open_is_not_cached);
+	tcase_add_test(tc, claim_past_the_allocation_refused);
 	tcase_add_test(tc, fence_in_order);
 	tcase_add_test(tc, fence_wraps);
 	suite_add_tcase(s, tc);

@@ -357,84 +357,6 @@ START_TEST(test_create_huge_pages)
 }
 END_TEST
 
-/* ---- the alloc hook ---------------------------------------------------- */
-
-struct hook {
-	int allocs, frees;
-	uint64_t alloc_bytes, free_bytes;
-	void *given, *freed;
-	int mode; /* 0: aligned, 1: fails, 2: misaligned */
-};
-
-static void *hook_alloc(void *ctx, uint64_t bytes, char *err)
-{
-	struct hook *h = ctx;
-	char *m;
-
-	h->allocs++;
-	h->alloc_bytes = bytes;
-	if (h->mode == 1) {
-		snprintf(err, IPC_ERRLEN, "no driver (35)");
-		return NULL;
-	}
-	m = aligned_alloc(4096, bytes + 4096);
-	ck_assert_ptr_nonnull(m);
-	h->given = h->mode == 2 ? m + 16 : m;
-	return h->given;
-}
-
-static void hook_free(void *ctx, void *p, uint64_t bytes)
-{
-	struct hook *h = ctx;
-
-	h->frees++;
-	h->freed = p;
-	h->free_bytes = bytes;
-	free(h->mode == 2 ? (char *)p - 16 : p);
-}
-
-START_TEST(test_alloc_hook)
-{
-	struct hook h = {0};
-	struct pool_alloc a = {hook_alloc, hook_free, &h, "test-hook"};
-	struct pool_opts o = {.bytes = 3 * 8 * KiB + 100, .chunk_bytes = 8 * KiB, .alloc = &a};
-	char err[IPC_ERRLEN] = "";
-	struct pool *p = NULL;
-
-	ck_assert_int_eq(pool_create(&o, &p, err), 0);
-	ck_assert_int_eq(h.allocs, 1);
-	ck_assert_uint_eq(h.alloc_bytes, 24 * KiB);
-	for (unsigned i = 0; i < 3; i++)
-		ck_assert_ptr_eq(pool_chunk_at(p, i)->buf, (char *)h.given + i * 8 * KiB);
-	/* The hook pins (cudaHostAlloc): locked without mlock, and said so. */
-	ck_assert(stats(p).locked);
-	ck_assert_str_eq(pool_detail(p),
-	                 "test-hook, 24 KiB in 3 x 8 KiB chunks, pinned by test-hook");
-	ck_assert_int_eq(h.frees, 0);
-	pool_destroy(p);
-	ck_assert_int_eq(h.frees, 1);
-	ck_assert_ptr_eq(h.freed, h.given);
-	ck_assert_uint_eq(h.free_bytes, 24 * KiB);
-
-	/* A failing hook: its reason reaches the caller. */
-	memset(&h, 0, sizeof(h));
-	h.mode = 1;
-	ck_assert_int_eq(pool_create(&o, &p, err), -ENOMEM);
-	ck_assert_ptr_null(p);
-	ck_assert_msg(strstr(err, "test-hook") && strstr(err, "no driver (35)"), "%s", err);
-	ck_assert_int_eq(h.frees, 0);
-
-	/* Memory O_DIRECT cannot use is refused, and given back. */
-	memset(&h, 0, sizeof(h));
-	h.mode = 2;
-	ck_assert_int_eq(pool_create(&o, &p, err), -EINVAL);
-	ck_assert_ptr_null(p);
-	ck_assert_msg(strstr(err, "aligned"), "%s", err);
-	ck_assert_int_eq(h.frees, 1);
-	ck_assert_ptr_eq(h.freed, h.given);
-}
-END_TEST
-
 /* ---- reservations ----------------------------------------------------- */
 
 START_TEST(test_reserve_nowait_full)
@@ -905,7 +827,6 @@ static Suite *pool_suite(void)
 	tcase_add_test(mem, test_create_locked);
 	tcase_add_test(mem, test_create_lock_refused);
 	tcase_add_test(mem, test_create_huge_pages);
-	tcase_add_test(mem, test_alloc_hook);
 	suite_add_tcase(s, mem);
 
 	tcase_add_test(adm, test_reserve_nowait_full);
