@@ -166,7 +166,8 @@ const char *ckpt_state_name(enum ckpt_state s);
 #include <cuda_runtime_api.h>
 /*
  * ckpt_save, with the agent's copies ordered after the work queued on
- * `stream` (ckpt_save uses the default stream). Nothing waits on the host.
+ * `stream` (ckpt_save uses the default stream of the plan's GPU). Nothing
+ * waits on the host. -EBUSY while 64 saves of the plan are not yet captured.
  */
 int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
 		 struct ckpt_save **out);
@@ -174,7 +175,9 @@ int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaS
  * Makes `stream` wait for CAPTURED without blocking the host thread: work
  * queued on it afterwards (the next step's writes to the tensors) runs only
  * once the agent's copies of this save are done. If the agent goes away the
- * fence opens. -EINVAL for a save of a host-memory plan.
+ * fence opens. -EINVAL for a save of a host-memory plan; -ENOTCONN once
+ * the client is disconnected. After ckpt_plan_destroy (which waits for its
+ * saves to be captured) there is nothing left to wait for: 0.
  */
 int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream);
 #endif

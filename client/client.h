@@ -71,8 +71,10 @@ struct ckpt_save {
 	uint64_t id;
 	int state;
 	char reason[IPC_ERRLEN];
+	uint64_t plan_id;
 	uint32_t fence_seq;  /* CUDA plans: its number on the plan's fence */
-	uintptr_t fence_dev; /* the fence word as the GPU sees it */
+	uintptr_t fence_dev; /* the fence word as the GPU sees it; 0 once the plan is gone */
+	int dev;             /* the plan's GPU */
 };
 
 struct ckpt_plan {

@@ -1,7 +1,7 @@
 /*
  * libckpt's CUDA side: finding the allocation a device pointer lies in and
  * exporting it (one IPC handle per allocation), the trainer's interprocess
- * event recorded at each save, and the fence page a stream waits on.
+ * events recorded at saves, and the fence page a stream waits on.
  *
  * In every build; without the CUDA toolkit nothing is device memory and the
  * calls say so. The driver API (the allocation's base, stream waits) comes
@@ -24,12 +24,28 @@ struct cl_gpu_alloc {
 	uint8_t handle[CL_GPU_HANDLE];
 };
 
+/*
+ * A save's event: recorded on the trainer's stream at ckpt_save, waited on by
+ * the agent's lane. An event may be recorded again only once the agent has
+ * queued its wait on the last record (its save is finished on the fence), so
+ * a plan has a ring of them, one per save in flight: as many as the agent's
+ * fence window.
+ */
+#define CL_GPU_EVENTS 64
+
+struct cl_gpu_event {
+	void *ev; /* cudaEvent_t, interprocess; made when first needed */
+	uint8_t handle[CL_GPU_HANDLE];
+	uint32_t seq; /* the fence number of its last save; 0: none */
+	bool busy;    /* a save is between cl_gpu_event_take and _done */
+};
+
 /* A CUDA plan's trainer-side state. */
 struct cl_gpu_plan {
 	int dev;
-	void *event; /* cudaEvent_t, interprocess */
-	uint8_t event_handle[CL_GPU_HANDLE];
-	void *fence;        /* the fence word, in a registered host region */
+	struct cl_gpu_event ev[CL_GPU_EVENTS];
+	unsigned next;       /* the ring's next slot */
+	void *fence;         /* the fence word, in a registered host region */
 	uintptr_t fence_dev; /* the same word as the GPU sees it */
 };
 
@@ -39,14 +55,32 @@ struct cl_gpu_plan {
  * errno (and err) if it is but cannot be exported.
  */
 int cl_gpu_locate(const void *p, uint64_t n, struct cl_gpu_alloc *a, char *err);
-/* Event and fence for a plan on `dev`; fence: a host page the agent also maps. */
+/* A plan on `dev` with its fence; fence: a host page the agent also maps. */
 int cl_gpu_plan_init(struct cl_gpu_plan *g, int dev, void *fence, char *err);
+/*
+ * Waits for the plan's GPU work (the fence word must already be past every
+ * number given out, or a stream waiting on it never ends), frees its events
+ * and unregisters its fence page. Nothing to do for a plan never set up.
+ */
 void cl_gpu_plan_free(struct cl_gpu_plan *g);
-/* Records the plan's event on `stream` (NULL: the default stream). */
-int cl_gpu_record(struct cl_gpu_plan *g, void *stream, char *err);
-/* Makes `stream` wait, on the GPU, until the fence word at fence_dev reaches seq. */
-int cl_gpu_fence(uintptr_t fence_dev, void *stream, uint32_t seq, char *err);
-/* Stores seq in the fence word (the agent is gone: nothing may wait forever). */
+/* The fence word as the agent last stored it. */
+uint32_t cl_gpu_fence_word(const struct cl_gpu_plan *g);
+/* Whether the fence word has reached seq (numbers wrap). */
+static inline bool cl_gpu_passed(uint32_t word, uint32_t seq)
+{
+	return (int32_t)(word - seq) >= 0;
+}
+/*
+ * The caller serialises (the client's lock). The next free event of the ring
+ * (its last save finished on the fence), or -EBUSY; give it back with _done.
+ */
+int cl_gpu_event_take(struct cl_gpu_plan *g, char *err);
+void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, uint32_t seq);
+/* Records event `slot` on `stream` (NULL: the plan's GPU's default stream). */
+int cl_gpu_record(struct cl_gpu_plan *g, int slot, void *stream, char *err);
+/* Makes `stream` (NULL: dev's default) wait on the GPU until the fence word reaches seq. */
+int cl_gpu_fence(int dev, uintptr_t fence_dev, void *stream, uint32_t seq, char *err);
+/* Moves the fence word to seq, unless past it (the agent is gone: nothing may wait forever). */
 void cl_gpu_release(struct cl_gpu_plan *g, uint32_t seq);
 
 #endif /* CKPT_CLIENT_GPU_H */

@@ -235,8 +235,12 @@ static void client_free(struct ckpt_client *c)
 	grpc_slice_unref(c->sdetails);
 	if (c->ch)
 		grpc_channel_destroy(c->ch);
-	/* CUDA plans the user still holds: unregister their fence pages before they go. */
+	/*
+	 * CUDA plans the user still holds: their fences open (no agent moves them
+	 * now), then their pages are unregistered before they go.
+	 */
 	for (struct ckpt_plan *p = c->plans; p; p = p->next) {
+		cl_gpu_release(&p->gpu, p->last_seq);
 		cl_gpu_plan_free(&p->gpu);
 		p->fence_mem = NULL;
 	}

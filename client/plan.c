@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "client.h"
 
@@ -391,6 +392,39 @@ int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world
 	return ckpt_plan_create2(c, job, rank, world, t, n, CKPT_BP_DEFAULT, out);
 }
 
+/*
+ * A dropped CUDA plan's saves still capture (the agent keeps its memory open
+ * until they end), and the trainer's streams may wait on its fence: the page
+ * goes only once the agent has moved the word past every number it gave, or
+ * is gone, or has not in CL_DEFAULT_TIMEOUT_MS (then the word is moved here,
+ * and the log says so).
+ */
+static void wait_fence(struct ckpt_plan *p)
+{
+	struct ckpt_client *c = p->c;
+	int64_t waited_us = 0;
+	uint32_t last;
+	bool gone;
+
+	for (;;) {
+		pthread_mutex_lock(&c->mu);
+		last = p->last_seq;
+		gone = c->gone;
+		pthread_mutex_unlock(&c->mu);
+		if (gone || cl_gpu_passed(cl_gpu_fence_word(&p->gpu), last))
+			break;
+		if (waited_us >= (int64_t)CL_DEFAULT_TIMEOUT_MS * 1000) {
+			fprintf(stderr, "libckpt: job %s rank %d: the agent has not finished the "
+					"plan's saves in %d s; its fence is opened\n",
+				p->job, p->rank, CL_DEFAULT_TIMEOUT_MS / 1000);
+			break;
+		}
+		usleep(1000);
+		waited_us += 1000;
+	}
+	cl_gpu_release(&p->gpu, last);
+}
+
 void ckpt_plan_destroy(struct ckpt_plan *p)
 {
 	Ckpt__V1__DropPlanRequest req = CKPT__V1__DROP_PLAN_REQUEST__INIT;
@@ -402,12 +436,17 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 		req.plan_id = p->id;
 		if (cl_call(p->c, IPC_DROP_PLAN, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
 			protobuf_c_message_free_unpacked(rep, NULL);
+		if (p->cuda)
+			wait_fence(p);
 		pthread_mutex_lock(&p->c->mu);
 		for (struct ckpt_plan **pp = &p->c->plans; *pp; pp = &(*pp)->next)
 			if (*pp == p) {
 				*pp = p->next;
 				break;
 			}
+		for (struct ckpt_save *s = p->c->saves; s; s = s->next)
+			if (s->plan_id == p->id)
+				s->fence_dev = 0; /* the page goes: ckpt_save_fence has passed */
 		pthread_mutex_unlock(&p->c->mu);
 	}
 	plan_free_local(p->c, p);
@@ -420,6 +459,14 @@ uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
 
 /* ---- saves ------------------------------------------------------------ */
 
+/* The ring's event is free again once the fence passes seq (0: at once). */
+static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, uint32_t seq)
+{
+	pthread_mutex_lock(&c->mu);
+	cl_gpu_event_done(&p->gpu, slot, seq);
+	pthread_mutex_unlock(&c->mu);
+}
+
 int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
 	    struct ckpt_save **out)
 {
@@ -428,7 +475,7 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	struct ckpt_client *c;
 	char err[IPC_ERRLEN];
 	struct ckpt_save *s;
-	int rc;
+	int rc, slot = -1;
 
 	if (!p || !out)
 		return -EINVAL;
@@ -446,16 +493,28 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	req.meta_json = (char *)(meta_json ? meta_json : "");
 	if (p->cuda) {
 		/* The agent's copies start after everything queued on `stream` so far. */
-		rc = cl_gpu_record(&p->gpu, stream, err);
-		if (rc)
+		pthread_mutex_lock(&c->mu);
+		slot = cl_gpu_event_take(&p->gpu, err);
+		pthread_mutex_unlock(&c->mu);
+		rc = slot < 0 ? slot : cl_gpu_record(&p->gpu, slot, stream, err);
+		if (rc) {
+			if (slot >= 0)
+				event_done(c, p, slot, 0);
 			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step,
 				       err);
-		req.cuda_event.data = p->gpu.event_handle;
+		}
+		req.cuda_event.data = p->gpu.ev[slot].handle;
 		req.cuda_event.len = CL_GPU_HANDLE;
 	}
 	rc = cl_call(c, IPC_SAVE, &req.base, (ProtobufCMessage **)&rep, CL_DEFAULT_TIMEOUT_MS);
-	if (rc)
+	if (rc) {
+		/* Timed out, the agent may have the save and wait on it yet: never again. */
+		if (slot >= 0 && rc != -ETIMEDOUT)
+			event_done(c, p, slot, 0);
 		return rc;
+	}
+	if (slot >= 0)
+		event_done(c, p, slot, rep->fence_seq);
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		protobuf_c_message_free_unpacked(&rep->base, NULL);
@@ -463,9 +522,11 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	}
 	s->c = c;
 	s->id = rep->save_id;
+	s->plan_id = p->id;
 	s->state = rep->state;
 	s->fence_seq = rep->fence_seq;
 	s->fence_dev = p->gpu.fence_dev;
+	s->dev = p->gpu.dev;
 	snprintf(s->reason, sizeof(s->reason), "%s", rep->reason ? rep->reason : "");
 	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	pthread_mutex_lock(&c->mu);
@@ -506,10 +567,13 @@ int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream)
 
 	if (!s)
 		return -EINVAL;
+	if (!s->c) /* the fence page went with the client */
+		return -ENOTCONN;
 	if (!s->fence_seq)
-		return s->c ? cl_fail(s->c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan")
-			    : -EINVAL;
-	rc = cl_gpu_fence(s->fence_dev, (void *)stream, s->fence_seq, err);
+		return cl_fail(s->c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan");
+	if (!s->fence_dev)
+		return 0; /* its plan was destroyed, which waited for the fence to pass it */
+	rc = cl_gpu_fence(s->dev, s->fence_dev, (void *)stream, s->fence_seq, err);
 	return rc && s->c ? cl_fail(s->c, rc, "ckpt_save_fence: %s", err) : rc;
 }
 #endif

@@ -1,7 +1,8 @@
 /*
  * Kernels for the GPU tests: fill a buffer with values that are a function
  * of (seed, index), on a stream, so a test can tell which step's values a
- * checkpoint holds. C linkage: the tests are C.
+ * checkpoint holds; and spin a while, so that a copy that does not wait for
+ * the trainer's work would read the old values. C linkage: the tests are C.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -21,6 +22,22 @@ __global__ static void fill(uint32_t *d, uint64_t n, uint32_t seed)
 	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x)
 		d[i] = mix(seed, i);
+}
+
+__global__ static void spin(uint64_t ns)
+{
+	uint64_t t0, t;
+
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+	do
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	while (t - t0 < ns);
+}
+
+extern "C" int gpu_test_spin(uint64_t ns, cudaStream_t s)
+{
+	spin<<<1, 1, 0, s>>>(ns);
+	return (int)cudaGetLastError();
 }
 
 extern "C" int gpu_test_fill(uint32_t *d, uint64_t n, uint32_t seed, cudaStream_t s)

@@ -2,7 +2,8 @@
  * The CUDA IPC transport on a real GPU: tensors in cudaMalloc'd memory (several
  * in one allocation, and a second allocation), filled by a kernel, saved,
  * overwritten on the stream right after ckpt_save_fence, restored into
- * device memory and compared; two allocations filled on two streams; a
+ * device memory and compared; two allocations filled on two streams; saves
+ * back to back, more than a plan's ring of events, each fenced; a
  * trainer killed after CAPTURED (the checkpoint commits) and before it (the
  * save is aborted and the agent lets go of the trainer's GPU memory).
  *
@@ -24,6 +25,7 @@
 #include "harness.h"
 
 int gpu_test_fill(uint32_t *d, uint64_t n, uint32_t seed, cudaStream_t s);
+int gpu_test_spin(uint64_t ns, cudaStream_t s);
 uint32_t gpu_test_value(uint32_t seed, uint64_t i);
 
 #define CU(x) ck_assert_msg((x) == cudaSuccess, "%s: %s", #x, cudaGetErrorString(cudaGetLastError()))
@@ -82,6 +84,8 @@ START_TEST(fence_keeps_the_snapshot)
 	t[3] = (struct ckpt_tensor){"b", CKPT_U32, 1, s1, B, NULL, NULL};
 	ck_assert_msg(ckpt_plan_create(c, "gpu", 0, 1, t, 4, &p) == 0, "%s", ckpt_last_error(c));
 	for (int step = 1; step <= 3; step++) {
+		/* late values: a capture that did not wait for them would see the old */
+		ck_assert_int_eq(gpu_test_spin(200000000ull, s), 0);
 		ck_assert_int_eq(gpu_test_fill(A, 3ull * N, (uint32_t)step, s), 0);
 		ck_assert_int_eq(gpu_test_fill(B, M, 100u + (uint32_t)step, s), 0);
 		t0 = now();
@@ -100,6 +104,7 @@ START_TEST(fence_keeps_the_snapshot)
 	for (int step = 1; step <= 3; step++) {
 		CU(cudaMemset(A, 0, 3ull * N * 4));
 		CU(cudaMemset(B, 0, (uint64_t)M * 4));
+		CU(cudaDeviceSynchronize()); /* the zeroes land before the agent's copies */
 		ck_assert_msg(ckpt_restore(p, step, NULL, NULL) == 0, "%s", ckpt_last_error(c));
 		ck_assert_msg(holds(A, 3ull * N, (uint32_t)step, 0), "step %d: allocation A", step);
 		ck_assert_msg(holds(B, M, 100u + (uint32_t)step, 0), "step %d: allocation B", step);
@@ -137,6 +142,7 @@ START_TEST(two_streams)
 	t[0] = (struct ckpt_tensor){"s1", CKPT_U32, 1, shape, A, NULL, NULL};
 	t[1] = (struct ckpt_tensor){"s2", CKPT_U32, 1, shape, B, NULL, NULL};
 	ck_assert_int_eq(ckpt_plan_create(c, "streams", 0, 1, t, 2, &p), 0);
+	ck_assert_int_eq(gpu_test_spin(100000000ull, s2), 0);
 	ck_assert_int_eq(gpu_test_fill(A, N, 7, s1), 0);
 	ck_assert_int_eq(gpu_test_fill(B, N, 8, s2), 0);
 	CU(cudaEventRecord(e, s2));
@@ -154,6 +160,61 @@ START_TEST(two_streams)
 	ck_assert(holds(B, N, 8, 0));
 	ckpt_plan_destroy(p);
 	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * Saves one after another, each fenced, the next step's values queued right
+ * behind the fence, never waiting on the host: more saves than the plan has
+ * events, so each event is recorded again while older saves are in flight.
+ * -EBUSY (64 not yet captured) is the one refusal allowed: wait and retry.
+ */
+START_TEST(back_to_back_fenced_saves)
+{
+	enum { N = 1 << 18, SAVES = 150 };
+	int64_t shape[1] = {N};
+	struct ckpt_save *sv[SAVES + 1] = {NULL};
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_tensor t;
+	uint32_t *A;
+	cudaStream_t s;
+	int rc, oldest = 1;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1");
+	c = connect_to(&a);
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&A, (uint64_t)N * 4));
+	t = (struct ckpt_tensor){"w", CKPT_U32, 1, shape, A, NULL, NULL};
+	/* a full pool waits: every save must commit */
+	ck_assert_int_eq(ckpt_plan_create2(c, "b2b", 0, 1, &t, 1, CKPT_BP_BLOCK, &p), 0);
+	for (int step = 1; step <= SAVES; step++) {
+		ck_assert_int_eq(gpu_test_fill(A, N, (uint32_t)step, s), 0);
+		while ((rc = ckpt_save_on(p, step, NULL, s, &sv[step])) == -EBUSY) {
+			ck_assert_int_lt(oldest, step);
+			ck_assert_int_eq(ckpt_save_wait(sv[oldest++], CKPT_CAPTURED, 60000), 0);
+		}
+		ck_assert_msg(rc == 0, "step %d: %s", step, ckpt_last_error(c));
+		ck_assert_int_eq(ckpt_save_fence(sv[step], s), 0);
+	}
+	for (int step = 1; step <= SAVES; step++) {
+		ck_assert_msg(ckpt_save_wait(sv[step], CKPT_COMMITTED, 120000) == 0, "step %d: %s",
+			      step, ckpt_save_reason(sv[step]));
+		ckpt_save_release(sv[step]);
+	}
+	CU(cudaStreamSynchronize(s));
+	for (int step = 1; step <= SAVES; step += 37) {
+		CU(cudaMemset(A, 0, (uint64_t)N * 4));
+		CU(cudaDeviceSynchronize());
+		ck_assert_int_eq(ckpt_restore(p, step, NULL, NULL), 0);
+		ck_assert_msg(holds(A, N, (uint32_t)step, 0), "step %d", step);
+	}
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	cudaFree(A);
+	cudaStreamDestroy(s);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -234,6 +295,30 @@ START_TEST(killed_before_captured_releases)
 }
 END_TEST
 
+/* cudaGetDeviceCount, in a child process: this one stays without CUDA. */
+static cudaError_t probe(int *n)
+{
+	int fd[2], st;
+	int v[2] = {cudaErrorUnknown, 0};
+	pid_t pid;
+
+	if (pipe(fd))
+		return cudaErrorUnknown;
+	pid = fork();
+	if (pid == 0) {
+		v[0] = (int)cudaGetDeviceCount(&v[1]);
+		_exit(write(fd[1], v, sizeof(v)) == sizeof(v) ? 0 : 1);
+	}
+	close(fd[1]);
+	if (pid < 0 || read(fd[0], v, sizeof(v)) != sizeof(v))
+		v[0] = cudaErrorUnknown;
+	close(fd[0]);
+	if (pid > 0)
+		waitpid(pid, &st, 0);
+	*n = v[1];
+	return (cudaError_t)v[0];
+}
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -244,7 +329,8 @@ int main(int argc, char **argv)
 
 	if (argc == 5 && strcmp(argv[1], "--trainer") == 0)
 		return trainer_main(argv[2], atol(argv[3]), argv[4]);
-	e = cudaGetDeviceCount(&n);
+	/* Asked in a child: CUDA set up before check forks each test breaks it there. */
+	e = probe(&n);
 	if (e != cudaSuccess || n < 1) {
 		printf("skipped: no usable GPU: %s (CUDA error %d)\n",
 		       e != cudaSuccess ? cudaGetErrorString(e) : "no devices", (int)e);
@@ -255,6 +341,7 @@ int main(int argc, char **argv)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, fence_keeps_the_snapshot);
 	tcase_add_test(tc, two_streams);
+	tcase_add_test(tc, back_to_back_fenced_saves);
 	tcase_add_test(tc, killed_after_captured_commits);
 	tcase_add_test(tc, killed_before_captured_releases);
 	suite_add_tcase(s, tc);
