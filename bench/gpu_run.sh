@@ -33,24 +33,8 @@ fi
 work=$(mktemp -d "${dir:-/var/tmp}/ckpt-gpubench.XXXXXX")
 raw=$work/raw
 mkdir -p "$raw" "$out"
-sock=unix:$work/ckptd.sock
-largest=$(tr , '\n' <<<"$sizes" | sort -n | tail -1)
-staging=$((largest + largest / 8 + 64)) # the largest checkpoint fits in staging
-
-"$ckptd" --root "$work/root" --listen "$sock" --staging-mb "$staging" --keep-last 1 \
-	--log-level warning --config /dev/null >"$work/agent.log" 2>&1 &
-agent=$!
-cleanup() {
-	kill "$agent" 2>/dev/null || true
-	wait "$agent" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-for _ in $(seq 600); do
-	"$ckptctl" --endpoint "$sock" status >/dev/null 2>&1 && break
-	sleep 0.1
-done
-"$ckptctl" --endpoint "$sock" --json status >"$raw/status.json"
+. "$top/bench/agent.sh"
+start_agent --keep-last 1
 
 if command -v fio >/dev/null; then
 	for ((rep = 1; rep <= reps; rep++)); do

@@ -34,24 +34,9 @@ fi
 work=$(mktemp -d "${dir:-/var/tmp}/ckpt-bench.XXXXXX")
 raw=$work/raw
 mkdir -p "$raw" "$out"
-sock=unix:$work/ckptd.sock
-largest=$(tr , '\n' <<<"$sizes" | sort -n | tail -1)
-staging=$((largest + largest / 8 + 64)) # the largest checkpoint fits in staging
-
-"$build/agent/ckptd" --root "$work/root" --listen "$sock" --staging-mb "$staging" \
-	--log-level warning >"$work/agent.log" 2>&1 &
-agent=$!
-cleanup() {
-	kill "$agent" 2>/dev/null || true
-	wait "$agent" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-for _ in $(seq 300); do
-	"$build/client/ckptctl" --endpoint "$sock" status >/dev/null 2>&1 && break
-	sleep 0.1
-done
-"$build/client/ckptctl" --endpoint "$sock" --json status >"$raw/status.json"
+ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
+. "$top/bench/agent.sh"
+start_agent
 
 fio_run() { # rw size_mib rep [tag extra-flags...]
 	local rw=$1 mib=$2 rep=$3 tag=${4:-$1}
