@@ -165,6 +165,13 @@ struct plan_gpu {
 	struct gpu_lane *lane; /* the stream its copies go on */
 	struct region *fence_region; /* the trainer's fence page */
 	struct fence fence;
+	/*
+	 * Under mu: its captures run one after another in fence order, each
+	 * queued by the one before (a capture may wait for the trainer's work,
+	 * which may wait on the fence of the save before).
+	 */
+	bool capturing;
+	struct save *next_capture, *last_capture;
 };
 
 struct plan {
@@ -203,7 +210,10 @@ void plan_idle(struct agent *a, struct plan *p);
  * gpu_lane_wait). No lock. Fails only for a GPU copy; never for host plans.
  */
 int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err);
-/* Under mu: a CUDA plan's save has captured or ended; moves the trainer's fence. */
+/*
+ * Under mu: a CUDA plan's save is done with the trainer's memory and event
+ * (captured, or ended with no capture job left); moves the trainer's fence.
+ */
 void plan_fence_finish(struct plan *p, uint32_t seq);
 /* Where shard bytes [off, ...) of tensor i live in memory. No lock. */
 void *plan_tensor_addr(const struct plan *p, size_t i);
@@ -267,8 +277,11 @@ struct save {
 	int state;
 	char reason[IPC_ERRLEN];
 	atomic_bool abort;
-	uint32_t fence_seq;  /* CUDA plans: this save's number on the plan's fence */
+	bool fenced;         /* a CUDA plan's: it holds a number on the plan's fence */
+	uint32_t fence_seq;  /* that number */
 	bool fence_done;     /* it has released its number */
+	bool capturing;      /* its capture job is queued or running */
+	struct save *next_capture; /* plan_gpu's queue */
 	uint8_t cuda_event[GPU_EVENT_HANDLE_BYTES]; /* the trainer's event for this save */
 	bool pool_limited;
 	unsigned want; /* chunks to reserve; counted in queued_chunks until then */

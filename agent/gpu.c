@@ -33,6 +33,7 @@ struct gpu {
 	struct ipc_cache *mem;
 	range_fn mem_range; /* cuMemGetAddressRange: an opened allocation's real size */
 	void *pinned;       /* the staging pool, once registered */
+	int pinned_dev;     /* through this device's context */
 	bool pin_tried;
 };
 
@@ -150,20 +151,25 @@ void gpu_destroy(struct gpu *g)
 	if (!g)
 		return;
 	ipc_cache_destroy(g->mem);
-	if (g->pinned)
+	if (g->pinned && cudaSetDevice(g->pinned_dev) == cudaSuccess)
 		cudaHostUnregister(g->pinned);
 	free(g);
 }
 
-void gpu_pin(struct gpu *g, void *base, uint64_t len)
+void gpu_pin(struct gpu *g, int dev, void *base, uint64_t len)
 {
 	cudaError_t e;
 
 	if (!gpu_usable(g) || g->pin_tried)
 		return;
 	g->pin_tried = true;
-	/* Portable: pinned for every GPU's context, not only the current one. */
-	e = cudaHostRegister(base, (size_t)len, cudaHostRegisterPortable);
+	/*
+	 * Through the plan's GPU (no context made on another one); portable:
+	 * pinned for every GPU's context, not only that one.
+	 */
+	e = cudaSetDevice(dev);
+	if (e == cudaSuccess)
+		e = cudaHostRegister(base, (size_t)len, cudaHostRegisterPortable);
 	if (e != cudaSuccess) {
 		cudaGetLastError();
 		log_msg(LOG_WARNING,
@@ -173,6 +179,7 @@ void gpu_pin(struct gpu *g, void *base, uint64_t len)
 		return;
 	}
 	g->pinned = base;
+	g->pinned_dev = dev;
 	log_msg(LOG_INFO, "staging pool pinned for the GPUs (%llu MiB)",
 	        (unsigned long long)(len >> 20));
 }
@@ -403,7 +410,7 @@ const char *gpu_status(const struct gpu *g)
 	return "no GPU support: ckptd was built without the CUDA toolkit: device plans are refused";
 }
 
-void gpu_pin(struct gpu *g, void *base, uint64_t len)
+void gpu_pin(struct gpu *g, int dev, void *base, uint64_t len)
 {
 }
 

@@ -35,13 +35,13 @@ unsigned gpu_count(const struct gpu *g);
 /* "1 GPU: NVIDIA H100 80GB HBM3 (GPU-...)" or why none is usable. */
 const char *gpu_status(const struct gpu *g);
 /*
- * Pins the staging pool for the GPUs (cudaHostRegister), once, when the first
- * CUDA plan comes: a node that only checkpoints host memory never makes a
- * CUDA context. Failing leaves the pool pageable (slower copies) and is
- * logged; later calls do nothing. gpu_destroy unpins it: call it before the
+ * Pins the staging pool for the GPUs (cudaHostRegister, through device
+ * dev), once, when the first CUDA plan comes: a node that only checkpoints
+ * host memory never makes a CUDA context. Failing leaves the pool pageable
+ * (slower copies) and is logged; later calls do nothing. gpu_destroy unpins it: call it before the
  * pool goes.
  */
-void gpu_pin(struct gpu *g, void *base, uint64_t len);
+void gpu_pin(struct gpu *g, int dev, void *base, uint64_t len);
 
 /* The agent's device index for a client's device UUID; -ENODEV with a message. */
 int gpu_device_of(const struct gpu *g, const uint8_t *uuid, size_t len, char *err);

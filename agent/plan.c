@@ -312,12 +312,12 @@ static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_t
 }
 
 /* The first CUDA plan pins the staging pool for DMA (once: gpu.h). */
-static void pin_pool(struct agent *a)
+static void pin_pool(struct agent *a, int dev)
 {
 	unsigned n;
 	const struct iovec *iov = pool_iovecs(a->pool, &n);
 
-	gpu_pin(a->gpu, iov[0].iov_base, (uint64_t)n * pool_chunk_bytes(a->pool));
+	gpu_pin(a->gpu, dev, iov[0].iov_base, (uint64_t)n * pool_chunk_bytes(a->pool));
 }
 
 /*
@@ -363,7 +363,7 @@ static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
 	if (!g->mem)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	g->n = req->n_cuda_regions;
-	pin_pool(a);
+	pin_pool(a, dev);
 	for (size_t i = 0; i < g->n; i++) {
 		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
 

@@ -80,6 +80,15 @@ static void publish(struct agent *a, struct save *s)
 	watchers_publish(a, &info);
 }
 
+/* Under mu: a CUDA plan's save gives back its number on the fence, once. */
+static void fence_release(struct save *s)
+{
+	if (s->fenced && !s->fence_done && s->plan) {
+		s->fence_done = true;
+		plan_fence_finish(s->plan, s->fence_seq);
+	}
+}
+
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason)
 {
 	int64_t now = ipc_mono_ns();
@@ -95,12 +104,14 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 		s->t_durable = now;
 	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
 		s->t_committed = now;
-	/* A CUDA plan's fence moves once this save's copies are done, or never will be. */
-	if (s->fence_seq && !s->fence_done && s->plan &&
-	    (state == CKPT__V1__STATE__STATE_CAPTURED || ipc_state_final(state))) {
-		s->fence_done = true;
-		plan_fence_finish(s->plan, s->fence_seq);
-	}
+	/*
+	 * A CUDA plan's fence moves once this save's copies are done; for a save
+	 * that ends otherwise, once its capture job (which may still be about to
+	 * wait on the trainer's event) has returned: save_capture.
+	 */
+	if (state == CKPT__V1__STATE__STATE_CAPTURED ||
+	    (ipc_state_final(state) && !s->capturing))
+		fence_release(s);
 	if (ipc_state_final(state)) {
 		a->inflight--;
 		a->nfinished++;
@@ -382,8 +393,9 @@ static int capture_chunks(struct save *s)
  * Waits (on the plan's lane) for the trainer's event: its GPU work before
  * ckpt_save is done, so every byte copied after reads the step it saved,
  * host tensors included. The one wait that may never end (a trainer that
- * dies with work queued): it holds no chunks, and an abort ends it by
- * abandoning the stuck lane for a fresh one.
+ * dies or hangs with work queued): it comes before the pool, so it holds no
+ * chunks, and an abort ends it. A lane that has queued the wait and then
+ * failed is abandoned for a fresh one.
  */
 static int gpu_wait_trainer(struct save *s, char *why)
 {
@@ -395,11 +407,12 @@ static int gpu_wait_trainer(struct save *s, char *why)
 		return ipc_errf(why, -EIO, "the plan has no GPU stream (an abort left it none): "
 		                           "create the plan again");
 	rc = gpu_lane_after(g->lane, s->cuda_event, sizeof(s->cuda_event), why);
-	if (!rc)
-		rc = gpu_lane_mark(g->lane, 1, why);
+	if (rc)
+		return rc; /* nothing queued */
+	rc = gpu_lane_mark(g->lane, 1, why);
 	if (!rc)
 		rc = gpu_lane_wait(g->lane, 1, &s->abort, why);
-	if (rc == -ECANCELED) {
+	if (rc) { /* the lane may hold a wait that never ends: never sync it */
 		char err[IPC_ERRLEN];
 
 		gpu_lane_abandon(g->lane);
@@ -428,9 +441,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 	unsigned k;
 	int rc;
 
-	pthread_mutex_lock(&g->capture);
-	rc = gpu_wait_trainer(s, why);
-	for (k = 0; !rc && k < s->nchunks; k++) {
+	for (k = 0, rc = 0; !rc && k < s->nchunks; k++) {
 		c = pool_take(&s->resv, &s->abort);
 		if (!c) {
 			rc = -ECANCELED;
@@ -459,8 +470,15 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		if (c)
 			pool_give(&s->resv, c);
 	}
-	pthread_mutex_unlock(&g->capture);
 	return rc;
+}
+
+/* The save's chunks leave the count of those queued: held now, or never. */
+static void unqueue(struct save *s)
+{
+	pthread_mutex_lock(&s->a->mu);
+	s->a->queued_chunks -= s->want;
+	pthread_mutex_unlock(&s->a->mu);
 }
 
 static int capture_setup(struct save *s, char *why)
@@ -472,9 +490,7 @@ static int capture_setup(struct save *s, char *why)
 	int rc;
 
 	rc = pool_reserve(a->pool, &s->resv, s->want, wait, &s->abort);
-	pthread_mutex_lock(&a->mu);
-	a->queued_chunks -= s->want; /* holding them now, or never will */
-	pthread_mutex_unlock(&a->mu);
+	unqueue(s);
 	if (rc == -EAGAIN) {
 		snprintf(why, IPC_ERRLEN,
 			 "staging pool full (earlier saves still persisting) and the job's policy is "
@@ -495,6 +511,66 @@ static int capture_setup(struct save *s, char *why)
 	return rc;
 }
 
+/*
+ * A CUDA plan's capture: the trainer's work first, then pool and file, then
+ * the copies; the lane is its alone meanwhile. *t2: when setup ended.
+ */
+static int capture_gpu(struct save *s, char *why, int64_t *t2)
+{
+	struct plan_gpu *g = s->plan->gpu;
+	int rc;
+
+	pthread_mutex_lock(&g->capture);
+	rc = atomic_load(&s->abort) ? -ECANCELED : gpu_wait_trainer(s, why);
+	if (rc)
+		unqueue(s);
+	else
+		rc = capture_setup(s, why);
+	*t2 = ipc_mono_ns();
+	if (!rc)
+		rc = capture_chunks_gpu(s, why);
+	pthread_mutex_unlock(&g->capture);
+	return rc;
+}
+
+/* Under mu: a CUDA plan's capture has returned; the next of the plan's may run. */
+static void next_capture(struct agent *a, struct save *s)
+{
+	struct plan_gpu *g = s->plan->gpu;
+	struct save *n = g->next_capture;
+
+	s->capturing = false;
+	fence_release(s);
+	if (!n) {
+		g->capturing = false;
+		return;
+	}
+	g->next_capture = n->next_capture;
+	if (!g->next_capture)
+		g->last_capture = NULL;
+	workq_push(a->capture, &n->work);
+}
+
+/* Under mu: queues the capture; a CUDA plan's waits for the plan's earlier ones. */
+static void queue_capture(struct agent *a, struct save *s)
+{
+	struct plan_gpu *g = s->plan->gpu;
+
+	s->capturing = true;
+	if (!g || !g->capturing) {
+		if (g)
+			g->capturing = true;
+		workq_push(a->capture, &s->work);
+		return;
+	}
+	s->next_capture = NULL;
+	if (g->last_capture)
+		g->last_capture->next_capture = s;
+	else
+		g->next_capture = s;
+	g->last_capture = s;
+}
+
 static void save_capture(struct work *w)
 {
 	struct save *s = container_of(w, struct save, work);
@@ -503,10 +579,14 @@ static void save_capture(struct work *w)
 	int64_t t1 = ipc_mono_ns(), t2, t3;
 	int rc;
 
-	rc = capture_setup(s, why);
-	t2 = ipc_mono_ns();
-	if (!rc)
-		rc = s->plan->gpu ? capture_chunks_gpu(s, why) : capture_chunks(s);
+	if (s->plan->gpu) {
+		rc = capture_gpu(s, why, &t2);
+	} else {
+		rc = capture_setup(s, why);
+		t2 = ipc_mono_ns();
+		if (!rc)
+			rc = capture_chunks(s);
+	}
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,
 		"capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
@@ -524,6 +604,9 @@ static void save_capture(struct work *w)
 	} else if (!rc) {
 		save_set_state(a, s, CKPT__V1__STATE__STATE_CAPTURED, NULL);
 	}
+	if (s->plan->gpu)
+		next_capture(a, s);
+	s->capturing = false;
 	pthread_mutex_unlock(&a->mu);
 	stage_done(s);
 }
@@ -639,6 +722,7 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 	}
 	if (p->gpu) { /* room checked above: this cannot fail */
 		fence_issue(&p->gpu->fence, &s->fence_seq);
+		s->fenced = true;
 		memcpy(s->cuda_event, req->cuda_event.data, GPU_EVENT_HANDLE_BYTES);
 	}
 	/* The user meta: rank 0's, or else the first rank's that has one. */
@@ -670,7 +754,7 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 	a->queued_chunks += s->want;
 	cp->nrunning++;
 	plan_busy(p);
-	workq_push(a->capture, &s->work);
+	queue_capture(a, s);
 	return 0;
 }
 
