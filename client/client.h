@@ -72,7 +72,8 @@ struct ckpt_save {
 	int state;
 	char reason[IPC_ERRLEN];
 	uint64_t plan_id;
-	uint32_t fence_seq;  /* CUDA plans: its number on the plan's fence */
+	bool cuda;           /* a save of a CUDA plan: */
+	uint32_t fence_seq;  /* its number on the plan's fence */
 	uintptr_t fence_dev; /* the fence word as the GPU sees it; 0 once the plan is gone */
 	int dev;             /* the plan's GPU */
 };
@@ -88,7 +89,8 @@ struct ckpt_plan {
 	bool cuda;
 	struct cl_gpu_plan gpu;
 	void *fence_mem;   /* its host page (from ckpt_host_alloc) */
-	uint32_t last_seq; /* the newest fence number the agent gave */
+	uint32_t last_seq; /* the newest fence number the agent gave, */
+	uint64_t nsaved;   /* if it gave any */
 };
 
 /* Saves a CUDA plan with the trainer's event recorded on `stream`. */

@@ -162,7 +162,7 @@ int cl_gpu_event_take(struct cl_gpu_plan *g, char *err)
 		unsigned i = (g->next + k) % CL_GPU_EVENTS;
 		struct cl_gpu_event *ev = &g->ev[i];
 
-		if (ev->busy || (ev->seq && !cl_gpu_passed(word, ev->seq)))
+		if (ev->busy || (ev->saved && !cl_gpu_passed(word, ev->seq)))
 			continue;
 		ev->busy = true;
 		g->next = i + 1;
@@ -171,9 +171,10 @@ int cl_gpu_event_take(struct cl_gpu_plan *g, char *err)
 	return ipc_errf(err, -EBUSY, "%d saves of this plan not yet captured", CL_GPU_EVENTS);
 }
 
-void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, uint32_t seq)
+void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, bool saved, uint32_t seq)
 {
 	g->ev[slot].busy = false;
+	g->ev[slot].saved = saved;
 	g->ev[slot].seq = seq;
 }
 
@@ -259,7 +260,7 @@ int cl_gpu_event_take(struct cl_gpu_plan *g, char *err)
 	return ipc_errf(err, -ENOTSUP, "libckpt was built without CUDA");
 }
 
-void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, uint32_t seq)
+void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, bool saved, uint32_t seq)
 {
 }
 

@@ -36,8 +36,9 @@ struct cl_gpu_alloc {
 struct cl_gpu_event {
 	void *ev; /* cudaEvent_t, interprocess; made when first needed */
 	uint8_t handle[CL_GPU_HANDLE];
-	uint32_t seq; /* the fence number of its last save; 0: none */
-	bool busy;    /* a save is between cl_gpu_event_take and _done */
+	uint32_t seq;  /* the fence number of its last save, if `saved` */
+	bool saved;    /* the agent took a save recorded on it */
+	bool busy;     /* a save is between cl_gpu_event_take and _done */
 };
 
 /* A CUDA plan's trainer-side state. */
@@ -75,7 +76,8 @@ static inline bool cl_gpu_passed(uint32_t word, uint32_t seq)
  * (its last save finished on the fence), or -EBUSY; give it back with _done.
  */
 int cl_gpu_event_take(struct cl_gpu_plan *g, char *err);
-void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, uint32_t seq);
+/* saved: the agent took the save, numbered seq; else the event is free at once. */
+void cl_gpu_event_done(struct cl_gpu_plan *g, int slot, bool saved, uint32_t seq);
 /* Records event `slot` on `stream` (NULL: the plan's GPU's default stream). */
 int cl_gpu_record(struct cl_gpu_plan *g, int slot, void *stream, char *err);
 /* Makes `stream` (NULL: dev's default) wait on the GPU until the fence word reaches seq. */

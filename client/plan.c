@@ -459,11 +459,12 @@ uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
 
 /* ---- saves ------------------------------------------------------------ */
 
-/* The ring's event is free again once the fence passes seq (0: at once). */
-static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, uint32_t seq)
+/* The ring's event is free again at once, or (saved) once the fence passes seq. */
+static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, bool saved,
+                       uint32_t seq)
 {
 	pthread_mutex_lock(&c->mu);
-	cl_gpu_event_done(&p->gpu, slot, seq);
+	cl_gpu_event_done(&p->gpu, slot, saved, seq);
 	pthread_mutex_unlock(&c->mu);
 }
 
@@ -499,7 +500,7 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 		rc = slot < 0 ? slot : cl_gpu_record(&p->gpu, slot, stream, err);
 		if (rc) {
 			if (slot >= 0)
-				event_done(c, p, slot, 0);
+				event_done(c, p, slot, false, 0);
 			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step,
 				       err);
 		}
@@ -510,11 +511,11 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	if (rc) {
 		/* Timed out, the agent may have the save and wait on it yet: never again. */
 		if (slot >= 0 && rc != -ETIMEDOUT)
-			event_done(c, p, slot, 0);
+			event_done(c, p, slot, false, 0);
 		return rc;
 	}
 	if (slot >= 0)
-		event_done(c, p, slot, rep->fence_seq);
+		event_done(c, p, slot, true, rep->fence_seq);
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		protobuf_c_message_free_unpacked(&rep->base, NULL);
@@ -524,6 +525,7 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	s->id = rep->save_id;
 	s->plan_id = p->id;
 	s->state = rep->state;
+	s->cuda = p->cuda;
 	s->fence_seq = rep->fence_seq;
 	s->fence_dev = p->gpu.fence_dev;
 	s->dev = p->gpu.dev;
@@ -541,8 +543,12 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	}
 	s->next = c->saves;
 	c->saves = s;
-	if (s->fence_seq) /* numbers come in order of the agent's replies: keep the newest */
-		p->last_seq = (int32_t)(s->fence_seq - p->last_seq) > 0 ? s->fence_seq : p->last_seq;
+	if (s->cuda) { /* numbers come in order of the agent's replies: keep the newest */
+		if (!p->nsaved++ || !cl_gpu_passed(p->last_seq, s->fence_seq))
+			p->last_seq = s->fence_seq;
+		if (c->gone) /* no agent will move the fence: it opens here */
+			cl_gpu_release(&p->gpu, p->last_seq);
+	}
 	pthread_mutex_unlock(&c->mu);
 	*out = s;
 	return 0;
@@ -565,16 +571,26 @@ int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream)
 	char err[IPC_ERRLEN];
 	int rc;
 
+	struct ckpt_client *c;
+	uintptr_t fence_dev;
+	bool gone;
+
 	if (!s)
 		return -EINVAL;
-	if (!s->c) /* the fence page went with the client */
+	c = s->c;
+	if (!c) /* the fence page went with the client */
 		return -ENOTCONN;
-	if (!s->fence_seq)
-		return cl_fail(s->c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan");
-	if (!s->fence_dev)
-		return 0; /* its plan was destroyed, which waited for the fence to pass it */
-	rc = cl_gpu_fence(s->dev, s->fence_dev, (void *)stream, s->fence_seq, err);
-	return rc && s->c ? cl_fail(s->c, rc, "ckpt_save_fence: %s", err) : rc;
+	if (!s->cuda)
+		return cl_fail(c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan");
+	pthread_mutex_lock(&c->mu);
+	fence_dev = s->fence_dev;
+	gone = c->gone;
+	pthread_mutex_unlock(&c->mu);
+	/* Its plan destroyed (which waited for the fence to pass it), or no agent: open. */
+	if (!fence_dev || gone)
+		return 0;
+	rc = cl_gpu_fence(s->dev, fence_dev, (void *)stream, s->fence_seq, err);
+	return rc ? cl_fail(c, rc, "ckpt_save_fence: %s", err) : 0;
 }
 #endif
 
