@@ -278,6 +278,10 @@ START_TEST(killed_before_captured_releases)
 	char out[4096];
 
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
+	/* A first trainer's plan gives the agent its CUDA context: counted in free0. */
+	ck_assert_int_eq(run_trainer(&a, 4, "captured"), 128 + SIGKILL);
+	ck_assert(h_wait_state(&a, "orphan", 1, "COMMITTED", 60000));
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete orphan 1"), 0);
 	CU(cudaMemGetInfo(&free0, &total));
 	ck_assert_int_eq(run_trainer(&a, 2048, "queued"), 128 + SIGKILL);
 	/* The agent drops the plan and closes the IPC mapping: the 2 GiB comes back. */
