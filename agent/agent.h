@@ -27,8 +27,9 @@
  * for the disk.
  *
  * One lock, agent.mu, guards every list and every object's state below; it is
- * never held while copying or waiting for I/O. Lock order: agent.mu, then the
- * pool's or the server's.
+ * never held while copying or waiting for I/O. Lock order: a CUDA plan's
+ * capture lock (plan_gpu.capture), then agent.mu, then the pool's or the
+ * server's.
  */
 #ifndef CKPT_AGENT_H
 #define CKPT_AGENT_H

@@ -551,11 +551,16 @@ int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len
 void plan_fence_finish(struct plan *p, uint32_t seq)
 {
 	struct plan_gpu *g = p->gpu;
-	uint32_t word;
+	uint32_t word, *fw;
 
 	if (!g || !g->fence_region)
 		return; /* dropped: its trainer is gone, and its fence page with it */
+	fw = (uint32_t *)g->fence_region->shm.data;
 	word = fence_finish(&g->fence, seq);
-	/* The trainer's GPU polls this word (cuStreamWaitValue32, >=): publish it. */
-	__atomic_store_n((uint32_t *)g->fence_region->shm.data, word, __ATOMIC_RELEASE);
+	/*
+	 * The trainer's GPU polls this word (cuStreamWaitValue32, >=): publish
+	 * it, never moving it back (libckpt opens it itself when we go away).
+	 */
+	if ((int32_t)(word - __atomic_load_n(fw, __ATOMIC_ACQUIRE)) > 0)
+		__atomic_store_n(fw, word, __ATOMIC_RELEASE);
 }

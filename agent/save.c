@@ -533,6 +533,16 @@ static int capture_gpu(struct save *s, char *why, int64_t *t2)
 	return rc;
 }
 
+/*
+ * Under mu: the capture job goes to the workers; its chunks count as taken
+ * (pool_busy) from now until it reserves them (unqueue).
+ */
+static void push_capture(struct agent *a, struct save *s)
+{
+	a->queued_chunks += s->want;
+	workq_push(a->capture, &s->work);
+}
+
 /* Under mu: a CUDA plan's capture has returned; the next of the plan's may run. */
 static void next_capture(struct agent *a, struct save *s)
 {
@@ -548,7 +558,7 @@ static void next_capture(struct agent *a, struct save *s)
 	g->next_capture = n->next_capture;
 	if (!g->next_capture)
 		g->last_capture = NULL;
-	workq_push(a->capture, &n->work);
+	push_capture(a, n);
 }
 
 /* Under mu: queues the capture; a CUDA plan's waits for the plan's earlier ones. */
@@ -560,7 +570,7 @@ static void queue_capture(struct agent *a, struct save *s)
 	if (!g || !g->capturing) {
 		if (g)
 			g->capturing = true;
-		workq_push(a->capture, &s->work);
+		push_capture(a, s);
 		return;
 	}
 	s->next_capture = NULL;
@@ -594,7 +604,6 @@ static void save_capture(struct work *w)
 		s->job, (long long)s->step, s->rank, (double)(t1 - s->t_queued) / 1e6,
 		(double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6, (unsigned long long)s->bytes_total);
 	pthread_mutex_lock(&a->mu);
-	plan_idle(a, s->plan);
 	if (rc == -EAGAIN && !atomic_load(&s->abort)) {
 		atomic_store(&s->abort, true);
 		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, why);
@@ -604,9 +613,10 @@ static void save_capture(struct work *w)
 	} else if (!rc) {
 		save_set_state(a, s, CKPT__V1__STATE__STATE_CAPTURED, NULL);
 	}
-	if (s->plan->gpu)
+	if (s->plan->gpu) /* before plan_idle: the plan's GPU side lives while busy */
 		next_capture(a, s);
 	s->capturing = false;
+	plan_idle(a, s->plan);
 	pthread_mutex_unlock(&a->mu);
 	stage_done(s);
 }
@@ -751,7 +761,6 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 	}
 	/* Running: the capture stage holds the plan's regions until CAPTURED. */
 	atomic_store(&s->stages, 1);
-	a->queued_chunks += s->want;
 	cp->nrunning++;
 	plan_busy(p);
 	queue_capture(a, s);
