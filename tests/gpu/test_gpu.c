@@ -244,7 +244,6 @@ static int run_trainer(const struct agent_proc *a, long mib, const char *mode)
 {
 	char m[16];
 	pid_t pid;
-	int st;
 
 	snprintf(m, sizeof(m), "%ld", mib);
 	pid = fork();
@@ -253,8 +252,7 @@ static int run_trainer(const struct agent_proc *a, long mib, const char *mode)
 		execl("/proc/self/exe", "test_gpu", "--trainer", a->endpoint, m, mode, (char *)NULL);
 		_exit(127);
 	}
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return h_reap(pid);
 }
 
 START_TEST(killed_after_captured_commits)

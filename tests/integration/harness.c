@@ -121,7 +121,7 @@ int h_agent_stop(struct agent_proc *a)
 	for (int i = 0; i < 600; i++) {
 		if (waitpid(a->pid, &status, WNOHANG) == a->pid) {
 			a->pid = 0;
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+			return h_exit_code(status);
 		}
 		sleep_ms(50);
 	}
@@ -410,4 +410,17 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
 		sleep_ms(100);
 	}
 	return false;
+}
+
+int h_exit_code(int status)
+{
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int h_reap(pid_t pid)
+{
+	int st;
+
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return h_exit_code(st);
 }

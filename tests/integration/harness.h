@@ -58,6 +58,10 @@ void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, 
 bool h_exists(const char *path);
 /* Flips one bit of the byte at `off` of a file. */
 void h_flip_byte(const char *path, uint64_t off);
+/* A wait status as a shell would say it: the exit code, or 128 + the signal. */
+int h_exit_code(int status);
+/* Waits for child pid (asserting it is ours); its h_exit_code. */
+int h_reap(pid_t pid);
 
 /* Test tensors: n tensors of varied dtypes and odd sizes in one host region. */
 struct h_model {

@@ -97,14 +97,6 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
 	return pid;
 }
 
-static int reap(pid_t pid)
-{
-	int st;
-
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /* Four ranks of one step under the skip policy: they fit together, so none is skipped. */
 START_TEST(skip_policy_ranks_together)
 {
@@ -116,7 +108,7 @@ START_TEST(skip_policy_ranks_together)
 		for (int r = 0; r < 4; r++)
 			pid[r] = spawn_rank(&a, "sk", r, 4, step, "commit", NULL);
 		for (int r = 0; r < 4; r++)
-			ck_assert_msg(reap(pid[r]) == 0, "step %d rank %d did not commit", step, r);
+			ck_assert_msg(h_reap(pid[r]) == 0, "step %d rank %d did not commit", step, r);
 		ck_assert(h_wait_state(&a, "sk", step, "COMMITTED", 10000));
 	}
 	h_agent_cleanup(&a);
@@ -146,8 +138,8 @@ START_TEST(rank_left_before_saving)
 	h_agent_start(&a, NULL);
 	leaver = spawn_rank(&a, "lv", 1, 2, 7, "leave", NULL);
 	saver = spawn_rank(&a, "lv", 0, 2, 7, "expect-fail", &fd);
-	ck_assert_int_eq(reap(leaver), 128 + SIGKILL);
-	ck_assert_int_eq(reap(saver), 0);
+	ck_assert_int_eq(h_reap(leaver), 128 + SIGKILL);
+	ck_assert_int_eq(h_reap(saver), 0);
 	read_all(fd, why, sizeof(why));
 	ck_assert_msg(strstr(why, "rank 1 left"), "the reason names the rank: %s", why);
 	h_agent_cleanup(&a);
@@ -162,7 +154,7 @@ START_TEST(rank_never_came)
 	int fd;
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --commit-timeout 2");
-	ck_assert_int_eq(reap(spawn_rank(&a, "nc", 0, 3, 9, "expect-fail", &fd)), 0);
+	ck_assert_int_eq(h_reap(spawn_rank(&a, "nc", 0, 3, 9, "expect-fail", &fd)), 0);
 	read_all(fd, why, sizeof(why));
 	ck_assert_msg(strstr(why, "2 of 3 ranks did not save") && strstr(why, "commit-timeout"),
 		      "%s", why);
@@ -360,7 +352,7 @@ START_TEST(stop_mid_save)
 		usleep(k * 30000);
 		/* a clean stop, whatever the save was doing: exit 0, nothing freed twice */
 		ck_assert_int_eq(h_agent_stop(&a), 0);
-		reap(pid);
+		h_reap(pid);
 		h_agent_restart(&a);
 		h_path(&a, dir, sizeof(dir), "term/step-%012d", 10 + k);
 		if (h_exists(dir))

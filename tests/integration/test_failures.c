@@ -269,21 +269,13 @@ static pid_t trainer(const struct agent_proc *a, const char *job, long step, lon
 	return pid;
 }
 
-static int reap(pid_t pid)
-{
-	int st;
-
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 START_TEST(trainer_killed_after_captured_commits)
 {
 	struct agent_proc a;
 	char out[8192];
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
-	ck_assert_int_eq(reap(trainer(&a, "orphan", 5, 40, "die-captured")), 128 + SIGKILL);
+	ck_assert_int_eq(h_reap(trainer(&a, "orphan", 5, 40, "die-captured")), 128 + SIGKILL);
 	ck_assert_msg(h_wait_state(&a, "orphan", 5, "COMMITTED", 60000),
 		      "the save of a dead trainer commits");
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify orphan 5"), 0);
@@ -301,8 +293,8 @@ START_TEST(trainer_killed_before_captured_aborts)
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
 	hog = trainer(&a, "hog", 1, 256, "commit");
 	ck_assert(h_wait_state(&a, "hog", 1, "IN_FLIGHT", 30000));
-	ck_assert_int_eq(reap(trainer(&a, "victim", 7, 8, "die-queued")), 128 + SIGKILL);
-	ck_assert_int_eq(reap(hog), 0);
+	ck_assert_int_eq(h_reap(trainer(&a, "victim", 7, 8, "die-queued")), 128 + SIGKILL);
+	ck_assert_int_eq(h_reap(hog), 0);
 	ck_assert(h_wait_state(&a, "hog", 1, "COMMITTED", 10000));
 	/* the victim's save was aborted: never committed, nothing on disk */
 	h_path(&a, dir, sizeof(dir), "victim/step-000000000007");
@@ -338,7 +330,7 @@ START_TEST(skip_when_pool_full)
 	ck_assert_int_eq(ckpt_save_state(s), CKPT_SKIPPED);
 	ck_assert_msg(strstr(ckpt_save_reason(s), "staging pool full"), "%s", ckpt_save_reason(s));
 	ckpt_save_release(s);
-	ck_assert_int_eq(reap(hog), 0);
+	ck_assert_int_eq(h_reap(hog), 0);
 	/* with room again, the same plan saves */
 	commit(p, 4);
 	ckpt_plan_destroy(p);

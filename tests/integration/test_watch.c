@@ -179,7 +179,7 @@ static int watch_end(struct watch *w, int sig)
 	}
 	while (watch_read(w, 100) && w->len < w->cap - 1)
 		;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return h_exit_code(st);
 }
 
 static void watch_free(struct watch *w)
