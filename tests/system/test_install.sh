@@ -18,31 +18,14 @@ set -uo pipefail
 : "${CKPT_DOCDIR:?}" "${CKPT_VERSION:?}"
 CC=${CC:-cc}
 
-for d in "$CKPT_BINDIR" "$CKPT_SBINDIR" "$CKPT_LIBDIR" "$CKPT_INCLUDEDIR" "$CKPT_UNITDIR" \
-	"$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR"; do
-	if [[ $d == /* ]]; then
-		echo "skipped: install directory $d is absolute: it cannot go under a temporary prefix"
-		exit 77
-	fi
-done
+. "$(dirname "$0")/install_lib.sh"
+need_relative "$CKPT_BINDIR" "$CKPT_SBINDIR" "$CKPT_LIBDIR" "$CKPT_INCLUDEDIR" "$CKPT_UNITDIR" \
+	"$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR"
 for tool in pkg-config "$CC" python3 ldd; do
 	command -v "$tool" >/dev/null || { echo "skipped: $tool not found"; exit 77; }
 done
 
-fails=0
-fail() {
-	echo "FAIL: $*"
-	fails=$((fails + 1))
-}
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/install.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-prefix=$tmp/prefix
-if ! cmake --install "$CKPT_BUILD_DIR" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
-	cat "$tmp/install.log"
-	echo "FAIL: cmake --install $CKPT_BUILD_DIR --prefix $prefix"
-	exit 1
-fi
+install_tmp install
 
 # ---- the tree -------------------------------------------------------------------
 lib=$prefix/$CKPT_LIBDIR

@@ -30,27 +30,10 @@ for tool in systemd-analyze systemd-sysusers systemd-tmpfiles; do
 		exit 77
 	fi
 done
-for d in "$CKPT_SBINDIR" "$CKPT_UNITDIR" "$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR"; do
-	if [[ $d == /* ]]; then
-		echo "skipped: install directory $d is absolute: it cannot go under a temporary prefix"
-		exit 77
-	fi
-done
+. "$(dirname "$0")/install_lib.sh"
+need_relative "$CKPT_SBINDIR" "$CKPT_UNITDIR" "$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR"
 
-fails=0
-fail() {
-	echo "FAIL: $*"
-	fails=$((fails + 1))
-}
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/unit_verify.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-prefix=$tmp/prefix
-if ! cmake --install "$CKPT_BUILD_DIR" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
-	cat "$tmp/install.log"
-	echo "FAIL: cmake --install $CKPT_BUILD_DIR --prefix $prefix"
-	exit 1
-fi
+install_tmp unit_verify
 unit=$prefix/$CKPT_UNITDIR/ckptd.service
 ckptd=$prefix/$CKPT_SBINDIR/ckptd
 [[ -f $unit ]] || { echo "FAIL: no unit at $unit"; exit 1; }
