@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "storage.h"
+#include "ioeng.h"
 #include "work.h"
 
 struct pool;

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "storage.h"
+#include "fsops.h"
 
 static int posix_openat(int dirfd, const char *path, int flags, mode_t mode)
 {

@@ -43,7 +43,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "storage.h"
+#include "ioeng.h"
 
 #define IOENG_MAX_DEPTH 256u
 /* -EAGAIN/-EINTR resubmissions before a request fails with that error. */

@@ -25,7 +25,7 @@
 
 #include <jansson.h>
 
-#include "storage.h"
+#include "format.h"
 
 #define MF_PREFIX "manifest: "
 /* Above this many chunks the manifest is written compact, to stay small. */

@@ -21,7 +21,7 @@
 
 #include <jansson.h>
 
-#include "storage.h"
+#include "format.h"
 
 /* The data starts at a multiple of 8, so a reader can map typed arrays. */
 #define ST_DATA_ALIGN 8u

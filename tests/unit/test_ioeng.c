@@ -26,7 +26,7 @@
 
 #include <check.h>
 
-#include "storage.h"
+#include "ioeng.h"
 
 #define BLK 4096u
 

@@ -11,7 +11,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "storage.h"
+#include "format.h"
 
 #define META "{\"lr\":0.5,\"tags\":[\"a\",\"b\"],\"nested\":{\"z\":null,\"a\":true}}"
 #define T_NS 1795288380123456789LL /* 2026-11-21T19:13:00.123Z */

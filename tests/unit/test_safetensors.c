@@ -14,7 +14,7 @@
 
 #include <check.h>
 
-#include "storage.h"
+#include "format.h"
 
 /* dtype numbers, from ipc_dtype_from_name so the test follows the table */
 #define DT(name) ipc_dtype_from_name(name)

@@ -1,0 +1,34 @@
+/*
+ * storage/fsops.h: the system calls that can fail, in a table (fsops.c)
+ * that tests replace to inject EIO, ENOSPC and short transfers. Functions
+ * return negative errno instead of setting errno.
+ */
+#ifndef CKPT_STORAGE_FSOPS_H
+#define CKPT_STORAGE_FSOPS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* ---- syscalls, replaceable by tests ----------------------------------- */
+
+struct io_req;
+
+struct fsops {
+	int (*openat)(int dirfd, const char *path, int flags, mode_t mode);
+	ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
+	ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
+	int (*fsync)(int fd);
+	int (*ftruncate)(int fd, off_t len);
+	int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
+	int (*mkdirat)(int dirfd, const char *path, mode_t mode);
+	int (*unlinkat)(int dirfd, const char *path, int flags);
+	/*
+	 * The result of an asynchronous request before the engine acts on it;
+	 * tests return an error or a short count here. NULL: as it came.
+	 */
+	int64_t (*io_result)(const struct io_req *r, int64_t res);
+};
+
+extern const struct fsops fsops_posix;
+
+#endif /* CKPT_STORAGE_FSOPS_H */
