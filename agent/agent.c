@@ -133,16 +133,17 @@ static void log_config(const struct agent_config *c)
 	log_msg(LOG_INFO,
 		"configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
 		"root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
-		"keep_every=%lld metrics=%s; chunk_mb=%llu capture_threads=%u copy_threads=%s "
-		"commit_timeout=%u direct=%s lock=%s",
+		"keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u; "
+		"chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
 		c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
 		c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
 		c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
 		(unsigned long long)c->staging_mb,
 		c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
 		c->keep_last, (long long)c->keep_every,
-		c->metrics_listen ? c->metrics_listen : "off", (unsigned long long)c->chunk_mb,
-		c->capture_threads, copy, c->commit_timeout_s, c->direct ? "yes" : "no",
+		c->metrics_listen ? c->metrics_listen : "off", c->node, c->commit_deadline_s,
+		c->abandon_after_s, (unsigned long long)c->chunk_mb, c->capture_threads, copy,
+		c->direct ? "yes" : "no",
 		c->lock_pool ? "yes" : "no");
 }
 

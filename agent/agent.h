@@ -68,7 +68,9 @@ struct agent_config {
 	bool direct;
 	bool lock_pool;
 	int log_level;
-	unsigned commit_timeout_s; /* a step still missing ranks after this fails */
+	const char *node;           /* this node's name (DESIGN.md §2) */
+	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
+	unsigned abandon_after_s;   /* uncommitted steps older than LATEST and this are removed */
 	/* retention, per job: keep the last keep_last committed checkpoints and
 	   every one whose step is a multiple of keep_every (0: none); 0/0 keeps all */
 	unsigned keep_last;
@@ -181,6 +183,7 @@ struct plan {
 	uint64_t id;
 	struct session *sess; /* NULL once dropped */
 	char job[IPC_MAX_JOB + 1];
+	char run[IPC_MAX_JOB + 1]; /* the trainer's run ("0" unless it said) */
 	int rank, world;
 	int backpressure;
 	size_t n;

@@ -138,7 +138,7 @@ void cp_rank_gone(struct agent *a, const char *job, int rank)
 
 void cp_expire(struct agent *a, int64_t now)
 {
-	const int64_t limit = (int64_t)a->cfg.commit_timeout_s * 1000000000;
+	const int64_t limit = (int64_t)a->cfg.commit_deadline_s * 1000000000;
 	struct list *pos, *tmp;
 	char why[160];
 
@@ -150,8 +150,8 @@ void cp_expire(struct agent *a, int64_t now)
 		    now - cp->t_first < limit)
 			continue;
 		snprintf(why, sizeof(why),
-			 "%d of %d ranks did not save this step within %u s (--commit-timeout)",
-			 cp->world - (int)cp->nsaved, cp->world, a->cfg.commit_timeout_s);
+			 "%d of %d ranks did not save this step within %u s (--commit-deadline)",
+			 cp->world - (int)cp->nsaved, cp->world, a->cfg.commit_deadline_s);
 		cp_fail(a, cp, why);
 	}
 }

@@ -38,6 +38,7 @@ enum kind {
 	K_LISTEN, /* unix:PATH */
 	K_HOSTPORT, /* HOST:PORT */
 	K_GROUP, /* a group name (resolved by config_finish) */
+	K_NODE, /* a node name, [A-Za-z0-9._-]{1,64} (unset: the host name) */
 	K_NUMBER, /* a whole number in min..max */
 	K_MODE, /* an octal mode, 0..0777 */
 	K_CHOICE, /* one of choices[] */
@@ -74,7 +75,8 @@ static const struct choice policies[] = {
     {NULL, 0},
 };
 
-static const char *const sections[] = {"agent", "storage", "staging", "jobs", "metrics", NULL};
+static const char *const sections[] = {"agent",   "storage", "staging", "jobs",
+                                       "metrics", "cluster", NULL};
 
 static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LISTEN] = {"agent", "listen", "listen", "unix:PATH",
@@ -110,6 +112,18 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                        IPC_MAX_STEP},
     [CS_METRICS_LISTEN] = {"metrics", "listen", "metrics-listen", "HOST:PORT",
                            "Prometheus /metrics there (default: none)", K_HOSTPORT},
+    [CS_NODE] = {"cluster", "node", "node", "NAME",
+                 "this node's name, the same on no two nodes of a job (default: the host "
+                 "name)",
+                 K_NODE},
+    [CS_COMMIT_DEADLINE] = {"cluster", "commit_deadline", "commit-deadline", "S",
+                            "a step whose ranks or nodes are not all in after S seconds fails "
+                            "(default 600)",
+                            K_NUMBER, 1, 86400 * 7, .def = 600},
+    [CS_ABANDON_AFTER] = {"cluster", "abandon_after", "abandon-after", "S",
+                          "uncommitted steps older than LATEST and S seconds are removed "
+                          "(default 3600)",
+                          K_NUMBER, 0, 86400 * 365, .def = 3600},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -118,9 +132,6 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_COPY_THREADS] = {NULL, NULL, "copy-threads", "N",
                          "helpers joining each copy (default: CPUs - 1)", K_NUMBER, 0, 64,
                          .def = -1},
-    [CS_COMMIT_TIMEOUT] = {NULL, NULL, "commit-timeout", "S",
-                           "a step still missing ranks after S seconds fails (600)", K_NUMBER, 1,
-                           86400 * 7, .def = 600},
     [CS_DIRECT] = {NULL, NULL, "no-direct", NULL, "buffered writes instead of O_DIRECT", K_SWITCH,
                    .def = 1},
     [CS_LOCK] = {NULL, NULL, "no-lock", NULL, "do not mlock the staging pool", K_SWITCH, .def = 1},
@@ -157,6 +168,13 @@ static int check_text(const struct setting *st, const char *v, char *why)
 		return 0;
 	case K_HOSTPORT:
 		return config_split_hostport(v, host, sizeof(host), &port, why, WHY_LEN);
+	case K_NODE: {
+		char msg[IPC_ERRLEN];
+
+		if (ipc_check_node(v, msg))
+			return snprintf(why, WHY_LEN, "%s", msg), -EINVAL;
+		return 0;
+	}
 	default:
 		if (!*v)
 			return snprintf(why, WHY_LEN, "expected %s",
@@ -493,7 +511,7 @@ int config_read_file(struct config *c, const char *path, char *err)
 
 /* ---- the command line ------------------------------------------------- */
 
-enum { OPT_SETTING = 256, OPT_CONFIG = 512, OPT_CHECK, OPT_VERSION, OPT_HELP };
+enum { OPT_SETTING = 256, OPT_CONFIG = 512, OPT_CHECK, OPT_VERSION, OPT_HELP, OPT_COMMIT_TIMEOUT };
 
 void config_usage(FILE *f)
 {
@@ -520,6 +538,8 @@ static void long_options(struct option *o)
 	    {"check-config", no_argument, NULL, OPT_CHECK},
 	    {"version", no_argument, NULL, OPT_VERSION},
 	    {"help", no_argument, NULL, OPT_HELP},
+	    /* the single-node name of --commit-deadline, kept for old command lines */
+	    {"commit-timeout", required_argument, NULL, OPT_COMMIT_TIMEOUT},
 	    {NULL, 0, NULL, 0},
 	};
 	int s;
@@ -539,6 +559,8 @@ static int take_option(struct config_args *a, int opt, const char *v, struct con
 	char why[WHY_LEN];
 	int s = opt - OPT_SETTING;
 
+	if (opt == OPT_COMMIT_TIMEOUT)
+		opt = OPT_SETTING + (s = CS_COMMIT_DEADLINE);
 	if (opt >= OPT_SETTING && opt < OPT_SETTING + CONFIG_NSETTINGS) {
 		if (set_value(scratch, s, v ? v : "", why))
 			return ipc_errf(err, -EINVAL, "--%s '%.200s': %s", settings[s].flag, v,
@@ -571,7 +593,7 @@ static int take_option(struct config_args *a, int opt, const char *v, struct con
 
 int config_parse_args(int argc, char **argv, struct config_args *out, char *err)
 {
-	struct option opts[CONFIG_NSETTINGS + 5];
+	struct option opts[CONFIG_NSETTINGS + 6];
 	struct config scratch;
 	int opt, rc = 0;
 
@@ -671,6 +693,29 @@ static int resolve_group(struct config *c, long *gid, char *err)
 	                rc ? strerror(rc) : "no such group");
 }
 
+/*
+ * No node given: the host name, which must then be a valid node name (a
+ * host name is, unless it has characters a node name may not).
+ */
+static int default_node(struct config *c, char *err)
+{
+	char host[256] = "", msg[IPC_ERRLEN];
+
+	if (c->str[CS_NODE])
+		return 0;
+	if (gethostname(host, sizeof(host) - 1) < 0)
+		return ipc_errf(err, -errno, "no --node given and the host name is unreadable "
+		                             "(%s): set [cluster] node",
+		                strerror(errno));
+	if (ipc_check_node(host, msg))
+		return ipc_errf(err, -EINVAL,
+		                "no --node given and the host name cannot be one (%s): set "
+		                "[cluster] node or --node",
+		                msg);
+	c->str[CS_NODE] = strdup(host);
+	return c->str[CS_NODE] ? 0 : ipc_errf(err, -ENOMEM, "out of memory");
+}
+
 int config_finish(struct config *c, char *err)
 {
 	struct agent_config *a = &c->cfg;
@@ -679,8 +724,11 @@ int config_finish(struct config *c, char *err)
 
 	memset(a, 0, sizeof(*a));
 	rc = resolve_group(c, &a->socket_gid, err);
+	if (!rc)
+		rc = default_node(c, err);
 	if (rc)
 		return rc;
+	a->node = c->str[CS_NODE];
 	a->listen = c->str[CS_LISTEN];
 	a->socket_mode = (unsigned)n[CS_SOCKET_MODE];
 	a->socket_group = c->str[CS_SOCKET_GROUP];
@@ -696,7 +744,8 @@ int config_finish(struct config *c, char *err)
 	a->chunk_mb = (uint64_t)n[CS_CHUNK_MB];
 	a->capture_threads = (unsigned)n[CS_CAPTURE_THREADS];
 	a->copy_threads = (int)n[CS_COPY_THREADS];
-	a->commit_timeout_s = (unsigned)n[CS_COMMIT_TIMEOUT];
+	a->commit_deadline_s = (unsigned)n[CS_COMMIT_DEADLINE];
+	a->abandon_after_s = (unsigned)n[CS_ABANDON_AFTER];
 	a->direct = n[CS_DIRECT] != 0;
 	a->lock_pool = n[CS_LOCK] != 0;
 	a->config_path = c->path;
@@ -761,6 +810,8 @@ static void print_setting(const struct config *c, int s, FILE *f)
 		snprintf(line, sizeof(line), "; %s = (not set%s)", settings[s].key,
 		         s == CS_METRICS_LISTEN ? ": no metrics endpoint"
 		                                : ": the socket keeps the agent's group");
+	if (s == CS_NODE && c->from[s] == CONFIG_DEFAULT)
+		snprintf(from, sizeof(from), "default: the host name");
 	if (s == CS_SOCKET_GROUP && set)
 		fprintf(f, "%-40s ; %s (gid %ld)\n", line, from, c->cfg.socket_gid);
 	else

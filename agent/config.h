@@ -10,6 +10,7 @@
  *   [staging]  size_mb
  *   [jobs]     backpressure (block|skip), keep_last, keep_every
  *   [metrics]  listen (HOST:PORT; absent: no metrics endpoint)
+ *   [cluster]  node (default: the host name), commit_deadline, abandon_after
  *
  * Unknown sections and keys, bad values, keys set twice, malformed lines and
  * an unreadable file are errors naming the file, the line and the key.
@@ -41,11 +42,13 @@ enum config_setting {
 	CS_KEEP_LAST,
 	CS_KEEP_EVERY,
 	CS_METRICS_LISTEN,
+	CS_NODE,
+	CS_COMMIT_DEADLINE,
+	CS_ABANDON_AFTER,
 	/* flags only */
 	CS_CHUNK_MB,
 	CS_CAPTURE_THREADS,
 	CS_COPY_THREADS,
-	CS_COMMIT_TIMEOUT,
 	CS_DIRECT, /* --no-direct */
 	CS_LOCK, /* --no-lock */
 	CONFIG_NSETTINGS

@@ -229,8 +229,8 @@ static int lay_out(struct plan *p, char *err)
 	struct st_tensor *st = calloc(p->n ? p->n : 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
-		{"format", "pt"}, {"producer", "ckptd"}, {"job", p->job}, {"rank", rank},
-		{"world", world},
+		{"format", "pt"}, {"producer", "ckptd"}, {"job", p->job}, {"run", p->run},
+		{"rank", rank},   {"world", world},
 	};
 	uint64_t pos = 0;
 	size_t len;
@@ -410,6 +410,7 @@ static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, s
 	}
 	*out = p;
 	snprintf(p->job, sizeof(p->job), "%s", req->job);
+	snprintf(p->run, sizeof(p->run), "%s", req->run && *req->run ? req->run : IPC_DEFAULT_RUN);
 	p->rank = req->rank;
 	p->world = req->world;
 	p->backpressure = req->backpressure ? (int)req->backpressure : a->cfg.backpressure;
@@ -444,6 +445,8 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rc = ipc_check_job(req->job, err);
 	if (!rc)
 		rc = ipc_check_rank(req->rank, req->world, err);
+	if (!rc && req->run && *req->run)
+		rc = ipc_check_run(req->run, err);
 	if (!rc && (req->backpressure < 0 || req->backpressure > CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP))
 		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", req->backpressure);
 	if (rc) {
@@ -466,9 +469,11 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.plan_id = p->id;
 	rep.shard_bytes = p->shard_bytes;
 	rep.header_bytes = p->header_len;
+	rep.run = p->run;
+	rep.node = (char *)a->cfg.node;
 	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_INFO, "plan for job %s rank %d/%d: %zu tensors, %llu bytes", p->job, p->rank,
-		p->world, p->n, (unsigned long long)p->shard_bytes);
+	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s): %zu tensors, %llu bytes", p->job,
+		p->rank, p->world, p->run, p->n, (unsigned long long)p->shard_bytes);
 	rpc_reply(c, &rep.base);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);

@@ -110,7 +110,32 @@ void ckpt_host_free(struct ckpt_client *c, void *ptr);
 int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
                      const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out);
 
-/* ckpt_plan_create with a backpressure policy other than the agent's default. */
+/*
+ * A plan's options. `size` is sizeof(struct ckpt_plan_opts) as the caller
+ * was compiled with: fields added later sit after the ones known today, and
+ * an older library refuses (-E2BIG) a newer caller's options only when it
+ * sets one it does not know. Start from CKPT_PLAN_OPTS_INIT.
+ */
+struct ckpt_plan_opts {
+	size_t size;
+	enum ckpt_backpressure backpressure; /* CKPT_BP_DEFAULT: the agent's policy */
+	/*
+	 * The run (one incarnation of the job: a restart is a new run), as
+	 * [A-Za-z0-9._-]{1,64}. NULL: $CKPT_RUN, else "0". Every rank of one
+	 * run must say the same; a part of another run never joins a
+	 * checkpoint, which fences out late writers of a run that died.
+	 */
+	const char *run;
+};
+
+#define CKPT_PLAN_OPTS_INIT {sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL}
+
+/* ckpt_plan_create with options (opts NULL: the defaults). */
+int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
+                          const struct ckpt_tensor *t, size_t n,
+                          const struct ckpt_plan_opts *opts, struct ckpt_plan **out);
+
+/* ckpt_plan_create with a backpressure policy: ckpt_plan_create_opts with only that. */
 int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
                       const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
                       struct ckpt_plan **out);

@@ -4,6 +4,7 @@
  * a mistake is reported before anything is sent, in the same words.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,6 +306,46 @@ static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p)
 	free(p);
 }
 
+/*
+ * The caller's options into o (zeroed first): fields past what the caller
+ * knows stay at their defaults; fields we do not know must be zero.
+ */
+static int plan_opts(const struct ckpt_plan_opts *in, struct ckpt_plan_opts *o, char *err)
+{
+	const size_t known = sizeof(*o), least = offsetof(struct ckpt_plan_opts, backpressure) +
+	                                         sizeof(o->backpressure);
+
+	memset(o, 0, sizeof(*o));
+	o->size = sizeof(*o);
+	if (!in)
+		goto run;
+	if (in->size < least)
+		return ipc_errf(err, -EINVAL,
+		                "struct ckpt_plan_opts: size %zu is too small (set it to sizeof, "
+		                "or start from CKPT_PLAN_OPTS_INIT)",
+		                in->size);
+	for (size_t i = known; i < in->size; i++)
+		if (((const unsigned char *)in)[i])
+			return ipc_errf(err, -E2BIG,
+			                "struct ckpt_plan_opts: an option this libckpt does not know "
+			                "is set (byte %zu of %zu): a newer libckpt is needed",
+			                i, in->size);
+	memcpy(o, in, in->size < known ? in->size : known);
+	o->size = sizeof(*o);
+run:
+	if (!o->run || !*o->run)
+		o->run = getenv("CKPT_RUN");
+	if (o->run && *o->run) {
+		char why[IPC_ERRLEN];
+		int rc = ipc_check_run(o->run, why);
+
+		if (rc)
+			return ipc_errf(err, rc, "%s%s",
+			                in && in->run && *in->run ? "" : "$CKPT_RUN: ", why);
+	}
+	return 0;
+}
+
 static int plan_args(struct ckpt_client *c, const char *job, int rank, int world, size_t n,
 		     enum ckpt_backpressure bp, char *err)
 {
@@ -319,10 +360,11 @@ static int plan_args(struct ckpt_client *c, const char *job, int rank, int world
 	return rc;
 }
 
-int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
-		      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
-		      struct ckpt_plan **out)
+int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
+			  const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
+			  struct ckpt_plan **out)
 {
+	struct ckpt_plan_opts o;
 	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
 	Ckpt__V1__CreatePlanReply *rep = NULL;
 	Ckpt__V1__CudaRegion *regs = NULL, **pregs = NULL;
@@ -336,7 +378,9 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	*out = NULL;
 	if (!c->attached)
 		return cl_fail(c, -EINVAL, "ckpt_plan_create needs a client from ckpt_connect");
-	rc = plan_args(c, job, rank, world, n, bp, err);
+	rc = plan_opts(opts, &o, err);
+	if (!rc)
+		rc = plan_args(c, job, rank, world, n, o.backpressure, err);
 	if (!rc)
 		rc = plan_request(&b, t, n, &req, err);
 	if (!rc && !(p = calloc(1, sizeof(*p))))
@@ -357,7 +401,8 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 	req.job = (char *)job;
 	req.rank = rank;
 	req.world = world;
-	req.backpressure = (Ckpt__V1__Backpressure)bp;
+	req.backpressure = (Ckpt__V1__Backpressure)o.backpressure;
+	req.run = (char *)(o.run && *o.run ? o.run : "");
 	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
 		     CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -386,10 +431,20 @@ out:
 	return rc;
 }
 
+int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
+		      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
+		      struct ckpt_plan **out)
+{
+	struct ckpt_plan_opts o = CKPT_PLAN_OPTS_INIT;
+
+	o.backpressure = bp;
+	return ckpt_plan_create_opts(c, job, rank, world, t, n, &o, out);
+}
+
 int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
 		     const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out)
 {
-	return ckpt_plan_create2(c, job, rank, world, t, n, CKPT_BP_DEFAULT, out);
+	return ckpt_plan_create_opts(c, job, rank, world, t, n, NULL, out);
 }
 
 /*

@@ -27,7 +27,8 @@
 
 /* Limits: every request is bounded. */
 #define IPC_MAX_NDIM 16
-#define IPC_MAX_JOB 64
+#define IPC_MAX_JOB 64 /* also a node's and a run's name */
+#define IPC_DEFAULT_RUN "0"
 #define IPC_MAX_TENSOR_NAME 512
 #define IPC_MAX_TENSORS 262144
 #define IPC_MAX_WORLD 65536
@@ -54,8 +55,10 @@ bool ipc_state_final(int state);
 
 /* ---- validation ------------------------------------------------------- */
 
-/* [A-Za-z0-9._-]{1,64}, not "." or "..". */
+/* [A-Za-z0-9._-]{1,64}, not "." or "..": a job, a node, a run (DESIGN.md §2). */
 int ipc_check_job(const char *job, char *err);
+int ipc_check_node(const char *node, char *err);
+int ipc_check_run(const char *run, char *err);
 /* 1..512 bytes of UTF-8, no control characters, not "__metadata__". */
 int ipc_check_tensor_name(const char *name, char *err);
 int ipc_check_rank(int rank, int world, char *err);

@@ -89,31 +89,47 @@ static const char *shown(const char *s, char *buf, size_t len)
 	return buf;
 }
 
-int ipc_check_job(const char *job, char *err)
+/* [A-Za-z0-9._-]{1,64}, not "." or "..": `what` names the kind in messages. */
+static int check_name(const char *what, const char *name, char *err)
 {
 	char b[48];
 	size_t n;
 
-	if (!job || !*job)
-		return ipc_errf(err, -EINVAL, "job name is empty");
-	n = strnlen(job, IPC_MAX_JOB + 1);
+	if (!name || !*name)
+		return ipc_errf(err, -EINVAL, "%s name is empty", what);
+	n = strnlen(name, IPC_MAX_JOB + 1);
 	if (n > IPC_MAX_JOB)
-		return ipc_errf(err, -EINVAL, "job name '%s' is longer than %d characters",
-		                shown(job, b, sizeof(b)), IPC_MAX_JOB);
-	if (strcmp(job, ".") == 0 || strcmp(job, "..") == 0)
-		return ipc_errf(err, -EINVAL, "job name '%s' is not allowed", job);
+		return ipc_errf(err, -EINVAL, "%s name '%s' is longer than %d characters", what,
+		                shown(name, b, sizeof(b)), IPC_MAX_JOB);
+	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return ipc_errf(err, -EINVAL, "%s name '%s' is not allowed", what, name);
 	for (size_t i = 0; i < n; i++) {
-		char ch = job[i];
+		char ch = name[i];
 
 		if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
 		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
 			return ipc_errf(err, -EINVAL,
-			                "job name '%s' has '%c' at %zu: use letters, digits, '.', "
+			                "%s name '%s' has '%c' at %zu: use letters, digits, '.', "
 			                "'_' and '-' only",
-			                shown(job, b, sizeof(b)),
+			                what, shown(name, b, sizeof(b)),
 			                ch >= 0x20 && ch < 0x7f ? ch : '?', i);
 	}
 	return 0;
+}
+
+int ipc_check_job(const char *job, char *err)
+{
+	return check_name("job", job, err);
+}
+
+int ipc_check_node(const char *node, char *err)
+{
+	return check_name("node", node, err);
+}
+
+int ipc_check_run(const char *run, char *err)
+{
+	return check_name("run", run, err);
 }
 
 /* Length of the UTF-8 sequence at s, 0 if it is not well formed. */

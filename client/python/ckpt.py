@@ -53,6 +53,15 @@ class _Tensor(ctypes.Structure):
     ]
 
 
+class _PlanOpts(ctypes.Structure):
+    """struct ckpt_plan_opts (ckpt.h): its own size first, so it can grow."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("backpressure", ctypes.c_int),
+        ("run", ctypes.c_char_p),
+    ]
+
+
 def _load():
     path = os.environ.get("CKPT_LIB", "libckpt.so.0")
     lib = ctypes.CDLL(path)
@@ -62,8 +71,9 @@ def _load():
         "ckpt_disconnect": (None, [vp]),
         "ckpt_host_alloc": (i32, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
         "ckpt_host_free": (None, [vp, vp]),
-        "ckpt_plan_create2": (i32, [vp, cp, i32, i32, ctypes.POINTER(_Tensor),
-                                    ctypes.c_size_t, i32, ctypes.POINTER(vp)]),
+        "ckpt_plan_create_opts": (i32, [vp, cp, i32, i32, ctypes.POINTER(_Tensor),
+                                        ctypes.c_size_t, ctypes.POINTER(_PlanOpts),
+                                        ctypes.POINTER(vp)]),
         "ckpt_plan_destroy": (None, [vp]),
         "ckpt_plan_bytes": (ctypes.c_uint64, [vp]),
         "ckpt_save": (i32, [vp, i64, cp, ctypes.POINTER(vp)]),
@@ -223,7 +233,9 @@ class Client:
         _check(_l().ckpt_host_alloc(self._c, nbytes, ctypes.byref(ptr)), self._c)
         return HostMemory(self, ptr.value, nbytes)
 
-    def plan(self, job, rank, world, tensors, backpressure=0):
+    def plan(self, job, rank, world, tensors, backpressure=0, run=None):
+        """A plan of `tensors` for rank `rank` of `world`. run: this incarnation
+        of the job (None: $CKPT_RUN, else "0")."""
         arr = (_Tensor * len(tensors))()
         keep = []
         for i, t in enumerate(tensors):
@@ -240,8 +252,10 @@ class Client:
                              ctypes.cast(gs, ctypes.POINTER(ctypes.c_int64)) if gs else None,
                              ctypes.cast(go, ctypes.POINTER(ctypes.c_int64)) if go else None)
         out = ctypes.c_void_p()
-        _check(_l().ckpt_plan_create2(self._c, job.encode(), rank, world, arr, len(tensors),
-                                      backpressure, ctypes.byref(out)), self._c)
+        opts = _PlanOpts(ctypes.sizeof(_PlanOpts), backpressure,
+                         run.encode() if run else None)
+        _check(_l().ckpt_plan_create_opts(self._c, job.encode(), rank, world, arr, len(tensors),
+                                          ctypes.byref(opts), ctypes.byref(out)), self._c)
         return Plan(self, out, tensors)
 
     @property

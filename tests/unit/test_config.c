@@ -101,7 +101,11 @@ START_TEST(test_every_key)
 	         "keep_last = 3\n" /* 16 */
 	         "keep_every = 1000\n" /* 17 */
 	         "[metrics]\n" /* 18 */
-	         "listen = 127.0.0.1:9464\n", /* 19 */
+	         "listen = 127.0.0.1:9464\n" /* 19 */
+	         "[cluster]\n" /* 20 */
+	         "node = gpu-017.rack3\n" /* 21 */
+	         "commit_deadline = 30\n" /* 22 */
+	         "abandon_after = 7200\n", /* 23 */
 	         grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -118,11 +122,14 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.keep_last, 3);
 	ck_assert_int_eq(c.cfg.keep_every, 1000);
 	ck_assert_str_eq(c.cfg.metrics_listen, "127.0.0.1:9464");
+	ck_assert_str_eq(c.cfg.node, "gpu-017.rack3");
+	ck_assert_uint_eq(c.cfg.commit_deadline_s, 30);
+	ck_assert_uint_eq(c.cfg.abandon_after_s, 7200);
 	ck_assert_str_eq(c.cfg.config_path, path);
 	/* where each came from: the file, at its line */
 	{
-		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10,
-		                                            11, 13, 15, 16, 17, 19};
+		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10, 11, 13,
+		                                            15, 16, 17, 19, 21, 22, 23};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -151,7 +158,14 @@ static void assert_defaults(const struct config *c)
 	ck_assert_int_eq(a->backpressure, CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK);
 	ck_assert_uint_eq(a->capture_threads, 2);
 	ck_assert_int_eq(a->copy_threads, -1);
-	ck_assert_uint_eq(a->commit_timeout_s, 600);
+	ck_assert_uint_eq(a->commit_deadline_s, 600);
+	ck_assert_uint_eq(a->abandon_after_s, 3600);
+	{
+		char host[256] = "";
+
+		ck_assert_int_eq(gethostname(host, sizeof(host) - 1), 0);
+		ck_assert_str_eq(a->node, host); /* no node given: the host name */
+	}
 	ck_assert(a->direct);
 	ck_assert(a->lock_pool);
 	ck_assert_int_eq(a->log_level, LOG_INFO);
@@ -283,6 +297,16 @@ static const struct bad bad_files[] = {
     {"[metrics]\nlisten = 127.0.0.1:http\n", 2,
      "[metrics] listen = '127.0.0.1:http': expected a port"},
     {"[metrics]\nlisten = ::1:9464\n", 2, "an IPv6 address goes in brackets"},
+    /* node names as job names: no '/', not '..', at most 64 characters */
+    {"[cluster]\nnode = a/b\n", 2, "[cluster] node = 'a/b': node name 'a/b' has '/' at 1"},
+    {"[cluster]\nnode = ..\n", 2, "node name '..' is not allowed"},
+    {"[cluster]\nnode = n 1\n", 2, "node name 'n 1' has ' ' at 1"},
+    {"[cluster]\nnode = "
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\n",
+     2, "is longer than 64 characters"},
+    {"[cluster]\ncommit_deadline = 0\n", 2,
+     "[cluster] commit_deadline = '0': expected a whole number in 1..604800"},
+    {"[cluster]\nabandon_after = soon\n", 2, "[cluster] abandon_after = 'soon': expected"},
     /* a key set twice, in one section or in the section opened again */
     {"[staging]\nsize_mb = 64\nsize_mb = 128\n", 3,
      "[staging] size_mb: set twice (first on line 2)"},
@@ -434,6 +458,11 @@ static const struct bad_flags bad_flags[] = {
     {{"--bogus"}, "unknown option '--bogus'"},
     {{"--root"}, "--root needs a value"},
     {{"--root", "/a", "extra"}, "unexpected argument 'extra'"},
+    {{"--node", "../n1"}, "--node '../n1': node name '../n1' has '/' at 2: use letters, digits, "
+                          "'.', '_' and '-' only"},
+    {{"--node", ".."}, "--node '..': node name '..' is not allowed"},
+    {{"--node", ""}, "--node '': node name is empty"},
+    {{"--commit-timeout", "0"}, "--commit-deadline '0': expected a whole number in 1..604800"},
 };
 
 START_TEST(test_bad_flag)
@@ -448,6 +477,36 @@ START_TEST(test_bad_flag)
 		argv[argc++] = b->argv[i];
 	ck_assert_int_eq(config_parse_args(argc, (char **)argv, &a, err), -EINVAL);
 	ck_assert_str_eq(err, b->says);
+}
+END_TEST
+
+/* A node name of 10,000 characters: refused, and the message stays short. */
+START_TEST(test_node_too_long)
+{
+	static char node[10001];
+	const char *argv[] = {"ckptd", "--node", node, NULL};
+	char err[IPC_ERRLEN] = "";
+	struct config_args a;
+
+	memset(node, 'n', sizeof(node) - 1);
+	ck_assert_int_eq(config_parse_args(3, (char **)argv, &a, err), -EINVAL);
+	ck_assert_msg(strstr(err, "is longer than 64 characters"), "%s", err);
+	ck_assert_uint_lt(strlen(err), 400);
+}
+END_TEST
+
+/* --commit-timeout, the single-node name, is --commit-deadline. */
+START_TEST(test_commit_timeout_alias)
+{
+	const char *argv[] = {"ckptd", "--commit-timeout", "7", "--node", "n-1", NULL};
+	char err[IPC_ERRLEN] = "";
+	struct config c;
+
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "%s", err);
+	ck_assert_uint_eq(c.cfg.commit_deadline_s, 7);
+	ck_assert_int_eq(c.from[CS_COMMIT_DEADLINE], CONFIG_FLAG);
+	ck_assert_str_eq(c.cfg.node, "n-1");
+	config_free(&c);
 }
 END_TEST
 
@@ -556,7 +615,8 @@ START_TEST(test_check_config_prints)
 		static const char *const keys[] = {"listen",      "socket_mode", "socket_group",
 		                                   "log_level",   "root",        "io_engine",
 		                                   "queue_depth", "size_mb",     "backpressure",
-		                                   "keep_last",   "keep_every",  "listen"};
+		                                   "keep_last",   "keep_every",  "listen",
+		                                   "node",        "commit_deadline", "abandon_after"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);
@@ -564,7 +624,8 @@ START_TEST(test_check_config_prints)
 	}
 	ck_assert(strstr(r.out, "\n[agent]\n") && strstr(r.out, "\n[storage]\n") &&
 	          strstr(r.out, "\n[staging]\n") && strstr(r.out, "\n[jobs]\n") &&
-	          strstr(r.out, "\n[metrics]\n"));
+	          strstr(r.out, "\n[metrics]\n") && strstr(r.out, "\n[cluster]\n"));
+	ck_assert_msg(has_line(r.out, "node = ", "; default: the host name"), "%s", r.out);
 	/* and it is a config file that says the same again */
 	write_conf(again, "again.conf", r.out);
 	ck_assert_int_eq(config_init(&back), 0);
@@ -651,6 +712,8 @@ static Suite *config_suite(void)
 	suite_add_tcase(s, bad);
 	tcase_add_checked_fixture(cli, setup, teardown);
 	tcase_add_loop_test(cli, test_bad_flag, 0, sizeof(bad_flags) / sizeof(bad_flags[0]));
+	tcase_add_test(cli, test_node_too_long);
+	tcase_add_test(cli, test_commit_timeout_alias);
 	tcase_add_test(cli, test_hostport);
 	tcase_add_test(cli, test_check_config_prints);
 	tcase_add_test(cli, test_command_line_exits);
