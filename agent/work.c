@@ -1,6 +1,9 @@
 /*
- * Worker threads over a mutex-protected FIFO (see work.h). Jobs run without
- * the queue's lock held; they take the agent's lock themselves when needed.
+ * Worker threads over a mutex-protected FIFO, and a list of jobs sorted by
+ * the time they run at (see work.h). Jobs run without the queue's lock
+ * held; they take the agent's lock themselves when needed. A worker with
+ * nothing due sleeps until the first timed job's time (CLOCK_MONOTONIC),
+ * or until a push wakes it.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include <errno.h>
@@ -9,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 #include <pthread.h>
 
@@ -20,7 +24,8 @@ struct workq {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct work *head, *tail;
-	unsigned busy; /* queued + running */
+	struct work *timed; /* sorted by when */
+	unsigned busy; /* queued + timed + running */
 	bool stop;
 	unsigned nthreads;
 	pthread_t *threads;
@@ -39,8 +44,23 @@ static void *worker(void *arg)
 	for (;;) {
 		struct work *w;
 
-		while (!q->head && !q->stop)
-			pthread_cond_wait(&q->cv, &q->mu);
+		while (!q->head && !q->stop) {
+			if (q->timed && q->timed->when <= ipc_mono_ns()) {
+				w = q->timed;
+				q->timed = w->next;
+				w->next = NULL;
+				q->head = q->tail = w;
+				break;
+			}
+			if (q->timed) {
+				struct timespec ts = {q->timed->when / 1000000000,
+				                      q->timed->when % 1000000000};
+
+				pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+			} else {
+				pthread_cond_wait(&q->cv, &q->mu);
+			}
+		}
 		if (!q->head)
 			break;
 		w = q->head;
@@ -72,7 +92,14 @@ int workq_create_nice(const char *name, unsigned threads, int nice, struct workq
 	}
 	q->nice = nice;
 	pthread_mutex_init(&q->mu, NULL);
-	pthread_cond_init(&q->cv, NULL);
+	{
+		pthread_condattr_t ca; /* timed waits on the monotonic clock: ipc_mono_ns */
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&q->cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	snprintf(q->name, sizeof(q->name), "%s", name);
 	for (; q->nthreads < threads; q->nthreads++) {
 		rc = pthread_create(&q->threads[q->nthreads], NULL, worker, q);
@@ -100,6 +127,22 @@ void workq_push(struct workq *q, struct work *w)
 	pthread_mutex_unlock(&q->mu);
 }
 
+void workq_push_at(struct workq *q, struct work *w, int64_t when)
+{
+	struct work **pp;
+
+	w->when = when;
+	pthread_mutex_lock(&q->mu);
+	for (pp = &q->timed; *pp && (*pp)->when <= when; pp = &(*pp)->next)
+		;
+	w->next = *pp;
+	*pp = w;
+	q->busy++;
+	/* all: the earliest time may have changed, and every idle worker waits on it */
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
 unsigned workq_busy(struct workq *q)
 {
 	unsigned n;
@@ -120,6 +163,7 @@ void workq_destroy(struct workq *q)
 	pthread_mutex_unlock(&q->mu);
 	for (unsigned i = 0; i < q->nthreads; i++)
 		pthread_join(q->threads[i], NULL);
+	q->timed = NULL; /* dropped: see work.h */
 	pthread_cond_destroy(&q->cv);
 	pthread_mutex_destroy(&q->mu);
 	free(q->threads);

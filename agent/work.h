@@ -1,16 +1,20 @@
 /*
- * Worker threads with a FIFO of jobs. A job is a struct work embedded in a
- * longer-lived object (nothing is allocated to queue it). The agent has
- * three queues: capture (copies in, restores out; several threads), commit
- * (one thread: manifests and removal of failed checkpoints) and maint (one
- * thread: verify, show, delete, which read or change the disk).
+ * Worker threads with a FIFO of jobs, and jobs that wait for their time. A
+ * job is a struct work embedded in a longer-lived object (nothing is
+ * allocated to queue it). The agent has four queues: capture (copies in,
+ * restores out; several threads), hasher (checksums), commit (one thread:
+ * plans, parts, manifests, the polls of the many-nodes commit, removal of
+ * failed saves' files) and maint (one thread: verify, show, delete, GC).
  */
 #ifndef CKPT_AGENT_WORK_H
 #define CKPT_AGENT_WORK_H
 
+#include <stdint.h>
+
 struct work {
 	void (*fn)(struct work *w);
 	struct work *next;
+	int64_t when; /* workq_push_at: the monotonic ns it runs at */
 };
 
 struct workq;
@@ -20,7 +24,13 @@ int workq_create(const char *name, unsigned threads, struct workq **out, char *e
 int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err);
 /* Any thread. */
 void workq_push(struct workq *q, struct work *w);
-/* Jobs queued or running. */
+/*
+ * Runs w once CLOCK_MONOTONIC reaches `when` (ns), after the jobs already
+ * due. Any thread. Jobs still waiting for their time when the queue is
+ * destroyed are dropped: their owner frees what they hold.
+ */
+void workq_push_at(struct workq *q, struct work *w, int64_t when);
+/* Jobs queued, waiting for their time, or running. */
 unsigned workq_busy(struct workq *q);
 /* Runs what is queued, then stops the threads. NULL is fine. */
 void workq_destroy(struct workq *q);
