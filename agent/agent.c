@@ -32,6 +32,7 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
 	[IPC_DELETE] = rpc_delete,
     [IPC_PIN] = rpc_pin,
     [IPC_GC] = rpc_gc,
+    [IPC_COMMIT] = rpc_commit,
 };
 
 static int start_storage(struct agent *a, char *err)
@@ -39,7 +40,11 @@ static int start_storage(struct agent *a, char *err)
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
 	/* Pinned for the GPUs too, by the first CUDA plan (gpu_pin). */
 	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool};
-	struct local_opts lo = {a->cfg.root, NULL, NULL, a->cfg.direct};
+	struct local_opts lo = {a->cfg.root, a->cfg.node, NULL, NULL, a->cfg.direct};
+	/* At start nothing of ours is in flight: this node's own leftovers are dead. */
+	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
+				      true};
+	struct commit_opts co = {NULL, a->cfg.node, (int64_t)a->cfg.commit_deadline_s * 1000000000};
 	const struct iovec *iov;
 	char why[IPC_ERRLEN];
 	unsigned n;
@@ -58,15 +63,26 @@ static int start_storage(struct agent *a, char *err)
 	rc = local_create(&lo, &a->store, err);
 	if (rc)
 		return rc;
-	rc = a->store->ops->recover(a->store, &a->recovered, err);
+	/*
+	 * The root may be shared with the agents of other nodes, saving right
+	 * now: the clean-up removes only what is dead (storage.h).
+	 */
+	rc = store_cleanup(a->store, NULL, &pol, &a->recovered, err);
 	if (rc)
 		return rc;
-	if (a->recovered.partial_removed || a->recovered.temp_removed || a->recovered.latest_fixed)
+	if (a->recovered.partial_removed || a->recovered.temp_removed ||
+	    a->recovered.latest_fixed || a->recovered.own_removed || a->recovered.partial_kept)
 		log_msg(LOG_NOTICE,
-			"recovery of %s: removed %u partial step directories and %u leftovers, "
-			"fixed %u LATEST files",
-			a->cfg.root, a->recovered.partial_removed, a->recovered.temp_removed,
-			a->recovered.latest_fixed);
+			"clean-up of %s (node %s): removed %u uncommitted step directories, %u "
+			"of this node's dead shard files and %u leftovers, fixed %u LATEST files; "
+			"left %u uncommitted steps to their nodes",
+			a->cfg.root, a->cfg.node, a->recovered.partial_removed,
+			a->recovered.own_removed, a->recovered.temp_removed,
+			a->recovered.latest_fixed, a->recovered.partial_kept);
+	co.store = a->store;
+	rc = committer_create(&co, &a->cm, err);
+	if (rc)
+		return rc;
 	rc = catalog_create(&a->cat);
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
@@ -168,6 +184,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->saves);
 	list_init(&a->ckpts);
 	list_init(&a->watchers);
+	list_init(&a->pubs);
 	rc = gpu_create(&a->gpu, err);
 	if (rc)
 		goto fail;
@@ -289,6 +306,7 @@ void agent_destroy(struct agent *a)
 	workq_destroy(a->maint);
 	copier_destroy(a->copier);
 	free_objects(a);
+	committer_destroy(a->cm);
 	storage_destroy(a->store);
 	gpu_destroy(a->gpu); /* after the plans (their mappings); unpins the pool */
 	pool_destroy(a->pool);

@@ -5,7 +5,9 @@
  *   session.c  clients (the Attach stream) and their host regions
  *   plan.c     plans: tensors checked, shard laid out, header built once
  *   save.c     saves: admission, capture into staging, writes, checksums
- *   commit.c   checkpoints in flight: all ranks durable -> manifest -> LATEST
+ *   commit.c   checkpoints in flight: this node's ranks durable -> its part ->
+ *              the many-nodes commit (commit/) -> COMMITTED or FAILED; plans
+ *              published; `ckptctl commit --finish`
  *   restore.c  restore and verify: shard -> staging -> checksum -> regions
  *   catalog.c  the committed checkpoints, as found on disk at start and since
  *   ops.c      status, list, show, delete, watch
@@ -39,6 +41,7 @@
 #include <stdint.h>
 #include <pthread.h>
 
+#include "commit.h"
 #include "copier.h"
 #include "fence.h"
 #include "gpu.h"
@@ -49,6 +52,7 @@
 #include "pool.h"
 #include "server.h"
 #include "storage.h"
+#include "store.h"
 #include "work.h"
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
@@ -87,6 +91,7 @@ struct agent {
 	struct pool *pool;
 	struct ioeng *io;
 	struct storage *store;
+	struct committer *cm; /* the commit thread's alone */
 	struct server *srv;
 	struct workq *capture, *commit, *maint, *hasher;
 	struct copier *copier;
@@ -101,6 +106,7 @@ struct agent {
 	struct list saves; /* in flight first-come, then finished */
 	struct list ckpts; /* checkpoints in flight */
 	struct list watchers;
+	struct list pubs; /* struct plans_pub: jobs whose plans file is to be (re)written */
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
 	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
@@ -230,25 +236,41 @@ struct checkpoint {
 	struct list link;
 	struct agent *a;
 	char job[IPC_MAX_JOB + 1];
+	char run[IPC_MAX_JOB + 1];
 	int64_t step;
 	int world;
-	struct save **rank; /* [world], NULL until that rank saves */
-	unsigned nsaved, ndurable, nrunning;
+	struct save **rank; /* [world], NULL until that rank saves here */
+	unsigned nsaved, ndurable, nrunning; /* of this node's ranks */
 	int state; /* QUEUED (in flight), COMMITTED, FAILED */
 	char reason[IPC_ERRLEN];
-	char *meta;
-	struct work work;
-	int64_t t_first; /* monotonic ns of the first rank's save */
-	bool committing; /* the commit job is queued or running: it decides */
-	bool cleaning;   /* failed: removal of its files queued or running */
-	bool cleaned;
+	struct work work; /* the commit thread's: part, polls, clean-up */
+	int64_t t_first; /* monotonic ns of the first rank's save here */
+	/*
+	 * The commit job is queued, waiting for its time or running: it decides
+	 * the checkpoint's end (a failure meanwhile is noted in `abort`).
+	 */
+	bool committing;
+	bool part_built;   /* this node's part is made: no save of this step joins it now */
+	bool part_written; /* this node's part is in the root: a manifest may name its files */
+	int64_t backoff;   /* before the part: the wait for every rank to be claimed */
+	bool cleaning, cleaned; /* failed: removal of this node's files queued, done */
+	char abort[IPC_ERRLEN]; /* why to stop committing ("" while it goes on) */
+	struct commit *commit; /* the commit thread's alone */
+	/* the last poll's view, for list, status and watch */
+	char **parts_done, **parts_missing;
+	size_t nparts_done, nparts_missing;
 };
 
-/* Under mu: the checkpoint (job, step), created if new. */
-int cp_get(struct agent *a, const char *job, int64_t step, int world, struct checkpoint **out,
-	   char *err);
-/* Under mu: a rank is DURABLE; the last one queues the commit. */
+/* Under mu: the checkpoint (job, step) of a plan of `run`, created if new. */
+int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,
+	   struct checkpoint **out, char *err);
+/* Under mu: a rank is DURABLE; once all of this node's are, the commit starts. */
 void cp_rank_durable(struct agent *a, struct checkpoint *cp);
+/* Under mu: plans of job (of run) changed: its plans file is written again (commit thread). */
+void plans_publish(struct agent *a, const char *job, const char *run);
+void rpc_commit(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* "n0 (ranks 0,1)" for each part m merged: malloc'd array of m->nparts (NULL: no memory). */
+char **parts_text(const struct manifest *m);
 /* Under mu: the checkpoint fails; every rank's save with it. */
 void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason);
 /* Under mu: the plan of (job, rank) is gone: steps still missing that rank cannot commit. */
@@ -291,6 +313,8 @@ struct save {
 	unsigned want; /* chunks to reserve; counted in queued_chunks until then */
 	struct pool_resv resv;
 	struct storage_shard *shard;
+	char file[SHARD_FILE_MAX]; /* the shard's name, once created */
+	char *meta; /* the user meta of this rank's save, or NULL */
 	unsigned nchunks;
 	atomic_uint_fast64_t bytes_captured, bytes_written;
 	atomic_int stages; /* capture running + chunks in flight + fsync */
@@ -336,12 +360,20 @@ struct cat_entry {
 	double capture_seconds, durable_seconds, commit_seconds;
 	unsigned readers; /* restores and verifies reading it */
 	bool pinned;
+	char run[IPC_MAX_JOB + 1];
+	uint32_t nparts; /* nodes whose parts it merged (0: a format-1 manifest) */
 };
 
 int catalog_create(struct catalog **out);
 void catalog_destroy(struct catalog *c);
 /* Reads every committed manifest under the storage; broken ones are logged and left out. */
 int catalog_load(struct catalog *c, struct storage *s, char *err);
+/*
+ * Takes what the storage holds of one job: entries whose manifest is gone
+ * go, committed steps not yet known are read (another node committed
+ * them). Under no lock (it reads the disk): the agent's mu is taken inside.
+ */
+void catalog_sync_job(struct agent *a, const char *job);
 int catalog_add(struct catalog *c, const struct cat_entry *e);
 void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e);
 struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step);
@@ -367,8 +399,13 @@ void watchers_tell(struct agent *a, struct save *s, bool progress);
 
 /* ---- retention and pins (gc.c; the decision in retention.c) ----------- */
 
-/* Under mu: a checkpoint of job committed; queues its GC on the maint thread. */
+/*
+ * Under mu: this node committed a checkpoint of job; queues its GC (retention,
+ * then abandoned uncommitted steps) on the maint thread.
+ */
 void gc_queue(struct agent *a, const char *job);
+/* Under mu: another node committed one: the catalog of job is brought up to date (maint). */
+void gc_queue_sync(struct agent *a, const char *job);
 void rpc_gc(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_pin(struct rpc *c, ProtobufCMessage *req, void *ctx);
 

@@ -132,6 +132,8 @@ void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
 	e->capture_seconds = m->capture_seconds;
 	e->durable_seconds = m->durable_seconds;
 	e->commit_seconds = m->commit_seconds;
+	snprintf(e->run, sizeof(e->run), "%s", m->run);
+	e->nparts = (uint32_t)m->nparts;
 }
 
 static void load_job(struct catalog *c, struct storage *s, const char *job)
@@ -150,7 +152,7 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 
 		if (!steps[i].committed)
 			continue;
-		if (s->ops->read_manifest(s, job, steps[i].step, &m, err)) {
+		if (store_read_manifest(s, job, steps[i].step, &m, err)) {
 			log_msg(LOG_WARNING, "job %s step %lld is not listed: %s", job,
 				(long long)steps[i].step, err);
 			continue;
@@ -160,6 +162,53 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 		e.pinned = steps[i].pinned; /* pins live on disk: they survive restarts */
 		if (catalog_add(c, &e))
 			log_msg(LOG_ERR, "out of memory listing job %s", job);
+	}
+	free(steps);
+}
+
+void catalog_sync_job(struct agent *a, const char *job)
+{
+	struct storage_step *steps = NULL;
+	struct cat_entry **e = NULL, add;
+	char err[IPC_ERRLEN];
+	size_t n = 0, ne;
+	struct manifest *m;
+
+	if (a->store->ops->list_steps(a->store, job, &steps, &n, err)) {
+		log_msg(LOG_WARNING, "job %s: %s", job, err);
+		return;
+	}
+	/* Gone from the root (another node's retention removed it): gone from here. */
+	pthread_mutex_lock(&a->mu);
+	ne = catalog_list(a->cat, job, &e);
+	for (size_t i = ne; i-- > 0;) {
+		bool there = false;
+
+		for (size_t j = 0; j < n && !there; j++)
+			there = steps[j].committed && steps[j].step == e[i]->step;
+		if (!there && !e[i]->readers)
+			catalog_remove(a->cat, job, e[i]->step);
+	}
+	free(e);
+	pthread_mutex_unlock(&a->mu);
+	/* Committed by another node and not known here yet: read its manifest. */
+	for (size_t j = 0; j < n; j++) {
+		bool known;
+
+		if (!steps[j].committed)
+			continue;
+		pthread_mutex_lock(&a->mu);
+		known = catalog_find(a->cat, job, steps[j].step) != NULL;
+		pthread_mutex_unlock(&a->mu);
+		if (known || store_read_manifest(a->store, job, steps[j].step, &m, err))
+			continue;
+		catalog_entry_from_manifest(m, &add);
+		manifest_free(m);
+		add.pinned = steps[j].pinned;
+		pthread_mutex_lock(&a->mu);
+		if (!catalog_find(a->cat, job, steps[j].step))
+			catalog_add(a->cat, &add);
+		pthread_mutex_unlock(&a->mu);
 	}
 	free(steps);
 }

@@ -1,13 +1,19 @@
 /*
- * Checkpoints in flight: (job, step) with one save per rank. When the last
- * rank is DURABLE the commit thread builds the manifest from the plans and
- * the checksums the I/O thread computed, and the storage makes it durable
- * (manifest, then LATEST). A checkpoint that fails takes every rank's save
- * with it, and once no rank is still writing, its step directory is removed
- * (on the commit thread): a failed checkpoint is never half visible.
+ * Checkpoints in flight on this node: (job, step), with the saves of this
+ * node's ranks. Once all of them are DURABLE, the commit thread publishes
+ * the node's plans (if they changed), writes its part, and runs the
+ * many-nodes commit (commit/commit.h), polling with back-off until the
+ * manifest is there (COMMITTED) or the deadline passed (FAILED). A
+ * checkpoint that fails takes every rank's save with it; where this node's
+ * part was never written, its shard files go (nothing can name them), else
+ * they stay for a commit that may still use them.
  *
- * cp_* calls run under agent.mu on whatever thread; commit_run and
- * cleanup_run are the commit thread's jobs.
+ * Also here: each job's plans file (plans_publish, on the commit thread)
+ * and `ckptctl commit --finish` (rpc_commit).
+ *
+ * cp_* and plans_publish run under agent.mu on whatever thread;
+ * commit_work, cleanup_run, publish_run and finish_run are the commit
+ * thread's jobs, and only they touch the committer and cp->commit.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,11 +22,11 @@
 
 #include "agent.h"
 
-static void commit_run(struct work *w);
+static void commit_work(struct work *w);
 static void cleanup_run(struct work *w);
 
-int cp_get(struct agent *a, const char *job, int64_t step, int world, struct checkpoint **out,
-	   char *err)
+int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,
+	   struct checkpoint **out, char *err)
 {
 	struct checkpoint *cp;
 	struct list *pos;
@@ -34,6 +40,11 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, struct che
 						"job %s step %lld is being saved with world %d, this "
 						"plan says %d",
 						job, (long long)step, cp->world, world);
+			if (strcmp(cp->run, run) != 0)
+				return ipc_errf(err, -ESTALE,
+						"job %s step %lld is being saved here by run %s; this "
+						"plan is of run %s",
+						job, (long long)step, cp->run, run);
 			*out = cp;
 			return 0;
 		}
@@ -45,6 +56,7 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, struct che
 	}
 	cp->a = a;
 	snprintf(cp->job, sizeof(cp->job), "%s", job);
+	snprintf(cp->run, sizeof(cp->run), "%s", run);
 	cp->step = step;
 	cp->world = world;
 	cp->state = CKPT__V1__STATE__STATE_QUEUED;
@@ -52,6 +64,15 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, struct che
 	list_add_tail(&a->ckpts, &cp->link);
 	*out = cp;
 	return 0;
+}
+
+static void free_texts(char ***v, size_t *n)
+{
+	for (size_t i = 0; i < *n; i++)
+		free((*v)[i]);
+	free(*v);
+	*v = NULL;
+	*n = 0;
 }
 
 void cp_release(struct agent *a, struct checkpoint *cp)
@@ -73,8 +94,10 @@ void cp_free(struct agent *a, struct checkpoint *cp)
 		if (cp->rank[r])
 			save_detach(a, cp->rank[r]);
 	list_del(&cp->link);
+	commit_destroy(cp->commit); /* memory only: no I/O under the lock */
+	free_texts(&cp->parts_done, &cp->nparts_done);
+	free_texts(&cp->parts_missing, &cp->nparts_missing);
 	free(cp->rank);
-	free(cp->meta);
 	free(cp);
 }
 
@@ -85,13 +108,11 @@ static void queue_cleanup(struct agent *a, struct checkpoint *cp)
 	workq_push(a->commit, &cp->work);
 }
 
-void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
+/* Under mu: FAILED, every rank's save with it; this node's files go once nothing runs. */
+static void fail_now(struct agent *a, struct checkpoint *cp, const char *reason)
 {
 	char why[IPC_ERRLEN + 64];
 
-	/* Every rank is durable and the commit is under way: it decides. */
-	if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing)
-		return;
 	cp->state = CKPT__V1__STATE__STATE_FAILED;
 	snprintf(cp->reason, sizeof(cp->reason), "%s", reason);
 	snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
@@ -109,11 +130,44 @@ void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
 		queue_cleanup(a, cp);
 }
 
+void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
+{
+	if (cp->state != CKPT__V1__STATE__STATE_QUEUED)
+		return;
+	/* The commit is under way: it decides, and stops at its next poll. */
+	if (cp->committing) {
+		if (!cp->abort[0])
+			snprintf(cp->abort, sizeof(cp->abort), "%s", reason);
+		return;
+	}
+	fail_now(a, cp, reason);
+}
+
+/* Under mu: every live plan of the job's run on this node has saved, and all are durable. */
+static bool local_complete(struct agent *a, const struct checkpoint *cp)
+{
+	struct list *pos;
+
+	if (cp->nsaved == 0 || cp->ndurable != cp->nsaved)
+		return false;
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (strcmp(p->job, cp->job) == 0 && strcmp(p->run, cp->run) == 0 &&
+		    p->rank < cp->world && !cp->rank[p->rank])
+			return false;
+	}
+	return true;
+}
+
 void cp_rank_durable(struct agent *a, struct checkpoint *cp)
 {
-	if (++cp->ndurable == (unsigned)cp->world && cp->state == CKPT__V1__STATE__STATE_QUEUED) {
+	cp->ndurable++;
+	if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->committing &&
+	    local_complete(a, cp)) {
 		cp->committing = true;
-		cp->work.fn = commit_run;
+		cp->work.fn = commit_work;
 		workq_push(a->commit, &cp->work);
 	}
 }
@@ -128,7 +182,7 @@ void cp_rank_gone(struct agent *a, const char *job, int rank)
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
 		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || strcmp(cp->job, job) != 0 ||
-		    rank >= cp->world || cp->rank[rank])
+		    rank >= cp->world || cp->rank[rank] || cp->part_built)
 			continue;
 		snprintf(why, sizeof(why), "rank %d left (its plan was dropped) before saving this "
 					   "step", rank);
@@ -136,22 +190,58 @@ void cp_rank_gone(struct agent *a, const char *job, int rank)
 	}
 }
 
+/* This node's ranks of the job's run that have not saved cp's step, as "1,3". */
+static void unsaved(struct agent *a, const struct checkpoint *cp, char *buf, size_t len)
+{
+	int v[64];
+	size_t n = 0;
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (n < 64 && strcmp(p->job, cp->job) == 0 && strcmp(p->run, cp->run) == 0 &&
+		    p->rank < cp->world && !cp->rank[p->rank])
+			v[n++] = p->rank;
+	}
+	for (size_t i = 1; i < n; i++) /* a few: insertion sort */
+		for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			int t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	part_ranks_text(v, n, buf, len);
+}
+
 void cp_expire(struct agent *a, int64_t now)
 {
 	const int64_t limit = (int64_t)a->cfg.commit_deadline_s * 1000000000;
 	struct list *pos, *tmp;
-	char why[160];
+	char why[IPC_ERRLEN], ranks[128];
 
 	list_for_each_safe(pos, tmp, &a->ckpts)
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || (int)cp->nsaved == cp->world ||
+		/* Once committing, the commit's own deadline applies. */
+		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing ||
 		    now - cp->t_first < limit)
 			continue;
-		snprintf(why, sizeof(why),
-			 "%d of %d ranks did not save this step within %u s (--commit-deadline)",
-			 cp->world - (int)cp->nsaved, cp->world, a->cfg.commit_deadline_s);
+		unsaved(a, cp, ranks, sizeof(ranks));
+		if (ranks[0])
+			snprintf(why, sizeof(why),
+				 "step %lld: no save from rank%s %s on node %s within %u s "
+				 "(--commit-deadline)",
+				 (long long)cp->step, strchr(ranks, ',') || strchr(ranks, '-') ? "s" : "",
+				 ranks, a->cfg.node, a->cfg.commit_deadline_s);
+		else
+			snprintf(why, sizeof(why),
+				 "step %lld: %u of this node's %u saves not durable within %u s "
+				 "(--commit-deadline)",
+				 (long long)cp->step, cp->nsaved - cp->ndurable, cp->nsaved,
+				 a->cfg.commit_deadline_s);
 		cp_fail(a, cp, why);
 	}
 }
@@ -180,123 +270,245 @@ void cp_rank_stopped(struct agent *a, struct checkpoint *cp)
 		cp_release(a, cp);
 }
 
-/* ---- the manifest ----------------------------------------------------- */
+/* ---- plans files -------------------------------------------------------- */
 
-struct entry {
-	const struct plan_tensor *t;
-	const struct save *s;
-	size_t idx;
+/* A job whose plans file is to be written: at most one job queued per job. */
+struct plans_pub {
+	struct list link; /* agent->pubs */
+	struct agent *a;
+	struct work work;
+	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
+	bool again; /* changed while being written */
 };
 
-static int cmp_entry(const void *x, const void *y)
+static int cmp_rank(const void *x, const void *y)
 {
-	const struct entry *a = x, *b = y;
-	int c = strcmp(a->t->name, b->t->name);
-
-	return c ? c : a->s->plan->rank - b->s->plan->rank;
+	return ((const struct plans_rank *)x)->rank - ((const struct plans_rank *)y)->rank;
 }
 
-/* One manifest tensor from entries e[0..n) (same name, ranks ascending). */
-static int merge_tensor(struct manifest_tensor *mt, const struct entry *e, size_t n, char *err)
+static int plans_tensor(struct manifest_tensor *mt, const struct plan_tensor *t, int rank)
 {
-	const struct plan_tensor *t0 = e[0].t;
-
-	mt->name = strdup(t0->name);
-	mt->chunks = calloc(n, sizeof(*mt->chunks));
+	mt->name = strdup(t->name);
+	mt->chunks = calloc(1, sizeof(*mt->chunks));
 	if (!mt->name || !mt->chunks)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	mt->dtype = t0->dtype;
-	mt->ndim = t0->ndim;
-	mt->sharded = t0->sharded;
-	memcpy(mt->global_shape, t0->global_shape, sizeof(mt->global_shape));
-	for (size_t i = 0; i < n; i++) {
-		const struct plan_tensor *t = e[i].t;
-		struct manifest_chunk *ch = &mt->chunks[mt->nchunks++];
-
-		if (i > 0 && (!t->sharded || !t0->sharded || t->dtype != t0->dtype ||
-			      t->ndim != t0->ndim ||
-			      memcmp(t->global_shape, t0->global_shape, t->ndim * sizeof(int64_t))))
-			return ipc_errf(err, -EINVAL,
-					"tensor '%s' is saved by ranks %d and %d, not as chunks of "
-					"one sharded tensor",
-					t->name, e[0].s->plan->rank, e[i].s->plan->rank);
-		ch->rank = e[i].s->plan->rank;
-		memcpy(ch->global_offset, t->global_offset, sizeof(ch->global_offset));
-		memcpy(ch->shape, t->shape, sizeof(ch->shape));
-		ch->begin = t->begin;
-		ch->end = t->end;
-		ch->xxh3 = e[i].s->digest[e[i].idx];
-	}
-	return 0;
-}
-
-static int fill_ranks(struct manifest *m, const struct checkpoint *cp, size_t *ntensors)
-{
-	m->ranks = calloc((size_t)cp->world, sizeof(*m->ranks));
-	if (!m->ranks)
 		return -ENOMEM;
-	*ntensors = 0;
-	for (int r = 0; r < cp->world; r++) {
-		const struct save *s = cp->rank[r];
-		char file[32];
-
-		manifest_rank_file(r, file, sizeof(file));
-		m->ranks[r].rank = r;
-		m->ranks[r].file = strdup(file);
-		if (!m->ranks[r].file)
-			return -ENOMEM;
-		m->nranks = (size_t)r + 1;
-		m->ranks[r].size = s->plan->shard_bytes;
-		m->ranks[r].header_bytes = s->plan->header_len;
-		m->bytes += s->plan->shard_bytes;
-		*ntensors += s->plan->n;
-		if (s->t_captured - cp->t_first > m->capture_seconds * 1e9)
-			m->capture_seconds = (double)(s->t_captured - cp->t_first) / 1e9;
-		if (s->t_durable - cp->t_first > m->durable_seconds * 1e9)
-			m->durable_seconds = (double)(s->t_durable - cp->t_first) / 1e9;
-	}
+	mt->dtype = t->dtype;
+	mt->ndim = t->ndim;
+	mt->sharded = t->sharded;
+	mt->nchunks = 1;
+	memcpy(mt->global_shape, t->global_shape, sizeof(mt->global_shape));
+	mt->chunks[0].rank = rank;
+	memcpy(mt->chunks[0].shape, t->shape, sizeof(mt->chunks[0].shape));
+	memcpy(mt->chunks[0].global_offset, t->global_offset, sizeof(mt->chunks[0].global_offset));
 	return 0;
 }
 
-/* Builds the manifest; no lock needed: the plans and checksums no longer change. */
-static int build_manifest(const struct checkpoint *cp, struct manifest **out, char *err)
+/* Under mu: this node's live plans of (job, run), as its plans file. -ENOENT: none. */
+static int plans_snapshot(struct agent *a, const char *job, const char *run,
+			  struct plans_file **out)
 {
-	struct manifest *m = calloc(1, sizeof(*m));
-	struct entry *e = NULL;
-	size_t ne = 0, total;
-	int rc = -ENOMEM;
+	struct plans_file *f = calloc(1, sizeof(*f));
+	struct list *pos;
+	size_t n = 0;
+	int rc = 0;
 
-	if (!m || !(m->job = strdup(cp->job)) || (cp->meta && !(m->meta_json = strdup(cp->meta))) ||
-	    fill_ranks(m, cp, &total) || !(e = calloc(total ? total : 1, sizeof(*e))) ||
-	    !(m->tensors = calloc(total ? total : 1, sizeof(*m->tensors)))) {
-		ipc_errf(err, rc, "out of memory for the manifest");
-		goto out;
+	*out = NULL;
+	if (!f)
+		return -ENOMEM;
+	list_for_each(pos, &a->plans) n++;
+	f->version = PLANS_VERSION;
+	f->job = strdup(job);
+	f->node = strdup(a->cfg.node);
+	f->run = strdup(run);
+	f->ranks = calloc(n + 1, sizeof(*f->ranks));
+	if (!f->job || !f->node || !f->run || !f->ranks)
+		rc = -ENOMEM;
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+		struct plans_rank *k;
+
+		if (rc || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
+			continue;
+		f->world = p->world;
+		k = &f->ranks[f->nranks++];
+		k->rank = p->rank;
+		k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
+		if (!k->tensors) {
+			rc = -ENOMEM;
+			break;
+		}
+		for (size_t i = 0; i < p->n && !rc; i++, k->ntensors++)
+			rc = plans_tensor(&k->tensors[i], &p->t[i], p->rank);
 	}
-	m->version = MANIFEST_VERSION;
-	m->step = cp->step;
-	m->world = cp->world;
-	m->time_unix_ns = ipc_now_ns();
-	for (int r = 0; r < cp->world; r++)
-		for (size_t i = 0; i < cp->rank[r]->plan->n; i++)
-			e[ne++] = (struct entry){&cp->rank[r]->plan->t[i], cp->rank[r], i};
-	qsort(e, ne, sizeof(*e), cmp_entry);
-	for (size_t i = 0, j; i < ne; i = j) {
-		for (j = i + 1; j < ne && strcmp(e[j].t->name, e[i].t->name) == 0; j++)
-			;
-		rc = merge_tensor(&m->tensors[m->ntensors++], e + i, j - i, err);
-		if (rc)
-			goto out;
-	}
-	rc = manifest_check(m, err);
-out:
-	free(e);
+	if (!rc && f->nranks == 0)
+		rc = -ENOENT;
 	if (rc) {
-		manifest_free(m);
-		m = NULL;
+		plans_free(f);
+		return rc;
 	}
-	*out = m;
+	qsort(f->ranks, f->nranks, sizeof(*f->ranks), cmp_rank);
+	*out = f;
+	return 0;
+}
+
+/* Commit thread: the plans file of (job, run), written if it changed. */
+static int publish(struct agent *a, const char *job, const char *run, char *err)
+{
+	struct plans_file *f = NULL;
+	bool written = false;
+	int rc;
+
+	pthread_mutex_lock(&a->mu);
+	rc = plans_snapshot(a, job, run, &f);
+	pthread_mutex_unlock(&a->mu);
+	if (rc == -ENOENT)
+		return 0; /* no plan of that run here any more */
+	if (rc)
+		return ipc_errf(err, rc, "out of memory");
+	rc = store_put_plans(a->store, f, &written, err);
+	if (!rc && written)
+		log_msg(LOG_INFO, "job %s: plans of node %s published (run %s, %zu ranks, digest %s)",
+			job, a->cfg.node, run, f->nranks, f->digest);
+	plans_free(f);
 	return rc;
 }
+
+static void publish_run(struct work *w)
+{
+	struct plans_pub *pub = container_of(w, struct plans_pub, work);
+	struct agent *a = pub->a;
+	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1], err[IPC_ERRLEN];
+
+	pthread_mutex_lock(&a->mu);
+	pub->again = false;
+	snprintf(job, sizeof(job), "%s", pub->job);
+	snprintf(run, sizeof(run), "%s", pub->run);
+	pthread_mutex_unlock(&a->mu);
+	if (publish(a, job, run, err))
+		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans: %s", job, err);
+	pthread_mutex_lock(&a->mu);
+	if (pub->again) {
+		workq_push(a->commit, &pub->work);
+	} else {
+		list_del(&pub->link);
+		free(pub);
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+void plans_publish(struct agent *a, const char *job, const char *run)
+{
+	struct plans_pub *pub;
+	struct list *pos;
+
+	list_for_each(pos, &a->pubs)
+	{
+		pub = container_of(pos, struct plans_pub, link);
+		if (strcmp(pub->job, job) == 0) {
+			snprintf(pub->run, sizeof(pub->run), "%s", run); /* the newest plan's */
+			pub->again = true;
+			return;
+		}
+	}
+	pub = calloc(1, sizeof(*pub));
+	if (!pub) {
+		log_msg(LOG_ERR, "job %s: out of memory publishing plans", job);
+		return;
+	}
+	pub->a = a;
+	snprintf(pub->job, sizeof(pub->job), "%s", job);
+	snprintf(pub->run, sizeof(pub->run), "%s", run);
+	pub->work.fn = publish_run;
+	list_add_tail(&a->pubs, &pub->link);
+	workq_push(a->commit, &pub->work);
+}
+
+/* ---- this node's part ---------------------------------------------------- */
+
+static int cmp_tensor(const void *x, const void *y)
+{
+	return strcmp(((const struct manifest_tensor *)x)->name,
+		      ((const struct manifest_tensor *)y)->name);
+}
+
+static int part_rank_of(struct part_rank *k, const struct save *s)
+{
+	const struct plan *p = s->plan;
+
+	k->rank = p->rank;
+	k->file = strdup(s->file);
+	k->size = p->shard_bytes;
+	k->header_bytes = p->header_len;
+	k->meta_json = s->meta ? strdup(s->meta) : NULL;
+	k->queued_unix_ns = s->queued_unix_ns;
+	k->captured_unix_ns = s->queued_unix_ns + (s->t_captured - s->t_queued);
+	k->durable_unix_ns = s->queued_unix_ns + (s->t_durable - s->t_queued);
+	k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
+	if (!k->file || (s->meta && !k->meta_json) || !k->tensors)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n; i++, k->ntensors++) {
+		struct manifest_tensor *mt = &k->tensors[i];
+
+		if (plans_tensor(mt, &p->t[i], p->rank))
+			return -ENOMEM;
+		mt->chunks[0].begin = p->t[i].begin;
+		mt->chunks[0].end = p->t[i].end;
+		mt->chunks[0].xxh3 = s->digest[i];
+	}
+	qsort(k->tensors, k->ntensors, sizeof(*k->tensors), cmp_tensor);
+	return 0;
+}
+
+/*
+ * This node's part from its saves v[0..n) (ascending ranks). No lock: a
+ * durable save's plan, file and checksums no longer change.
+ */
+static int build_part(struct agent *a, const struct checkpoint *cp, struct save **v, size_t n,
+		      struct part **out, char *err)
+{
+	struct part *p = calloc(1, sizeof(*p));
+	int rc = 0;
+
+	*out = NULL;
+	if (!p || !(p->ranks = calloc(n, sizeof(*p->ranks))) || !(p->job = strdup(cp->job)) ||
+	    !(p->run = strdup(cp->run)) || !(p->node = strdup(a->cfg.node)))
+		rc = -ENOMEM;
+	for (size_t i = 0; !rc && i < n; i++, p->nranks++)
+		rc = part_rank_of(&p->ranks[i], v[i]);
+	if (rc) {
+		part_free(p);
+		return ipc_errf(err, rc, "out of memory for the part");
+	}
+	p->version = PART_VERSION;
+	p->step = cp->step;
+	p->world = cp->world;
+	p->time_unix_ns = ipc_now_ns();
+	*out = p;
+	return 0;
+}
+
+/* Commit thread: the plans file, the part, the commit's state machine. */
+static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v, size_t n,
+			char *why)
+{
+	struct part *p = NULL;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	/* Before the part: the other nodes learn from it which ranks to expect here. */
+	rc = publish(a, cp->job, cp->run, err);
+	if (rc)
+		return ipc_errf(why, rc, "publishing this node's plans: %s", err);
+	rc = build_part(a, cp, v, n, &p, why);
+	if (!rc)
+		rc = commit_create(a->cm, p, v[0]->rank == 0, cp->t_first, &cp->commit, why);
+	if (rc && !cp->commit)
+		part_free(p);
+	return rc;
+}
+
+/* ---- the outcome -------------------------------------------------------- */
 
 /* Under mu: an older step of the job still missing ranks never will have them now. */
 static void supersede(struct agent *a, const struct checkpoint *done)
@@ -310,10 +522,11 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 
 		if (cp == done || strcmp(cp->job, done->job) != 0 || cp->step >= done->step)
 			continue;
-		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && (int)cp->nsaved < cp->world) {
+		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->part_built) {
 			snprintf(why, sizeof(why),
-				 "step %lld committed while %d of %d ranks had not saved this one",
-				 (long long)done->step, cp->world - (int)cp->nsaved, cp->world);
+				 "step %lld committed while this node's ranks had not all saved "
+				 "this one",
+				 (long long)done->step);
 			cp_fail(a, cp, why);
 		} else if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
 			cp->nsaved = (unsigned)cp->world; /* nobody else is coming */
@@ -322,61 +535,324 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 	}
 }
 
-static void commit_run(struct work *w)
+/* Under mu: COMMITTED. The files of ours it does not name (an earlier attempt's) into *stale. */
+static void committed(struct agent *a, struct checkpoint *cp, const struct commit_result *r,
+		      char ***stale, size_t *nstale)
+{
+	const struct manifest *m = r->manifest;
+	struct cat_entry ce;
+
+	catalog_entry_from_manifest(m, &ce);
+	catalog_add(a->cat, &ce);
+	cp->state = CKPT__V1__STATE__STATE_COMMITTED;
+	for (int k = 0; k < cp->world; k++) {
+		struct save *s = cp->rank[k];
+
+		if (!s)
+			continue;
+		if ((size_t)k < m->nranks && strcmp(m->ranks[k].file, s->file) != 0 &&
+		    (*stale = realloc(*stale, (*nstale + 1) * sizeof(char *))))
+			(*stale)[(*nstale)++] = strdup(s->file);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_COMMITTED, NULL);
+	}
+	if (r->wrote)
+		log_msg(LOG_INFO,
+			"committed job %s step %lld (run %s): %d ranks from %zu node%s, %llu bytes, "
+			"captured %.3f s, durable %.3f s, commit latency %.1f ms",
+			cp->job, (long long)cp->step, cp->run, cp->world, m->nparts,
+			m->nparts == 1 ? "" : "s", (unsigned long long)m->bytes, m->capture_seconds,
+			m->durable_seconds, (double)r->latency_ns / 1e6);
+	else
+		log_msg(LOG_INFO, "job %s step %lld (run %s) committed by node %s", cp->job,
+			(long long)cp->step, cp->run,
+			m->nparts ? manifest_node_of(m, 0) ?: "?" : "?");
+	if (r->reason[0]) /* committed, with a note (LATEST not moved) */
+		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step,
+			r->reason);
+	supersede(a, cp);
+	/* Retention: the node that committed applies it (maint thread); the others look. */
+	if (r->wrote)
+		gc_queue(a, cp->job);
+	else
+		gc_queue_sync(a, cp->job);
+}
+
+/* Under mu: what the last poll saw, for list, status and watch. */
+static void take_progress(struct checkpoint *cp, struct commit_result *r)
+{
+	if (!r->ndone && !r->nmissing)
+		return;
+	free_texts(&cp->parts_done, &cp->nparts_done);
+	free_texts(&cp->parts_missing, &cp->nparts_missing);
+	cp->parts_done = r->done;
+	cp->nparts_done = r->ndone;
+	cp->parts_missing = r->missing;
+	cp->nparts_missing = r->nmissing;
+	r->done = r->missing = NULL;
+	r->ndone = r->nmissing = 0;
+}
+
+/* Under mu: this node's saves of cp, ascending ranks (malloc'd). */
+static struct save **local_saves(struct checkpoint *cp, size_t *n)
+{
+	struct save **v = calloc(cp->nsaved + 1, sizeof(*v));
+
+	*n = 0;
+	for (int r = 0; v && r < cp->world; r++)
+		if (cp->rank[r])
+			v[(*n)++] = cp->rank[r];
+	return v;
+}
+
+/*
+ * Commit thread, before the part: every rank of the world must be claimed,
+ * by this node (a save here) or by another node's plans. A rank nobody
+ * claims may yet come here (a trainer that starts late): its save must be
+ * in this node's part, so the part waits for it. 1: go on (*v, *n: the
+ * saves, and the part is built from them); 0: wait (rescheduled); < 0:
+ * failed, r says why.
+ */
+static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v, size_t *n,
+		       struct commit_result *r)
+{
+	int free_ranks[64], *ranks;
+	size_t nfree = 0, k;
+	int64_t now = ipc_mono_ns();
+	char why[IPC_ERRLEN] = "", list[160];
+	int rc;
+
+	pthread_mutex_lock(&a->mu);
+	*v = local_saves(cp, n);
+	pthread_mutex_unlock(&a->mu);
+	ranks = calloc(*n + 1, sizeof(int));
+	for (k = 0; ranks && k < *n; k++)
+		ranks[k] = (*v)[k]->rank;
+	rc = ranks && *v ? commit_unclaimed(a->cm, cp->job, cp->run, cp->world, ranks, *n,
+					    free_ranks, 64, &nfree, why)
+			 : -ENOMEM;
+	free(ranks);
+	if (rc == 0 && nfree == 0) {
+		pthread_mutex_lock(&a->mu);
+		/* a save that joined meanwhile is not durable yet: wait for it */
+		rc = cp->nsaved == *n && local_complete(a, cp) ? 1 : 0;
+		cp->part_built = rc == 1;
+		if (rc == 0)
+			cp->committing = false; /* its durable restarts the commit */
+		pthread_mutex_unlock(&a->mu);
+		return rc;
+	}
+	if (rc == 0 && now - cp->t_first < (int64_t)a->cfg.commit_deadline_s * 1000000000) {
+		cp->backoff = cp->backoff ? cp->backoff * 2 : COMMIT_BACKOFF_FIRST_NS;
+		if (cp->backoff > COMMIT_BACKOFF_MAX_NS)
+			cp->backoff = COMMIT_BACKOFF_MAX_NS;
+		pthread_mutex_lock(&a->mu);
+		workq_push_at(a->commit, &cp->work, now + cp->backoff);
+		pthread_mutex_unlock(&a->mu);
+		return 0;
+	}
+	r->state = COMMIT_FAILED;
+	if (rc) {
+		snprintf(r->reason, sizeof(r->reason), "step %lld: %s", (long long)cp->step, why);
+		return rc;
+	}
+	part_ranks_text(free_ranks, nfree < 64 ? nfree : 64, list, sizeof(list));
+	snprintf(r->reason, sizeof(r->reason),
+		 "step %lld: no save of rank%s %s%s here, and no node has published plans for "
+		 "them (run %s), within %u s (--commit-deadline)%s%s",
+		 (long long)cp->step, nfree == 1 ? "" : "s", list, nfree > 64 ? ",..." : "",
+		 cp->run, a->cfg.commit_deadline_s, why[0] ? "; " : "", why);
+	return -ETIMEDOUT;
+}
+
+static void commit_work(struct work *w)
 {
 	struct checkpoint *cp = container_of(w, struct checkpoint, work);
 	struct agent *a = cp->a;
-	char err[IPC_ERRLEN];
-	struct manifest *m;
-	struct cat_entry ce;
-	int rc;
+	struct commit_result r = {.state = COMMIT_WAITING};
+	struct save **v = NULL;
+	char **stale = NULL;
+	size_t n = 0, nstale = 0;
+	int64_t next = 0;
+	int rc = 1;
 
-	rc = build_manifest(cp, &m, err);
-	if (!rc) {
-		m->commit_seconds = (double)(ipc_mono_ns() - cp->t_first) / 1e9;
-		rc = storage_commit(a->store, m, err);
-	}
-	if (!rc)
-		catalog_entry_from_manifest(m, &ce);
 	pthread_mutex_lock(&a->mu);
-	cp->committing = false;
-	if (rc) {
-		cp_fail(a, cp, err);
-	} else if (cp->state == CKPT__V1__STATE__STATE_QUEUED) {
-		ce.commit_seconds = (double)(ipc_mono_ns() - cp->t_first) / 1e9;
-		catalog_add(a->cat, &ce);
-		cp->state = CKPT__V1__STATE__STATE_COMMITTED;
-		for (int r = 0; r < cp->world; r++)
-			save_set_state(a, cp->rank[r], CKPT__V1__STATE__STATE_COMMITTED, NULL);
-		log_msg(LOG_INFO,
-			"committed job %s step %lld: %d ranks, %llu bytes, captured %.3f s, "
-			"durable %.3f s, committed %.3f s",
-			cp->job, (long long)cp->step, cp->world, (unsigned long long)ce.bytes,
-			ce.capture_seconds, ce.durable_seconds, ce.commit_seconds);
-		supersede(a, cp);
-		/* Retention: older checkpoints of the job may go now (maint thread). */
-		gc_queue(a, cp->job);
+	if (cp->abort[0]) {
+		r.state = COMMIT_FAILED;
+		snprintf(r.reason, sizeof(r.reason), "%s", cp->abort);
 	}
+	pthread_mutex_unlock(&a->mu);
+	if (r.state == COMMIT_WAITING && !cp->commit)
+		rc = before_part(a, cp, &v, &n, &r);
+	if (rc == 0) { /* rescheduled, or restarted by a durable save */
+		free(v);
+		return;
+	}
+	if (r.state == COMMIT_WAITING) {
+		if (!cp->commit && start_commit(a, cp, v, n, r.reason))
+			r.state = COMMIT_FAILED;
+		else
+			commit_poll(cp->commit, ipc_mono_ns(), &next, &r);
+	}
+	free(v);
+	pthread_mutex_lock(&a->mu);
+	cp->part_written = cp->commit && commit_part_written(cp->commit);
+	take_progress(cp, &r);
+	if (r.state == COMMIT_WAITING && cp->abort[0]) {
+		r.state = COMMIT_FAILED;
+		snprintf(r.reason, sizeof(r.reason), "%s", cp->abort);
+	}
+	if (r.state == COMMIT_WAITING) {
+		workq_push_at(a->commit, &cp->work, next); /* still committing */
+		pthread_mutex_unlock(&a->mu);
+		commit_result_free(&r);
+		return;
+	}
+	cp->committing = false;
+	if (r.state == COMMIT_COMMITTED && cp->state == CKPT__V1__STATE__STATE_QUEUED)
+		committed(a, cp, &r, &stale, &nstale);
+	else if (r.state == COMMIT_FAILED)
+		cp_fail(a, cp, r.reason);
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);
-	manifest_free(m);
+	metrics_on_commit(a->metrics, r.wrote ? r.latency_ns : -1, r.missing_at_deadline);
+	/* Ours, and named by no manifest: the step is committed without them. */
+	for (size_t i = 0; i < nstale; i++) {
+		char err[IPC_ERRLEN];
+
+		if (stale[i] && a->store->ops->shard_unlink(a->store, r.manifest->job,
+							    r.manifest->step, stale[i], err))
+			log_msg(LOG_WARNING, "%s", err);
+		free(stale[i]);
+	}
+	free(stale);
+	commit_result_free(&r);
 }
 
+/*
+ * A failed checkpoint's files, where this node's part was never written:
+ * no manifest can name them, so they go, and the step's directory if that
+ * leaves it empty. With the part written, a commit may still use them:
+ * they stay (a clean-up takes them once the step is abandoned).
+ */
 static void cleanup_run(struct work *w)
 {
 	struct checkpoint *cp = container_of(w, struct checkpoint, work);
 	struct agent *a = cp->a;
 	char err[IPC_ERRLEN];
-	int rc;
+	struct save **v;
+	size_t n = 0;
+	bool own;
 
-	/* Out of sight first (the backend renames before deleting): no half checkpoint. */
-	rc = a->store->ops->remove(a->store, cp->job, cp->step, err);
-	if (rc && rc != -ENOENT)
-		log_msg(LOG_WARNING, "removing failed checkpoint %s step %lld: %s", cp->job,
-			(long long)cp->step, err);
+	pthread_mutex_lock(&a->mu);
+	own = !cp->part_written;
+	v = own ? local_saves(cp, &n) : NULL;
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0; i < n; i++) {
+		int rc = v[i]->file[0] ? a->store->ops->shard_unlink(a->store, cp->job, cp->step,
+								     v[i]->file, err)
+				       : 0;
+
+		if (rc && rc != -ENOENT)
+			log_msg(LOG_WARNING, "removing a failed save's file: %s", err);
+	}
+	if (own && a->store->ops->step_tidy(a->store, cp->job, cp->step, err))
+		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step, err);
+	free(v);
 	pthread_mutex_lock(&a->mu);
 	cp->cleaning = false;
 	cp->cleaned = true;
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- by hand ------------------------------------------------------------ */
+
+struct finish_op {
+	struct work work;
+	struct agent *a;
+	struct rpc *call;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+};
+
+char **parts_text(const struct manifest *m)
+{
+	char **v = calloc(m->nparts + 1, sizeof(*v)), ranks[128], text[IPC_MAX_JOB + 160];
+
+	for (size_t i = 0; v && i < m->nparts; i++) {
+		part_ranks_text(m->parts[i].ranks, m->parts[i].nranks, ranks, sizeof(ranks));
+		snprintf(text, sizeof(text), "%s (rank%s %s)", m->parts[i].node,
+			 m->parts[i].nranks == 1 ? "" : "s", ranks);
+		v[i] = strdup(text);
+	}
+	return v;
+}
+
+static void finish_run(struct work *w)
+{
+	struct finish_op *op = container_of(w, struct finish_op, work);
+	Ckpt__V1__CommitReply rep = CKPT__V1__COMMIT_REPLY__INIT;
+	struct agent *a = op->a;
+	struct commit_result r;
+	char err[IPC_ERRLEN], **parts;
+	struct cat_entry ce;
+	bool already;
+	int rc;
+
+	rc = commit_finish(a->cm, op->job, op->step, &r, &already, err);
+	if (rc) {
+		rpc_fail(op->call, rc, "commit --finish: %s", err);
+		goto out;
+	}
+	catalog_entry_from_manifest(r.manifest, &ce);
+	pthread_mutex_lock(&a->mu);
+	if (!catalog_find(a->cat, op->job, op->step))
+		catalog_add(a->cat, &ce);
+	pthread_mutex_unlock(&a->mu);
+	log_msg(LOG_NOTICE, "commit --finish of job %s step %lld: %s", op->job,
+		(long long)op->step, already ? "already committed" : "committed");
+	parts = parts_text(r.manifest);
+	rep.already = already;
+	rep.run = r.manifest->run;
+	rep.world = r.manifest->world;
+	rep.bytes = r.manifest->bytes;
+	rep.n_parts = parts ? r.manifest->nparts : 0;
+	rep.parts = parts;
+	rpc_reply(op->call, &rep.base);
+	for (size_t i = 0; parts && i < r.manifest->nparts; i++)
+		free(parts[i]);
+	free(parts);
+out:
+	commit_result_free(&r);
+	free(op);
+}
+
+void rpc_commit(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__CommitRequest *req = (Ckpt__V1__CommitRequest *)m;
+	struct agent *a = ctx;
+	struct finish_op *op;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	rc = ipc_check_job(req->job, err);
+	if (!rc)
+		rc = ipc_check_step(req->step, err);
+	if (rc) {
+		rpc_fail(c, rc, "commit: %s", err);
+		goto out;
+	}
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		rpc_fail(c, -ENOMEM, "commit: out of memory");
+		goto out;
+	}
+	op->a = a;
+	op->call = c;
+	snprintf(op->job, sizeof(op->job), "%s", req->job);
+	op->step = req->step;
+	op->work.fn = finish_run;
+	workq_push(a->commit, &op->work); /* the committer is the commit thread's */
+out:
+	protobuf_c_message_free_unpacked(m, NULL);
 }

@@ -161,17 +161,37 @@ static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
 {
 	struct manifest *m = NULL;
 	char ignored[IPC_ERRLEN];
-	int rc = a->store->ops->remove(a->store, e->job, e->step, err);
+	int rc = store_remove(a->store, e->job, e->step, err);
 
 	if (rc == 0 || rc == -ENOENT)
 		return 0; /* ENOENT: someone removed it by hand; gone is what we wanted */
-	if (a->store->ops->read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
+	if (store_read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
 		manifest_free(m);
 		pthread_mutex_lock(&a->mu);
 		catalog_add(a->cat, e);
 		pthread_mutex_unlock(&a->mu);
 	}
 	return rc;
+}
+
+/*
+ * Uncommitted steps of the job that every node gave up: older than LATEST
+ * and untouched for abandon_after (DESIGN.md §4.5: nothing another node may
+ * still commit). Runs with retention, on the node that committed.
+ */
+static void abandoned(struct agent *a, const char *job)
+{
+	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
+	                              false};
+	struct storage_recovery rec = {0};
+	char err[IPC_ERRLEN];
+
+	if (store_cleanup(a->store, job, &pol, &rec, err))
+		log_msg(LOG_WARNING, "clean-up of job %s: %s", job, err);
+	if (rec.partial_removed || rec.temp_removed)
+		log_msg(LOG_INFO,
+		        "clean-up of job %s: removed %u abandoned uncommitted steps and %u leftovers",
+		        job, rec.partial_removed, rec.temp_removed);
 }
 
 static void gc_run(struct work *w)
@@ -220,6 +240,7 @@ static void gc_run(struct work *w)
 	        op->job, g.pol.keep_last, g.pol.keep_every, g.nremoved, g.nremoved == 1 ? "" : "s",
 	        g.nremoved ? " (steps " : "", list, g.nremoved ? ")" : "", g.bytes, g.n - g.nremove,
 	        g.nproblems ? "; some removals failed (see above)" : "");
+	abandoned(a, op->job);
 	if (op->call)
 		gc_reply(op, &g);
 out:
@@ -234,17 +255,30 @@ out:
 
 void gc_queue(struct agent *a, const char *job)
 {
-	struct gc_op *op;
+	struct gc_op *op = gc_op_new(a, NULL, job, gc_run);
 
-	if (a->cfg.keep_last == 0)
-		return; /* retention off: nothing could go */
-	op = gc_op_new(a, NULL, job, gc_run);
 	if (!op) {
 		log_msg(LOG_ERR, "gc of job %s not queued: out of memory (the next commit retries)",
 		        job);
 		return;
 	}
 	workq_push(a->maint, &op->work);
+}
+
+static void sync_run(struct work *w)
+{
+	struct gc_op *op = container_of(w, struct gc_op, work);
+
+	catalog_sync_job(op->a, op->job);
+	free(op);
+}
+
+void gc_queue_sync(struct agent *a, const char *job)
+{
+	struct gc_op *op = gc_op_new(a, NULL, job, sync_run);
+
+	if (op)
+		workq_push(a->maint, &op->work);
 }
 
 void rpc_gc(struct rpc *c, ProtobufCMessage *m, void *ctx)
@@ -291,7 +325,7 @@ static void pin_run(struct work *w)
 	pthread_mutex_unlock(&a->mu);
 	/* The marker on disk first: the answer, and the catalog, say what a restart finds. */
 	if (!rc)
-		rc = a->store->ops->set_pinned(a->store, op->job, op->step, op->pinned, err);
+		rc = store_set_pinned(a->store, op->job, op->step, op->pinned, err);
 	if (!rc) {
 		pthread_mutex_lock(&a->mu);
 		e = catalog_find(a->cat, op->job, op->step);

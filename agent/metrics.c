@@ -43,7 +43,7 @@ struct hist {
 	double sum;
 };
 
-enum { H_STALL, H_PERSIST, H_COMMIT, H_RESTORE, NHIST };
+enum { H_STALL, H_PERSIST, H_COMMIT, H_RESTORE, H_COMMIT_LATENCY, NHIST };
 
 struct metrics {
 	struct agent *a;
@@ -52,6 +52,7 @@ struct metrics {
 	pthread_mutex_t mu; /* everything below */
 	struct hist h[NHIST];
 	uint64_t restores_ok, restores_failed, restored_bytes;
+	uint64_t parts_missing;
 };
 
 static const struct {
@@ -65,20 +66,26 @@ static const struct {
                   "Time from save to COMMITTED: every rank durable and the manifest too."},
     [H_RESTORE] = {"ckptd_restore_seconds",
                    "Time of a successful restore, request to reply, fallbacks included."},
+    [H_COMMIT_LATENCY] = {"ckptd_commit_latency_seconds",
+                          "Commits this node wrote: the last part durable to the manifest "
+                          "durable."},
 };
 
-static void observe(struct hist *h, int64_t from_ns, int64_t to_ns)
+static void add(struct hist *h, double v)
 {
-	double v = (double)(to_ns - from_ns) / 1e9;
 	size_t i = 0;
 
-	if (from_ns <= 0 || to_ns < from_ns)
-		return;
 	while (i < NBOUNDS && v > bounds[i])
 		i++;
 	h->n[i]++;
 	h->count++;
 	h->sum += v;
+}
+
+static void observe(struct hist *h, int64_t from_ns, int64_t to_ns)
+{
+	if (from_ns > 0 && to_ns >= from_ns)
+		add(h, (double)(to_ns - from_ns) / 1e9);
 }
 
 void metrics_on_save(struct metrics *m, const struct save *s, int state)
@@ -110,12 +117,23 @@ void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, int64_t start
 	pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_missing)
+{
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->mu);
+	if (latency_ns >= 0 && parts_missing == 0)
+		add(&m->h[H_COMMIT_LATENCY], (double)latency_ns / 1e9);
+	m->parts_missing += parts_missing;
+	pthread_mutex_unlock(&m->mu);
+}
+
 /* ---- a scrape --------------------------------------------------------- */
 
 /* What a scrape shows, copied under the locks. */
 struct snapshot {
 	struct hist h[NHIST];
-	uint64_t restores_ok, restores_failed, restored_bytes;
+	uint64_t restores_ok, restores_failed, restored_bytes, parts_missing;
 	uint64_t finals[8];
 	unsigned inflight, sessions, plans;
 	struct ioeng_stats io;
@@ -135,6 +153,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
 	memcpy(s->h, m->h, sizeof(s->h));
 	s->restores_ok = m->restores_ok;
+	s->parts_missing = m->parts_missing;
 	s->restores_failed = m->restores_failed;
 	s->restored_bytes = m->restored_bytes;
 	pthread_mutex_unlock(&m->mu);
@@ -202,6 +221,9 @@ static void render(struct metrics *m, FILE *f)
 	for (int i = 0; i < NHIST; i++)
 		put_hist(f, hists[i].name, hists[i].help, &s.h[i]);
 	put_saves(f, &s);
+	put(f, "ckptd_commit_parts_missing_total", "counter",
+	    "Parts of other nodes still missing when a step's commit deadline passed.",
+	    (double)s.parts_missing);
 	put(f, "ckptd_restored_bytes_total", "counter", "Tensor bytes restored into trainers.",
 	    (double)s.restored_bytes);
 	put(f, "ckptd_written_bytes_total", "counter", "Bytes written to shard files.",

@@ -26,6 +26,12 @@ int metrics_create(struct agent *a, const char *listen, struct metrics **out, ch
 void metrics_destroy(struct metrics *m);
 /* Under agent.mu: s has just reached `state` (its t_* are set). NULL m: nothing. */
 void metrics_on_save(struct metrics *m, const struct save *s, int state);
+/*
+ * A step's commit ended: latency_ns (>= 0) when this node wrote the
+ * manifest (the last part durable to the manifest durable), else -1;
+ * parts_missing: other nodes' parts missing at the deadline.
+ */
+void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_missing);
 /* A restore has been answered: rc 0 (and bytes restored) or its error. NULL m: nothing. */
 void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, int64_t start_ns);
 

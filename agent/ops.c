@@ -19,6 +19,9 @@
 
 /* ---- status ----------------------------------------------------------- */
 
+static size_t in_flight(struct agent *a, const char *job, Ckpt__V1__CheckpointSummary **v,
+			Ckpt__V1__CheckpointSummary ***pv, char (**notes)[96]);
+
 void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__StatusReply rep = CKPT__V1__STATUS_REPLY__INIT;
@@ -26,7 +29,8 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	struct agent *a = ctx;
 	struct pool_stats ps;
 	struct ioeng_stats is;
-	char last[512], io[512];
+	Ckpt__V1__CheckpointSummary *flight = NULL, **pflight = NULL;
+	char last[512], io[512], (*notes)[96] = NULL;
 	const char *why = NULL;
 	size_t n = 0;
 
@@ -57,6 +61,10 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.last_error = last;
 	rep.gpu = (char *)gpu_status(a->gpu);
 	rep.removed_at_start = a->recovered.partial_removed;
+	rep.kept_at_start = a->recovered.partial_kept;
+	rep.node = (char *)a->cfg.node;
+	rep.commit_deadline = a->cfg.commit_deadline_s;
+	rep.abandon_after = a->cfg.abandon_after_s;
 	rep.keep_last = a->cfg.keep_last;
 	rep.keep_every = a->cfg.keep_every;
 	pthread_mutex_lock(&a->mu);
@@ -75,8 +83,13 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.sessions = a->nsessions;
 	rep.plans = a->nplans;
 	rep.saves_in_flight = a->inflight;
+	rep.n_in_flight = in_flight(a, NULL, &flight, &pflight, &notes);
+	rep.in_flight = pflight;
 	rpc_reply(c, &rep.base);
 	pthread_mutex_unlock(&a->mu);
+	free(flight);
+	free(pflight);
+	free(notes);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
@@ -99,6 +112,8 @@ static void summary_from_entry(const struct cat_entry *e, bool latest,
 	s->commit_seconds = e->commit_seconds;
 	s->pinned = e->pinned;
 	s->reason = "";
+	s->run = (char *)e->run;
+	s->nodes = e->nparts;
 }
 
 /*
@@ -114,6 +129,11 @@ static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *
 	s->job = cp->job;
 	s->step = cp->step;
 	s->world = cp->world;
+	s->run = cp->run;
+	s->n_parts_done = cp->nparts_done;
+	s->parts_done = cp->parts_done;
+	s->n_parts_missing = cp->nparts_missing;
+	s->parts_missing = cp->parts_missing;
 	for (int r = 0; r < cp->world; r++)
 		if (cp->rank[r]) {
 			s->bytes += cp->rank[r]->bytes_total;
@@ -125,36 +145,66 @@ static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *
 		s->reason = cp->reason;
 		return;
 	}
-	s->state = (int)cp->nsaved < cp->world ? CKPT__V1__STATE__STATE_QUEUED : slowest;
-	snprintf(note, len, "%u of %d ranks saved, %u durable%s", cp->nsaved, cp->world,
-		 cp->ndurable, cp->committing ? ", committing" : "");
+	s->state = cp->committing ? slowest : CKPT__V1__STATE__STATE_QUEUED;
+	if (cp->committing)
+		snprintf(note, len, "node %s: %u rank%s durable, part %s; %zu of %zu parts in",
+			 cp->a->cfg.node, cp->nsaved, cp->nsaved == 1 ? "" : "s",
+			 cp->part_written ? "written" : "being written", cp->nparts_done,
+			 cp->nparts_done + cp->nparts_missing);
+	else
+		snprintf(note, len, "node %s: %u rank%s saved here, %u durable", cp->a->cfg.node,
+			 cp->nsaved, cp->nsaved == 1 ? "" : "s", cp->ndurable);
 	s->reason = note;
+}
+
+/* Under mu: the checkpoints in flight (of job; NULL: all), malloc'd arrays. */
+static size_t in_flight(struct agent *a, const char *job, Ckpt__V1__CheckpointSummary **v,
+			Ckpt__V1__CheckpointSummary ***pv, char (**notes)[96])
+{
+	struct list *pos;
+	size_t n = 0, k = 0;
+
+	list_for_each(pos, &a->ckpts) n++;
+	*v = calloc(n + 1, sizeof(**v));
+	*pv = calloc(n + 1, sizeof(**pv));
+	*notes = calloc(n + 1, sizeof(**notes));
+	if (!*v || !*pv || !*notes)
+		return 0;
+	list_for_each(pos, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)))
+			continue;
+		summary_from_cp(cp, &(*v)[k], (*notes)[k], sizeof((*notes)[k]));
+		(*pv)[k] = &(*v)[k];
+		k++;
+	}
+	return k;
 }
 
 void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
 	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
-	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL;
+	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
 	char (*notes)[96] = NULL;
 	const char *job = req->job && *req->job ? req->job : NULL;
 	struct agent *a = ctx;
 	struct cat_entry **e = NULL;
 	char err[IPC_ERRLEN];
-	struct list *pos;
-	size_t n, ncat, k = 0;
+	size_t ncat, nf, k = 0;
 
 	if (job && ipc_check_job(job, err)) {
 		rpc_fail(c, -EINVAL, "list: %s", err);
 		goto out;
 	}
 	pthread_mutex_lock(&a->mu);
-	n = ncat = catalog_list(a->cat, job, &e);
-	list_for_each(pos, &a->ckpts) n++;
-	v = calloc(n ? n : 1, sizeof(*v));
-	pv = calloc(n ? n : 1, sizeof(*pv));
-	notes = calloc(n ? n : 1, sizeof(*notes));
-	if (!e || !v || !pv || !notes) {
+	ncat = catalog_list(a->cat, job, &e);
+	nf = in_flight(a, job, &f, &pf, &notes);
+	v = calloc(ncat + 1, sizeof(*v));
+	pv = calloc(ncat + nf + 1, sizeof(*pv));
+	if (!e || !v || !pv || !f || !pf || !notes) {
 		pthread_mutex_unlock(&a->mu);
 		rpc_fail(c, -ENOMEM, "list: out of memory");
 		goto out;
@@ -166,16 +216,8 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		pv[k] = &v[k];
 		k++;
 	}
-	list_for_each(pos, &a->ckpts)
-	{
-		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
-
-		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)))
-			continue;
-		summary_from_cp(cp, &v[k], notes[k], sizeof(notes[k]));
-		pv[k] = &v[k];
-		k++;
-	}
+	for (size_t i = 0; i < nf; i++)
+		pv[k++] = pf[i];
 	rep.n_checkpoints = k;
 	rep.checkpoints = pv;
 	rpc_reply(c, &rep.base);
@@ -184,6 +226,8 @@ out:
 	free(e);
 	free(v);
 	free(pv);
+	free(f);
+	free(pf);
 	free(notes);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -206,11 +250,11 @@ static void show_run(struct work *w)
 	struct agent *a = op->a;
 	struct manifest *m = NULL;
 	struct cat_entry e, *newest, *pinned;
-	char err[IPC_ERRLEN], *json = NULL;
+	char err[IPC_ERRLEN], *json = NULL, **parts = NULL;
 	size_t len;
 	int rc;
 
-	rc = a->store->ops->read_manifest(a->store, op->job, op->step, &m, err);
+	rc = store_read_manifest(a->store, op->job, op->step, &m, err);
 	if (!rc)
 		rc = manifest_to_json(m, &json, &len, err);
 	if (rc) {
@@ -224,10 +268,16 @@ static void show_run(struct work *w)
 	newest = catalog_newest(a->cat, op->job, INT64_MAX);
 	summary_from_entry(&e, newest && newest->step == op->step, &sum);
 	pthread_mutex_unlock(&a->mu);
+	parts = parts_text(m);
+	sum.n_parts = parts ? m->nparts : 0;
+	sum.parts = parts;
 	rep.summary = &sum;
 	rep.manifest_json = json;
 	rpc_reply(op->call, &rep.base);
 out:
+	for (size_t i = 0; parts && i < m->nparts; i++)
+		free(parts[i]);
+	free(parts);
 	free(json);
 	manifest_free(m);
 	free(op);
@@ -260,7 +310,7 @@ static void delete_run(struct work *w)
 	}
 	pthread_mutex_unlock(&a->mu);
 	if (!rc) {
-		rc = a->store->ops->remove(a->store, op->job, op->step, err);
+		rc = store_remove(a->store, op->job, op->step, err);
 		if (rc) {
 			pthread_mutex_lock(&a->mu);
 			catalog_add(a->cat, &saved);

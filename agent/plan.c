@@ -471,6 +471,8 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.header_bytes = p->header_len;
 	rep.run = p->run;
 	rep.node = (char *)a->cfg.node;
+	/* the other nodes of the job learn from the plans file where this rank is */
+	plans_publish(a, p->job, p->run);
 	pthread_mutex_unlock(&a->mu);
 	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s): %zu tensors, %llu bytes", p->job,
 		p->rank, p->world, p->run, p->n, (unsigned long long)p->shard_bytes);

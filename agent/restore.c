@@ -277,10 +277,10 @@ static int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 
 		while (j < r->n && r->ext[j].rank == rank)
 			j++;
-		r->a->store->ops->shard_path(r->a->store, r->job, r->step, rank, r->path,
-					     sizeof(r->path));
-		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, rank, &r->sh,
-						  &r->size, err);
+		r->a->store->ops->shard_path(r->a->store, r->job, r->step, m->ranks[rank].file,
+					     r->path, sizeof(r->path));
+		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, m->ranks[rank].file,
+						  &r->sh, &r->size, err);
 		if (rc)
 			problem(r, rc == -ENOENT ? -ENOENT : -EIO, "%s", err);
 		else if (r->size != m->ranks[rank].size)
@@ -388,7 +388,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 			goto out;
 		}
 	}
-	rc = a->store->ops->read_manifest(a->store, p->job, step, &m, err);
+	rc = store_read_manifest(a->store, p->job, step, &m, err);
 	if (rc)
 		goto out;
 	if (m->world != p->world) {
@@ -403,7 +403,8 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	rc = reader_run(&r, m, READ_AHEAD);
 	if (!rc && r.err)
 		rc = ipc_errf(err, r.err, "%s", r.problems ? r.problems[0] : "read failed");
-	if (!rc && m->meta_json && !(*meta = strdup(m->meta_json)))
+	/* This rank's own meta (a data loader's position, a seed), not rank 0's. */
+	if (!rc && manifest_rank_meta(m, p->rank) && !(*meta = strdup(manifest_rank_meta(m, p->rank))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 out:
 	if (p->gpu)
@@ -584,7 +585,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 
 		if (!hdr[k])
 			continue;
-		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->rank, r->path,
+		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->file, r->path,
 					     sizeof(r->path));
 		if (st_header_parse(hdr[k], mr->header_bytes, mr->size, &h, err)) {
 			problem(r, -EBADMSG, "%s: %s", r->path, err);
@@ -671,7 +672,7 @@ static void verify_run(struct work *w)
 	struct cat_entry *e;
 
 	memset(&r, 0, sizeof(r));
-	if (a->store->ops->read_manifest(a->store, v->job, v->step, &m, err) == 0) {
+	if (store_read_manifest(a->store, v->job, v->step, &m, err) == 0) {
 		for (size_t i = 0; i < m->ntensors; i++)
 			n += m->tensors[i].nchunks;
 		hdr = calloc(m->nranks, sizeof(*hdr));

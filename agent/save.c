@@ -63,6 +63,13 @@ void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 	info->durable_seconds = secs(s->t_queued, s->t_durable);
 	info->commit_seconds = secs(s->t_queued, s->t_committed);
 	info->pool_limited = s->pool_limited;
+	info->run = s->plan ? s->plan->run : "";
+	if (s->cp) {
+		info->n_parts_done = s->cp->nparts_done;
+		info->parts_done = s->cp->parts_done;
+		info->n_parts_missing = s->cp->nparts_missing;
+		info->parts_missing = s->cp->parts_missing;
+	}
 }
 
 static void publish(struct agent *a, struct save *s)
@@ -165,6 +172,7 @@ void save_free(struct agent *a, struct save *s)
 {
 	list_del(&s->link);
 	save_detach(a, s);
+	free(s->meta);
 	free(s);
 }
 
@@ -219,7 +227,7 @@ static void io_failure(struct save *s, const char *what, int err, char *buf, siz
 {
 	char path[512];
 
-	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->plan->rank, path,
+	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->file, path,
 				     sizeof(path));
 	snprintf(buf, len, "%s %s: %s", what, path, strerror(-err));
 }
@@ -505,7 +513,7 @@ static int capture_setup(struct save *s, char *why)
 		return -ENOMEM;
 	}
 	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
-					 &s->shard, err);
+					 s->file, &s->shard, err);
 	if (rc)
 		snprintf(why, IPC_ERRLEN, "%s", err);
 	return rc;
@@ -714,13 +722,19 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 		return ipc_errf(err, -EBUSY,
 		                "job %s rank %d: %d saves of this plan not yet captured", p->job,
 		                p->rank, FENCE_WINDOW);
-	rc = cp_get(a, p->job, req->step, p->world, &cp, err);
+	rc = cp_get(a, p->job, req->step, p->world, p->run, &cp, err);
 	if (rc)
 		return rc;
 	if (cp->rank[p->rank])
 		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
 				(long long)req->step, p->rank,
 				ipc_state_name(cp->rank[p->rank]->state));
+	if (cp->part_built)
+		return ipc_errf(err, -EALREADY,
+				"job %s step %lld: node %s's part of it was written without rank %d "
+				"(its plan came after the step's other saves here): this step "
+				"cannot take it",
+				p->job, (long long)req->step, a->cfg.node, p->rank);
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */
@@ -735,11 +749,9 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 		s->fenced = true;
 		memcpy(s->cuda_event, req->cuda_event.data, GPU_EVENT_HANDLE_BYTES);
 	}
-	/* The user meta: rank 0's, or else the first rank's that has one. */
-	if (req->meta_json && *req->meta_json && (p->rank == 0 || !cp->meta)) {
-		free(cp->meta);
-		cp->meta = strdup(req->meta_json);
-	}
+	/* Each rank's meta is its own: restore gives it back to that rank. */
+	if (req->meta_json && *req->meta_json)
+		s->meta = strdup(req->meta_json);
 	*out = s;
 	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
 		char why[IPC_ERRLEN + 64];

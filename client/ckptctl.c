@@ -3,7 +3,7 @@
  *
  *   ckptctl [--endpoint E] [--json] status | list [JOB] | show JOB STEP |
  *           verify JOB STEP | delete JOB STEP | watch [JOB] | pin JOB STEP |
- *           unpin JOB STEP | gc JOB
+ *           unpin JOB STEP | gc JOB | commit --finish JOB STEP
  *
  * Tables for people, JSON (--json) for programs. Exit status: 0 ok, 1 the
  * operation failed (or verify found damage), 2 bad usage.
@@ -34,6 +34,9 @@ void ctl_usage(FILE *f)
 	           "  pin JOB STEP        keep a checkpoint whatever the retention policy says\n"
 	           "  unpin JOB STEP      let retention remove it again\n"
 	           "  gc JOB              apply the retention policy to JOB now\n"
+	           "  commit --finish JOB STEP\n"
+	           "                      commit a step whose parts are all in the root (the\n"
+	           "                      agent that was to commit it is gone)\n"
 	           "endpoint: --endpoint, else $CKPT_ENDPOINT, else " IPC_DEFAULT_ENDPOINT "\n");
 }
 
@@ -103,10 +106,24 @@ static int64_t parse_step(const char *s)
 
 /* ---- status ----------------------------------------------------------- */
 
+static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s);
+static void summary_row(const Ckpt__V1__CheckpointSummary *s);
+
+json_t *ctl_strings(char **v, size_t n)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(a, json_string(v[i]));
+	return a;
+}
+
 static json_t *status_json(const Ckpt__V1__StatusReply *r)
 {
-	json_t *saves = json_object(), *j;
+	json_t *saves = json_object(), *flight = json_array(), *j;
 
+	for (size_t i = 0; i < r->n_in_flight; i++)
+		json_array_append_new(flight, summary_json(r->in_flight[i]));
 	for (size_t i = 0; i < r->n_saves; i++)
 		json_object_set_new(saves, ipc_state_name(r->saves[i]->state),
 		                    json_integer((json_int_t)r->saves[i]->count));
@@ -125,6 +142,12 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	    "saves", saves, "last_error", r->last_error, "gpu", r->gpu, "removed_at_start",
 	    r->removed_at_start, "retention", "keep_last", (int)r->keep_last, "keep_every",
 	    (json_int_t)r->keep_every, "removed", (json_int_t)r->gc_removed);
+	json_object_set_new(j, "cluster",
+	                    json_pack("{s:s, s:i, s:i, s:i}", "node", r->node, "commit_deadline",
+	                              (int)r->commit_deadline, "abandon_after",
+	                              (int)r->abandon_after, "kept_at_start",
+	                              (int)r->kept_at_start));
+	json_object_set_new(j, "in_flight", flight);
 	return j;
 }
 
@@ -136,6 +159,8 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	printf("ckptd %s, pid %" PRId64 ", up %dh%02dm%02ds\n", r->version, r->pid, up / 3600,
 	       up / 60 % 60, up % 60);
 	printf("%-12s %s\n", "endpoint", endpoint);
+	printf("%-12s %s (commit deadline %u s; uncommitted steps abandoned after %u s)\n",
+	       "node", r->node, r->commit_deadline, r->abandon_after);
 	printf("%-12s %s\n", "root", r->root);
 	printf("%-12s %s (%s)\n", "I/O", r->io_engine, r->io_detail);
 	ctl_human_bytes(r->pool_bytes, a, sizeof(a));
@@ -153,9 +178,9 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	for (size_t i = 0; i < r->n_saves; i++)
 		printf(" %s %" PRIu64, ipc_state_name(r->saves[i]->state), r->saves[i]->count);
 	printf("\n%-12s %s\n", "GPU", r->gpu);
-	if (r->removed_at_start)
-		printf("%-12s %u partial checkpoints removed at start\n", "recovery",
-		       r->removed_at_start);
+	if (r->removed_at_start || r->kept_at_start)
+		printf("%-12s %u uncommitted steps removed at start, %u left to their nodes\n",
+		       "recovery", r->removed_at_start, r->kept_at_start);
 	if (r->keep_last && r->keep_every)
 		printf("%-12s the last %u of each job, every step that is a multiple of %" PRId64
 		       ", LATEST and pinned ones; %" PRIu64 " removed since start\n",
@@ -168,6 +193,11 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 		printf("%-12s off: every checkpoint is kept (--keep-last K turns it on)\n",
 		       "retention");
 	printf("%-12s %s\n", "last error", *r->last_error ? r->last_error : "-");
+	if (r->n_in_flight) {
+		printf("\nin flight\n");
+		for (size_t i = 0; i < r->n_in_flight; i++)
+			summary_row(r->in_flight[i]);
+	}
 }
 
 static int cmd_status(struct ctl *x, int argc, char **argv)
@@ -193,13 +223,44 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 
 static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
 {
-	return json_pack("{s:s, s:I, s:s, s:i, s:I, s:I, s:b, s:b, s:i, s:f, s:f, s:f, s:s}", "job",
-	                 s->job, "step", (json_int_t)s->step, "state", ipc_state_name(s->state),
-	                 "world", s->world, "bytes", (json_int_t)s->bytes, "time_unix_ns",
-	                 (json_int_t)s->time_unix_ns, "latest", s->latest, "pinned", s->pinned,
-	                 "tensors", s->tensors, "capture_seconds", s->capture_seconds,
-	                 "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
-	                 "reason", s->reason ? s->reason : "");
+	json_t *j = json_pack(
+	    "{s:s, s:I, s:s, s:s, s:i, s:I, s:I, s:b, s:b, s:i, s:f, s:f, s:f, s:s}", "job", s->job,
+	    "step", (json_int_t)s->step, "run", s->run, "state", ipc_state_name(s->state), "world",
+	    s->world, "bytes", (json_int_t)s->bytes, "time_unix_ns", (json_int_t)s->time_unix_ns,
+	    "latest", s->latest, "pinned", s->pinned, "tensors", s->tensors, "capture_seconds",
+	    s->capture_seconds, "durable_seconds", s->durable_seconds, "commit_seconds",
+	    s->commit_seconds, "reason", s->reason ? s->reason : "");
+
+	if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
+		json_object_set_new(j, "nodes", json_integer(s->nodes));
+	if (s->n_parts)
+		json_object_set_new(j, "parts", ctl_strings(s->parts, s->n_parts));
+	if (s->n_parts_done || s->n_parts_missing) {
+		json_object_set_new(j, "parts_done", ctl_strings(s->parts_done, s->n_parts_done));
+		json_object_set_new(j, "parts_missing",
+		                    ctl_strings(s->parts_missing, s->n_parts_missing));
+	}
+	return j;
+}
+
+/* "parts in: n0, n1; missing: n2 (ranks 4,5)" for a step in flight. */
+void ctl_parts_line(char **done, size_t ndone, char **missing, size_t nmissing, char *buf,
+                    size_t len)
+{
+	size_t o = 0;
+
+	buf[0] = '\0';
+	if (!ndone && !nmissing)
+		return;
+	o += (size_t)snprintf(buf + o, len - o, "parts in:");
+	for (size_t i = 0; i < ndone && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s %s", i ? "," : "", done[i]);
+	if (!ndone && o < len)
+		o += (size_t)snprintf(buf + o, len - o, " none");
+	if (nmissing && o < len)
+		o += (size_t)snprintf(buf + o, len - o, "; missing:");
+	for (size_t i = 0; i < nmissing && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s %s", i ? "," : "", missing[i]);
 }
 
 static void summary_row(const Ckpt__V1__CheckpointSummary *s)
@@ -216,6 +277,13 @@ static void summary_row(const Ckpt__V1__CheckpointSummary *s)
 	       ipc_state_name(s->state), s->world, size, when, cap, dur, com,
 	       s->latest ? "LATEST " : "", s->pinned ? "pinned " : "",
 	       s->reason && *s->reason ? s->reason : "");
+	if (s->n_parts_done || s->n_parts_missing) {
+		char parts[1024];
+
+		ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing,
+		               s->n_parts_missing, parts, sizeof(parts));
+		printf("%20s %s\n", "", parts);
+	}
 }
 
 static int cmd_list(struct ctl *x, int argc, char **argv)
@@ -297,12 +365,25 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 		printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP", "STATE",
 		       "WORLD", "SIZE", "COMMITTED (UTC)", "CAPTURE", "DURABLE", "COMMIT");
 		summary_row(r->summary);
-		printf("\n%-6s %-26s %14s\n", "RANK", "FILE", "BYTES");
+		printf("\nrun %s; %zu part%s:", r->summary->run, r->summary->n_parts,
+		       r->summary->n_parts == 1 ? "" : "s");
+		for (size_t k = 0; k < r->summary->n_parts; k++)
+			printf("%s %s", k ? "," : "", r->summary->parts[k]);
+		printf("\n\n%-6s %-40s %14s  %s\n", "RANK", "FILE", "BYTES", "META");
 		json_array_foreach(json_object_get(m, "ranks"), i, rk)
-		    printf("%-6" JSON_INTEGER_FORMAT " %-26s %14" JSON_INTEGER_FORMAT "\n",
-		           json_integer_value(json_object_get(rk, "rank")),
-		           json_string_value(json_object_get(rk, "file")),
-		           json_integer_value(json_object_get(rk, "size")));
+		{
+			char *meta = json_is_null(json_object_get(rk, "meta")) ||
+			                     !json_object_get(rk, "meta")
+			                 ? NULL
+			                 : json_dumps(json_object_get(rk, "meta"),
+			                              JSON_ENCODE_ANY | JSON_COMPACT);
+
+			printf("%-6" JSON_INTEGER_FORMAT " %-40s %14" JSON_INTEGER_FORMAT "  %.60s\n",
+			       json_integer_value(json_object_get(rk, "rank")),
+			       json_string_value(json_object_get(rk, "file")),
+			       json_integer_value(json_object_get(rk, "size")), meta ? meta : "-");
+			free(meta);
+		}
 		show_tensors(m);
 		if (json_object_get(m, "meta") && !json_is_null(json_object_get(m, "meta"))) {
 			char *meta = json_dumps(json_object_get(m, "meta"), JSON_ENCODE_ANY);
@@ -471,6 +552,39 @@ static int cmd_gc(struct ctl *x, int argc, char **argv)
 	return rc;
 }
 
+/* ---- commit --finish ------------------------------------------------- */
+
+static int cmd_commit(struct ctl *x, int argc, char **argv)
+{
+	Ckpt__V1__CommitRequest req = CKPT__V1__COMMIT_REQUEST__INIT;
+	Ckpt__V1__CommitReply *r;
+	char size[32];
+	int rc;
+
+	if (argc != 3 || strcmp(argv[0], "--finish") != 0 || (req.step = parse_step(argv[2])) < 0)
+		return ctl_usage(stderr), EXIT_USAGE;
+	req.job = argv[1];
+	rc = cl_call(x->c, IPC_COMMIT, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
+	if (rc)
+		return ctl_fail(x, rc);
+	if (x->json) {
+		rc = ctl_print_json(json_pack("{s:s, s:I, s:b, s:s, s:i, s:I, s:o}", "job", req.job,
+		                              "step", (json_int_t)req.step, "already", r->already,
+		                              "run", r->run, "world", r->world, "bytes",
+		                              (json_int_t)r->bytes, "parts",
+		                              ctl_strings(r->parts, r->n_parts)));
+	} else {
+		ctl_human_bytes(r->bytes, size, sizeof(size));
+		printf("job %s step %" PRId64 " %s: run %s, world %d, %s, from", req.job, req.step,
+		       r->already ? "was already committed" : "committed", r->run, r->world, size);
+		for (size_t i = 0; i < r->n_parts; i++)
+			printf("%s %s", i ? "," : "", r->parts[i]);
+		printf("\n");
+	}
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return rc;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(struct ctl *x, int argc, char **argv);
@@ -478,6 +592,7 @@ static const struct {
     {"status", cmd_status}, {"list", cmd_list},     {"show", cmd_show},
     {"verify", cmd_verify}, {"delete", cmd_delete}, {"watch", ctl_watch},
     {"pin", cmd_pin},       {"unpin", cmd_unpin},   {"gc", cmd_gc},
+    {"commit", cmd_commit},
 };
 
 int main(int argc, char **argv)

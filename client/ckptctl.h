@@ -32,6 +32,11 @@ int ctl_print_json(json_t *j);
 /* Prints the agent's message for rc on stderr; returns 1 (the exit status). */
 int ctl_fail(struct ctl *x, int rc);
 void ctl_usage(FILE *f);
+/* A JSON array of the strings v[0..n). */
+json_t *ctl_strings(char **v, size_t n);
+/* "parts in: n0, n1; missing: n2 (ranks 4,5)" for a step in flight ("" if nothing known). */
+void ctl_parts_line(char **done, size_t ndone, char **missing, size_t nmissing, char *buf,
+                    size_t len);
 
 /* ckptctl watch [JOB]: a live view on a terminal, else one line (or JSON object) per event. */
 int ctl_watch(struct ctl *x, int argc, char **argv);

@@ -45,6 +45,7 @@ struct track {
 	uint64_t total, captured, written;
 	int64_t queued_unix_ns;
 	bool pool_limited;
+	char parts[160]; /* the commit's progress: parts in and missing */
 	int64_t first_ns; /* client monotonic: first seen */
 	uint64_t first_written;
 	double rate; /* bytes written per second since first seen */
@@ -265,6 +266,8 @@ static void view_event(struct view *v, const Ckpt__V1__SaveInfo *s)
 	t->captured = s->bytes_captured;
 	t->written = s->bytes_written;
 	t->pool_limited = s->pool_limited;
+	ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing, s->n_parts_missing,
+	               t->parts, sizeof(t->parts));
 	if (now - t->first_ns > 100000000 && t->written >= t->first_written)
 		t->rate =
 		    (double)(t->written - t->first_written) / ((double)(now - t->first_ns) / 1e9);
@@ -410,9 +413,10 @@ static void draw_inflight(struct frame *f, const struct view *v, int64_t now_uni
 		ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0,
 		               age, sizeof(age));
 		snprintf(rk, sizeof(rk), "%d/%d", t->rank, t->world);
-		frame_line(f, "%-20s %10" PRId64 " %7s %-9s %s %4.0f%% %9s / %9s %12s %8s%s",
+		frame_line(f, "%-20s %10" PRId64 " %7s %-9s %s %4.0f%% %9s / %9s %12s %8s%s%s%s",
 		           t->job, t->step, rk, ipc_state_name(t->state), b, pct, done, total, rate,
-		           age, t->pool_limited ? "  (streams through the pool)" : "");
+		           age, t->pool_limited ? "  (streams through the pool)" : "",
+		           t->parts[0] ? "  " : "", t->parts);
 	}
 }
 
@@ -525,6 +529,11 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 		    s->reason ? s->reason : "", "queued_unix_ns", (json_int_t)s->queued_unix_ns,
 		    "capture_seconds", s->capture_seconds, "durable_seconds", s->durable_seconds,
 		    "commit_seconds", s->commit_seconds, "pool_limited", s->pool_limited);
+		if (j && (s->n_parts_done || s->n_parts_missing)) {
+			json_object_set_new(j, "parts_done", ctl_strings(s->parts_done, s->n_parts_done));
+			json_object_set_new(j, "parts_missing",
+			                    ctl_strings(s->parts_missing, s->n_parts_missing));
+		}
 		text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 
 		json_decref(j);
@@ -541,6 +550,14 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 		if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
 			printf(" capture=%.3fs durable=%.3fs commit=%.3fs", s->capture_seconds,
 			       s->durable_seconds, s->commit_seconds);
+		if (s->n_parts_done || s->n_parts_missing) {
+			char parts[1024], safe[1024];
+
+			ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing,
+			               s->n_parts_missing, parts, sizeof(parts));
+			one_line(parts, safe, sizeof(safe));
+			printf(" %s", safe);
+		}
 		if (reason[0])
 			printf(" reason: %s", reason);
 		putchar('\n');

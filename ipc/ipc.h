@@ -159,6 +159,7 @@ enum ipc_method {
 	IPC_DELETE,
 	IPC_PIN,
 	IPC_GC,
+	IPC_COMMIT,
 	IPC_NMETHODS,
 };
 

@@ -39,6 +39,7 @@ const struct ipc_method_desc ipc_methods[IPC_NMETHODS] = {
     [IPC_DELETE] = M("Delete", delete_request, empty, false),
     [IPC_PIN] = M("Pin", pin_request, empty, false),
     [IPC_GC] = M("Gc", gc_request, gc_reply, false),
+    [IPC_COMMIT] = M("Commit", commit_request, commit_reply, false),
 };
 
 struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m)

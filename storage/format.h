@@ -72,10 +72,30 @@ int st_header_read(int fd, uint64_t file_size, struct st_header **out, char *err
 void st_header_free(struct st_header *h);
 const struct st_entry *st_header_find(const struct st_header *h, const char *name);
 
+/* ---- shard files ------------------------------------------------------ */
+
+/*
+ * A shard is created exclusively (never opened over an existing file), so a
+ * late writer can never change bytes a manifest names. Its name says whose
+ * it is: "rank-00003.<node>.<attempt>.safetensors", the attempt counting up
+ * from 0 when an earlier one's file is in the way. Readers take the name
+ * from the manifest, never from a listing. Format-1 manifests name
+ * "rank-00003.safetensors".
+ */
+#define SHARD_FILE_MAX 128
+
+/* The name into buf (SHARD_FILE_MAX bytes); -ENAMETOOLONG if it does not fit. */
+int shard_file_name(int rank, const char *node, unsigned attempt, char *buf, size_t len);
+/* Whether `name` is a shard file that `node` made (any rank, any attempt). */
+bool shard_file_of_node(const char *name, const char *node);
+/* A name a manifest or a part may give rank's shard: one path component of ours. */
+int shard_file_check(int rank, const char *name, char *err);
+
 /* ---- manifest --------------------------------------------------------- */
 
 #define MANIFEST_FORMAT "ckptd-manifest"
-#define MANIFEST_VERSION 1
+/* 2: run, parts, per-rank meta and shard names; 1 (single node) is still read */
+#define MANIFEST_VERSION 2
 #define MANIFEST_MAX_BYTES (256u << 20)
 
 struct manifest_chunk {
@@ -98,20 +118,31 @@ struct manifest_tensor {
 
 struct manifest_rank {
 	int rank;
-	char *file; /* "rank-00000.safetensors" */
+	char *file; /* "rank-00000.<node>.0.safetensors" (format 1: "rank-00000.safetensors") */
 	uint64_t size;
 	uint64_t header_bytes;
+	char *meta_json; /* this rank's user meta; NULL if none (format 1: none here) */
+};
+
+/* A node's part that the manifest merged: which ranks it brought. */
+struct manifest_part {
+	char *node;
+	size_t nranks;
+	int *ranks; /* ascending */
 };
 
 struct manifest {
 	int version;
 	char *job;
+	char *run; /* format 1: "0" */
 	int64_t step;
 	int world;
-	int64_t time_unix_ns;
-	char *meta_json; /* the user's JSON value as text; NULL if none */
+	int64_t time_unix_ns; /* the last part's: the merge reads no clock */
+	char *meta_json; /* rank 0's user meta as text; NULL if none */
 	size_t nranks; /* == world, sorted by rank */
 	struct manifest_rank *ranks;
+	size_t nparts; /* sorted by node; format 1: 0 */
+	struct manifest_part *parts;
 	size_t ntensors; /* sorted by name */
 	struct manifest_tensor *tensors;
 	uint64_t bytes; /* sum of the shards' sizes */
@@ -128,7 +159,87 @@ const struct manifest_tensor *manifest_find(const struct manifest *m, const char
 /* The chunk of `t` saved by `rank` (sharded: the one at global_offset). */
 const struct manifest_chunk *manifest_find_chunk(const struct manifest_tensor *t, int rank,
                                                  const int64_t *global_offset);
-/* "rank-00003.safetensors" into buf (at least 32 bytes). */
+/*
+ * The user meta a rank restoring this checkpoint gets: its own (the same
+ * rank number), else rank 0's (restoring into a larger world); NULL if none.
+ */
+const char *manifest_rank_meta(const struct manifest *m, int rank);
+/* The node whose part brought `rank`; NULL in a format-1 manifest. */
+const char *manifest_node_of(const struct manifest *m, int rank);
+/* "rank-00003.safetensors", the format-1 name, into buf (at least 32 bytes). */
 void manifest_rank_file(int rank, char *buf, size_t len);
+
+/* ---- parts (DESIGN.md §4.5): one node's account of a step -------------- */
+
+#define PART_FORMAT "ckptd-part"
+#define PART_VERSION 1
+
+/*
+ * The ranks one node saved of a step, once all of them are durable: each
+ * rank's file and the chunks of its tensors (each tensor with exactly one
+ * chunk, of that rank), its meta and its times. The manifest is merged from
+ * the parts of one run that together hold every rank exactly once.
+ */
+struct part_rank {
+	int rank;
+	char *file;
+	uint64_t size, header_bytes;
+	char *meta_json; /* NULL if none */
+	int64_t queued_unix_ns, captured_unix_ns, durable_unix_ns;
+	size_t ntensors; /* sorted by name, one chunk each */
+	struct manifest_tensor *tensors;
+};
+
+struct part {
+	int version;
+	char *job, *run, *node;
+	int64_t step;
+	int world;
+	int64_t time_unix_ns; /* when its node wrote it */
+	size_t nranks; /* ascending */
+	struct part_rank *ranks;
+};
+
+/* Structural checks (names, ranks, files, every chunk inside its file's data, no overlap). */
+int part_check(const struct part *p, char *err);
+int part_to_json(const struct part *p, char **out, size_t *len, char *err);
+/* Parses and checks bytes another node wrote. */
+int part_from_json(const char *buf, size_t len, struct part **out, char *err);
+void part_free(struct part *p);
+/* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
+void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);
+
+/*
+ * The manifest of parts[0..n): one job, step, run and world; every rank
+ * exactly once; tensors on several ranks only as chunks of one sharded
+ * tensor. Deterministic: the same parts give the same manifest, byte for
+ * byte, whoever merges them (sorted; times from the parts, no clock).
+ */
+int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, char *err);
+
+/* ---- plans files (DESIGN.md §4.5): the plans a node serves for a job ---- */
+
+#define PLANS_FORMAT "ckptd-plans"
+#define PLANS_VERSION 1
+
+struct plans_rank {
+	int rank;
+	size_t ntensors; /* in the rank's file order */
+	struct manifest_tensor *tensors; /* one chunk each: shape, offsets; no bytes */
+};
+
+struct plans_file {
+	int version;
+	char *job, *node, *run;
+	int world;
+	char digest[17]; /* XXH3-64 of the content, hex: equal digests, equal plan sets */
+	size_t nranks; /* ascending */
+	struct plans_rank *ranks;
+};
+
+/* Fills in the digest and writes the file's bytes. */
+int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err);
+int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *err);
+void plans_free(struct plans_file *f);
 
 #endif /* CKPT_STORAGE_FORMAT_H */

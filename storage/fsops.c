@@ -55,6 +55,18 @@ static int posix_renameat(int olddirfd, const char *oldpath, int newdirfd, const
 	return renameat(olddirfd, oldpath, newdirfd, newpath) < 0 ? -errno : 0;
 }
 
+static int posix_linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
+{
+	return linkat(olddirfd, oldpath, newdirfd, newpath, 0) < 0 ? -errno : 0;
+}
+
+static int posix_direct(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) < 0 ? -errno : 0;
+}
+
 static int posix_mkdirat(int dirfd, const char *path, mode_t mode)
 {
 	return mkdirat(dirfd, path, mode) < 0 ? -errno : 0;
@@ -72,7 +84,9 @@ const struct fsops fsops_posix = {
     .fsync = posix_fsync,
     .ftruncate = posix_ftruncate,
     .renameat = posix_renameat,
+    .linkat = posix_linkat,
     .mkdirat = posix_mkdirat,
+    .direct = posix_direct,
     .unlinkat = posix_unlinkat,
     .io_result = NULL,
 };

@@ -20,7 +20,11 @@ struct fsops {
 	int (*fsync)(int fd);
 	int (*ftruncate)(int fd, off_t len);
 	int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
+	/* a second name for a file, never replacing one: -EEXIST (create-once) */
+	int (*linkat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
 	int (*mkdirat)(int dirfd, const char *path, mode_t mode);
+	/* O_DIRECT on an open file: -EINVAL where the filesystem has no direct I/O */
+	int (*direct)(int fd);
 	int (*unlinkat)(int dirfd, const char *path, int flags);
 	/*
 	 * The result of an asynchronous request before the engine acts on it;

@@ -1,41 +1,40 @@
 /*
- * local: the local-filesystem backend (DESIGN.md §4.3).
+ * local: the local-filesystem backend (DESIGN.md §4.3), for one node's disk
+ * or a filesystem every node of a job shares.
  *
- *   <root>/<job>/step-<12 digits>/rank-<5 digits>.safetensors
- *   <root>/<job>/step-<12 digits>/manifest.json     written last: the commit
- *   <root>/<job>/LATEST                              "<step>\n", newest committed
- *   <root>/<job>/step-<12 digits>/pinned             empty; present: kept by retention
+ *   <root>/<job>/step-<12d>/rank-<5d>.<node>.<attempt>.safetensors   a shard
+ *   <root>/<job>/step-<12d>/parts/<node>.json     a node's part, written once
+ *   <root>/<job>/step-<12d>/manifest.json         written last, once: the commit
+ *   <root>/<job>/step-<12d>/pinned                empty; present: kept by retention
+ *   <root>/<job>/plans/<node>.json                the plans a node serves
+ *   <root>/<job>/LATEST                           "<step>\n", the newest committed
  *
- * Callers: the agent's workers (create, open, commit, list, remove, recover:
- * synchronous, on their own thread, several at once); shard writes, reads and
- * finish complete on the I/O engine's thread. One mutex orders the
- * read-modify-write of LATEST between concurrent commits and removals.
+ * Callers: the agent's workers (create, open, objects, list, remove,
+ * clean-up: synchronous, on their own thread, several at once); shard
+ * writes, reads and finish complete on the I/O engine's thread. Agents of
+ * other nodes work in the same directories at the same time: nothing here
+ * takes a lock that another node would have to respect, shards are created
+ * exclusively, objects appear whole (link or rename), and temporary names
+ * carry the node.
  *
  * Map of the backend (local.h: what the three files share):
  *   local.c        the backend object (local_create, local_direct, the ops
  *                  table); helpers: names, paths, directories, small files;
- *                  shards: create (directories made durable as they appear),
- *                  write, finish (exact size, fsync), open, read
- *   local_commit.c commit: manifest to a temporary name, fsync, rename, fsync
- *                  the directories; then LATEST the same way; undone on
- *                  failure; get/set_latest; set_pinned; remove (out of
- *                  sight first)
- *   local_scan.c   walking directories; read_manifest, list_jobs,
- *                  list_steps; recover (start-up)
+ *                  shards: create (exclusively, directories made as they
+ *                  appear), write, finish (exact size, fsync of the file
+ *                  and of the directories that name it), open, read, stat
+ *   local_obj.c    small objects by key: put (temporary name, fsync, link
+ *                  or rename, fsync the directory), get, stat, delete, list
+ *   local_scan.c   walking the tree: list_jobs, list_steps, remove (out of
+ *                  sight first), clean-up (what may go, and what may not)
  *
  * Everything goes through the root's descriptor, one path component at a
  * time with O_NOFOLLOW, and through the fsops table (tests inject faults).
- * What is read back (names, LATEST, manifests) is treated as hostile: no
- * symlink is followed, no read is unbounded, no FIFO can block an open.
- *
- * Contract details the header leaves open: list_jobs returns a malloc'd
- * array of malloc'd names (free each, then the array) and list_steps a
- * malloc'd array, both NULL when empty; shard_open does not require the
- * step to be committed (restore reads the manifest first); commit refuses
- * (-EEXIST) a step that already has a manifest; recover() must run before
- * any save starts (a save in progress looks like a partial step).
+ * What is read back (names, objects) is treated as hostile: no symlink is
+ * followed, no read is unbounded, no FIFO can block an open.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -52,12 +51,16 @@
 struct storage_shard {
 	struct local *l;
 	int fd;
+	int stepfd, jobfd; /* write side: fsync'd after the file, so its name is durable */
 	uint64_t size;
+	struct io_req sync; /* finish: the directories' fsyncs, one after the other */
+	struct io_req *user; /* finish: the caller's request, done at the end */
+	int syncing; /* finish: 0 the file, 1 the step directory, 2 the job's */
 };
 
 static const struct storage_ops local_ops;
 
-/* ---- helpers ---------------------------------------------------------- */
+/* ---- names and paths -------------------------------------------------- */
 
 void local_close_fd(int *fd)
 {
@@ -71,7 +74,21 @@ void local_step_name(int64_t step, char *buf, size_t len)
 	snprintf(buf, len, "step-%012" PRId64, step);
 }
 
-/* "<root>/<job>[/step-...][/leaf]" for messages. */
+bool local_parse_step_name(const char *name, int64_t *step)
+{
+	int64_t v = 0;
+
+	if (strncmp(name, "step-", 5) != 0 || strlen(name) != 17)
+		return false;
+	for (int i = 5; i < 17; i++) {
+		if (name[i] < '0' || name[i] > '9')
+			return false;
+		v = v * 10 + (name[i] - '0');
+	}
+	*step = v;
+	return true;
+}
+
 const char *local_path_of(const struct local *l, char *buf, size_t len, const char *job,
                           int64_t step, const char *leaf)
 {
@@ -84,14 +101,27 @@ const char *local_path_of(const struct local *l, char *buf, size_t len, const ch
 	return buf;
 }
 
-int local_check_job_step(const char *job, int64_t step, char *err)
+void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len)
 {
-	int rc = ipc_check_job(job, err);
-
-	return rc ? rc : ipc_check_step(step, err);
+	snprintf(buf, len, ".%s.%s.%016" PRIx64 TMP_SUFFIX, leaf, l->node, ipc_random_id());
 }
 
-/* A directory under dirfd, never through a symlink. */
+bool local_is_tmp(const struct local *l, const char *name, bool *own)
+{
+	size_t n = strlen(name), k = strlen(l->node), t = strlen(TMP_SUFFIX);
+
+	*own = false;
+	if (name[0] != '.' || n < t + 2 || strcmp(name + n - t, TMP_SUFFIX) != 0)
+		return false;
+	/* ".<leaf>.<node>.<16 hex>.tmp" */
+	if (n > t + 17 + k + 1 && name[n - t - 17] == '.' &&
+	    strncmp(name + n - t - 17 - k, l->node, k) == 0 && name[n - t - 18 - k] == '.')
+		*own = true;
+	return true;
+}
+
+/* ---- directories ------------------------------------------------------ */
+
 int local_open_dir(struct local *l, int dirfd, const char *name)
 {
 	return l->ops->openat(dirfd, name, DIR_FLAGS, 0);
@@ -120,52 +150,43 @@ int local_open_job(struct local *l, const char *job, char *err)
 	return fd < 0 ? dir_error(fd, local_path_of(l, p, sizeof(p), job, -1, NULL), err) : fd;
 }
 
-int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, char *err)
-{
-	char sn[32], p[PATH_MAX];
-	int fd;
-
-	local_step_name(step, sn, sizeof(sn));
-	fd = local_open_dir(l, jobfd, sn);
-	if (fd == -ENOENT)
-		return ipc_errf(err, fd, "no checkpoint of job '%s' at step %" PRId64 " (%s)", job,
-		                step, local_path_of(l, p, sizeof(p), job, step, NULL));
-	return fd < 0 ? dir_error(fd, local_path_of(l, p, sizeof(p), job, step, NULL), err) : fd;
-}
-
 int local_open_job_step(struct local *l, const char *job, int64_t step, int *jobfd, int *stepfd,
                         char *err)
 {
+	char sn[32], p[PATH_MAX];
 	int rc;
 
 	*jobfd = *stepfd = -1;
-	if ((rc = local_check_job_step(job, step, err)))
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_step(step, err)))
 		return rc;
 	rc = *jobfd = local_open_job(l, job, err);
 	if (rc < 0) {
 		*jobfd = -1;
 		return rc;
 	}
-	rc = *stepfd = local_open_step(l, *jobfd, job, step, err);
+	local_step_name(step, sn, sizeof(sn));
+	rc = *stepfd = local_open_dir(l, *jobfd, sn);
 	if (rc < 0) {
 		*stepfd = -1;
 		local_close_fd(jobfd);
-		return rc;
+		local_path_of(l, p, sizeof(p), job, step, NULL);
+		return rc == -ENOENT ? ipc_errf(err, rc, "no checkpoint of job '%s' at step %" PRId64
+		                                         " (%s)",
+		                                job, step, p)
+		                     : dir_error(rc, p, err);
 	}
 	return 0;
 }
 
 /*
- * Makes (if needed) and opens directory `name` under dirfd. durable: a new
- * entry is made durable at once by fsyncing dirfd. A job directory needs it:
- * no commit ever fsyncs the root, so without it a crash could lose the job
- * and every checkpoint committed in it. A step directory does not: the
- * commit fsyncs the job directory before the manifest can be seen, and a
- * step directory lost before that was not a checkpoint (and the fsync would
- * sit in every save's stall, before the first byte is copied).
+ * A job directory needs durable: no commit ever fsyncs the root, so without
+ * it a crash could lose the job and every checkpoint committed in it. A
+ * step directory does not at creation: the shard's finish fsyncs the job
+ * directory before the shard is DURABLE, and that fsync would otherwise sit
+ * in every save's stall, before the first byte is copied.
  */
-static int make_dir(struct local *l, int dirfd, const char *name, const char *path, bool durable,
-                    char *err)
+int local_make_dir(struct local *l, int dirfd, const char *name, const char *path, bool durable,
+                   char *err)
 {
 	int rc = l->ops->mkdirat(dirfd, name, 0755);
 
@@ -181,6 +202,84 @@ static int make_dir(struct local *l, int dirfd, const char *name, const char *pa
 	rc = local_open_dir(l, dirfd, name);
 	return rc < 0 ? dir_error(rc, path, err) : rc;
 }
+
+int local_list_dir(struct local *l, int dirfd, char ***out, size_t *n)
+{
+	int fd = l->ops->openat(dirfd, ".", DIR_FLAGS, 0);
+	char **v = NULL, **nv;
+	size_t cap = 0, cnt = 0;
+	struct dirent *de;
+	DIR *d;
+	int rc = 0;
+
+	if (fd < 0)
+		return fd;
+	d = fdopendir(fd);
+	if (!d) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	for (;;) {
+		errno = 0;
+		de = readdir(d);
+		if (!de) {
+			rc = -errno; /* 0 at the end */
+			break;
+		}
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (cnt == LOCAL_MAX_ENTRIES) {
+			rc = -E2BIG;
+			break;
+		}
+		if (cnt == cap) {
+			cap = cap ? cap * 2 : 16;
+			nv = realloc(v, cap * sizeof(*v));
+			if (!nv) {
+				rc = -ENOMEM;
+				break;
+			}
+			v = nv;
+		}
+		if (!(v[cnt] = strdup(de->d_name))) {
+			rc = -ENOMEM;
+			break;
+		}
+		cnt++;
+	}
+	closedir(d);
+	if (rc < 0) {
+		local_free_names(v, cnt);
+		return rc;
+	}
+	*out = v;
+	*n = cnt;
+	return 0;
+}
+
+void local_free_names(char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+bool local_regular_at(int fd, const char *name)
+{
+	struct stat st;
+
+	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+bool local_dir_at(int fd, const char *name)
+{
+	struct stat st;
+
+	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* ---- small files ------------------------------------------------------ */
 
 /*
  * Opens a regular file: O_NONBLOCK so that a FIFO planted under the name
@@ -202,7 +301,6 @@ int local_open_regular(struct local *l, int dirfd, const char *name, int flags, 
 	return fd;
 }
 
-/* Reads a whole small file; -EFBIG beyond max bytes. *out is malloc'd + NUL. */
 int local_read_small(struct local *l, int dirfd, const char *name, size_t max, char **out,
                      size_t *len)
 {
@@ -246,13 +344,6 @@ int local_read_small(struct local *l, int dirfd, const char *name, size_t max, c
 
 /* ---- shards ----------------------------------------------------------- */
 
-static int check_shard_args(const char *job, int64_t step, int rank, char *err)
-{
-	int rc = local_check_job_step(job, step, err);
-
-	return rc ? rc : ipc_check_rank(rank, IPC_MAX_WORLD, err);
-}
-
 /* Remembers, for the backend's life, that the filesystem refused O_DIRECT. */
 static void direct_refused(struct local *l, int rc)
 {
@@ -279,21 +370,21 @@ static bool use_direct(struct local *l)
 	return d;
 }
 
-/* A shard file, O_DIRECT unless the filesystem refuses it (EINVAL). */
+/*
+ * A shard file, then O_DIRECT turned on with fcntl unless the filesystem
+ * refuses it (EINVAL): asked of open(), a refusal could come after an
+ * exclusive create had made the file, and the file would then be in the way.
+ */
 static int open_shard_file(struct local *l, int stepfd, const char *name, int flags,
                            struct stat *st)
 {
-	int fd;
+	int fd = local_open_regular(l, stepfd, name, flags, 0644, st), rc;
 
-	if (!use_direct(l))
-		return local_open_regular(l, stepfd, name, flags, 0644, st);
-	fd = local_open_regular(l, stepfd, name, flags | O_DIRECT, 0644, st);
-	if (fd != -EINVAL)
+	if (fd < 0 || !use_direct(l))
 		return fd;
-	/* EINVAL is also "not a regular file": O_DIRECT is to blame only if this works. */
-	fd = local_open_regular(l, stepfd, name, flags, 0644, st);
-	if (fd >= 0)
-		direct_refused(l, -EINVAL);
+	rc = l->ops->direct(fd);
+	if (rc < 0)
+		direct_refused(l, rc);
 	return fd;
 }
 
@@ -307,69 +398,89 @@ static int preallocate(int fd, uint64_t bytes)
 	return -errno;
 }
 
+/* A shard file name that is no one's yet, created exclusively: its descriptor. */
+static int create_exclusive(struct local *l, int stepfd, int rank, char *file, const char *dir,
+                            char *err)
+{
+	struct stat st;
+	int fd = -EEXIST;
+
+	for (unsigned k = 0; fd == -EEXIST && k < LOCAL_MAX_ATTEMPTS; k++) {
+		if (shard_file_name(rank, l->node, k, file, SHARD_FILE_MAX))
+			return ipc_errf(err, -ENAMETOOLONG, "shard name too long for node %s",
+			                l->node);
+		/* never over an existing file: a manifest may name it */
+		fd = open_shard_file(l, stepfd, file, O_WRONLY | O_CREAT | O_EXCL, &st);
+	}
+	if (fd == -EEXIST)
+		return ipc_errf(err, fd, "%d shards of rank %d by node %s are in %s already: clear "
+		                         "out the step",
+		                LOCAL_MAX_ATTEMPTS, rank, l->node, dir);
+	if (fd < 0)
+		return ipc_errf(err, fd, "cannot create shard %s/%s: %s", dir, file, strerror(-fd));
+	return fd;
+}
+
 static int local_shard_create(struct storage *s, const char *job, int64_t step, int rank,
-                              uint64_t size, struct storage_shard **out, char *err)
+                              uint64_t size, char *file, struct storage_shard **out, char *err)
 {
 	struct local *l = to_local(s);
-	char sn[32], fname[32], p[PATH_MAX];
-	int jobfd = -1, stepfd = -1, fd = -1, rc;
+	char sn[32], p[PATH_MAX], dir[PATH_MAX];
 	struct storage_shard *sh = NULL;
-	struct stat st;
+	int rc;
 
 	*out = NULL;
-	if ((rc = check_shard_args(job, step, rank, err)))
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_step(step, err)) ||
+	    (rc = ipc_check_rank(rank, IPC_MAX_WORLD, err)))
 		return rc;
 	if (size > (uint64_t)INT64_MAX - LOCAL_ALIGN)
 		return ipc_errf(err, -EFBIG, "shard size %" PRIu64 " is too large", size);
-	local_step_name(step, sn, sizeof(sn));
-	manifest_rank_file(rank, fname, sizeof(fname));
-	rc = jobfd = make_dir(l, l->rootfd, job, local_path_of(l, p, sizeof(p), job, -1, NULL),
-			      true, err);
-	if (rc < 0)
-		goto out;
-	rc = stepfd = make_dir(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), false,
-			       err);
-	if (rc < 0)
-		goto out;
-	local_path_of(l, p, sizeof(p), job, step, fname);
 	sh = calloc(1, sizeof(*sh));
-	if (!sh) {
-		rc = ipc_errf(err, -ENOMEM, "out of memory opening %s", p);
-		goto out;
+	if (!sh)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	sh->fd = sh->stepfd = sh->jobfd = -1;
+	local_step_name(step, sn, sizeof(sn));
+	local_path_of(l, dir, sizeof(dir), job, step, NULL);
+	/* Twice: a clean-up of another agent may take an empty step directory away. */
+	for (int tries = 0; tries < 2; tries++) {
+		rc = sh->jobfd = local_make_dir(
+		    l, l->rootfd, job, local_path_of(l, p, sizeof(p), job, -1, NULL), true, err);
+		if (rc >= 0)
+			rc = sh->stepfd = local_make_dir(l, sh->jobfd, sn, dir, false, err);
+		if (rc >= 0)
+			rc = sh->fd = create_exclusive(l, sh->stepfd, rank, file, dir, err);
+		if (rc != -ENOENT)
+			break;
+		local_close_fd(&sh->stepfd);
+		local_close_fd(&sh->jobfd);
 	}
-	rc = fd = open_shard_file(l, stepfd, fname, O_WRONLY | O_CREAT | O_TRUNC, &st);
-	if (rc < 0) {
-		ipc_errf(err, rc, "cannot create shard %s: %s", p, strerror(-rc));
-		goto out;
-	}
+	if (rc < 0)
+		goto fail;
 	/* Whole blocks: the last O_DIRECT write is padded to 4096. */
-	rc = preallocate(fd, (size + LOCAL_ALIGN - 1) / LOCAL_ALIGN * LOCAL_ALIGN);
+	rc = preallocate(sh->fd, (size + LOCAL_ALIGN - 1) / LOCAL_ALIGN * LOCAL_ALIGN);
 	if (rc < 0) {
-		ipc_errf(err, rc, "cannot reserve %" PRIu64 " bytes for shard %s: %s%s", size, p,
-		         strerror(-rc),
+		ipc_errf(err, rc, "cannot reserve %" PRIu64 " bytes for shard %s/%s: %s%s", size,
+		         dir, file, strerror(-rc),
 		         rc == -ENOSPC ? ": the disk is full; free space or delete old "
 		                         "checkpoints (ckptctl gc JOB)"
 		                       : "");
-		local_close_fd(&fd);
-		l->ops->unlinkat(stepfd, fname, 0);
-		goto out;
+		l->ops->unlinkat(sh->stepfd, file, 0); /* ours, named by nothing */
+		goto fail;
 	}
 	sh->l = l;
-	sh->fd = fd;
 	sh->size = size;
 	*out = sh;
-	sh = NULL;
-	rc = 0;
-out:
+	return 0;
+fail:
+	local_close_fd(&sh->fd);
+	local_close_fd(&sh->stepfd);
+	local_close_fd(&sh->jobfd);
 	free(sh);
-	local_close_fd(&stepfd);
-	local_close_fd(&jobfd);
 	return rc;
 }
 
 static void shard_submit(struct storage_shard *sh, struct io_req *r)
 {
-	r->fd = sh->fd;
 	if (!sh->l->io) {
 		r->res = -EINVAL; /* a backend made without an engine cannot move bytes */
 		if (r->done)
@@ -382,7 +493,42 @@ static void shard_submit(struct storage_shard *sh, struct io_req *r)
 static void local_shard_write(struct storage_shard *sh, struct io_req *r)
 {
 	r->op = IO_WRITE;
+	r->fd = sh->fd;
 	shard_submit(sh, r);
+}
+
+static void fsync_req(struct io_req *r, int fd, void (*done)(struct io_req *), void *ctx)
+{
+	r->op = IO_FSYNC;
+	r->fd = fd;
+	r->buf = NULL;
+	r->len = 0;
+	r->off = 0;
+	r->buf_index = -1;
+	r->prep = NULL; /* r may be the last write's request: its prep is spent */
+	r->done = done;
+	r->ctx = ctx;
+}
+
+/*
+ * I/O thread: the file's fsync, then the step directory's (the file's
+ * name), then the job directory's (the step directory's name, made without
+ * an fsync). Without the two directories a crash could keep the manifest of
+ * a checkpoint and lose a shard's name, or the whole step.
+ */
+static void synced(struct io_req *r)
+{
+	struct storage_shard *sh = r->ctx;
+	struct io_req *u = sh->user;
+
+	if (r->res >= 0 && ++sh->syncing < 3) {
+		fsync_req(&sh->sync, sh->syncing == 1 ? sh->stepfd : sh->jobfd, synced, sh);
+		shard_submit(sh, &sh->sync);
+		return;
+	}
+	u->res = r->res < 0 ? r->res : 0;
+	if (u->done)
+		u->done(u);
 }
 
 /*
@@ -402,33 +548,40 @@ static void local_shard_finish(struct storage_shard *sh, struct io_req *r)
 			r->done(r);
 		return;
 	}
-	r->op = IO_FSYNC;
-	r->buf = NULL;
-	r->len = 0;
-	r->off = 0;
-	r->buf_index = -1;
-	r->prep = NULL; /* r may be the last write's request: its prep is spent */
-	shard_submit(sh, r);
+	sh->user = r;
+	sh->syncing = 0;
+	fsync_req(&sh->sync, sh->fd, synced, sh);
+	shard_submit(sh, &sh->sync);
 }
 
-static int local_shard_open(struct storage *s, const char *job, int64_t step, int rank,
+/* [A-Za-z0-9._-], not starting with '.': a name of ours, one component. */
+static int check_file(const char *file, char *err)
+{
+	size_t n = file ? strnlen(file, SHARD_FILE_MAX) : 0;
+
+	if (n == 0 || n >= SHARD_FILE_MAX || file[0] == '.' ||
+	    strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != n)
+		return ipc_errf(err, -EINVAL, "'%.64s' is not a shard file name", file ? file : "");
+	return 0;
+}
+
+static int local_shard_open(struct storage *s, const char *job, int64_t step, const char *file,
                             struct storage_shard **out, uint64_t *size, char *err)
 {
 	struct local *l = to_local(s);
-	char fname[32], p[PATH_MAX];
+	char p[PATH_MAX];
 	int jobfd = -1, stepfd = -1, fd, rc;
 	struct storage_shard *sh;
 	struct stat st;
 
 	*out = NULL;
-	if ((rc = check_shard_args(job, step, rank, err)))
+	if ((rc = check_file(file, err)))
 		return rc;
-	manifest_rank_file(rank, fname, sizeof(fname));
-	local_path_of(l, p, sizeof(p), job, step, fname);
+	local_path_of(l, p, sizeof(p), job, step, file);
 	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
 	if (rc < 0)
 		return rc;
-	rc = fd = open_shard_file(l, stepfd, fname, O_RDONLY, &st);
+	rc = fd = open_shard_file(l, stepfd, file, O_RDONLY, &st);
 	if (rc < 0) {
 		ipc_errf(err, rc, "cannot open shard %s: %s%s", p, strerror(-rc),
 		         rc == -ELOOP || rc == -EINVAL ? " (a link or not a regular file)" : "");
@@ -442,6 +595,7 @@ static int local_shard_open(struct storage *s, const char *job, int64_t step, in
 	}
 	sh->l = l;
 	sh->fd = fd;
+	sh->stepfd = sh->jobfd = -1;
 	sh->size = (uint64_t)st.st_size;
 	*size = sh->size;
 	*out = sh;
@@ -455,6 +609,7 @@ out:
 static void local_shard_read(struct storage_shard *sh, struct io_req *r)
 {
 	r->op = IO_READ;
+	r->fd = sh->fd;
 	shard_submit(sh, r);
 }
 
@@ -463,16 +618,56 @@ static void local_shard_close(struct storage_shard *sh)
 	if (!sh)
 		return;
 	local_close_fd(&sh->fd);
+	local_close_fd(&sh->stepfd);
+	local_close_fd(&sh->jobfd);
 	free(sh);
 }
 
-static void local_shard_path(struct storage *s, const char *job, int64_t step, int rank, char *buf,
-                             size_t len)
+static int local_shard_stat(struct storage *s, const char *job, int64_t step, const char *file,
+                            uint64_t *size, char *err)
 {
-	char fname[32];
+	struct local *l = to_local(s);
+	int jobfd, stepfd, rc;
+	char p[PATH_MAX];
+	struct stat st;
 
-	manifest_rank_file(rank, fname, sizeof(fname));
-	local_path_of(to_local(s), buf, len, job, step, fname);
+	if ((rc = check_file(file, err)) || (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
+		return rc;
+	local_path_of(l, p, sizeof(p), job, step, file);
+	rc = fstatat(stepfd, file, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	if (rc)
+		ipc_errf(err, rc, "shard %s: %s", p, strerror(-rc));
+	else if (!S_ISREG(st.st_mode))
+		rc = ipc_errf(err, -EINVAL, "shard %s is not a regular file", p);
+	else
+		*size = (uint64_t)st.st_size;
+	close(stepfd);
+	close(jobfd);
+	return rc;
+}
+
+static int local_shard_unlink(struct storage *s, const char *job, int64_t step, const char *file,
+                              char *err)
+{
+	struct local *l = to_local(s);
+	int jobfd, stepfd, rc;
+	char p[PATH_MAX];
+
+	if ((rc = check_file(file, err)) || (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
+		return rc;
+	rc = l->ops->unlinkat(stepfd, file, 0);
+	if (rc < 0)
+		ipc_errf(err, rc, "cannot remove %s: %s", local_path_of(l, p, sizeof(p), job, step, file),
+		         strerror(-rc));
+	close(stepfd);
+	close(jobfd);
+	return rc;
+}
+
+static void local_shard_path(struct storage *s, const char *job, int64_t step, const char *file,
+                             char *buf, size_t len)
+{
+	local_path_of(to_local(s), buf, len, job, step, file);
 }
 
 /* ---- the backend ------------------------------------------------------ */
@@ -485,6 +680,7 @@ static void local_destroy(struct storage *s)
 		return;
 	local_close_fd(&l->rootfd);
 	free(l->root);
+	free(l->node);
 	pthread_mutex_destroy(&l->lock);
 	free(l);
 }
@@ -497,16 +693,19 @@ static const struct storage_ops local_ops = {
     .shard_open = local_shard_open,
     .shard_read = local_shard_read,
     .shard_close = local_shard_close,
+    .shard_stat = local_shard_stat,
+    .shard_unlink = local_shard_unlink,
     .shard_path = local_shard_path,
-    .commit = local_commit,
-    .read_manifest = local_read_manifest,
+    .obj_put = local_obj_put,
+    .obj_get = local_obj_get,
+    .obj_stat = local_obj_stat,
+    .obj_delete = local_obj_delete,
+    .obj_list = local_obj_list,
     .list_jobs = local_list_jobs,
     .list_steps = local_list_steps,
-    .get_latest = local_get_latest,
-    .set_latest = local_set_latest,
-    .set_pinned = local_set_pinned,
+    .step_tidy = local_step_tidy,
     .remove = local_remove,
-    .recover = local_recover,
+    .cleanup = local_cleanup,
     .destroy = local_destroy,
 };
 
@@ -564,11 +763,11 @@ static int make_root(struct local *l, const char *root, char *err)
  */
 static void probe_direct(struct local *l)
 {
-	char name[64];
+	char name[160];
 	struct stat st;
 	int fd;
 
-	snprintf(name, sizeof(name), ".ckptd-direct-probe.%d", (int)getpid());
+	local_tmp_name(l, "direct-probe", name, sizeof(name));
 	fd = open_shard_file(l, l->rootfd, name, O_WRONLY | O_CREAT | O_TRUNC, &st);
 	if (fd >= 0) {
 		close(fd);
@@ -584,6 +783,8 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 	*out = NULL;
 	if (!o || !o->root || !o->root[0])
 		return ipc_errf(err, -EINVAL, "no storage root given: set --root DIR");
+	if ((rc = ipc_check_node(o->node, err)))
+		return rc;
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return ipc_errf(err, -ENOMEM, "out of memory creating the local backend");
@@ -593,7 +794,8 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 	l->io = o->io;
 	pthread_mutex_init(&l->lock, NULL);
 	l->root = strdup(o->root);
-	if (!l->root) {
+	l->node = strdup(o->node);
+	if (!l->root || !l->node) {
 		rc = ipc_errf(err, -ENOMEM, "out of memory creating the local backend");
 		goto fail;
 	}

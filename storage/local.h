@@ -1,9 +1,10 @@
 /*
- * local.h: private to the local backend (local.c, local_commit.c,
+ * local.h: private to the local backend (local.c, local_obj.c,
  * local_scan.c); nothing outside storage/ includes it. The backend object,
- * the on-disk names, and the helpers the three files share. The public
- * calls (local_create, local_direct) are in storage.h; the layout, callers
- * and threads are described at the top of local.c.
+ * the on-disk names, and the helpers of local.c the other two use (they
+ * never call each other). The public calls (local_create, local_direct) are
+ * in storage.h; the layout, callers and threads are described at the top
+ * of local.c.
  *
  * Conventions of every helper here: 0 or a descriptor on success, negative
  * errno on failure; those taking `err` fill it in (ipc_errf) with what
@@ -26,13 +27,13 @@
 #define LOCAL_MAX_ENTRIES (1u << 20) /* directory entries we agree to look at */
 #define LOCAL_MAX_DEPTH 8 /* nesting local_rm_tree descends into */
 #define LOCAL_MAX_TRIES 1000 /* -EINTR/-EAGAIN/0-byte answers before we give up */
-#define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
+#define LOCAL_MAX_ATTEMPTS 1000 /* shard names tried before a save gives up */
+#define LOCAL_NAME_MAX 128 /* a component of a key */
 #define MANIFEST_NAME "manifest.json"
-#define MANIFEST_TMP ".manifest.json.tmp"
-#define LATEST_NAME "LATEST"
+#define PARTS_DIR "parts"
 #define PIN_NAME "pinned" /* an empty file in a step directory: the step is pinned */
-#define LATEST_TMP ".LATEST.tmp"
 #define TRASH_PREFIX ".trash."
+#define TMP_SUFFIX ".tmp"
 #define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 
 struct local {
@@ -41,7 +42,8 @@ struct local {
 	struct ioeng *io;
 	int rootfd;
 	char *root;
-	pthread_mutex_t lock; /* direct, direct_why, trash_seq, and LATEST updates */
+	char *node;
+	pthread_mutex_t lock; /* direct, direct_why, trash_seq */
 	bool direct;
 	const char *direct_why; /* a constant, or refused_why once written */
 	char refused_why[IPC_ERRLEN];
@@ -59,15 +61,21 @@ static inline struct local *to_local(struct storage *s)
 void local_close_fd(int *fd);
 /* "step-" and 12 digits. */
 void local_step_name(int64_t step, char *buf, size_t len);
+/* "step-" and exactly 12 digits, nothing else. */
+bool local_parse_step_name(const char *name, int64_t *step);
 /* "<root>/<job>[/step-...][/leaf]" for messages (step < 0, leaf NULL: left out). */
 const char *local_path_of(const struct local *l, char *buf, size_t len, const char *job,
                           int64_t step, const char *leaf);
-int local_check_job_step(const char *job, int64_t step, char *err);
 /* A directory under dirfd, never through a symlink. */
 int local_open_dir(struct local *l, int dirfd, const char *name);
+/*
+ * Makes (if needed) and opens directory `name` under dirfd; durable: a new
+ * entry is made durable at once by fsyncing dirfd. `path` is for messages.
+ */
+int local_make_dir(struct local *l, int dirfd, const char *name, const char *path, bool durable,
+                   char *err);
 /* The job's (step's) directory; a message saying which is missing if not there. */
 int local_open_job(struct local *l, const char *job, char *err);
-int local_open_step(struct local *l, int jobfd, const char *job, int64_t step, char *err);
 /* Checks job and step and opens both directories; on failure neither stays open. */
 int local_open_job_step(struct local *l, const char *job, int64_t step, int *jobfd, int *stepfd,
                         char *err);
@@ -77,38 +85,38 @@ int local_open_regular(struct local *l, int dirfd, const char *name, int flags, 
 /* Reads a whole small file; -EFBIG beyond max bytes. *out is malloc'd + NUL. */
 int local_read_small(struct local *l, int dirfd, const char *name, size_t max, char **out,
                      size_t *len);
-
-/* ---- local_commit.c: LATEST; the commit, LATEST and removal ops -------- */
-
-/* LATEST as a step: 0, -ENOENT (none), -EINVAL (not a step number), or why not. */
-int local_latest_read(struct local *l, int jobfd, int64_t *step);
+/* Every name in a directory but . and .. (malloc'd array of malloc'd names). */
+int local_list_dir(struct local *l, int dirfd, char ***out, size_t *n);
+void local_free_names(char **v, size_t n);
+/* Whether `name` under fd is a regular file (a directory); links are neither. */
+bool local_regular_at(int fd, const char *name);
+bool local_dir_at(int fd, const char *name);
 /*
- * Replaces LATEST durably; *renamed says whether the new value became
- * visible, for a caller that must undo it. Callers hold l->lock.
+ * A temporary name for `leaf` in a shared directory, unique across nodes:
+ * ".<leaf>.<node>.<random>.tmp". Whether `name` is one, and whether this
+ * node's (own).
  */
-int local_latest_write(struct local *l, int jobfd, const char *job, int64_t step, bool *renamed,
-                       char *err);
-/* Removes LATEST, durably (none is fine). Callers hold l->lock. */
-int local_latest_remove(struct local *l, int jobfd, const char *job, char *err);
+void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len);
+bool local_is_tmp(const struct local *l, const char *name, bool *own);
 
-int local_commit(struct storage *s, const struct manifest *m, char *err);
-int local_get_latest(struct storage *s, const char *job, int64_t *step, char *err);
-int local_set_latest(struct storage *s, const char *job, int64_t step, char *err);
-int local_remove(struct storage *s, const char *job, int64_t step, char *err);
-int local_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
+/* ---- local_obj.c: small objects by key -------------------------------- */
 
-/* ---- local_scan.c: walking directories; the reading and recovery ops --- */
+int local_obj_put(struct storage *s, const char *key, const void *buf, size_t len,
+                  enum obj_put_mode mode, char *err);
+int local_obj_get(struct storage *s, const char *key, size_t max, char **buf, size_t *len,
+                  char *err);
+int local_obj_stat(struct storage *s, const char *key, uint64_t *size, char *err);
+int local_obj_delete(struct storage *s, const char *key, char *err);
+int local_obj_list(struct storage *s, const char *dir, char ***names, size_t *n, char *err);
 
-/* Deletes name under dirfd and what it holds; links removed, never followed. */
-int local_rm_tree(struct local *l, int dirfd, const char *name, int depth);
-/* Newest committed step other than `except`; -ENOENT when there is none. */
-int local_newest_committed(struct local *l, int jobfd, int64_t except, int64_t *step);
+/* ---- local_scan.c: walking the tree; listing, removal, clean-up -------- */
 
-int local_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
-                        char *err);
 int local_list_jobs(struct storage *s, char ***jobs, size_t *n, char *err);
 int local_list_steps(struct storage *s, const char *job, struct storage_step **steps, size_t *n,
                      char *err);
-int local_recover(struct storage *s, struct storage_recovery *rec, char *err);
+int local_remove(struct storage *s, const char *job, int64_t step, char *err);
+int local_step_tidy(struct storage *s, const char *job, int64_t step, char *err);
+int local_cleanup(struct storage *s, const char *job, int64_t latest,
+                  const struct storage_cleanup *pol, struct storage_recovery *rec, char *err);
 
 #endif /* CKPT_STORAGE_LOCAL_H */

@@ -1,16 +1,16 @@
 /*
- * local_scan: what the local backend finds on disk (the layout is in
- * local.c): walking directories (names, step directories, deleting a tree),
- * read_manifest, list_jobs, list_steps, and recover() at start-up, which
- * deletes partial steps and leftovers and puts LATEST right.
+ * local_scan: what the local backend finds by walking the tree (the layout
+ * is in local.c): list_jobs, list_steps, remove (out of sight first), and
+ * the clean-up that start-up and GC run, which on a shared root must tell
+ * apart what is dead from another node's work in progress.
  *
- * Callers: the agent's workers through the ops table (synchronous, on their
- * own thread, several at once; recover() before any save starts), and
- * local_commit.c's remove (local_rm_tree, local_newest_committed). Names read back are
- * hostile: no link is followed, no listing is unbounded.
+ * Callers: store.c through the ops table (synchronous, on any worker
+ * thread, several at once). Names read back are hostile: no link is
+ * followed, no listing is unbounded. Agents of other nodes may be removing
+ * the same leftovers at the same time: a name that vanishes under us is
+ * gone, which is what we wanted.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -24,131 +24,13 @@
 
 #include "local.h"
 
-/* ---- walking directories ---------------------------------------------- */
-
-/* "step-" and exactly 12 digits, nothing else. */
-static bool parse_step_name(const char *name, int64_t *step)
-{
-	int64_t v = 0;
-
-	if (strncmp(name, "step-", 5) != 0 || strlen(name) != 17)
-		return false;
-	for (int i = 5; i < 17; i++) {
-		if (name[i] < '0' || name[i] > '9')
-			return false;
-		v = v * 10 + (name[i] - '0');
-	}
-	*step = v;
-	return true;
-}
-
-/* Every name in a directory but . and .. (malloc'd array of malloc'd names). */
-static int list_dir(struct local *l, int dirfd, char ***out, size_t *n)
-{
-	int fd = l->ops->openat(dirfd, ".", DIR_FLAGS, 0);
-	char **v = NULL, **nv;
-	size_t cap = 0, cnt = 0;
-	struct dirent *de;
-	DIR *d;
-	int rc = 0;
-
-	if (fd < 0)
-		return fd;
-	d = fdopendir(fd);
-	if (!d) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	for (;;) {
-		errno = 0;
-		de = readdir(d);
-		if (!de) {
-			rc = -errno; /* 0 at the end */
-			break;
-		}
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if (cnt == LOCAL_MAX_ENTRIES) {
-			rc = -E2BIG;
-			break;
-		}
-		if (cnt == cap) {
-			cap = cap ? cap * 2 : 16;
-			nv = realloc(v, cap * sizeof(*v));
-			if (!nv) {
-				rc = -ENOMEM;
-				break;
-			}
-			v = nv;
-		}
-		if (!(v[cnt] = strdup(de->d_name))) {
-			rc = -ENOMEM;
-			break;
-		}
-		cnt++;
-	}
-	closedir(d);
-	if (rc < 0) {
-		while (cnt)
-			free(v[--cnt]);
-		free(v);
-		return rc;
-	}
-	*out = v;
-	*n = cnt;
-	return 0;
-}
-
-static void free_names(char **v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
-}
-
-static bool is_dir_at(int dirfd, const char *name)
-{
-	struct stat st;
-
-	return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* Whether a regular file `name` is in directory fd (a link is not). */
-static bool regular_at(int fd, const char *name)
-{
-	struct stat st;
-
-	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
-}
-
-/* A step directory with a regular manifest.json in it; *pinned: and a pin marker. */
-static bool step_state_at(struct local *l, int jobfd, const char *sname, bool *pinned)
-{
-	int fd = local_open_dir(l, jobfd, sname);
-	bool yes;
-
-	if (pinned)
-		*pinned = false;
-	if (fd < 0)
-		return false;
-	yes = regular_at(fd, MANIFEST_NAME);
-	if (yes && pinned)
-		*pinned = regular_at(fd, PIN_NAME);
-	close(fd);
-	return yes;
-}
-
-static bool committed_at(struct local *l, int jobfd, const char *sname)
-{
-	return step_state_at(l, jobfd, sname, NULL);
-}
+/* ---- walking ----------------------------------------------------------- */
 
 /*
  * Deletes name under dirfd and, if a directory, what it holds. Links are
  * removed, never followed; depth bounds what a hostile tree can make us do.
  */
-int local_rm_tree(struct local *l, int dirfd, const char *name, int depth)
+static int rm_tree(struct local *l, int dirfd, const char *name, int depth)
 {
 	char **v;
 	size_t n;
@@ -160,18 +42,34 @@ int local_rm_tree(struct local *l, int dirfd, const char *name, int depth)
 		return -ELOOP;
 	fd = local_open_dir(l, dirfd, name);
 	if (fd < 0)
-		return fd;
-	rc = list_dir(l, fd, &v, &n);
+		return fd == -ENOENT ? 0 : fd;
+	rc = local_list_dir(l, fd, &v, &n);
 	if (rc == 0) {
 		for (size_t i = 0; rc == 0 && i < n; i++)
-			rc = local_rm_tree(l, fd, v[i], depth + 1);
-		free_names(v, n);
+			rc = rm_tree(l, fd, v[i], depth + 1);
+		local_free_names(v, n);
 	}
 	close(fd);
 	if (rc < 0)
-		return rc;
+		return rc == -ENOENT ? 0 : rc;
 	rc = l->ops->unlinkat(dirfd, name, AT_REMOVEDIR);
 	return rc == -ENOENT ? 0 : rc;
+}
+
+/* A step directory: whether it has a manifest, and a pin. */
+static bool step_state_at(struct local *l, int jobfd, const char *sname, bool *pinned)
+{
+	int fd = local_open_dir(l, jobfd, sname);
+	bool yes;
+
+	*pinned = false;
+	if (fd < 0)
+		return false;
+	yes = local_regular_at(fd, MANIFEST_NAME);
+	if (yes)
+		*pinned = local_regular_at(fd, PIN_NAME);
+	close(fd);
+	return yes;
 }
 
 static int cmp_step(const void *a, const void *b)
@@ -181,118 +79,12 @@ static int cmp_step(const void *a, const void *b)
 	return x->step < y->step ? -1 : x->step > y->step;
 }
 
-/* The step directories of a job, sorted (malloc'd; NULL when none). */
-static int collect_steps(struct local *l, int jobfd, struct storage_step **out, size_t *n)
-{
-	struct storage_step *v = NULL;
-	char **names;
-	size_t cnt, k = 0;
-	int rc = list_dir(l, jobfd, &names, &cnt);
-
-	if (rc < 0)
-		return rc;
-	if (cnt && !(v = calloc(cnt, sizeof(*v)))) {
-		free_names(names, cnt);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < cnt; i++) {
-		int64_t step;
-
-		if (!parse_step_name(names[i], &step) || !is_dir_at(jobfd, names[i]))
-			continue; /* not ours: junk, a link, a file */
-		v[k].step = step;
-		v[k].committed = step_state_at(l, jobfd, names[i], &v[k].pinned);
-		k++;
-	}
-	free_names(names, cnt);
-	if (k)
-		qsort(v, k, sizeof(*v), cmp_step);
-	else {
-		free(v);
-		v = NULL;
-	}
-	*out = v;
-	*n = k;
-	return 0;
-}
-
-/* Newest committed step other than `except`; -ENOENT when there is none. */
-int local_newest_committed(struct local *l, int jobfd, int64_t except, int64_t *step)
-{
-	struct storage_step *v;
-	size_t n;
-	int rc = collect_steps(l, jobfd, &v, &n);
-
-	if (rc < 0)
-		return rc;
-	rc = -ENOENT;
-	for (size_t i = n; i-- > 0;) {
-		if (v[i].committed && v[i].step != except) {
-			*step = v[i].step;
-			rc = 0;
-			break;
-		}
-	}
-	free(v);
-	return rc;
-}
-
-/* ---- reading ---------------------------------------------------------- */
-
-int local_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
-                        char *err)
-{
-	struct local *l = to_local(s);
-	char p[PATH_MAX], why[IPC_ERRLEN] = "";
-	int jobfd = -1, stepfd = -1, rc;
-	struct manifest *m = NULL;
-	char *buf = NULL;
-	size_t len = 0;
-
-	*out = NULL;
-	local_path_of(l, p, sizeof(p), job, step, MANIFEST_NAME);
-	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
-	if (rc < 0)
-		return rc;
-	rc = local_read_small(l, stepfd, MANIFEST_NAME, MANIFEST_MAX_BYTES, &buf, &len);
-	if (rc == -ENOENT)
-		ipc_errf(err, rc, "job '%s' step %" PRId64 " is not committed (no %s)", job, step,
-		         p);
-	else if (rc == -EFBIG)
-		ipc_errf(err, rc, "%s is larger than %u MiB: not a manifest ckptd wrote", p,
-		         MANIFEST_MAX_BYTES >> 20);
-	else if (rc == -ELOOP || rc == -EINVAL)
-		ipc_errf(err, rc, "%s is not a regular file (a link?): ckptd does not follow links",
-		         p);
-	else if (rc < 0)
-		ipc_errf(err, rc, "cannot read %s: %s", p, strerror(-rc));
-	if (rc < 0)
-		goto out;
-	rc = manifest_from_json(buf, len, &m, why);
-	if (rc < 0) {
-		ipc_errf(err, rc, "%s: %s", p, why);
-		goto out;
-	}
-	if (!m->job || strcmp(m->job, job) != 0 || m->step != step) {
-		rc = ipc_errf(err, -EINVAL,
-		              "%s names job '%.64s' step %" PRId64 ", not job '%s' step %" PRId64
-		              ": it was copied or moved here; delete the step",
-		              p, m->job ? m->job : "", m->step, job, step);
-		manifest_free(m);
-		goto out;
-	}
-	*out = m;
-out:
-	free(buf);
-	local_close_fd(&stepfd);
-	local_close_fd(&jobfd);
-	return rc;
-}
-
 static int cmp_name(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
+
+/* ---- listing ----------------------------------------------------------- */
 
 /* *jobs: malloc'd array of malloc'd names, sorted (free each, then the array). */
 int local_list_jobs(struct storage *s, char ***jobs, size_t *n, char *err)
@@ -300,14 +92,14 @@ int local_list_jobs(struct storage *s, char ***jobs, size_t *n, char *err)
 	struct local *l = to_local(s);
 	char **v;
 	size_t cnt, k = 0;
-	int rc = list_dir(l, l->rootfd, &v, &cnt);
+	int rc = local_list_dir(l, l->rootfd, &v, &cnt);
 
 	*jobs = NULL;
 	*n = 0;
 	if (rc < 0)
 		return ipc_errf(err, rc, "cannot list %s: %s", l->root, strerror(-rc));
 	for (size_t i = 0; i < cnt; i++) {
-		if (ipc_check_job(v[i], NULL) == 0 && is_dir_at(l->rootfd, v[i]))
+		if (ipc_check_job(v[i], NULL) == 0 && local_dir_at(l->rootfd, v[i]))
 			v[k++] = v[i];
 		else
 			free(v[i]); /* not a job: a file, a link, a name we never make */
@@ -327,7 +119,9 @@ int local_list_steps(struct storage *s, const char *job, struct storage_step **s
                      char *err)
 {
 	struct local *l = to_local(s);
-	char p[PATH_MAX];
+	struct storage_step *v = NULL;
+	char p[PATH_MAX], **names;
+	size_t cnt, k = 0;
 	int jobfd, rc;
 
 	*steps = NULL;
@@ -337,129 +131,345 @@ int local_list_steps(struct storage *s, const char *job, struct storage_step **s
 	rc = jobfd = local_open_job(l, job, err);
 	if (rc < 0)
 		return rc;
-	rc = collect_steps(l, jobfd, steps, n);
-	close(jobfd);
-	if (rc < 0)
+	rc = local_list_dir(l, jobfd, &names, &cnt);
+	if (rc < 0) {
+		close(jobfd);
 		return ipc_errf(err, rc, "cannot list %s: %s",
 		                local_path_of(l, p, sizeof(p), job, -1, NULL), strerror(-rc));
+	}
+	if (cnt && !(v = calloc(cnt, sizeof(*v)))) {
+		local_free_names(names, cnt);
+		close(jobfd);
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < cnt; i++) {
+		int64_t step;
+
+		if (!local_parse_step_name(names[i], &step) || !local_dir_at(jobfd, names[i]))
+			continue; /* not ours: junk, a link, a file */
+		v[k].step = step;
+		v[k].committed = step_state_at(l, jobfd, names[i], &v[k].pinned);
+		k++;
+	}
+	local_free_names(names, cnt);
+	close(jobfd);
+	if (k)
+		qsort(v, k, sizeof(*v), cmp_step);
+	else {
+		free(v);
+		v = NULL;
+	}
+	*steps = v;
+	*n = k;
 	return 0;
 }
 
-/* ---- recovery --------------------------------------------------------- */
+/* ---- removal ----------------------------------------------------------- */
 
-static bool is_leftover(const char *name)
+/*
+ * One rename takes the whole step out of sight at once; the name carries
+ * the node and the process, so that agents sharing the root never collide.
+ */
+static int to_trash(struct local *l, int jobfd, const char *sname, const char *path, char *err)
 {
-	size_t n = strlen(name);
-
-	return strncmp(name, TRASH_PREFIX, strlen(TRASH_PREFIX)) == 0 ||
-	       (name[0] == '.' && n > 5 && strcmp(name + n - 4, ".tmp") == 0);
-}
-
-/* LATEST = the newest committed step, or no LATEST when there is none. */
-static int fix_latest(struct local *l, int jobfd, const char *job, int64_t newest,
-                      struct storage_recovery *rec, char *err)
-{
-	int64_t cur = -1;
-	bool renamed;
+	char trash[LOCAL_NAME_MAX + IPC_MAX_JOB + 64];
+	uint64_t seq;
 	int rc;
 
 	pthread_mutex_lock(&l->lock);
-	rc = local_latest_read(l, jobfd, &cur);
-	if (newest < 0 && rc != -ENOENT)
-		rc = local_latest_remove(l, jobfd, job, err);
-	else if (newest >= 0 && (rc != 0 || cur != newest))
-		rc = local_latest_write(l, jobfd, job, newest, &renamed, err);
-	else
-		rc = 1; /* already right */
+	seq = ++l->trash_seq;
 	pthread_mutex_unlock(&l->lock);
-	if (rc == 0)
-		rec->latest_fixed++;
-	return rc < 0 ? rc : 0;
+	snprintf(trash, sizeof(trash), "%s%s.%s.%d.%" PRIu64, TRASH_PREFIX, sname, l->node,
+	         (int)getpid(), seq);
+	rc = l->ops->renameat(jobfd, sname, jobfd, trash);
+	if (rc < 0)
+		return ipc_errf(err, rc, "cannot remove %s (rename failed): %s", path, strerror(-rc));
+	/*
+	 * Durably out of sight: without this fsync a crash during the
+	 * deletion below could bring the step back under its name with part
+	 * of its files gone, a manifest naming shards that are not there.
+	 */
+	rc = l->ops->fsync(jobfd);
+	if (rc < 0)
+		return ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk",
+		                path, strerror(-rc));
+	rc = rm_tree(l, jobfd, trash, 0);
+	if (rc < 0)
+		ipc_errf(err, rc,
+		         "%s is out of sight, but deleting its files failed: %s; a later clean-up "
+		         "deletes them",
+		         path, strerror(-rc));
+	return rc;
 }
 
-/* One entry of a job directory at start-up. */
-static int recover_entry(struct local *l, int jobfd, const char *job, const char *name,
-                         int64_t *newest, struct storage_recovery *rec, char *err)
+int local_remove(struct storage *s, const char *job, int64_t step, char *err)
+{
+	struct local *l = to_local(s);
+	char sn[32], p[PATH_MAX];
+	int jobfd, stepfd, rc;
+
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
+	if (rc < 0)
+		return rc;
+	close(stepfd);
+	local_step_name(step, sn, sizeof(sn));
+	rc = to_trash(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), err);
+	close(jobfd);
+	return rc;
+}
+
+int local_step_tidy(struct storage *s, const char *job, int64_t step, char *err)
+{
+	struct local *l = to_local(s);
+	char sn[32];
+	int jobfd, stepfd, rc;
+
+	rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err);
+	if (rc < 0)
+		return rc == -ENOENT ? 0 : rc;
+	/* Not empty (another node's files, a manifest): rmdir says so and nothing goes. */
+	l->ops->unlinkat(stepfd, PARTS_DIR, AT_REMOVEDIR);
+	close(stepfd);
+	local_step_name(step, sn, sizeof(sn));
+	rc = l->ops->unlinkat(jobfd, sn, AT_REMOVEDIR);
+	close(jobfd);
+	return rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT ? 0 : rc;
+}
+
+/* ---- clean-up ---------------------------------------------------------- */
+
+/* One pass over a directory's entries: what is old, what is ours. */
+struct scan {
+	struct local *l;
+	const struct storage_cleanup *pol;
+	struct storage_recovery *rec;
+	int64_t newest; /* the newest mtime seen (unix seconds) */
+};
+
+static bool old(const struct scan *c, int64_t mtime)
+{
+	return c->pol->now_unix_s - mtime > c->pol->abandon_after_s;
+}
+
+static int64_t mtime_at(int fd, const char *name)
+{
+	struct stat st;
+
+	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)st.st_mtime : 0;
+}
+
+/*
+ * Temporary files in a directory: this node's at start-up (nothing of ours
+ * is being written), anyone's once old (its writer died long ago).
+ */
+static void drop_tmp(struct scan *c, int fd, char **v, size_t n)
+{
+	bool own;
+
+	for (size_t i = 0; i < n; i++) {
+		int64_t t = mtime_at(fd, v[i]);
+
+		c->newest = t > c->newest ? t : c->newest;
+		if (!v[i][0] || !local_is_tmp(c->l, v[i], &own) || !local_regular_at(fd, v[i]))
+			continue;
+		if ((own && c->pol->at_start) || old(c, t)) {
+			if (c->l->ops->unlinkat(fd, v[i], 0) == 0)
+				c->rec->temp_removed++;
+			v[i][0] = '\0'; /* gone: no longer an entry */
+		}
+	}
+}
+
+/* Entries left that are neither empty nor gone. */
+static size_t left(char **v, size_t n)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++)
+		k += v[i][0] != '\0';
+	return k;
+}
+
+/*
+ * At start-up, this node's shard files in a step where it wrote no part:
+ * their saves died with the agent, and a part that never was cannot have
+ * been merged, so nothing names them. (With a part of ours there, its files
+ * stay: a commit may be using it; older attempts' go with the step.)
+ */
+static void drop_own_shards(struct scan *c, int stepfd, char **v, size_t n)
+{
+	char part[IPC_MAX_JOB + 16];
+	int pfd;
+
+	if (!c->pol->at_start)
+		return;
+	snprintf(part, sizeof(part), "%s.json", c->l->node);
+	pfd = local_open_dir(c->l, stepfd, PARTS_DIR);
+	if (pfd >= 0) {
+		bool mine = local_regular_at(pfd, part);
+
+		close(pfd);
+		if (mine)
+			return;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (v[i][0] && shard_file_of_node(v[i], c->l->node) &&
+		    local_regular_at(stepfd, v[i]) && c->l->ops->unlinkat(stepfd, v[i], 0) == 0) {
+			c->rec->own_removed++;
+			v[i][0] = '\0';
+		}
+}
+
+/* parts/: its temporary files; whether anything else is in it. */
+static bool scan_parts(struct scan *c, int stepfd)
+{
+	char **v;
+	size_t n;
+	bool rest;
+	int fd = local_open_dir(c->l, stepfd, PARTS_DIR);
+
+	if (fd < 0)
+		return false;
+	if (local_list_dir(c->l, fd, &v, &n) < 0) {
+		close(fd);
+		return true; /* unreadable: leave it be */
+	}
+	drop_tmp(c, fd, v, n);
+	rest = left(v, n) > 0;
+	local_free_names(v, n);
+	close(fd);
+	return rest;
+}
+
+static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t step,
+                        int64_t latest, const char *path, char *err)
+{
+	int fd = local_open_dir(c->l, jobfd, sname);
+	bool committed, parts;
+	char **v;
+	size_t n;
+	int rc;
+
+	if (fd < 0)
+		return fd == -ENOENT ? 0 : ipc_errf(err, fd, "cannot open %s: %s", path, strerror(-fd));
+	rc = local_list_dir(c->l, fd, &v, &n);
+	if (rc < 0) {
+		close(fd);
+		return ipc_errf(err, rc, "cannot list %s: %s", path, strerror(-rc));
+	}
+	committed = local_regular_at(fd, MANIFEST_NAME);
+	c->newest = mtime_at(jobfd, sname);
+	drop_tmp(c, fd, v, n);
+	parts = scan_parts(c, fd);
+	if (!committed)
+		drop_own_shards(c, fd, v, n);
+	local_free_names(v, n);
+	if (committed) {
+		close(fd);
+		return 0;
+	}
+	/*
+	 * Abandoned: uncommitted, older than LATEST (a newer step committed, so
+	 * this one's writers moved on), and untouched for abandon_after. Nothing
+	 * else of another node's goes: it may still be saving or committing.
+	 */
+	if (latest >= 0 && step < latest && old(c, c->newest)) {
+		close(fd);
+		rc = to_trash(c->l, jobfd, sname, path, err);
+		if (rc == 0)
+			c->rec->partial_removed++;
+		return rc == -ENOENT ? 0 : rc;
+	}
+	/* Left empty (our own files gone): the directory goes too. */
+	rc = local_list_dir(c->l, fd, &v, &n);
+	if (rc == 0 && (n == 0 || (n == 1 && strcmp(v[0], PARTS_DIR) == 0 && !parts))) {
+		if (n == 1)
+			c->l->ops->unlinkat(fd, PARTS_DIR, AT_REMOVEDIR);
+		if (c->l->ops->unlinkat(jobfd, sname, AT_REMOVEDIR) == 0) {
+			c->rec->partial_removed++;
+			local_free_names(v, n);
+			close(fd);
+			return 0;
+		}
+	}
+	if (rc == 0)
+		local_free_names(v, n);
+	c->rec->partial_kept++;
+	close(fd);
+	return 0;
+}
+
+/* One entry of a job directory. */
+static int cleanup_entry(struct scan *c, int jobfd, const char *job, const char *name,
+                         int64_t latest, char *err)
 {
 	char p[PATH_MAX];
 	int64_t step;
+	bool own;
 	int rc;
 
-	snprintf(p, sizeof(p), "%s/%s/%s", l->root, job, name);
-	if (parse_step_name(name, &step)) {
-		if (!is_dir_at(jobfd, name))
-			return 0; /* not ours: left alone */
-		if (committed_at(l, jobfd, name)) {
-			int fd = local_open_dir(l, jobfd, name);
+	snprintf(p, sizeof(p), "%s/%s/%s", c->l->root, job, name);
+	if (local_parse_step_name(name, &step))
+		return local_dir_at(jobfd, name) ? cleanup_step(c, jobfd, name, step, latest, p, err)
+		                                 : 0;
+	if (strncmp(name, TRASH_PREFIX, strlen(TRASH_PREFIX)) == 0) {
+		/* out of sight already: a removal a crash interrupted (ours or anyone's) */
+		if (!c->pol->at_start && !old(c, mtime_at(jobfd, name)))
+			return 0; /* a removal of ours may be deleting it right now */
+		rc = rm_tree(c->l, jobfd, name, 0);
+		if (rc == 0)
+			c->rec->temp_removed++;
+		return rc < 0 ? ipc_errf(err, rc, "cannot remove %s: %s", p, strerror(-rc)) : 0;
+	}
+	if (local_is_tmp(c->l, name, &own)) {
+		char copy[NAME_MAX + 1], *one[1] = {copy};
 
-			if (step > *newest)
-				*newest = step;
-			/* A commit that died before its rename, with a manifest already there. */
-			if (fd >= 0 && l->ops->unlinkat(fd, MANIFEST_TMP, 0) == 0)
-				rec->temp_removed++;
-			local_close_fd(&fd);
-			return 0;
-		}
-		/* No manifest: a save that never committed. Not a checkpoint. */
-		rc = local_rm_tree(l, jobfd, name, 0);
-		if (rc == 0)
-			rec->partial_removed++;
-	} else if (is_leftover(name)) {
-		/* A removal or a temporary file that a crash interrupted. */
-		rc = local_rm_tree(l, jobfd, name, 0);
-		if (rc == 0)
-			rec->temp_removed++;
-	} else {
+		snprintf(copy, sizeof(copy), "%s", name);
+		drop_tmp(c, jobfd, one, 1);
 		return 0;
 	}
-	return rc < 0 ? ipc_errf(err, rc, "cannot remove %s: %s", p, strerror(-rc)) : 0;
+	if (strcmp(name, "plans") == 0 && local_dir_at(jobfd, name)) {
+		int fd = local_open_dir(c->l, jobfd, name);
+		char **v;
+		size_t n;
+
+		if (fd >= 0 && local_list_dir(c->l, fd, &v, &n) == 0) {
+			drop_tmp(c, fd, v, n);
+			local_free_names(v, n);
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	return 0;
 }
 
-static int recover_job(struct local *l, const char *job, struct storage_recovery *rec, char *err)
+int local_cleanup(struct storage *s, const char *job, int64_t latest,
+                  const struct storage_cleanup *pol, struct storage_recovery *rec, char *err)
 {
+	struct local *l = to_local(s);
+	struct scan c = {l, pol, rec, 0};
 	char why[IPC_ERRLEN];
-	int64_t newest = -1;
 	int jobfd, rc, first = 0;
 	char **v;
 	size_t n;
 
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
 	rc = jobfd = local_open_job(l, job, err);
 	if (rc < 0)
 		return rc;
-	rc = list_dir(l, jobfd, &v, &n);
+	rc = local_list_dir(l, jobfd, &v, &n);
 	if (rc < 0) {
 		close(jobfd);
 		return ipc_errf(err, rc, "cannot list %s/%s: %s", l->root, job, strerror(-rc));
 	}
 	/* Keeps going past an error: one bad entry must not block the rest. */
 	for (size_t i = 0; i < n; i++) {
-		rc = recover_entry(l, jobfd, job, v[i], &newest, rec, first ? why : err);
+		rc = cleanup_entry(&c, jobfd, job, v[i], latest, first ? why : err);
 		if (rc < 0 && !first)
 			first = rc;
 	}
-	free_names(v, n);
-	rc = fix_latest(l, jobfd, job, newest, rec, first ? why : err);
+	local_free_names(v, n);
 	close(jobfd);
-	return first ? first : rc;
-}
-
-int local_recover(struct storage *s, struct storage_recovery *rec, char *err)
-{
-	struct local *l = to_local(s);
-	char why[IPC_ERRLEN];
-	int rc, first = 0;
-	char **jobs;
-	size_t n;
-
-	memset(rec, 0, sizeof(*rec));
-	rc = local_list_jobs(s, &jobs, &n, err);
-	if (rc < 0)
-		return rc;
-	for (size_t i = 0; i < n; i++) {
-		rc = recover_job(l, jobs[i], rec, first ? why : err);
-		if (rc < 0 && !first)
-			first = rc;
-	}
-	free_names(jobs, n);
 	return first;
 }

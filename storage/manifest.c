@@ -2,16 +2,18 @@
  * manifest.c: manifest.json, the checkpoint's table of contents
  * (DESIGN.md §4.3). Its durable presence is the commit, so it must say
  * enough to verify every byte and to reshard on restore without opening a
- * shard: per rank the file and its size, per tensor its dtype, global shape
- * and chunks (rank, global offset, local shape, byte range, XXH3-64).
+ * shard: the run, the parts it merged (which node brought which ranks), per
+ * rank the file, its size and the rank's meta, per tensor its dtype, global
+ * shape and chunks (rank, global offset, local shape, byte range, XXH3-64).
  *
- * The agent's commit builds one (manifest_to_json); verify, restore, list
- * and ckptctl read them back (manifest_from_json), as hostile input: every
- * field is type-checked, every number bounded, and the same structural
- * checks run on both paths (manifest_check), so we never write a manifest
- * we would refuse to read. Pure functions; any thread.
+ * A merge of parts builds one (part.c, manifest_merge); verify, restore,
+ * list and ckptctl read them back (manifest_from_json), as hostile input:
+ * every field is type-checked, every number bounded, and the same
+ * structural checks run on both paths (manifest_check), so we never write a
+ * manifest we would refuse to read. Format 1 (one node, before runs and
+ * parts) is still read. Pure functions; any thread.
  *
- * Divisions: structural checks; writing; reading; lookups.
+ * Divisions: shard names; structural checks; writing; reading; lookups.
  */
 #define _GNU_SOURCE /* qsort_r */
 #include <errno.h>
@@ -23,11 +25,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <jansson.h>
-
-#include "format.h"
+#include "fmt.h"
 
 #define MF_PREFIX "manifest: "
+#define MF "manifest"
 /* Above this many chunks the manifest is written compact, to stay small. */
 #define MF_INDENT_MAX_CHUNKS 10000u
 
@@ -36,12 +37,92 @@ void manifest_rank_file(int rank, char *buf, size_t len)
 	snprintf(buf, len, "rank-%05d.safetensors", rank);
 }
 
+/* ---- shard names -------------------------------------------------------- */
+
+#define SHARD_SUFFIX ".safetensors"
+
+int shard_file_name(int rank, const char *node, unsigned attempt, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "rank-%05d.%s.%u" SHARD_SUFFIX, rank, node, attempt);
+
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* "rank-" and 5 digits and a '.', then the rest: where the rest starts, or NULL. */
+static const char *after_rank(const char *name, int *rank)
+{
+	int r = 0;
+
+	if (strncmp(name, "rank-", 5) != 0)
+		return NULL;
+	for (int i = 5; i < 10; i++) {
+		if (name[i] < '0' || name[i] > '9')
+			return NULL;
+		r = r * 10 + (name[i] - '0');
+	}
+	if (name[10] != '.')
+		return NULL;
+	*rank = r;
+	return name + 11;
+}
+
+/* "<node>.<digits>.safetensors": the node's length, or 0 if rest is not that. */
+static size_t node_part(const char *rest)
+{
+	size_t n = strlen(rest), sl = strlen(SHARD_SUFFIX), d = 0;
+
+	if (n <= sl || strcmp(rest + n - sl, SHARD_SUFFIX) != 0)
+		return 0;
+	n -= sl;
+	while (d < n && rest[n - 1 - d] >= '0' && rest[n - 1 - d] <= '9')
+		d++;
+	if (d == 0 || d > 10 || d + 2 > n || rest[n - 1 - d] != '.')
+		return 0;
+	return n - 1 - d;
+}
+
+bool shard_file_of_node(const char *name, const char *node)
+{
+	size_t len = strlen(node);
+	const char *rest;
+	int rank;
+
+	rest = after_rank(name, &rank);
+	return rest && node_part(rest) == len && strncmp(rest, node, len) == 0;
+}
+
+int shard_file_check(int rank, const char *name, char *err)
+{
+	char node[IPC_MAX_JOB + 1], why[IPC_ERRLEN];
+	const char *rest;
+	size_t n;
+	int r = -1;
+
+	if (!name || strnlen(name, SHARD_FILE_MAX) >= SHARD_FILE_MAX)
+		return ipc_errf(err, -EINVAL, "rank %d: no file name, or a name of %d characters or "
+		                              "more",
+		                rank, SHARD_FILE_MAX);
+	rest = after_rank(name, &r);
+	n = rest ? node_part(rest) : 0;
+	if (!rest || r != rank || n == 0 || n > IPC_MAX_JOB)
+		return ipc_errf(err, -EINVAL,
+		                "rank %d: file '%.64s' is not named "
+		                "rank-%05d.<node>.<attempt>.safetensors",
+		                rank, name, rank);
+	memcpy(node, rest, n);
+	node[n] = '\0';
+	if (ipc_check_node(node, why))
+		return ipc_errf(err, -EINVAL, "rank %d: file '%.64s': %s", rank, name, why);
+	return 0;
+}
+
 /* ---- structural checks ------------------------------------------------- */
 
 static int check_ranks(const struct manifest *m, char *err)
 {
+	char name[32], msg[IPC_ERRLEN];
 	uint64_t sum = 0;
-	char name[32];
+	int rc;
 
 	if (m->world < 1 || m->world > IPC_MAX_WORLD)
 		return ipc_errf(err, -EINVAL, MF_PREFIX "world %d is out of range 1..%d", m->world,
@@ -56,10 +137,14 @@ static int check_ranks(const struct manifest *m, char *err)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "rank %d is missing%s", r,
 			                k->rank < 0 ? "" : " (ranks must be in rank order)");
 		manifest_rank_file(r, name, sizeof(name));
-		if (!k->file || strcmp(k->file, name) != 0)
+		if (m->version == 1 && (!k->file || strcmp(k->file, name) != 0))
 			return ipc_errf(err, -EINVAL,
 			                MF_PREFIX "rank %d: file is '%.64s', expected '%s'", r,
 			                k->file ? k->file : "(none)", name);
+		if (m->version > 1 && (rc = shard_file_check(r, k->file, msg)))
+			return ipc_errf(err, rc, MF_PREFIX "%s", msg);
+		if (k->meta_json && (rc = ipc_check_meta(k->meta_json, msg)))
+			return ipc_errf(err, rc, MF_PREFIX "rank %d: %s", r, msg);
 		if (k->header_bytes < 8 || k->header_bytes > k->size)
 			return ipc_errf(err, -EINVAL,
 			                MF_PREFIX "rank %d: header_bytes %" PRIu64
@@ -77,64 +162,11 @@ static int check_ranks(const struct manifest *m, char *err)
 }
 
 /*
- * Chunks. A tensor is a global array of global_shape. Each chunk is the box
- * [global_offset, global_offset + shape) of it, stored row-major in bytes
- * [begin, end) of its rank's file, so (end - begin) == dtype x shape, and
- * the range lies in the file's data: header_bytes <= begin <= end <= size.
- * The box must lie inside the global shape. Boxes may repeat on different
- * ranks (data-parallel replicas save the same one), but one rank saves one
- * box at most once, which is what makes (rank, global_offset) a key. An
- * unsharded tensor is saved whole by one rank: one chunk, offset zero,
- * shape == global_shape. That the boxes cover the whole global tensor is
- * not checked (it needs a union of boxes).
+ * One rank saves one box of a tensor at most once, which is what makes
+ * (rank, global_offset) a key; boxes may repeat on different ranks
+ * (data-parallel replicas save the same one). That the boxes cover the
+ * whole global tensor is not checked (it needs a union of boxes).
  */
-static int check_chunk(const struct manifest *m, const struct manifest_tensor *t, size_t j,
-                       char *err)
-{
-	const struct manifest_chunk *c = &t->chunks[j];
-	const struct manifest_rank *k;
-	uint64_t nbytes;
-	char msg[IPC_ERRLEN];
-	int rc;
-
-	if (c->rank < 0 || c->rank >= m->world)
-		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "tensor '%s' chunk %zu: rank %d is outside world %d",
-		                t->name, j, c->rank, m->world);
-	k = &m->ranks[c->rank];
-	rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, c->shape, &nbytes, msg);
-	if (rc)
-		return ipc_errf(err, rc, MF_PREFIX "chunk %zu (rank %d): %s", j, c->rank, msg);
-	if (c->end < c->begin || c->end - c->begin != nbytes)
-		return ipc_errf(
-		    err, -EINVAL,
-		    MF_PREFIX "tensor '%s' chunk %zu (rank %d): byte_range [%" PRIu64 ", %" PRIu64
-		              "] does not hold %s x shape = %" PRIu64 " bytes",
-		    t->name, j, c->rank, c->begin, c->end, ipc_dtype_name(t->dtype), nbytes);
-	if (c->begin < k->header_bytes || c->end > k->size)
-		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "tensor '%s' chunk %zu: byte_range [%" PRIu64 ", %" PRIu64
-		                          "] is outside the data of %s (bytes %" PRIu64 "..%" PRIu64
-		                          ")",
-		                t->name, j, c->begin, c->end, k->file, k->header_bytes, k->size);
-	for (size_t d = 0; d < t->ndim; d++) {
-		int64_t g = t->global_shape[d], o = c->global_offset[d], l = c->shape[d];
-
-		if (!t->sharded && (o != 0 || l != g))
-			return ipc_errf(err, -EINVAL,
-			                MF_PREFIX "tensor '%s' is unsharded, but its chunk is not "
-			                          "all of it (dimension %zu)",
-			                t->name, d);
-		if (o < 0 || o > g || l > g - o)
-			return ipc_errf(err, -EINVAL,
-			                MF_PREFIX
-			                "tensor '%s' chunk %zu: offset %lld + size %lld is "
-			                "outside global dimension %zu of size %lld",
-			                t->name, j, (long long)o, (long long)l, d, (long long)g);
-	}
-	return 0;
-}
-
 static int cmp_chunk_key(const void *a, const void *b, void *arg)
 {
 	const struct manifest_chunk *const *x = a, *const *y = b;
@@ -196,36 +228,27 @@ static int check_tensor(const struct manifest *m, size_t i, const struct manifes
 		                t->sharded ? "a sharded tensor needs at least one"
 		                           : "an unsharded tensor has exactly one");
 	for (size_t j = 0; j < t->nchunks; j++) {
-		rc = check_chunk(m, t, j, err);
+		const struct manifest_chunk *c = &t->chunks[j];
+
+		rc = fmt_check_chunk(t, j, c->rank >= 0 && c->rank < m->world ? &m->ranks[c->rank] : NULL,
+		                     m->world, MF, err);
 		if (rc)
 			return rc;
 	}
 	return check_chunk_keys(t, tmp, err);
 }
 
-struct span {
-	int rank;
-	uint64_t begin, end;
-	const char *tensor;
-};
-
-static int cmp_span(const void *a, const void *b)
+static const char *rank_file(const void *ctx, int rank)
 {
-	const struct span *x = a, *y = b;
-
-	if (x->rank != y->rank)
-		return x->rank < y->rank ? -1 : 1;
-	if (x->begin != y->begin)
-		return x->begin < y->begin ? -1 : 1;
-	return x->end < y->end ? -1 : x->end > y->end;
+	return ((const struct manifest *)ctx)->ranks[rank].file;
 }
 
 /* No two chunks share bytes of one file: each byte has one owner. */
 static int check_spans(const struct manifest *m, size_t nchunks, char *err)
 {
-	struct span *s = calloc(nchunks ? nchunks : 1, sizeof(*s));
+	struct fmt_span *s = calloc(nchunks ? nchunks : 1, sizeof(*s));
 	size_t n = 0;
-	int rc = 0;
+	int rc;
 
 	if (!s)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory for %zu chunks", nchunks);
@@ -234,19 +257,64 @@ static int check_spans(const struct manifest *m, size_t nchunks, char *err)
 			const struct manifest_chunk *c = &m->tensors[i].chunks[j];
 
 			if (c->end > c->begin)
-				s[n++] =
-				    (struct span){c->rank, c->begin, c->end, m->tensors[i].name};
+				s[n++] = (struct fmt_span){c->rank, c->begin, c->end,
+				                           m->tensors[i].name};
 		}
-	qsort(s, n, sizeof(*s), cmp_span);
-	for (size_t i = 1; i < n && rc == 0; i++)
-		if (s[i].rank == s[i - 1].rank && s[i].begin < s[i - 1].end)
-			rc =
-			    ipc_errf(err, -EINVAL,
-			             MF_PREFIX "tensors '%s' and '%s' overlap in %s (bytes %" PRIu64
-			                       "..%" PRIu64 " and %" PRIu64 "..%" PRIu64 ")",
-			             s[i - 1].tensor, s[i].tensor, m->ranks[s[i].rank].file,
-			             s[i - 1].begin, s[i - 1].end, s[i].begin, s[i].end);
+	rc = fmt_check_spans(s, n, rank_file, m, MF, err);
 	free(s);
+	return rc;
+}
+
+/*
+ * Format 2: each rank in exactly one part, nodes named once and sorted, so
+ * that two merges of the same parts say the same.
+ */
+static int check_parts(const struct manifest *m, char *err)
+{
+	unsigned char *seen;
+	char msg[IPC_ERRLEN];
+	int rc = 0;
+
+	if (m->version == 1)
+		return m->nparts ? ipc_errf(err, -EINVAL, MF_PREFIX "format 1 has no parts") : 0;
+	if (m->nparts < 1 || !m->parts)
+		return ipc_errf(err, -EINVAL, MF_PREFIX "no parts listed");
+	seen = calloc((size_t)m->world, 1);
+	if (!seen)
+		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
+	for (size_t i = 0; i < m->nparts && !rc; i++) {
+		const struct manifest_part *p = &m->parts[i];
+
+		if ((rc = ipc_check_node(p->node, msg)))
+			rc = ipc_errf(err, rc, MF_PREFIX "part %zu: %s", i, msg);
+		else if (i > 0 && strcmp(m->parts[i - 1].node, p->node) >= 0)
+			rc = ipc_errf(err, -EINVAL,
+			              MF_PREFIX "part of node '%s' %s: parts are sorted by node, "
+			                        "one each",
+			              p->node,
+			              strcmp(m->parts[i - 1].node, p->node) ? "is out of order"
+			                                                    : "appears twice");
+		else if (p->nranks < 1 || !p->ranks)
+			rc = ipc_errf(err, -EINVAL, MF_PREFIX "part of node '%s' has no ranks",
+			              p->node);
+		for (size_t j = 0; j < p->nranks && !rc; j++) {
+			int r = p->ranks[j];
+
+			if (r < 0 || r >= m->world || (j > 0 && r <= p->ranks[j - 1]))
+				rc = ipc_errf(err, -EINVAL,
+				              MF_PREFIX "part of node '%s': rank %d is outside world "
+				                        "%d or out of order",
+				              p->node, r, m->world);
+			else if (seen[r]++)
+				rc = ipc_errf(err, -EINVAL,
+				              MF_PREFIX "rank %d is in two parts (the second: node '%s')",
+				              r, p->node);
+		}
+	}
+	for (int r = 0; r < m->world && !rc; r++)
+		if (!seen[r])
+			rc = ipc_errf(err, -EINVAL, MF_PREFIX "rank %d is in no part", r);
+	free(seen);
 	return rc;
 }
 
@@ -255,12 +323,16 @@ static int check_top(const struct manifest *m, char *err)
 	double d[3] = {m->capture_seconds, m->durable_seconds, m->commit_seconds};
 	int rc;
 
-	if (m->version != MANIFEST_VERSION)
-		return ipc_errf(err, -EINVAL, MF_PREFIX "version %d, this reader knows %d",
+	if (m->version < 1 || m->version > MANIFEST_VERSION)
+		return ipc_errf(err, -EINVAL, MF_PREFIX "version %d, this reader knows 1..%d",
 		                m->version, MANIFEST_VERSION);
 	rc = ipc_check_job(m->job, err);
 	if (rc == 0)
 		rc = ipc_check_step(m->step, err);
+	if (rc == 0)
+		rc = ipc_check_run(m->run, err);
+	if (rc == 0 && m->meta_json)
+		rc = ipc_check_meta(m->meta_json, err);
 	if (rc)
 		return rc;
 	if (m->time_unix_ns < 0)
@@ -269,7 +341,8 @@ static int check_top(const struct manifest *m, char *err)
 	for (int i = 0; i < 3; i++)
 		if (!isfinite(d[i]) || d[i] < 0)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "duration %d is %g", i, d[i]);
-	return check_ranks(m, err);
+	rc = check_ranks(m, err);
+	return rc ? rc : check_parts(m, err);
 }
 
 int manifest_check(const struct manifest *m, char *err)
@@ -298,60 +371,45 @@ int manifest_check(const struct manifest *m, char *err)
 
 /* ---- writing ----------------------------------------------------------- */
 
-static json_t *ints_json(const int64_t *v, size_t n)
-{
-	json_t *a = json_array();
-
-	for (size_t i = 0; a && i < n; i++)
-		if (json_array_append_new(a, json_integer(v[i]))) {
-			json_decref(a);
-			return NULL;
-		}
-	return a;
-}
-
-static json_t *chunk_json(const struct manifest_tensor *t, const struct manifest_chunk *c)
-{
-	int64_t range[2] = {(int64_t)c->begin, (int64_t)c->end};
-	char hex[17];
-
-	snprintf(hex, sizeof(hex), "%016" PRIx64, c->xxh3);
-	if (t->sharded)
-		return json_pack("{s:i, s:o, s:o, s:o, s:s}", "rank", c->rank, "global_offset",
-		                 ints_json(c->global_offset, t->ndim), "shape",
-		                 ints_json(c->shape, t->ndim), "byte_range", ints_json(range, 2),
-		                 "xxh3", hex);
-	return json_pack("{s:i, s:o, s:o, s:s}", "rank", c->rank, "shape",
-	                 ints_json(c->shape, t->ndim), "byte_range", ints_json(range, 2), "xxh3",
-	                 hex);
-}
-
-static json_t *tensor_json(const struct manifest_tensor *t)
-{
-	json_t *chunks = json_array();
-
-	for (size_t j = 0; chunks && j < t->nchunks; j++)
-		if (json_array_append_new(chunks, chunk_json(t, &t->chunks[j]))) {
-			json_decref(chunks);
-			return NULL;
-		}
-	/* "o" steals the reference, and a NULL makes json_pack fail cleanly */
-	return json_pack("{s:s, s:o, s:b, s:o}", "dtype", ipc_dtype_name(t->dtype), "global_shape",
-	                 ints_json(t->global_shape, t->ndim), "sharded", t->sharded, "chunks",
-	                 chunks);
-}
-
 static json_t *ranks_json(const struct manifest *m)
 {
-	json_t *a = json_array();
+	json_t *a = json_array(), *o, *meta;
+	char ignored[IPC_ERRLEN];
 
 	for (size_t r = 0; a && r < m->nranks; r++) {
 		const struct manifest_rank *k = &m->ranks[r];
 
-		if (json_array_append_new(a,
-		                          json_pack("{s:i, s:s, s:I, s:I}", "rank", k->rank, "file",
-		                                    k->file, "size", (json_int_t)k->size,
-		                                    "header_bytes", (json_int_t)k->header_bytes))) {
+		o = json_pack("{s:i, s:s, s:I, s:I}", "rank", k->rank, "file", k->file, "size",
+		              (json_int_t)k->size, "header_bytes", (json_int_t)k->header_bytes);
+		if (o && m->version > 1 &&
+		    (fmt_meta_value(k->meta_json, &meta, MF, ignored) ||
+		     json_object_set_new(o, "meta", meta))) {
+			json_decref(o);
+			o = NULL;
+		}
+		if (json_array_append_new(a, o)) {
+			json_decref(a);
+			return NULL;
+		}
+	}
+	return a;
+}
+
+static json_t *parts_json(const struct manifest *m)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < m->nparts; i++) {
+		const struct manifest_part *p = &m->parts[i];
+		json_t *ranks = json_array();
+
+		for (size_t j = 0; ranks && j < p->nranks; j++)
+			if (json_array_append_new(ranks, json_integer(p->ranks[j]))) {
+				json_decref(ranks);
+				ranks = NULL;
+			}
+		if (json_array_append_new(a, json_pack("{s:s, s:o}", "node", p->node, "ranks",
+		                                       ranks))) {
 			json_decref(a);
 			return NULL;
 		}
@@ -364,56 +422,40 @@ static json_t *tensors_json(const struct manifest *m)
 	json_t *o = json_object();
 
 	for (size_t i = 0; o && i < m->ntensors; i++)
-		if (json_object_set_new(o, m->tensors[i].name, tensor_json(&m->tensors[i]))) {
+		if (json_object_set_new(o, m->tensors[i].name, fmt_tensor_json(&m->tensors[i], true))) {
 			json_decref(o);
 			return NULL;
 		}
 	return o;
 }
 
-/* "2026-11-21T19:13:00.123Z", for people; time_unix_ns is the exact value. */
-static void fmt_time(int64_t ns, char *buf, size_t len)
-{
-	time_t s = (time_t)(ns / 1000000000);
-	struct tm tm;
-	char day[32];
-
-	gmtime_r(&s, &tm);
-	strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(buf, len, "%s.%03dZ", day, (int)(ns % 1000000000 / 1000000));
-}
-
-static int meta_value(const char *text, json_t **out, char *err)
-{
-	json_error_t je;
-
-	*out = text && *text ? json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je)
-	                     : json_null();
-	if (!*out)
-		return ipc_errf(err, -EINVAL, MF_PREFIX "meta is not JSON: %s (column %d)", je.text,
-		                je.column);
-	return 0;
-}
-
 static json_t *root_json(const struct manifest *m, json_t *meta)
 {
 	char when[64];
 	json_int_t bytes = (json_int_t)m->bytes;
+	json_t *root;
 
 	fmt_time(m->time_unix_ns, when, sizeof(when));
-	return json_pack("{s:s, s:i, s:s, s:I, s:i, s:s, s:I, s:o, s:I, "
-	                 "s:{s:f, s:f, s:f}, s:o, s:o}",
-	                 "format", MANIFEST_FORMAT, "version", m->version, "job", m->job, "step",
-	                 (json_int_t)m->step, "world", m->world, "time", when, "time_unix_ns",
-	                 (json_int_t)m->time_unix_ns, "meta", meta, "bytes", bytes, "durations",
-	                 "capture_seconds", m->capture_seconds, "durable_seconds",
-	                 m->durable_seconds, "commit_seconds", m->commit_seconds, "ranks",
-	                 ranks_json(m), "tensors", tensors_json(m));
+	root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:i, s:s, s:I, s:o, s:I, "
+	                 "s:{s:f, s:f, s:f}, s:o, s:o, s:o}",
+	                 "format", MANIFEST_FORMAT, "version", m->version, "job", m->job, "run",
+	                 m->run, "step", (json_int_t)m->step, "world", m->world, "time", when,
+	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes",
+	                 bytes, "durations", "capture_seconds", m->capture_seconds,
+	                 "durable_seconds", m->durable_seconds, "commit_seconds",
+	                 m->commit_seconds, "parts", parts_json(m), "ranks", ranks_json(m),
+	                 "tensors", tensors_json(m));
+	/* format 1 had neither: written back as it was read */
+	if (root && m->version == 1) {
+		json_object_del(root, "run");
+		json_object_del(root, "parts");
+	}
+	return root;
 }
 
 int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *err)
 {
-	size_t flags = JSON_PRESERVE_ORDER, nchunks = 0;
+	size_t nchunks = 0;
 	json_t *meta, *root;
 	int rc;
 
@@ -421,175 +463,31 @@ int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *er
 	*len = 0;
 	rc = manifest_check(m, err);
 	if (rc == 0)
-		rc = meta_value(m->meta_json, &meta, err);
+		rc = fmt_meta_value(m->meta_json, &meta, MF, err);
 	if (rc)
 		return rc;
 	/* jansson holds integers as long long; sizes past that are not files */
-	if (m->bytes > INT64_MAX)
+	if (m->bytes > INT64_MAX) {
+		json_decref(meta);
 		return ipc_errf(err, -EOVERFLOW, MF_PREFIX "%" PRIu64 " bytes", m->bytes);
+	}
 	root = root_json(m, meta); /* takes meta, even when it fails */
 	if (!root)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
 	for (size_t i = 0; i < m->ntensors; i++)
 		nchunks += m->tensors[i].nchunks;
 	/* indented for people, unless that makes a huge manifest larger still */
-	flags |= nchunks <= MF_INDENT_MAX_CHUNKS ? JSON_INDENT(1) : JSON_COMPACT;
-	*out = json_dumps(root, flags);
+	rc = fmt_dump(root, nchunks <= MF_INDENT_MAX_CHUNKS, MANIFEST_MAX_BYTES, out, len, MF, err);
 	json_decref(root);
-	if (!*out)
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory writing the JSON");
-	*len = strlen(*out);
-	if (*len > MANIFEST_MAX_BYTES) {
-		free(*out);
-		*out = NULL;
-		return ipc_errf(err, -EFBIG,
-		                MF_PREFIX "%zu bytes, more than the %u a reader accepts", *len,
-		                MANIFEST_MAX_BYTES);
-	}
-	return 0;
+	return rc;
 }
 
 /* ---- reading ----------------------------------------------------------- */
 
-/* obj[key] as an integer in min..max; `where` names obj in the message. */
-static int get_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
-                   const char *where, char *err)
-{
-	const json_t *v = json_object_get(obj, key);
-
-	if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
-		return ipc_errf(
-		    err, -EINVAL, MF_PREFIX "%s: \"%s\" is %s, expected an integer in %lld..%lld",
-		    where, key,
-		    v ? (json_is_integer(v) ? "out of range" : "not an integer") : "missing",
-		    (long long)min, (long long)max);
-	*out = json_integer_value(v);
-	return 0;
-}
-
-static int get_str(const json_t *obj, const char *key, const char **out, const char *where,
-                   char *err)
-{
-	*out = json_string_value(json_object_get(obj, key));
-	if (!*out)
-		return ipc_errf(err, -EINVAL, MF_PREFIX "%s: \"%s\" is missing or not a string",
-		                where, key);
-	return 0;
-}
-
-/* obj[key] as an array of exactly n (n < 0: up to IPC_MAX_NDIM) integers >= 0. */
-static int get_dims(const json_t *obj, const char *key, long n, int64_t *out, size_t *got,
-                    const char *where, char *err)
-{
-	const json_t *a = json_object_get(obj, key);
-	size_t len = json_array_size(a);
-
-	if (!json_is_array(a) || (n >= 0 && len != (size_t)n) || len > IPC_MAX_NDIM)
-		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "%s: \"%s\" is not an array of %s%ld integers", where,
-		                key, n >= 0 ? "" : "at most ", n >= 0 ? n : (long)IPC_MAX_NDIM);
-	for (size_t i = 0; i < len; i++) {
-		const json_t *v = json_array_get(a, i);
-
-		if (!json_is_integer(v) || json_integer_value(v) < 0)
-			return ipc_errf(err, -EINVAL,
-			                MF_PREFIX "%s: \"%s\"[%zu] is not a non-negative integer",
-			                where, key, i);
-		out[i] = json_integer_value(v);
-	}
-	if (got)
-		*got = len;
-	return 0;
-}
-
-/* Exactly 16 lowercase hex digits: one spelling per value, so text compares. */
-static int parse_hex64(const char *s, uint64_t *out)
-{
-	if (strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16)
-		return -EINVAL;
-	*out = strtoull(s, NULL, 16);
-	return 0;
-}
-
-static int parse_chunk(const struct manifest_tensor *t, size_t j, const json_t *o,
-                       struct manifest_chunk *c, char *err)
-{
-	char where[IPC_MAX_TENSOR_NAME + 64];
-	int64_t v = 0, range[2]; /* = 0: -O3 cannot see that get_int sets it on success */
-	const char *hex;
-	int rc;
-
-	snprintf(where, sizeof(where), "tensor '%s' chunk %zu", t->name, j);
-	if (!json_is_object(o))
-		return ipc_errf(err, -EINVAL, MF_PREFIX "%s is not an object", where);
-	rc = get_int(o, "rank", 0, IPC_MAX_WORLD - 1, &v, where, err);
-	if (rc)
-		return rc;
-	c->rank = (int)v;
-	rc = get_dims(o, "shape", (long)t->ndim, c->shape, NULL, where, err);
-	if (rc == 0 && (t->sharded || json_object_get(o, "global_offset")))
-		rc =
-		    get_dims(o, "global_offset", (long)t->ndim, c->global_offset, NULL, where, err);
-	if (rc == 0)
-		rc = get_dims(o, "byte_range", 2, range, NULL, where, err);
-	if (rc == 0)
-		rc = get_str(o, "xxh3", &hex, where, err);
-	if (rc)
-		return rc;
-	if (parse_hex64(hex, &c->xxh3))
-		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "%s: xxh3 '%.32s' is not 16 lowercase hex digits", where,
-		                hex);
-	c->begin = (uint64_t)range[0];
-	c->end = (uint64_t)range[1];
-	return 0;
-}
-
-static int parse_tensor(const char *name, const json_t *o, struct manifest_tensor *t, char *err)
-{
-	char where[IPC_MAX_TENSOR_NAME + 32];
-	const json_t *chunks, *sh;
-	const char *dt;
-	int rc;
-
-	/* first, so that the messages below quote a printable name */
-	rc = ipc_check_tensor_name(name, where);
-	if (rc)
-		return ipc_errf(err, rc, MF_PREFIX "%s", where);
-	t->name = strdup(name);
-	if (!t->name)
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
-	snprintf(where, sizeof(where), "tensor '%s'", name);
-	if (!json_is_object(o))
-		return ipc_errf(err, -EINVAL, MF_PREFIX "%s is not an object", where);
-	rc = get_str(o, "dtype", &dt, where, err);
-	if (rc == 0 && !(t->dtype = ipc_dtype_from_name(dt)))
-		rc = ipc_errf(err, -EINVAL, MF_PREFIX "%s: unknown dtype '%.32s'", where, dt);
-	if (rc == 0)
-		rc = get_dims(o, "global_shape", -1, t->global_shape, &t->ndim, where, err);
-	if (rc)
-		return rc;
-	sh = json_object_get(o, "sharded");
-	chunks = json_object_get(o, "chunks");
-	if (!json_is_boolean(sh) || !json_is_array(chunks))
-		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "%s: \"sharded\" (boolean) or \"chunks\" (array) is "
-		                          "missing",
-		                where);
-	t->sharded = json_is_true(sh);
-	t->chunks = calloc(json_array_size(chunks) + 1, sizeof(*t->chunks));
-	if (!t->chunks)
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory for %s", where);
-	t->nchunks = json_array_size(chunks);
-	for (size_t j = 0; j < t->nchunks && rc == 0; j++)
-		rc = parse_chunk(t, j, json_array_get(chunks, j), &t->chunks[j], err);
-	return rc;
-}
-
 static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 {
 	char where[32];
-	int64_t r = 0, size = 0, hb = 0; /* set by get_int; = 0 quiets -O3's guess */
+	int64_t r = 0, size = 0, hb = 0; /* set by fmt_int; = 0 quiets -O3's guess */
 	const char *file;
 	int rc;
 
@@ -605,30 +503,67 @@ static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 		const json_t *o = json_array_get(a, i);
 
 		snprintf(where, sizeof(where), "ranks[%zu]", i);
-		rc = get_int(o, "rank", 0, m->world - 1, &r, where, err);
+		rc = fmt_int(o, "rank", 0, m->world - 1, &r, MF, where, err);
 		if (rc == 0)
-			rc = get_str(o, "file", &file, where, err);
+			rc = fmt_str(o, "file", &file, MF, where, err);
 		if (rc == 0)
-			rc = get_int(o, "size", 0, INT64_MAX, &size, where, err);
+			rc = fmt_int(o, "size", 0, INT64_MAX, &size, MF, where, err);
 		if (rc == 0)
-			rc = get_int(o, "header_bytes", 0, INT64_MAX, &hb, where, err);
+			rc = fmt_int(o, "header_bytes", 0, INT64_MAX, &hb, MF, where, err);
 		if (rc)
 			return rc;
 		if (m->ranks[r].file)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "rank %lld is listed twice",
 			                (long long)r);
-		m->ranks[r] =
-		    (struct manifest_rank){(int)r, strdup(file), (uint64_t)size, (uint64_t)hb};
+		m->ranks[r] = (struct manifest_rank){(int)r, strdup(file), (uint64_t)size,
+		                                     (uint64_t)hb, NULL};
 		if (!m->ranks[r].file)
 			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
+		if (m->version > 1 &&
+		    (rc = fmt_meta_text(json_object_get(o, "meta"), &m->ranks[r].meta_json, MF, err)))
+			return rc;
 	}
 	return 0; /* missing ranks: manifest_check */
 }
 
-static int cmp_tensor(const void *a, const void *b)
+static int parse_parts(struct manifest *m, const json_t *a, char *err)
 {
-	return strcmp(((const struct manifest_tensor *)a)->name,
-	              ((const struct manifest_tensor *)b)->name);
+	char where[32];
+	int rc;
+
+	if (!json_is_array(a) || json_array_size(a) > (size_t)m->world)
+		return ipc_errf(err, -EINVAL,
+		                MF_PREFIX "\"parts\" is missing, not an array or longer than world");
+	m->parts = calloc(json_array_size(a) + 1, sizeof(*m->parts));
+	if (!m->parts)
+		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
+	for (size_t i = 0; i < json_array_size(a); i++) {
+		const json_t *o = json_array_get(a, i), *ranks = json_object_get(o, "ranks");
+		struct manifest_part *p = &m->parts[m->nparts++];
+
+		snprintf(where, sizeof(where), "parts[%zu]", i);
+		rc = fmt_name(o, "node", ipc_check_node, &p->node, MF, where, err);
+		if (rc)
+			return rc;
+		if (!json_is_array(ranks) || json_array_size(ranks) > (size_t)m->world)
+			return ipc_errf(err, -EINVAL, MF_PREFIX "%s: \"ranks\" is not an array of "
+			                                        "at most world ranks",
+			                where);
+		p->ranks = calloc(json_array_size(ranks) + 1, sizeof(*p->ranks));
+		if (!p->ranks)
+			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
+		for (size_t j = 0; j < json_array_size(ranks); j++) {
+			const json_t *v = json_array_get(ranks, j);
+
+			if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+			    json_integer_value(v) >= m->world)
+				return ipc_errf(err, -EINVAL,
+				                MF_PREFIX "%s: ranks[%zu] is not a rank of world %d",
+				                where, j, m->world);
+			p->ranks[p->nranks++] = (int)json_integer_value(v);
+		}
+	}
+	return 0; /* order, duplicates, coverage: manifest_check */
 }
 
 static int parse_tensors(struct manifest *m, const json_t *o, char *err)
@@ -645,11 +580,11 @@ static int parse_tensors(struct manifest *m, const json_t *o, char *err)
 		                json_object_size(o));
 	json_object_foreach((json_t *)o, name, v)
 	{
-		rc = parse_tensor(name, v, &m->tensors[m->ntensors++], err);
+		rc = fmt_tensor_parse(name, v, true, &m->tensors[m->ntensors++], MF, err);
 		if (rc)
 			return rc;
 	}
-	qsort(m->tensors, m->ntensors, sizeof(*m->tensors), cmp_tensor);
+	qsort(m->tensors, m->ntensors, sizeof(*m->tensors), fmt_cmp_tensor);
 	return 0;
 }
 
@@ -673,51 +608,36 @@ static int parse_durations(struct manifest *m, const json_t *o, char *err)
 	return 0;
 }
 
-static int parse_meta(struct manifest *m, const json_t *v, char *err)
-{
-	if (!v || json_is_null(v))
-		return 0;
-	m->meta_json = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
-	if (!m->meta_json)
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory for meta");
-	return 0;
-}
-
 static int parse_root(struct manifest *m, const json_t *root, char *err)
 {
 	const char *s;
-	int64_t v = 0; /* set by get_int; = 0 quiets -O3's guess */
+	int64_t v = 0; /* set by fmt_int; = 0 quiets -O3's guess */
 	int rc;
 
-	if (!json_is_object(root))
-		return ipc_errf(err, -EINVAL, MF_PREFIX "is not a JSON object");
-	rc = get_str(root, "format", &s, "top level", err);
-	if (rc == 0 && strcmp(s, MANIFEST_FORMAT) != 0)
-		rc = ipc_errf(err, -EINVAL, MF_PREFIX "format is '%.32s', not '%s'", s,
-		              MANIFEST_FORMAT);
-	if (rc == 0 && (rc = get_int(root, "version", 0, INT_MAX, &v, "top level", err)) == 0)
-		m->version = (int)v;
-	if (rc == 0 && m->version != MANIFEST_VERSION)
-		rc = ipc_errf(err, -EINVAL, MF_PREFIX "version %d, this reader knows %d",
-		              m->version, MANIFEST_VERSION);
-	if (rc == 0 && (rc = get_str(root, "job", &s, "top level", err)) == 0 &&
-	    !(m->job = strdup(s)))
+	rc = fmt_header(root, MANIFEST_FORMAT, MANIFEST_VERSION, &m->version, MF, err);
+	if (rc == 0)
+		rc = fmt_name(root, "job", ipc_check_job, &m->job, MF, "top level", err);
+	if (rc == 0 && m->version > 1)
+		rc = fmt_name(root, "run", ipc_check_run, &m->run, MF, "top level", err);
+	else if (rc == 0 && !(m->run = strdup(IPC_DEFAULT_RUN)))
 		rc = ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
 	if (rc == 0)
-		rc = get_int(root, "step", 0, IPC_MAX_STEP, &m->step, "top level", err);
-	if (rc == 0 && (rc = get_int(root, "world", 1, IPC_MAX_WORLD, &v, "top level", err)) == 0)
+		rc = fmt_int(root, "step", 0, IPC_MAX_STEP, &m->step, MF, "top level", err);
+	if (rc == 0 && (rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, MF, "top level", err)) == 0)
 		m->world = (int)v;
 	if (rc == 0)
-		rc = get_str(root, "time", &s, "top level", err);
+		rc = fmt_str(root, "time", &s, MF, "top level", err);
 	if (rc == 0)
-		rc =
-		    get_int(root, "time_unix_ns", 0, INT64_MAX, &m->time_unix_ns, "top level", err);
-	if (rc == 0 && (rc = get_int(root, "bytes", 0, INT64_MAX, &v, "top level", err)) == 0)
+		rc = fmt_int(root, "time_unix_ns", 0, INT64_MAX, &m->time_unix_ns, MF, "top level",
+		             err);
+	if (rc == 0 && (rc = fmt_int(root, "bytes", 0, INT64_MAX, &v, MF, "top level", err)) == 0)
 		m->bytes = (uint64_t)v;
 	if (rc == 0)
-		rc = parse_meta(m, json_object_get(root, "meta"), err);
+		rc = fmt_meta_text(json_object_get(root, "meta"), &m->meta_json, MF, err);
 	if (rc == 0)
 		rc = parse_durations(m, json_object_get(root, "durations"), err);
+	if (rc == 0 && m->version > 1)
+		rc = parse_parts(m, json_object_get(root, "parts"), err);
 	if (rc == 0)
 		rc = parse_ranks(m, json_object_get(root, "ranks"), err);
 	if (rc == 0)
@@ -728,18 +648,13 @@ static int parse_root(struct manifest *m, const json_t *root, char *err)
 int manifest_from_json(const char *buf, size_t len, struct manifest **out, char *err)
 {
 	struct manifest *m;
-	json_error_t je;
 	json_t *root;
 	int rc;
 
 	*out = NULL;
-	if (len > MANIFEST_MAX_BYTES)
-		return ipc_errf(err, -EFBIG, MF_PREFIX "%zu bytes, more than the %u accepted", len,
-		                MANIFEST_MAX_BYTES);
-	root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-	if (!root)
-		return ipc_errf(err, -EINVAL, MF_PREFIX "not valid JSON: %s (line %d, column %d)",
-		                je.text, je.line, je.column);
+	rc = fmt_load(buf, len, MANIFEST_MAX_BYTES, &root, MF, err);
+	if (rc)
+		return rc;
 	m = calloc(1, sizeof(*m));
 	if (!m) {
 		rc = ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
@@ -762,15 +677,19 @@ void manifest_free(struct manifest *m)
 {
 	if (!m)
 		return;
-	for (size_t i = 0; m->ranks && i < m->nranks; i++)
+	for (size_t i = 0; m->ranks && i < m->nranks; i++) {
 		free(m->ranks[i].file);
-	for (size_t i = 0; m->tensors && i < m->ntensors; i++) {
-		free(m->tensors[i].name);
-		free(m->tensors[i].chunks);
+		free(m->ranks[i].meta_json);
 	}
+	for (size_t i = 0; m->parts && i < m->nparts; i++) {
+		free(m->parts[i].node);
+		free(m->parts[i].ranks);
+	}
+	fmt_tensors_free(m->tensors, m->ntensors);
 	free(m->ranks);
-	free(m->tensors);
+	free(m->parts);
 	free(m->job);
+	free(m->run);
 	free(m->meta_json);
 	free(m);
 }
@@ -808,5 +727,23 @@ const struct manifest_chunk *manifest_find_chunk(const struct manifest_tensor *t
 		    memcmp(c->global_offset, global_offset, t->ndim * sizeof(int64_t)) == 0)
 			return c;
 	}
+	return NULL;
+}
+
+const char *manifest_rank_meta(const struct manifest *m, int rank)
+{
+	if (m->version == 1)
+		return m->meta_json;
+	if (rank >= 0 && (size_t)rank < m->nranks)
+		return m->ranks[rank].meta_json;
+	return m->nranks ? m->ranks[0].meta_json : NULL;
+}
+
+const char *manifest_node_of(const struct manifest *m, int rank)
+{
+	for (size_t i = 0; i < m->nparts; i++)
+		for (size_t j = 0; j < m->parts[i].nranks; j++)
+			if (m->parts[i].ranks[j] == rank)
+				return m->parts[i].node;
 	return NULL;
 }

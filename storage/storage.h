@@ -34,54 +34,107 @@ struct storage_shard;
 struct storage_step {
 	int64_t step;
 	bool committed; /* has a manifest */
-	bool pinned; /* committed and pinned (set_pinned): retention keeps it */
+	bool pinned; /* committed and pinned (store_set_pinned): retention keeps it */
+};
+
+/*
+ * What a clean-up may remove (DESIGN.md §4.5): never another node's work in
+ * progress. Uncommitted steps older than LATEST and abandon_after go; so do
+ * leftovers of interrupted writes and removals that old. At start-up
+ * (nothing of this node's in flight) also this node's own: its shard files
+ * in a step where it wrote no part, and its temporary files.
+ */
+struct storage_cleanup {
+	int64_t abandon_after_s;
+	int64_t now_unix_s; /* the clock the ages are measured with */
+	bool at_start;
 };
 
 struct storage_recovery {
-	unsigned partial_removed; /* step directories without a manifest */
+	unsigned partial_removed; /* uncommitted step directories removed */
+	unsigned partial_kept; /* uncommitted steps left alone (another node's, or young) */
+	unsigned own_removed; /* this node's dead shard files */
 	unsigned temp_removed; /* temporary and half-deleted leftovers */
 	unsigned latest_fixed; /* LATEST files rewritten */
 };
 
+/* Small objects: plans, parts, manifests, LATEST, pins. */
+enum obj_put_mode {
+	OBJ_CREATE, /* create-once: -EEXIST if the key exists, nothing changed */
+	OBJ_REPLACE, /* atomic replace: readers see the old bytes or the new */
+};
+
+/*
+ * A backend stores checkpoints under keys that mirror the layout
+ * (DESIGN.md §4.3), "<job>/step-<12d>/parts/<node>.json" and so on; a
+ * directory on a filesystem, a prefix in an object store. Everything it
+ * reads back is hostile input. Calls are synchronous on the caller's thread
+ * (any thread, several at once), but shard reads and writes, which go
+ * through the I/O engine and complete on its thread.
+ */
 struct storage_ops {
 	const char *name;
-	/* Write side: creates the step directory as needed and the shard. */
+
+	/*
+	 * Creates the shard of (job, step, rank) exclusively, never over an
+	 * existing file: its name ("rank-...<node>.<attempt>.safetensors",
+	 * SHARD_FILE_MAX bytes) goes to `file`. The blocks are reserved.
+	 */
 	int (*shard_create)(struct storage *s, const char *job, int64_t step, int rank,
-	                    uint64_t size, struct storage_shard **out, char *err);
+	                    uint64_t size, char *file, struct storage_shard **out, char *err);
 	/* Queues r (buf, len, off set by the caller; aligned) to the shard. */
 	void (*shard_write)(struct storage_shard *sh, struct io_req *r);
-	/* After the last write completed: exact size, then durable; r->done. */
+	/*
+	 * After the last write completed: the exact size, then the shard and its
+	 * name durable (file, then the directories holding it); r->done.
+	 */
 	void (*shard_finish)(struct storage_shard *sh, struct io_req *r);
-	/* Read side: opens a committed shard; *size its length. */
-	int (*shard_open)(struct storage *s, const char *job, int64_t step, int rank,
+	/* Read side: opens the shard `file` of (job, step); *size its length. */
+	int (*shard_open)(struct storage *s, const char *job, int64_t step, const char *file,
 	                  struct storage_shard **out, uint64_t *size, char *err);
 	void (*shard_read)(struct storage_shard *sh, struct io_req *r);
 	/* Either side; NULL is fine. */
 	void (*shard_close)(struct storage_shard *sh);
-	/* "<root>/<job>/step-.../rank-....safetensors", for messages. */
-	void (*shard_path)(struct storage *s, const char *job, int64_t step, int rank, char *buf,
-	                   size_t len);
+	/* Whether `file` of (job, step) is there, and its size: -ENOENT if not. */
+	int (*shard_stat)(struct storage *s, const char *job, int64_t step, const char *file,
+	                  uint64_t *size, char *err);
+	/* Removes a shard this node made and nothing names (a failed attempt's). */
+	int (*shard_unlink)(struct storage *s, const char *job, int64_t step, const char *file,
+	                    char *err);
+	/* "<root>/<job>/step-.../<file>", for messages. */
+	void (*shard_path)(struct storage *s, const char *job, int64_t step, const char *file,
+	                   char *buf, size_t len);
 
-	/* Makes the checkpoint visible: manifest, then LATEST if newer. */
-	int (*commit)(struct storage *s, const struct manifest *m, char *err);
-	int (*read_manifest)(struct storage *s, const char *job, int64_t step,
-	                     struct manifest **out, char *err);
+	/* Small objects, by exact key: durable when the call returns. */
+	int (*obj_put)(struct storage *s, const char *key, const void *buf, size_t len,
+	               enum obj_put_mode mode, char *err);
+	/* The object's bytes (malloc'd, NUL after them); -ENOENT, -EFBIG beyond max. */
+	int (*obj_get)(struct storage *s, const char *key, size_t max, char **buf, size_t *len,
+	               char *err);
+	/* Whether the object is there, and its size: -ENOENT if not. */
+	int (*obj_stat)(struct storage *s, const char *key, uint64_t *size, char *err);
+	/* Removed durably; -ENOENT if it was not there. */
+	int (*obj_delete)(struct storage *s, const char *key, char *err);
+	/*
+	 * Names of the objects directly under `dir` ("<job>/plans"), malloc'd
+	 * array of malloc'd names, sorted; for discovery only: no decision rests
+	 * on a listing.
+	 */
+	int (*obj_list)(struct storage *s, const char *dir, char ***names, size_t *n, char *err);
+
 	int (*list_jobs)(struct storage *s, char ***jobs, size_t *n, char *err);
 	int (*list_steps)(struct storage *s, const char *job, struct storage_step **steps,
 	                  size_t *n, char *err);
-	/* -ENOENT when the job has no LATEST. */
-	int (*get_latest)(struct storage *s, const char *job, int64_t *step, char *err);
-	/* step < 0: remove LATEST. */
-	int (*set_latest)(struct storage *s, const char *job, int64_t step, char *err);
 	/*
-	 * Pins (or unpins) a committed checkpoint, durably: list_steps reports
-	 * it after a restart. -ENOENT when the step is not committed.
+	 * An uncommitted step this node gave up: what it holds of the step's own
+	 * layout (its directory, parts/) goes if nothing is left in it.
 	 */
-	int (*set_pinned)(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
+	int (*step_tidy)(struct storage *s, const char *job, int64_t step, char *err);
 	/* Removes a checkpoint, committed or not, out of sight first. */
 	int (*remove)(struct storage *s, const char *job, int64_t step, char *err);
-	/* Start-up: removes what is not a checkpoint, makes LATEST right. */
-	int (*recover)(struct storage *s, struct storage_recovery *r, char *err);
+	/* Clean-up of one job (latest: its LATEST, -1 if none) under pol's rules. */
+	int (*cleanup)(struct storage *s, const char *job, int64_t latest,
+	               const struct storage_cleanup *pol, struct storage_recovery *rec, char *err);
 	void (*destroy)(struct storage *s);
 };
 
@@ -91,6 +144,7 @@ struct storage {
 
 struct local_opts {
 	const char *root;
+	const char *node; /* this node: names its shards and temporary files */
 	struct ioeng *io; /* asynchronous shard I/O */
 	const struct fsops *ops; /* synchronous calls; NULL: fsops_posix */
 	bool direct; /* O_DIRECT for shards (falls back when refused) */
@@ -100,12 +154,6 @@ struct local_opts {
 int local_create(const struct local_opts *o, struct storage **out, char *err);
 /* Whether shard files are opened with O_DIRECT, and why not. */
 bool local_direct(const struct storage *s, const char **why);
-
-/* The calls, so callers read as storage_commit(s, ...). */
-static inline int storage_commit(struct storage *s, const struct manifest *m, char *err)
-{
-	return s->ops->commit(s, m, err);
-}
 
 static inline void storage_destroy(struct storage *s)
 {

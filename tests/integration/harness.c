@@ -206,6 +206,23 @@ void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, 
 	va_end(ap);
 }
 
+void h_shard(const struct agent_proc *a, char *buf, size_t len, const char *job, long long step,
+             int rank)
+{
+	char mpath[512];
+	json_error_t je;
+	json_t *m, *r;
+
+	h_path(a, mpath, sizeof(mpath), "%s/step-%012lld/manifest.json", job, step);
+	m = json_load_file(mpath, 0, &je);
+	ck_assert_msg(m, "%s: %s", mpath, je.text);
+	r = json_array_get(json_object_get(m, "ranks"), (size_t)rank);
+	ck_assert_msg(json_is_string(json_object_get(r, "file")), "%s: no rank %d", mpath, rank);
+	h_path(a, buf, len, "%s/step-%012lld/%s", job, step,
+	       json_string_value(json_object_get(r, "file")));
+	json_decref(m);
+}
+
 bool h_exists(const char *path)
 {
 	struct stat st;

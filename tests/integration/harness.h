@@ -56,6 +56,12 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 bool h_exists(const char *path);
+/*
+ * The path of rank's shard of (job, step), as the step's manifest names it
+ * (readers follow the manifest: shard names carry the node and an attempt).
+ */
+void h_shard(const struct agent_proc *a, char *buf, size_t len, const char *job, long long step,
+             int rank);
 /* Flips one bit of the byte at `off` of a file. */
 void h_flip_byte(const char *path, uint64_t off);
 /* A wait status as a shell would say it: the exit code, or 128 + the signal. */

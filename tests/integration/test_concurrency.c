@@ -146,17 +146,18 @@ START_TEST(rank_left_before_saving)
 }
 END_TEST
 
-/* A rank that never comes at all: the step fails at the commit timeout. */
+/* A rank that never comes at all: the step fails at the commit deadline, naming it. */
 START_TEST(rank_never_came)
 {
 	struct agent_proc a;
 	char why[2048];
 	int fd;
 
-	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --commit-timeout 2");
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --commit-deadline 2");
 	ck_assert_int_eq(h_reap(spawn_rank(&a, "nc", 0, 3, 9, "expect-fail", &fd)), 0);
 	read_all(fd, why, sizeof(why));
-	ck_assert_msg(strstr(why, "2 of 3 ranks did not save") && strstr(why, "commit-timeout"),
+	ck_assert_msg(strstr(why, "step 9: no save of ranks 1,2 here") &&
+			      strstr(why, "within 2 s (--commit-deadline)"),
 		      "%s", why);
 	h_agent_cleanup(&a);
 }

@@ -319,7 +319,7 @@ START_TEST(scrape_after_save)
 	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "save: %s",
 	              ckpt_save_reason(s));
 	ckpt_save_release(s);
-	h_path(&a, path, sizeof(path), "metrics/step-%012d/rank-%05d.safetensors", 1, 0);
+	h_shard(&a, path, sizeof(path), "metrics", 1, 0);
 	ck_assert_msg(stat(path, &st) == 0, "%s: %s", path, strerror(errno));
 	scrape(port, &sc);
 	check_after_save(&sc, st.st_size);

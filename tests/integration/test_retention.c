@@ -482,12 +482,11 @@ START_TEST(planted_trash_is_removed_at_start)
 	save_steps(&a, "pl", 1, 3, 100003);
 	h_agent_kill(&a);
 	/* step 1: out of sight and half deleted (its shard gone, its manifest still there) */
+	h_shard(&a, shard, sizeof(shard), "pl", 1, 0);
 	h_path(&a, from, sizeof(from), "pl/step-000000000001");
 	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000001.4242.1");
 	ck_assert_int_eq(rename(from, to), 0);
-	h_path(&a, shard, sizeof(shard),
-	       "pl/.trash.step-000000000001.4242.1/rank-00000.safetensors");
-	ck_assert_int_eq(unlink(shard), 0);
+	ck_assert_int_eq(unlink(strcat(to, strrchr(shard, '/'))), 0);
 	/* step 2: out of sight, nothing deleted yet */
 	h_path(&a, from, sizeof(from), "pl/step-000000000002");
 	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000002.4242.2");

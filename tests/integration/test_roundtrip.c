@@ -272,7 +272,7 @@ START_TEST(four_ranks_one_checkpoint)
 			 4);
 	json_decref(j);
 	for (int r = 0; r < 4; r++) {
-		h_path(&a, path, sizeof(path), "dp/step-000000000010/rank-%05d.safetensors", r);
+		h_shard(&a, path, sizeof(path), "dp", 10, r);
 		ck_assert_msg(h_exists(path), "%s exists", path);
 	}
 	run_ranks(&a, true);

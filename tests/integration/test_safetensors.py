@@ -464,9 +464,21 @@ def check_job(agent, job, seed, reports, fails):
                     manifest.get(key))
     fails.check(len(manifest.get("ranks", [])) == world, mpath, "*", "manifest ranks", world,
                 len(manifest.get("ranks", [])))
+    files = {k.get("rank"): k.get("file") for k in manifest.get("ranks", [])
+             if isinstance(k, dict)}
+    for k in manifest.get("ranks", []):
+        fails.check(k.get("meta") == {"seed": seed}, mpath, "*",
+                    f"rank {k.get('rank')}'s own meta", {"seed": seed}, k.get("meta"))
     shards = {}
     for report in reports:
-        path = os.path.join(step_dir, f"rank-{report['rank']:05d}.safetensors")
+        # readers follow the manifest: shard names carry the node and an attempt
+        name = files.get(report["rank"])
+        if not fails.check(isinstance(name, str) and name.startswith(
+                f"rank-{report['rank']:05d}.") and name.endswith(".safetensors"),
+                mpath, "*", f"rank {report['rank']}'s file", "rank-NNNNN.<node>.<n>.safetensors",
+                name):
+            continue
+        path = os.path.join(step_dir, name)
         with open(path, "rb") as f:
             data = f.read()
         check_with_library(path, data, report, fails)

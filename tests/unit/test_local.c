@@ -1,12 +1,17 @@
 /*
- * Unit tests of storage/local.c, the local-filesystem backend, in a
- * temporary root. The syscalls go through a recording fsops table that can
- * also fail the nth call of a kind on a given name, so the tests assert the
- * order of the durability steps of a commit and what a failure at each of
- * them leaves behind (nothing visible). Also: LATEST only moves forward,
- * recovery at start-up, remove() of LATEST, junk in listings, hostile
- * LATEST / manifest.json / links, the O_DIRECT fallback, and a shard written,
- * finished, committed and read back through a real I/O engine.
+ * Unit tests of the local-filesystem backend (storage/local*.c) and of the
+ * layout over it (storage/store.c), in a temporary root. The syscalls go
+ * through a recording fsops table that can also fail the nth call of a kind
+ * on a given name, so the tests assert the order of the durability steps of
+ * an object put (temporary, fsync, link or rename, directory fsync) and what
+ * a failure at each leaves behind (nothing visible); and count the fsyncs a
+ * shard's finish sends through the I/O engine (the file and the two
+ * directories that name it). Also: shards created exclusively and named by
+ * node and attempt; LATEST only forward; the clean-up of a root shared by
+ * several nodes (their work in progress untouched, this node's dead files
+ * and abandoned steps removed); remove() out of sight first; pins; junk in
+ * listings; hostile keys, LATEST, manifests and links; the O_DIRECT
+ * fallback.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,11 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <check.h>
 
-#include "storage.h"
+#include "store.h"
 
 /* ---- a recording, failing fsops table ---------------------------------- */
 
@@ -53,6 +59,16 @@ static const char *fdn(int fd)
 	return fd >= 0 && fd < MAXFD && rec.fdname[fd][0] ? rec.fdname[fd] : "?";
 }
 
+/* fail_name, or a prefix of it when it ends in '*' (temporary names are random). */
+static bool matches(const char *name)
+{
+	size_t n = strlen(rec.fail_name);
+
+	if (n && rec.fail_name[n - 1] == '*')
+		return strncmp(name, rec.fail_name, n - 1) == 0;
+	return strcmp(name, rec.fail_name) == 0;
+}
+
 /* Logs "op:name" and says whether this call is the one to fail. */
 static int note(const char *op, const char *name, const char *extra)
 {
@@ -61,8 +77,8 @@ static int note(const char *op, const char *name, const char *extra)
 	pthread_mutex_lock(&rec.m);
 	if (rec.n < MAXLOG)
 		snprintf(rec.log[rec.n++], sizeof(rec.log[0]), "%s:%s%s", op, name, extra);
-	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 &&
-	    (!rec.fail_name || strcmp(rec.fail_name, name) == 0) && ++rec.seen == rec.fail_nth)
+	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 && (!rec.fail_name || matches(name)) &&
+	    ++rec.seen == rec.fail_nth)
 		rc = rec.fail_err;
 	pthread_mutex_unlock(&rec.m);
 	return rc;
@@ -74,8 +90,6 @@ static int r_openat(int dirfd, const char *path, int flags, mode_t mode)
 
 	if (rc)
 		return rc;
-	if (rec.refuse_direct && (flags & O_DIRECT))
-		return -EINVAL;
 	rc = fsops_posix.openat(dirfd, path, flags, mode);
 	if (rc >= 0 && rc < MAXFD) {
 		pthread_mutex_lock(&rec.m);
@@ -123,6 +137,35 @@ static int r_renameat(int od, const char *op, int nd, const char *np)
 	return rc ? rc : fsops_posix.renameat(od, op, nd, np);
 }
 
+static int r_linkat(int od, const char *op, int nd, const char *np)
+{
+	char extra[96];
+	int rc;
+
+	snprintf(extra, sizeof(extra), "->%s", base(np));
+	rc = note("linkat", base(op), extra);
+	return rc ? rc : fsops_posix.linkat(od, op, nd, np);
+}
+
+static int r_direct(int fd)
+{
+	int rc = note("direct", fdn(fd), "");
+
+	if (rec.refuse_direct)
+		return -EINVAL; /* as tmpfs did */
+	return rc ? rc : fsops_posix.direct(fd);
+}
+
+/* Every request the I/O engine completes: "io-fsync:<name>" and so on. */
+static int64_t r_io_result(const struct io_req *r, int64_t res)
+{
+	static const char *const ops[] = {[IO_WRITE] = "io-write", [IO_READ] = "io-read",
+	                                  [IO_FSYNC] = "io-fsync"};
+	int rc = note(ops[r->op], fdn(r->fd), "");
+
+	return rc ? rc : res;
+}
+
 static int r_mkdirat(int dirfd, const char *path, mode_t mode)
 {
 	int rc = note("mkdirat", base(path), "");
@@ -144,8 +187,11 @@ static const struct fsops rec_ops = {
     .fsync = r_fsync,
     .ftruncate = r_ftruncate,
     .renameat = r_renameat,
+    .linkat = r_linkat,
     .mkdirat = r_mkdirat,
     .unlinkat = r_unlinkat,
+    .direct = r_direct,
+    .io_result = r_io_result,
 };
 
 static void rec_reset(void)
@@ -176,7 +222,8 @@ static char err[IPC_ERRLEN];
 
 static void open_backend(bool direct, struct ioeng *io)
 {
-	struct local_opts o = {.root = root, .io = io, .ops = &rec_ops, .direct = direct};
+	struct local_opts o = {
+	    .root = root, .node = "n0", .io = io, .ops = &rec_ops, .direct = direct};
 	int rc = local_create(&o, &st, err);
 
 	ck_assert_msg(rc == 0, "local_create: %s", err);
@@ -268,7 +315,12 @@ static char *slurp(const char *p)
 	return buf;
 }
 
-/* A one-rank manifest: one U8 tensor filling the file after an 8-byte header. */
+
+/* ---- helpers ------------------------------------------------------------ */
+
+#define SHARD0 "rank-00000.n0.0.safetensors"
+
+/* A one-rank manifest (run "r", node n0): one U8 tensor filling the file after 8 bytes. */
 static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size)
 {
 	struct manifest *m = calloc(1, sizeof(*m));
@@ -276,12 +328,16 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	ck_assert_ptr_nonnull(m);
 	m->version = MANIFEST_VERSION;
 	m->job = strdup(job);
+	m->run = strdup("r");
 	m->step = step;
 	m->world = 1;
 	m->time_unix_ns = 1;
 	m->nranks = 1;
 	m->ranks = calloc(1, sizeof(*m->ranks));
-	m->ranks[0] = (struct manifest_rank){0, strdup("rank-00000.safetensors"), size, 8};
+	m->ranks[0] = (struct manifest_rank){0, strdup(SHARD0), size, 8, NULL};
+	m->nparts = 1;
+	m->parts = calloc(1, sizeof(*m->parts));
+	m->parts[0] = (struct manifest_part){strdup("n0"), 1, calloc(1, sizeof(int))};
 	m->bytes = size;
 	m->ntensors = 1;
 	m->tensors = calloc(1, sizeof(*m->tensors));
@@ -297,14 +353,20 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	return m;
 }
 
-/* The step's directory and its one shard, as the write side leaves them. */
-static void mk_shard(const char *job, int64_t step, uint64_t size)
+/* A step's directory and one shard of `node`, as its write side leaves them. */
+static void mk_shard_of(const char *job, int64_t step, uint64_t size, const char *node)
 {
 	char *data = calloc(1, size);
 
 	mkdirs(at("%s/step-%012lld", job, (long long)step));
-	put(at("%s/step-%012lld/rank-00000.safetensors", job, (long long)step), data, size);
+	put(at("%s/step-%012lld/rank-00000.%s.0.safetensors", job, (long long)step, node), data,
+	    size);
 	free(data);
+}
+
+static void mk_shard(const char *job, int64_t step, uint64_t size)
+{
+	mk_shard_of(job, step, size, "n0");
 }
 
 /* A directory opened through a link: O_NOFOLLOW | O_DIRECTORY says ENOTDIR. */
@@ -313,218 +375,45 @@ static bool is_link_error(int rc)
 	return (rc == -ELOOP || rc == -ENOTDIR) && strstr(err, "link") != NULL;
 }
 
-static int commit(const char *job, int64_t step)
-{
-	struct manifest *m = mk_manifest(job, step, 100);
-	int rc = st->ops->commit(st, m, err);
-
-	manifest_free(m);
-	return rc;
-}
-
 static void committed(const char *job, int64_t step)
 {
+	struct manifest *m = mk_manifest(job, step, 100);
+
 	mk_shard(job, step, 100);
-	ck_assert_msg(commit(job, step) == 0, "commit: %s", err);
+	ck_assert_msg(store_put_manifest(st, m, err) == 0, "manifest: %s", err);
+	ck_assert_msg(store_latest_advance(st, job, step, err) == 0, "LATEST: %s", err);
+	manifest_free(m);
 }
 
 static int64_t latest(const char *job)
 {
 	int64_t step = -1;
-	int rc = st->ops->get_latest(st, job, &step, err);
+	int rc = store_latest_get(st, job, &step, err);
 
 	return rc < 0 ? rc : step;
 }
 
-/* ---- commit ----------------------------------------------------------- */
-
-START_TEST(test_commit_sequence)
+static int put_obj(const char *key, const char *text, enum obj_put_mode mode)
 {
-	static const char *const want[] = {
-	    "pwrite:.manifest.json.tmp",    "fsync:.manifest.json.tmp",
-	    "fsync:step-000000000005",      "renameat:.manifest.json.tmp->manifest.json",
-	    "fsync:step-000000000005",      "fsync:job",
-	    "pwrite:.LATEST.tmp",           "fsync:.LATEST.tmp",
-	    "renameat:.LATEST.tmp->LATEST", "fsync:job",
-	};
-	const char *got[64];
-	unsigned n = 0;
-	struct manifest *m;
-
-	mk_shard("job", 5, 100);
-	rec_reset();
-	ck_assert_msg(commit("job", 5) == 0, "commit: %s", err);
-	for (unsigned i = 0; i < rec.n && n < 64; i++) {
-		const char *e = rec.log[i];
-
-		if (strncmp(e, "pwrite:", 7) && strncmp(e, "fsync:", 6) &&
-		    strncmp(e, "renameat:", 9))
-			continue;
-		if (n && strncmp(e, "pwrite:", 7) == 0 && strcmp(got[n - 1], e) == 0)
-			continue; /* one write in several calls */
-		got[n++] = e;
-	}
-	if (n != sizeof(want) / sizeof(want[0]))
-		for (unsigned i = 0; i < n; i++)
-			fprintf(stderr, "  %s\n", got[i]);
-	ck_assert_uint_eq(n, sizeof(want) / sizeof(want[0]));
-	for (unsigned i = 0; i < n; i++)
-		ck_assert_str_eq(got[i], want[i]);
-	ck_assert_int_eq(latest("job"), 5);
-	ck_assert_str_eq(slurp(at("job/LATEST")), "5\n");
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 5, &m, err), 0);
-	ck_assert_str_eq(m->job, "job");
-	ck_assert_int_eq(m->step, 5);
-	ck_assert_uint_eq(m->ranks[0].size, 100);
-	manifest_free(m);
-	ck_assert(!exists(at("job/step-000000000005/.manifest.json.tmp")));
-	ck_assert(!exists(at("job/.LATEST.tmp")));
+	return st->ops->obj_put(st, key, text, strlen(text), mode, err);
 }
-END_TEST
 
-static const struct {
-	const char *op, *name;
-	unsigned nth;
-	int err;
-} faults[] = {
-    {"openat", ".manifest.json.tmp", 1, -EACCES},
-    {"pwrite", ".manifest.json.tmp", 1, -ENOSPC},
-    {"fsync", ".manifest.json.tmp", 1, -EIO},
-    {"fsync", "step-000000000002", 1, -EIO}, /* before the rename */
-    {"renameat", ".manifest.json.tmp", 1, -EIO},
-    {"fsync", "step-000000000002", 2, -EIO}, /* after the rename */
-    {"fsync", "job", 1, -EIO},
-    {"openat", ".LATEST.tmp", 1, -EDQUOT},
-    {"pwrite", ".LATEST.tmp", 1, -ENOSPC},
-    {"fsync", ".LATEST.tmp", 1, -EIO},
-    {"renameat", ".LATEST.tmp", 1, -EIO},
-    {"fsync", "job", 2, -EIO}, /* after LATEST's rename */
-};
-
-/* A failure at any step: the error comes back, nothing of step 2 is visible. */
-START_TEST(test_commit_fault)
+/* The index in the log of the first entry starting with `prefix` at or after `from`; -1. */
+static int find_log(const char *prefix, int from)
 {
-	struct storage_step *steps;
-	struct manifest *m = NULL;
-	size_t n;
-	int rc;
-
-	committed("job", 1);
-	mk_shard("job", 2, 100);
-	rec_fail(faults[_i].op, faults[_i].name, faults[_i].nth, faults[_i].err);
-	rc = commit("job", 2);
-	ck_assert_uint_eq(rec.seen >= faults[_i].nth, 1); /* the fault was reached */
-	rec_reset();
-	ck_assert_msg(rc == faults[_i].err, "fault %d: rc %d (%s)", _i, rc, err);
-	ck_assert_msg(strstr(err, "was not committed") != NULL, "err: %s", err);
-	ck_assert(!exists(at("job/step-000000000002/manifest.json")));
-	ck_assert(!exists(at("job/step-000000000002/.manifest.json.tmp")));
-	ck_assert(!exists(at("job/.LATEST.tmp")));
-	ck_assert_str_eq(slurp(at("job/LATEST")), "1\n");
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 2, &m, err), -ENOENT);
-	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
-	ck_assert_uint_eq(n, 2);
-	ck_assert(steps[0].committed && !steps[1].committed);
-	free(steps);
-	/* and the same commit goes through once the disk behaves */
-	ck_assert_msg(commit("job", 2) == 0, "commit: %s", err);
-	ck_assert_int_eq(latest("job"), 2);
+	for (unsigned i = (unsigned)from; i < rec.n; i++)
+		if (strncmp(rec.log[i], prefix, strlen(prefix)) == 0)
+			return (int)i;
+	return -1;
 }
-END_TEST
 
-START_TEST(test_commit_latest_forward_only)
-{
-	struct storage_step *steps;
-	size_t n;
-
-	committed("job", 10);
-	committed("job", 5); /* late: an older step */
-	ck_assert_int_eq(latest("job"), 10);
-	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
-	ck_assert_uint_eq(n, 2);
-	ck_assert_int_eq(steps[0].step, 5);
-	ck_assert_int_eq(steps[1].step, 10);
-	ck_assert(steps[0].committed && steps[1].committed);
-	free(steps);
-	committed("job", 11);
-	ck_assert_int_eq(latest("job"), 11);
-	/* once committed, never again over it */
-	ck_assert_int_eq(commit("job", 11), -EEXIST);
-}
-END_TEST
-
-START_TEST(test_commit_refuses_incomplete)
-{
-	struct manifest *m;
-
-	mk_shard("job", 3, 100);
-	m = mk_manifest("job", 3, 200); /* the file holds 100 */
-	ck_assert_int_eq(st->ops->commit(st, m, err), -EIO);
-	ck_assert_msg(strstr(err, "rank-00000.safetensors") != NULL, "err: %s", err);
-	manifest_free(m);
-	ck_assert_int_eq(commit("job", 4), -ENOENT); /* no step directory */
-	mkdirs(at("job/step-000000000004"));
-	ck_assert_int_eq(commit("job", 4), -ENOENT); /* no shard */
-	ck_assert_msg(strstr(err, "missing") != NULL, "err: %s", err);
-	ck_assert(!exists(at("job/step-000000000003/manifest.json")));
-	ck_assert(!exists(at("job/LATEST")));
-}
-END_TEST
-
-/* ---- recovery and removal --------------------------------------------- */
-
-START_TEST(test_recover)
-{
-	struct storage_recovery r;
-
-	/* job: committed 1 and 3, partial 7, a half-deleted 2, temporaries, bad LATEST */
-	committed("job", 1);
-	committed("job", 3);
-	puts_at(at("job/step-000000000003/.manifest.json.tmp"), "{");
-	mk_shard("job", 7, 100);
-	mkdirs(at("job/.trash.step-000000000002.1.1/sub"));
-	puts_at(at("job/.trash.step-000000000002.1.1/rank-00000.safetensors"), "x");
-	puts_at(at("job/.LATEST.tmp"), "7\n");
-	puts_at(at("job/LATEST"), "garbage\n");
-	puts_at(at("job/notes.txt"), "mine");
-	mkdirs(at("job/step-9"));
-	/* j2: nothing committed, a LATEST naming a partial step */
-	mk_shard("j2", 5, 10);
-	puts_at(at("j2/LATEST"), "5\n");
-	/* j3: LATEST names a step that is gone */
-	committed("j3", 4);
-	puts_at(at("j3/LATEST"), "9\n");
-
-	ck_assert_msg(st->ops->recover(st, &r, err) == 0, "recover: %s", err);
-	ck_assert_uint_eq(r.partial_removed, 2);
-	ck_assert_uint_eq(r.temp_removed, 3);
-	ck_assert_uint_eq(r.latest_fixed, 3);
-	ck_assert(!exists(at("job/step-000000000007")));
-	ck_assert(!exists(at("job/.trash.step-000000000002.1.1")));
-	ck_assert(!exists(at("job/.LATEST.tmp")));
-	ck_assert(!exists(at("job/step-000000000003/.manifest.json.tmp")));
-	ck_assert(exists(at("job/step-000000000003/manifest.json")));
-	ck_assert(exists(at("job/step-000000000001/rank-00000.safetensors")));
-	ck_assert(exists(at("job/notes.txt"))); /* not ours: left alone */
-	ck_assert(exists(at("job/step-9")));
-	ck_assert_int_eq(latest("job"), 3);
-	ck_assert_str_eq(slurp(at("job/LATEST")), "3\n");
-	ck_assert_int_eq(latest("j2"), -ENOENT);
-	ck_assert(!exists(at("j2/step-000000000005")));
-	ck_assert_int_eq(latest("j3"), 4);
-
-	ck_assert_int_eq(st->ops->recover(st, &r, err), 0);
-	ck_assert_uint_eq(r.partial_removed + r.temp_removed + r.latest_fixed, 0);
-}
-END_TEST
-
-static unsigned count_trash(const char *job)
+static unsigned count_dot(const char *dir, const char *prefix)
 {
 	char cmd[1200], *out;
 	FILE *f;
 	unsigned n = 0;
 
-	snprintf(cmd, sizeof(cmd), "ls -a '%s' | grep -c '^\\.trash' || true", at("%s", job));
+	snprintf(cmd, sizeof(cmd), "ls -a '%s' | grep -c '^%s' || true", dir, prefix);
 	f = popen(cmd, "r");
 	ck_assert_ptr_nonnull(f);
 	out = fgets(cmd, sizeof(cmd), f);
@@ -534,205 +423,215 @@ static unsigned count_trash(const char *job)
 	return n;
 }
 
-START_TEST(test_remove)
-{
-	struct storage_step *steps;
-	bool renamed = false, synced = false;
-	size_t n;
+/* ---- objects ------------------------------------------------------------ */
 
-	committed("job", 1);
-	committed("job", 2);
-	committed("job", 3);
-	mk_shard("job", 4, 100); /* newer, never committed */
-	rec_reset();
-	ck_assert_msg(st->ops->remove(st, "job", 3, err) == 0, "remove: %s", err);
-	/* out of sight by one rename, made durable before the files go */
-	for (unsigned i = 0; i < rec.n; i++) {
-		if (strncmp(rec.log[i], "renameat:step-000000000003->.trash.step-000000000003.",
-		            53) == 0)
-			renamed = true;
-		else if (renamed && !synced && strncmp(rec.log[i], "fsync:", 6) == 0)
-			synced = strcmp(rec.log[i], "fsync:job") == 0;
-		else if (renamed && strncmp(rec.log[i], "unlinkat:", 9) == 0)
-			ck_assert_msg(synced, "files deleted before the rename was durable");
-	}
-	ck_assert(renamed && synced);
-	ck_assert(!exists(at("job/step-000000000003")));
-	ck_assert_uint_eq(count_trash("job"), 0);
-	ck_assert_int_eq(latest("job"), 2); /* the newest committed left, not 4 */
-	ck_assert_int_eq(st->ops->remove(st, "job", 1, err), 0);
-	ck_assert_int_eq(latest("job"), 2);
-	ck_assert_int_eq(st->ops->remove(st, "job", 2, err), 0);
-	ck_assert_int_eq(latest("job"), -ENOENT);
-	ck_assert_int_eq(st->ops->remove(st, "job", 2, err), -ENOENT);
-	ck_assert_int_eq(st->ops->remove(st, "job", 4, err), 0); /* uncommitted too */
-	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
-	ck_assert_uint_eq(n, 0);
-	ck_assert_ptr_null(steps);
-	ck_assert_int_eq(st->ops->remove(st, "nojob", 1, err), -ENOENT);
-	ck_assert_int_eq(st->ops->remove(st, "../job", 1, err), -EINVAL);
+/*
+ * A put, create-once: each new directory made durable in its parent; the
+ * bytes under a temporary name and fsync'd before a link makes them
+ * visible; then the directory fsync'd; no temporary left.
+ */
+START_TEST(test_put_sequence)
+{
+	const char *key = "job/step-000000000005/parts/n0.json";
+	int w, s, l, d, mk, mks;
+	char *buf;
+	size_t len;
+
+	ck_assert_msg(put_obj(key, "{\"a\":1}", OBJ_CREATE) == 0, "%s", err);
+	mk = find_log("mkdirat:parts", 0);
+	mks = find_log("fsync:step-000000000005", 0);
+	w = find_log("pwrite:.n0.json.n0.", 0);
+	s = find_log("fsync:.n0.json.n0.", 0);
+	l = find_log("linkat:.n0.json.n0.", 0);
+	d = find_log("fsync:parts", 0);
+	ck_assert_msg(mk >= 0 && mks > mk, "parts/ made, then its parent fsync'd");
+	ck_assert_msg(w > mks && s > w && l > s && d > l,
+	              "write %d, fsync %d, link %d, directory fsync %d", w, s, l, d);
+	ck_assert_msg(strstr(rec.log[l], "->n0.json"), "%s", rec.log[l]);
+	ck_assert(find_log("unlinkat:.n0.json.n0.", l) > l); /* the temporary name goes */
+	ck_assert_uint_eq(count_dot(at("job/step-000000000005/parts"), "\\."), 2); /* . and .. */
+	ck_assert_int_eq(st->ops->obj_get(st, key, 100, &buf, &len, err), 0);
+	ck_assert_str_eq(buf, "{\"a\":1}");
+	free(buf);
 }
 END_TEST
 
-/* A pin: a marker file made durable (file, then directory), listed, undone on failure. */
-START_TEST(test_pin)
-{
-	struct storage_step *steps;
-	bool made = false, file_synced = false, dir_synced = false;
-	size_t n;
+static const struct {
+	const char *op, *name;
+	int err;
+	bool visible; /* the failure comes after the object is in place */
+} put_faults[] = {
+    {"openat", ".n0.json.*", -EACCES, false},
+    {"pwrite", ".n0.json.*", -ENOSPC, false},
+    {"fsync", ".n0.json.*", -EIO, false},
+    {"linkat", ".n0.json.*", -EIO, false},
+    {"fsync", "parts", -EIO, true},
+    {"mkdirat", "parts", -EDQUOT, false},
+};
 
-	committed("job", 1);
-	committed("job", 2);
-	mk_shard("job", 3, 100); /* never committed */
+/* A failure at each step: the error comes back; before the link nothing is visible. */
+START_TEST(test_put_faults)
+{
+	const char *key = "job/step-000000000002/parts/n0.json";
+	char *buf = NULL;
+	size_t len;
+	int rc;
+
+	mkdirs(at("job/step-000000000002"));
+	rec_fail(put_faults[_i].op, put_faults[_i].name, 1, put_faults[_i].err);
+	rc = put_obj(key, "part", OBJ_CREATE);
+	ck_assert_msg(rec.seen >= 1, "fault %d not reached", _i);
 	rec_reset();
-	ck_assert_msg(st->ops->set_pinned(st, "job", 1, true, err) == 0, "pin: %s", err);
-	for (unsigned i = 0; i < rec.n; i++) {
-		if (strcmp(rec.log[i], "openat:pinned") == 0)
-			made = true;
-		else if (made && strcmp(rec.log[i], "fsync:pinned") == 0)
-			file_synced = true;
-		else if (file_synced && strcmp(rec.log[i], "fsync:step-000000000001") == 0)
-			dir_synced = true;
-	}
-	ck_assert_msg(made && file_synced && dir_synced, "marker, its fsync, the directory's");
-	ck_assert(exists(at("job/step-000000000001/pinned")));
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, true, err), 0); /* again: fine */
-	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
-	ck_assert_uint_eq(n, 3);
-	ck_assert(steps[0].committed && steps[0].pinned);
-	ck_assert(steps[1].committed && !steps[1].pinned);
-	ck_assert(!steps[2].committed && !steps[2].pinned);
-	free(steps);
-	/* only a checkpoint can be pinned */
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 3, true, err), -ENOENT);
-	ck_assert_msg(strstr(err, "not committed"), "%s", err);
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 9, true, err), -ENOENT);
-	ck_assert_int_eq(st->ops->set_pinned(st, "../job", 1, true, err), -EINVAL);
-	/* unpinned: gone, durably; twice is fine */
-	rec_reset();
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, false, err), 0);
-	ck_assert(!exists(at("job/step-000000000001/pinned")));
-	ck_assert_str_eq(rec.log[rec.n - 1], "fsync:step-000000000001");
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 1, false, err), 0);
-	/* the directory's fsync fails: the pin is not reported, nor left behind */
-	rec_fail("fsync", "step-000000000002", 1, -EIO);
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 2, true, err), -EIO);
-	ck_assert(!exists(at("job/step-000000000002/pinned")));
-	/* a removal takes the pin along with the step */
-	rec_reset();
-	ck_assert_int_eq(st->ops->set_pinned(st, "job", 2, true, err), 0);
-	ck_assert_int_eq(st->ops->remove(st, "job", 2, err), 0);
-	ck_assert(!exists(at("job/step-000000000002")));
-	ck_assert_uint_eq(count_trash("job"), 0);
+	ck_assert_msg(rc == put_faults[_i].err, "fault %d: rc %d (%s)", _i, rc, err);
+	ck_assert_msg(strstr(err, "step-000000000002/parts"), "the message names the path: %s", err);
+	ck_assert_int_eq(exists(at("%s", key)), put_faults[_i].visible);
+	if (exists(at("job/step-000000000002/parts")))
+		ck_assert_uint_eq(count_dot(at("job/step-000000000002/parts"), "\\.n0"), 0);
+	/* once the disk behaves: create-once says whether it is there */
+	rc = put_obj(key, "part", OBJ_CREATE);
+	ck_assert_int_eq(rc, put_faults[_i].visible ? -EEXIST : 0);
+	ck_assert_int_eq(st->ops->obj_get(st, key, 100, &buf, &len, err), 0);
+	ck_assert_str_eq(buf, "part");
+	free(buf);
 }
 END_TEST
 
-START_TEST(test_set_latest)
+START_TEST(test_create_once_replace)
 {
-	committed("job", 1);
-	ck_assert_int_eq(st->ops->set_latest(st, "job", 7, err), 0);
-	ck_assert_int_eq(latest("job"), 7);
-	ck_assert_int_eq(st->ops->set_latest(st, "job", -1, err), 0);
-	ck_assert_int_eq(latest("job"), -ENOENT);
-	ck_assert_int_eq(st->ops->set_latest(st, "job", -1, err), 0); /* already none */
-	ck_assert_int_eq(st->ops->set_latest(st, "job", 1000000000000LL, err), -EINVAL);
-	ck_assert_int_eq(st->ops->set_latest(st, "nojob", 1, err), -ENOENT);
-}
-END_TEST
+	const char *key = "job/plans/n0.json";
+	char *buf = NULL, **names;
+	uint64_t size = 0;
+	size_t len, n;
 
-/* ---- listings and hostile contents ------------------------------------ */
-
-START_TEST(test_list_ignores_junk)
-{
-	struct storage_step *steps;
-	char **jobs;
-	size_t n;
-
-	committed("job", 2);
-	mk_shard("job", 4, 100);
-	mkdirs(at("ok-job"));
-	mkdirs(at("bad name"));
-	mkdirs(at("elsewhere"));
-	puts_at(at("notadir"), "x");
-	ck_assert_int_eq(symlink(at("elsewhere"), at("link")), 0);
-	mkdirs(at("job/step-1"));
-	mkdirs(at("job/step-0000000000001")); /* 13 digits */
-	mkdirs(at("job/step-00000000000x"));
-	mkdirs(at("job/step-000000000003x"));
-	puts_at(at("job/step-000000000009"), "a file");
-	ck_assert_int_eq(symlink(at("job/step-000000000002"), at("job/step-000000000008")), 0);
-	puts_at(at("job/notes.txt"), "x");
-
-	ck_assert_int_eq(st->ops->list_jobs(st, &jobs, &n, err), 0);
-	ck_assert_uint_eq(n, 3);
-	ck_assert_str_eq(jobs[0], "elsewhere");
-	ck_assert_str_eq(jobs[1], "job");
-	ck_assert_str_eq(jobs[2], "ok-job");
-	for (size_t i = 0; i < n; i++)
-		free(jobs[i]);
-	free(jobs);
-
-	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
+	ck_assert_int_eq(put_obj(key, "one", OBJ_CREATE), 0);
+	ck_assert_int_eq(put_obj(key, "two", OBJ_CREATE), -EEXIST);
+	ck_assert_msg(strstr(err, "exists already"), "%s", err);
+	ck_assert_str_eq(slurp(at("%s", key)), "one");
+	ck_assert_int_eq(put_obj(key, "three", OBJ_REPLACE), 0);
+	ck_assert_str_eq(slurp(at("%s", key)), "three");
+	ck_assert_int_eq(st->ops->obj_stat(st, key, &size, err), 0);
+	ck_assert_uint_eq(size, 5);
+	ck_assert_int_eq(st->ops->obj_get(st, key, 4, &buf, &len, err), -EFBIG);
+	/* listing: objects only, sorted; no temporary, directory or link */
+	ck_assert_int_eq(put_obj("job/plans/a.json", "x", OBJ_CREATE), 0);
+	puts_at(at("job/plans/.n9.json.n9.0123456789abcdef.tmp"), "half");
+	mkdirs(at("job/plans/sub"));
+	ck_assert_int_eq(symlink(at("job/plans/a.json"), at("job/plans/l.json")), 0);
+	ck_assert_int_eq(st->ops->obj_list(st, "job/plans", &names, &n, err), 0);
 	ck_assert_uint_eq(n, 2);
-	ck_assert_int_eq(steps[0].step, 2);
-	ck_assert(steps[0].committed);
-	ck_assert_int_eq(steps[1].step, 4);
-	ck_assert(!steps[1].committed);
-	free(steps);
-	ck_assert(is_link_error(st->ops->list_steps(st, "link", &steps, &n, err)));
-	ck_assert_int_eq(st->ops->list_steps(st, "nojob", &steps, &n, err), -ENOENT);
-	ck_assert_int_eq(st->ops->list_steps(st, "bad name", &steps, &n, err), -EINVAL);
+	ck_assert_str_eq(names[0], "a.json");
+	ck_assert_str_eq(names[1], "n0.json");
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	ck_assert_int_eq(st->ops->obj_list(st, "job", &names, &n, err), -EINVAL);
+	ck_assert_int_eq(st->ops->obj_list(st, "job/none", &names, &n, err), -ENOENT);
+	/* deleted durably; twice: ENOENT */
+	rec_reset();
+	ck_assert_int_eq(st->ops->obj_delete(st, key, err), 0);
+	ck_assert_str_eq(rec.log[rec.n - 1], "fsync:plans");
+	ck_assert_int_eq(st->ops->obj_delete(st, key, err), -ENOENT);
+	ck_assert_int_eq(st->ops->obj_get(st, key, 100, &buf, &len, err), -ENOENT);
+	ck_assert_int_eq(st->ops->obj_stat(st, key, &size, err), -ENOENT);
 }
 END_TEST
 
-START_TEST(test_read_manifest_checks)
+START_TEST(test_bad_keys)
 {
-	struct manifest *m = NULL;
-	char *text;
+	static const char *const bad[] = {
+	    "../x/y", "job/../x", ".job/x", "job//x", "job", "/job/x", "job/x/",
+	    "job/a/b/c/d", "job/.hidden", "a b/x", "job/\x01", NULL,
+	};
+	char long_key[300], *buf;
+	size_t len;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ck_assert_msg(put_obj(bad[i] ? bad[i] : "", "x", OBJ_CREATE) == -EINVAL, "%s",
+		              bad[i] ? bad[i] : "NULL");
+		ck_assert_int_eq(st->ops->obj_get(st, bad[i], 10, &buf, &len, err), -EINVAL);
+	}
+	snprintf(long_key, sizeof(long_key), "job/%0200d", 1);
+	ck_assert_int_eq(put_obj(long_key, "x", OBJ_CREATE), -EINVAL);
+	ck_assert(!exists(at("job")));
+	ck_assert(!exists(at("x")));
+}
+END_TEST
+
+START_TEST(test_hostile_objects)
+{
+	char *buf = NULL;
+	size_t len;
 	int fd;
 
-	committed("job", 2);
-	text = strdup(slurp(at("job/step-000000000002/manifest.json")));
-	/* a manifest copied to another step, and to another job */
-	mkdirs(at("job/step-000000000003"));
-	puts_at(at("job/step-000000000003/manifest.json"), text);
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 3, &m, err), -EINVAL);
-	ck_assert_msg(strstr(err, "step 2") != NULL, "err: %s", err);
-	ck_assert_ptr_null(m);
-	mkdirs(at("other/step-000000000002"));
-	puts_at(at("other/step-000000000002/manifest.json"), text);
-	ck_assert_int_eq(st->ops->read_manifest(st, "other", 2, &m, err), -EINVAL);
-	/* a link, garbage, a huge file */
-	mkdirs(at("job/step-000000000004"));
-	ck_assert_int_eq(symlink(at("job/step-000000000002/manifest.json"),
-	                         at("job/step-000000000004/manifest.json")),
+	mkdirs(at("job/step-000000000001"));
+	puts_at(at("elsewhere"), "secret");
+	ck_assert_int_eq(symlink(at("elsewhere"), at("job/step-000000000001/manifest.json")), 0);
+	ck_assert_int_lt(st->ops->obj_get(st, "job/step-000000000001/manifest.json", 100, &buf,
+	                                  &len, err),
 	                 0);
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 4, &m, err), -ELOOP);
-	mkdirs(at("job/step-000000000005"));
-	puts_at(at("job/step-000000000005/manifest.json"), "{\"format\": 12");
-	ck_assert_int_lt(st->ops->read_manifest(st, "job", 5, &m, err), 0);
-	ck_assert_msg(strstr(err, "step-000000000005/manifest.json") != NULL, "err: %s", err);
-	mkdirs(at("job/step-000000000006"));
-	fd = open(at("job/step-000000000006/manifest.json"), O_WRONLY | O_CREAT, 0644);
+	/* a put replaces the link itself, never what it points at */
+	ck_assert_int_eq(put_obj("job/step-000000000001/manifest.json", "mine", OBJ_REPLACE), 0);
+	ck_assert_str_eq(slurp(at("elsewhere")), "secret");
+	ck_assert_int_eq(mkfifo(at("job/step-000000000001/pinned"), 0644), 0); /* must not hang */
+	ck_assert_int_lt(st->ops->obj_get(st, "job/step-000000000001/pinned", 100, &buf, &len,
+	                                  err),
+	                 0);
+	ck_assert_int_eq(symlink(at("job"), at("alias")), 0); /* a link on the way */
+	ck_assert_int_lt(put_obj("alias/step-000000000001/x.json", "x", OBJ_CREATE), 0);
+	ck_assert(!exists(at("job/step-000000000001/x.json")));
+	fd = open(at("job/step-000000000001/big.json"), O_WRONLY | O_CREAT, 0644);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(ftruncate(fd, (off_t)MANIFEST_MAX_BYTES + 1), 0); /* sparse */
 	close(fd);
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 6, &m, err), -EFBIG);
-	/* a step directory that is a link */
-	ck_assert_int_eq(symlink(at("job/step-000000000002"), at("job/step-000000000008")), 0);
-	ck_assert(is_link_error(st->ops->read_manifest(st, "job", 8, &m, err)));
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 9, &m, err), -ENOENT);
-	ck_assert_int_eq(st->ops->read_manifest(st, "job", 2, &m, err), 0);
-	manifest_free(m);
-	free(text);
+	ck_assert_int_eq(st->ops->obj_get(st, "job/step-000000000001/big.json", MANIFEST_MAX_BYTES,
+	                                  &buf, &len, err),
+	                 -EFBIG);
 }
 END_TEST
 
-START_TEST(test_hostile_latest)
+/* ---- manifests and LATEST ------------------------------------------------ */
+
+START_TEST(test_manifest_once)
+{
+	struct manifest *m = mk_manifest("job", 2, 100), *back = NULL;
+	char *text;
+
+	mk_shard("job", 2, 100);
+	ck_assert_int_eq(store_put_manifest(st, m, err), 0);
+	ck_assert_int_eq(store_put_manifest(st, m, err), -EEXIST);
+	ck_assert_int_eq(store_read_manifest(st, "job", 2, &back, err), 0);
+	ck_assert_str_eq(back->run, "r");
+	ck_assert_str_eq(back->ranks[0].file, SHARD0);
+	manifest_free(back);
+	text = strdup(slurp(at("job/step-000000000002/manifest.json")));
+	/* copied to another step, or another job: refused */
+	mkdirs(at("job/step-000000000003"));
+	puts_at(at("job/step-000000000003/manifest.json"), text);
+	ck_assert_int_eq(store_read_manifest(st, "job", 3, &back, err), -EINVAL);
+	ck_assert_msg(strstr(err, "step 2") != NULL, "err: %s", err);
+	mkdirs(at("job/step-000000000005"));
+	puts_at(at("job/step-000000000005/manifest.json"), "{\"format\": 12");
+	ck_assert_int_lt(store_read_manifest(st, "job", 5, &back, err), 0);
+	ck_assert_msg(strstr(err, "step-000000000005/manifest.json") != NULL, "err: %s", err);
+	ck_assert_int_eq(store_read_manifest(st, "job", 9, &back, err), -ENOENT);
+	ck_assert_int_eq(store_read_manifest(st, "../job", 2, &back, err), -EINVAL);
+	ck_assert_ptr_null(back);
+	free(text);
+	manifest_free(m);
+}
+END_TEST
+
+START_TEST(test_latest)
 {
 	char big[200];
 
-	committed("job", 2);
+	committed("job", 10);
+	committed("job", 5); /* late: an older step */
+	ck_assert_int_eq(latest("job"), 10);
+	ck_assert_str_eq(slurp(at("job/LATEST")), "10\n");
+	committed("job", 11);
+	ck_assert_int_eq(latest("job"), 11);
+	/* hostile contents: refused, never a hang */
 	puts_at(at("job/LATEST"), "12abc\n");
 	ck_assert_int_eq(latest("job"), -EINVAL);
 	ck_assert_msg(strstr(err, "LATEST") != NULL, "err: %s", err);
@@ -740,42 +639,83 @@ START_TEST(test_hostile_latest)
 	big[sizeof(big) - 1] = '\0';
 	puts_at(at("job/LATEST"), big);
 	ck_assert_int_eq(latest("job"), -EINVAL);
-	puts_at(at("job/LATEST"), "1234567890123\n"); /* 13 digits */
+	puts_at(at("job/LATEST"), "1234567890123\n");
 	ck_assert_int_eq(latest("job"), -EINVAL);
 	puts_at(at("job/LATEST"), "");
 	ck_assert_int_eq(latest("job"), -EINVAL);
 	unlink(at("job/LATEST"));
-	ck_assert_int_eq(mkfifo(at("job/LATEST"), 0644), 0); /* must not hang */
-	ck_assert_int_eq(latest("job"), -EINVAL);
+	ck_assert_int_eq(mkfifo(at("job/LATEST"), 0644), 0);
+	ck_assert_int_lt(latest("job"), 0);
 	unlink(at("job/LATEST"));
 	puts_at(at("elsewhere"), "2\n");
 	ck_assert_int_eq(symlink(at("elsewhere"), at("job/LATEST")), 0);
-	ck_assert_int_eq(latest("job"), -ELOOP);
-	/* a commit replaces the link itself, never what it points at */
-	committed("job", 3);
-	ck_assert_int_eq(latest("job"), 3);
+	ck_assert_int_lt(latest("job"), 0);
+	/* an advance replaces the link itself, never what it points at */
+	ck_assert_int_eq(store_latest_advance(st, "job", 12, err), 0);
+	ck_assert_int_eq(latest("job"), 12);
 	ck_assert_str_eq(slurp(at("elsewhere")), "2\n");
-	/* a job directory that is a link */
-	ck_assert_int_eq(symlink(at("job"), at("alias")), 0);
-	ck_assert(is_link_error((int)latest("alias")));
 	ck_assert_int_eq(latest("../job"), -EINVAL);
+}
+END_TEST
+
+/* ---- shards ------------------------------------------------------------- */
+
+/* Never opened over a file that is there: a manifest may name it. */
+START_TEST(test_shard_exclusive)
+{
+	struct storage_shard *sh = NULL;
+	char file[SHARD_FILE_MAX];
+
+	mkdirs(at("job/step-000000000001"));
+	puts_at(at("job/step-000000000001/" SHARD0), "committed bytes");
+	mkdirs(at("job/step-000000000001/rank-00000.n0.1.safetensors")); /* a directory */
+	ck_assert_int_eq(mkfifo(at("job/step-000000000001/rank-00000.n0.2.safetensors"), 0644), 0);
+	ck_assert_msg(st->ops->shard_create(st, "job", 1, 0, 10, file, &sh, err) == 0, "%s", err);
+	ck_assert_str_eq(file, "rank-00000.n0.3.safetensors");
+	st->ops->shard_close(sh);
+	ck_assert_str_eq(slurp(at("job/step-000000000001/" SHARD0)), "committed bytes");
+	/* another node's attempt 0 of the same rank is another name */
+	storage_destroy(st);
+	{
+		struct local_opts o = {.root = root, .node = "n1", .ops = &rec_ops};
+
+		ck_assert_int_eq(local_create(&o, &st, err), 0);
+	}
+	ck_assert_int_eq(st->ops->shard_create(st, "job", 1, 0, 10, file, &sh, err), 0);
+	ck_assert_str_eq(file, "rank-00000.n1.0.safetensors");
+	st->ops->shard_close(sh);
 }
 END_TEST
 
 START_TEST(test_bad_names)
 {
 	struct storage_shard *sh = NULL;
+	char file[SHARD_FILE_MAX];
 	uint64_t size;
 
-	ck_assert_int_eq(st->ops->shard_create(st, "../x", 1, 0, 10, &sh, err), -EINVAL);
-	ck_assert_int_eq(st->ops->shard_create(st, "a/b", 1, 0, 10, &sh, err), -EINVAL);
-	ck_assert_int_eq(st->ops->shard_create(st, "job", -1, 0, 10, &sh, err), -EINVAL);
-	ck_assert_int_eq(st->ops->shard_create(st, "job", 1000000000000LL, 0, 10, &sh, err),
+	ck_assert_int_eq(st->ops->shard_create(st, "../x", 1, 0, 10, file, &sh, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_create(st, "a/b", 1, 0, 10, file, &sh, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_create(st, "job", -1, 0, 10, file, &sh, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_create(st, "job", 1000000000000LL, 0, 10, file, &sh, err),
 	                 -EINVAL);
-	ck_assert_int_eq(st->ops->shard_create(st, "job", 1, -1, 10, &sh, err), -EINVAL);
-	ck_assert_int_eq(st->ops->shard_open(st, "..", 1, 0, &sh, &size, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_create(st, "job", 1, -1, 10, file, &sh, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_open(st, "..", 1, SHARD0, &sh, &size, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_open(st, "job", 1, "../../etc/passwd", &sh, &size, err),
+	                 -EINVAL);
+	ck_assert_int_eq(st->ops->shard_open(st, "job", 1, ".hidden", &sh, &size, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_stat(st, "job", 1, "a/b", &size, err), -EINVAL);
+	ck_assert_int_eq(st->ops->shard_unlink(st, "job", 1, "..", err), -EINVAL);
 	ck_assert_ptr_null(sh);
 	ck_assert(!exists(at("job")));
+	/* a node name that is no name: no backend */
+	storage_destroy(st);
+	{
+		struct local_opts o = {.root = root, .node = "a/b", .ops = &rec_ops};
+
+		ck_assert_int_eq(local_create(&o, &st, err), -EINVAL);
+		ck_assert_ptr_null(st);
+	}
+	open_backend(false, NULL);
 }
 END_TEST
 
@@ -831,61 +771,72 @@ static void wait_finished(struct save *s)
 	pthread_mutex_unlock(&s->m);
 }
 
-static void roundtrip(bool refuse_direct)
+/* Writes a 10000-byte shard of (rt, 7) through a real engine and finishes it. */
+static void write_shard(struct save *s, unsigned char *buf, char *file, enum ioeng_kind kind,
+                        struct ioeng **io)
 {
-	struct ioeng_opts eo = {.kind = IOENG_AUTO, .queue_depth = 4};
+	struct ioeng_opts eo = {.kind = kind, .queue_depth = 4, .ops = &rec_ops};
+
+	ck_assert_int_eq(ioeng_create(&eo, io, err), 0);
+	storage_destroy(st);
+	open_backend(true, *io);
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_init(&s->m, NULL);
+	pthread_cond_init(&s->c, NULL);
+	ck_assert_msg(st->ops->shard_create(st, "rt", 7, 0, 10000, file, &s->sh, err) == 0,
+	              "create: %s", err);
+	for (unsigned i = 0; i < 3; i++) {
+		s->w[i] = (struct io_req){.buf = buf + i * 4096,
+		                          .len = 4096,
+		                          .off = i * 4096,
+		                          .buf_index = -1,
+		                          .done = write_done,
+		                          .ctx = s};
+		st->ops->shard_write(s->sh, &s->w[i]); /* the last one padded past 10000 */
+	}
+	wait_finished(s);
+}
+
+static void roundtrip(bool refuse_direct, enum ioeng_kind kind)
+{
 	static struct save s;
+	char file[SHARD_FILE_MAX];
 	struct io_req rd = {0};
-	struct manifest *m;
 	struct ioeng *io;
 	unsigned char *buf, *back;
 	const char *why = NULL;
+	const char *want[] = {"io-fsync:" SHARD0, "io-fsync:step-000000000007", "io-fsync:rt"};
+	unsigned k = 0;
 	struct stat sb;
 	uint64_t size = 0;
-	bool direct;
 
-	ck_assert_int_eq(ioeng_create(&eo, &io, err), 0);
-	storage_destroy(st);
 	rec.refuse_direct = refuse_direct;
-	open_backend(true, io);
-	direct = local_direct(st, &why);
-	ck_assert_ptr_nonnull(why);
-	if (refuse_direct) {
-		ck_assert(!direct);
-		ck_assert_msg(strstr(why, "O_DIRECT refused") != NULL, "why: %s", why);
-	}
 	ck_assert_int_eq(posix_memalign((void **)&buf, 4096, 3 * 4096), 0);
 	ck_assert_int_eq(posix_memalign((void **)&back, 4096, 3 * 4096), 0);
 	for (unsigned i = 0; i < 3 * 4096; i++)
 		buf[i] = (unsigned char)(i * 13 + 7);
 	memset(back, 0, 3 * 4096);
-
-	memset(&s, 0, sizeof(s));
-	pthread_mutex_init(&s.m, NULL);
-	pthread_cond_init(&s.c, NULL);
-	ck_assert_msg(st->ops->shard_create(st, "rt", 7, 0, 10000, &s.sh, err) == 0, "create: %s",
-	              err);
-	for (unsigned i = 0; i < 3; i++) {
-		s.w[i] = (struct io_req){.buf = buf + i * 4096,
-		                         .len = 4096,
-		                         .off = i * 4096,
-		                         .buf_index = -1,
-		                         .done = write_done,
-		                         .ctx = &s};
-		st->ops->shard_write(s.sh, &s.w[i]); /* the last one padded past 10000 */
-	}
-	wait_finished(&s);
+	rec_reset();
+	write_shard(&s, buf, file, kind, &io);
 	ck_assert_int_eq(s.res, 0);
-	ck_assert_int_eq(s.fin.op, IO_FSYNC);
+	ck_assert_str_eq(file, SHARD0);
+	/* DURABLE: the file's fsync, then the directories that name it, in that order */
+	for (unsigned i = 0; i < rec.n; i++)
+		if (strncmp(rec.log[i], "io-fsync:", 9) == 0) {
+			ck_assert_msg(k < 3 && strcmp(rec.log[i], want[k]) == 0, "fsync %u: %s", k,
+			              rec.log[i]);
+			k++;
+		}
+	ck_assert_uint_eq(k, 3);
+	if (refuse_direct)
+		ck_assert(!local_direct(st, &why) && strstr(why, "O_DIRECT refused"));
 	st->ops->shard_close(s.sh);
-	ck_assert_int_eq(stat(at("rt/step-000000000007/rank-00000.safetensors"), &sb), 0);
+	ck_assert_int_eq(stat(at("rt/step-000000000007/" SHARD0), &sb), 0);
 	ck_assert_int_eq(sb.st_size, 10000);
+	ck_assert_int_eq(st->ops->shard_stat(st, "rt", 7, SHARD0, &size, err), 0);
+	ck_assert_uint_eq(size, 10000);
 
-	m = mk_manifest("rt", 7, 10000);
-	ck_assert_msg(st->ops->commit(st, m, err) == 0, "commit: %s", err);
-	manifest_free(m);
-
-	ck_assert_int_eq(st->ops->shard_open(st, "rt", 7, 0, &s.sh, &size, err), 0);
+	ck_assert_int_eq(st->ops->shard_open(st, "rt", 7, SHARD0, &s.sh, &size, err), 0);
 	ck_assert_uint_eq(size, 10000);
 	pthread_mutex_lock(&s.m);
 	s.finished = false;
@@ -898,7 +849,10 @@ static void roundtrip(bool refuse_direct)
 	ck_assert(memcmp(buf, back, 10000) == 0);
 	st->ops->shard_close(s.sh);
 	st->ops->shard_close(NULL);
-	ck_assert_int_eq(st->ops->shard_open(st, "rt", 7, 1, &s.sh, &size, err), -ENOENT);
+	/* a failed attempt's file goes */
+	ck_assert_int_eq(st->ops->shard_unlink(st, "rt", 7, SHARD0, err), 0);
+	ck_assert_int_eq(st->ops->shard_open(st, "rt", 7, SHARD0, &s.sh, &size, err), -ENOENT);
+	ck_assert_int_eq(st->ops->shard_stat(st, "rt", 7, SHARD0, &size, err), -ENOENT);
 	ioeng_destroy(io);
 	free(buf);
 	free(back);
@@ -906,47 +860,35 @@ static void roundtrip(bool refuse_direct)
 
 START_TEST(test_shard_roundtrip)
 {
-	roundtrip(false);
+	roundtrip(false, IOENG_AUTO);
 }
 END_TEST
 
 START_TEST(test_shard_roundtrip_no_direct)
 {
-	roundtrip(true);
+	roundtrip(true, IOENG_PWRITE);
 }
 END_TEST
 
+/* A failed truncate, or fsync of the file or of either directory: the finish fails. */
 START_TEST(test_shard_finish_fault)
 {
+	static const char *const faults[][2] = {
+	    {"ftruncate", SHARD0},
+	    {"io-fsync", SHARD0},
+	    {"io-fsync", "step-000000000007"},
+	    {"io-fsync", "rt"},
+	};
 	static struct save s;
-	struct ioeng_opts eo = {.kind = IOENG_PWRITE, .queue_depth = 2};
 	unsigned char *buf;
+	char file[SHARD_FILE_MAX];
 	struct ioeng *io;
-	char p[256];
 
-	ck_assert_int_eq(ioeng_create(&eo, &io, err), 0);
-	storage_destroy(st);
-	open_backend(false, io);
 	ck_assert_int_eq(posix_memalign((void **)&buf, 4096, 3 * 4096), 0);
 	memset(buf, 1, 3 * 4096);
-	memset(&s, 0, sizeof(s));
-	pthread_mutex_init(&s.m, NULL);
-	pthread_cond_init(&s.c, NULL);
-	ck_assert_int_eq(st->ops->shard_create(st, "ff", 1, 0, 9000, &s.sh, err), 0);
-	st->ops->shard_path(st, "ff", 1, 0, p, sizeof(p));
-	ck_assert_str_eq(p, at("ff/step-000000000001/rank-00000.safetensors"));
-	rec_fail("ftruncate", "rank-00000.safetensors", 1, -EIO);
-	for (unsigned i = 0; i < 3; i++) {
-		s.w[i] = (struct io_req){.buf = buf + i * 4096,
-		                         .len = 4096,
-		                         .off = i * 4096,
-		                         .buf_index = -1,
-		                         .done = write_done,
-		                         .ctx = &s};
-		st->ops->shard_write(s.sh, &s.w[i]);
-	}
-	wait_finished(&s);
-	ck_assert_int_eq(s.res, -EIO);
+	rec_fail(faults[_i][0], faults[_i][1], 1, -EIO);
+	write_shard(&s, buf, file, IOENG_PWRITE, &io);
+	ck_assert_msg(s.res == -EIO, "fault %d: %lld", _i, (long long)s.res);
 	rec_reset();
 	st->ops->shard_close(s.sh);
 	ioeng_destroy(io);
@@ -965,29 +907,239 @@ START_TEST(test_direct_probe)
 	open_backend(true, NULL);
 	ck_assert(!local_direct(st, &why));
 	ck_assert_msg(strstr(why, "O_DIRECT refused") != NULL, "why: %s", why);
-	ck_assert(!exists(at(".ckptd-direct-probe.%d", (int)getpid())));
+	ck_assert_uint_eq(count_dot(root, "\\.direct-probe"), 0);
 }
 END_TEST
 
-/* Non-files planted where shards go: refused at once, and not taken for "no O_DIRECT". */
-START_TEST(test_planted_shards)
-{
-	struct storage_shard *sh = NULL;
-	const char *why;
-	uint64_t size;
+/* ---- removal and pins --------------------------------------------------- */
 
-	storage_destroy(st);
-	open_backend(true, NULL);
-	if (!local_direct(st, &why))
-		return; /* this directory refuses O_DIRECT: nothing to tell apart */
-	mkdirs(at("job/step-000000000001/rank-00001.safetensors"));
-	ck_assert_int_eq(mkfifo(at("job/step-000000000001/rank-00000.safetensors"), 0644), 0);
-	ck_assert_int_lt(st->ops->shard_create(st, "job", 1, 0, 10, &sh, err), 0);
-	ck_assert_int_lt(st->ops->shard_create(st, "job", 1, 1, 10, &sh, err), 0);
-	ck_assert_int_lt(st->ops->shard_open(st, "job", 1, 0, &sh, &size, err), 0);
-	ck_assert_int_lt(st->ops->shard_open(st, "job", 1, 1, &sh, &size, err), 0);
-	ck_assert_ptr_null(sh);
-	ck_assert_msg(local_direct(st, &why), "why: %s", why);
+START_TEST(test_remove)
+{
+	struct storage_step *steps;
+	bool renamed = false, synced = false;
+	size_t n;
+
+	committed("job", 1);
+	committed("job", 2);
+	committed("job", 3);
+	mk_shard("job", 4, 100); /* newer, never committed */
+	rec_reset();
+	ck_assert_msg(store_remove(st, "job", 3, err) == 0, "remove: %s", err);
+	/* out of sight by one rename, made durable before the files go */
+	for (unsigned i = 0; i < rec.n; i++) {
+		if (strncmp(rec.log[i], "renameat:step-000000000003->.trash.step-000000000003.n0.",
+		            56) == 0)
+			renamed = true;
+		else if (renamed && !synced && strncmp(rec.log[i], "fsync:", 6) == 0)
+			synced = strcmp(rec.log[i], "fsync:job") == 0;
+		else if (renamed && strncmp(rec.log[i], "unlinkat:", 9) == 0)
+			ck_assert_msg(synced, "files deleted before the rename was durable");
+	}
+	ck_assert(renamed && synced);
+	ck_assert(!exists(at("job/step-000000000003")));
+	ck_assert_uint_eq(count_dot(at("job"), "\\.trash"), 0);
+	ck_assert_int_eq(latest("job"), 2); /* the newest committed left, not 4 */
+	ck_assert_int_eq(store_remove(st, "job", 1, err), 0);
+	ck_assert_int_eq(latest("job"), 2);
+	ck_assert_int_eq(store_remove(st, "job", 2, err), 0);
+	ck_assert_int_eq(latest("job"), -ENOENT);
+	ck_assert_int_eq(store_remove(st, "job", 2, err), -ENOENT);
+	ck_assert_int_eq(store_remove(st, "job", 4, err), 0); /* uncommitted too */
+	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_ptr_null(steps);
+	ck_assert_int_eq(store_remove(st, "nojob", 1, err), -ENOENT);
+	ck_assert_int_eq(store_remove(st, "../job", 1, err), -EINVAL);
+}
+END_TEST
+
+/* A pin: an object put durably (file, then directory), listed, gone with the step. */
+START_TEST(test_pin)
+{
+	struct storage_step *steps;
+	int w, l, d;
+	size_t n;
+
+	committed("job", 1);
+	committed("job", 2);
+	mk_shard("job", 3, 100); /* never committed */
+	rec_reset();
+	ck_assert_msg(store_set_pinned(st, "job", 1, true, err) == 0, "pin: %s", err);
+	w = find_log("fsync:.pinned.n0.", 0);
+	l = find_log("renameat:.pinned.n0.", 0);
+	d = find_log("fsync:step-000000000001", 0);
+	ck_assert_msg(w >= 0 && l > w && d > l, "marker, its fsync, rename, the directory's");
+	ck_assert(exists(at("job/step-000000000001/pinned")));
+	ck_assert_int_eq(store_set_pinned(st, "job", 1, true, err), 0); /* again: fine */
+	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
+	ck_assert_uint_eq(n, 3);
+	ck_assert(steps[0].committed && steps[0].pinned);
+	ck_assert(steps[1].committed && !steps[1].pinned);
+	ck_assert(!steps[2].committed && !steps[2].pinned);
+	free(steps);
+	ck_assert_int_eq(store_set_pinned(st, "job", 3, true, err), -ENOENT);
+	ck_assert_msg(strstr(err, "not committed"), "%s", err);
+	ck_assert_int_eq(store_set_pinned(st, "job", 9, true, err), -ENOENT);
+	ck_assert_int_eq(store_set_pinned(st, "../job", 1, true, err), -EINVAL);
+	rec_reset();
+	ck_assert_int_eq(store_set_pinned(st, "job", 1, false, err), 0);
+	ck_assert(!exists(at("job/step-000000000001/pinned")));
+	ck_assert_str_eq(rec.log[rec.n - 1], "fsync:step-000000000001");
+	ck_assert_int_eq(store_set_pinned(st, "job", 1, false, err), 0);
+	ck_assert_int_eq(store_set_pinned(st, "job", 2, true, err), 0);
+	ck_assert_int_eq(store_remove(st, "job", 2, err), 0);
+	ck_assert(!exists(at("job/step-000000000002")));
+}
+END_TEST
+
+/* ---- the clean-up of a shared root -------------------------------------- */
+
+/* Sets a path's mtime `age` seconds back. */
+static void age(const char *p, int64_t secs)
+{
+	struct timespec ts[2];
+
+	clock_gettime(CLOCK_REALTIME, &ts[0]);
+	ts[0].tv_sec -= secs;
+	ts[1] = ts[0];
+	ck_assert_int_eq(utimensat(AT_FDCWD, p, ts, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+static int cleanup(bool at_start, struct storage_recovery *r)
+{
+	struct storage_cleanup pol = {3600, (int64_t)time(NULL), at_start};
+
+	memset(r, 0, sizeof(*r));
+	return store_cleanup(st, NULL, &pol, r, err);
+}
+
+START_TEST(test_cleanup)
+{
+	struct storage_recovery r;
+
+	committed("job", 1);
+	committed("job", 3);
+	puts_at(at("job/step-000000000003/.manifest.json.n0.0123456789abcdef.tmp"), "{");
+	/* 2: uncommitted, older than LATEST, untouched for two hours: abandoned */
+	mk_shard_of("job", 2, 100, "n5");
+	age(at("job/step-000000000002/rank-00000.n5.0.safetensors"), 7200);
+	age(at("job/step-000000000002"), 7200);
+	/* 4: another node saving right now: untouched */
+	mk_shard_of("job", 4, 100, "n5");
+	/* 5: ours alone, no part of ours: the save died with us */
+	mk_shard("job", 5, 100);
+	/* 6: ours and another node's, no part of ours: ours goes, theirs stays */
+	mk_shard("job", 6, 100);
+	put(at("job/step-000000000006/rank-00001.n5.0.safetensors"), "x", 1);
+	/* 7: ours with our part written: a commit may be using it */
+	mk_shard("job", 7, 100);
+	mkdirs(at("job/step-000000000007/parts"));
+	puts_at(at("job/step-000000000007/parts/n0.json"), "{}");
+	/* 0: older than LATEST but fresh: another node may still commit it */
+	mk_shard_of("job", 0, 100, "n5");
+	/* leftovers: a removal cut short; temporaries, ours and others', fresh and old */
+	mkdirs(at("job/.trash.step-000000000008.n5.1.1/sub"));
+	puts_at(at("job/.LATEST.n0.0123456789abcdef.tmp"), "7\n");
+	puts_at(at("job/.LATEST.n5.0123456789abcdef.tmp"), "7\n");
+	mkdirs(at("job/plans"));
+	puts_at(at("job/plans/.n6.json.n6.0123456789abcdef.tmp"), "old");
+	age(at("job/plans/.n6.json.n6.0123456789abcdef.tmp"), 7200);
+	puts_at(at("job/notes.txt"), "mine");
+
+	/* while running: nothing of ours is dead yet */
+	ck_assert_msg(cleanup(false, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000005/" SHARD0)));
+	ck_assert(exists(at("job/.LATEST.n0.0123456789abcdef.tmp")));
+	ck_assert(!exists(at("job/step-000000000002"))); /* abandoned goes either way */
+	ck_assert_uint_eq(r.partial_removed, 1);
+	ck_assert_int_eq(latest("job"), 3);
+
+	ck_assert_msg(cleanup(true, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000004/rank-00000.n5.0.safetensors")));
+	ck_assert(!exists(at("job/step-000000000005")));
+	ck_assert(!exists(at("job/step-000000000006/" SHARD0)));
+	ck_assert(exists(at("job/step-000000000006/rank-00001.n5.0.safetensors")));
+	ck_assert(exists(at("job/step-000000000007/" SHARD0)));
+	ck_assert(exists(at("job/step-000000000000/rank-00000.n5.0.safetensors")));
+	ck_assert(!exists(at("job/.trash.step-000000000008.n5.1.1")));
+	ck_assert(!exists(at("job/.LATEST.n0.0123456789abcdef.tmp")));
+	ck_assert(exists(at("job/.LATEST.n5.0123456789abcdef.tmp"))); /* another node's, fresh */
+	ck_assert(!exists(at("job/plans/.n6.json.n6.0123456789abcdef.tmp")));
+	ck_assert(!exists(at("job/step-000000000003/.manifest.json.n0.0123456789abcdef.tmp")));
+	ck_assert(exists(at("job/step-000000000003/manifest.json")));
+	ck_assert(exists(at("job/notes.txt")));
+	ck_assert_uint_eq(r.partial_removed, 1); /* 5 */
+	ck_assert_uint_eq(r.own_removed, 2);     /* 5's and 6's */
+	ck_assert_uint_eq(r.partial_kept, 4);    /* 0, 4, 6, 7 */
+	ck_assert_int_eq(latest("job"), 3);
+	/* again: nothing more to do */
+	ck_assert_int_eq(cleanup(true, &r), 0);
+	ck_assert_uint_eq(r.partial_removed + r.own_removed + r.temp_removed + r.latest_fixed, 0);
+}
+END_TEST
+
+/* LATEST after a clean-up: the newest committed step; off a step that is gone. */
+START_TEST(test_cleanup_latest)
+{
+	struct storage_recovery r;
+
+	committed("j3", 4);
+	puts_at(at("j3/LATEST"), "9\n"); /* names a step that is gone */
+	mk_shard("j2", 5, 10);
+	puts_at(at("j2/LATEST"), "5\n"); /* names a step never committed */
+	committed("j4", 2);
+	committed("j4", 6);
+	puts_at(at("j4/LATEST"), "2\n"); /* behind */
+	ck_assert_int_eq(cleanup(true, &r), 0);
+	ck_assert_uint_eq(r.latest_fixed, 3);
+	ck_assert_int_eq(latest("j3"), 4);
+	ck_assert_int_eq(latest("j2"), -ENOENT);
+	ck_assert_int_eq(latest("j4"), 6);
+}
+END_TEST
+
+/* ---- listings ----------------------------------------------------------- */
+
+START_TEST(test_list_ignores_junk)
+{
+	struct storage_step *steps;
+	char **jobs;
+	size_t n;
+
+	committed("job", 2);
+	mk_shard("job", 4, 100);
+	mkdirs(at("ok-job"));
+	mkdirs(at("bad name"));
+	mkdirs(at("elsewhere"));
+	puts_at(at("notadir"), "x");
+	ck_assert_int_eq(symlink(at("elsewhere"), at("link")), 0);
+	mkdirs(at("job/step-1"));
+	mkdirs(at("job/step-0000000000001")); /* 13 digits */
+	mkdirs(at("job/step-00000000000x"));
+	mkdirs(at("job/step-000000000003x"));
+	puts_at(at("job/step-000000000009"), "a file");
+	ck_assert_int_eq(symlink(at("job/step-000000000002"), at("job/step-000000000008")), 0);
+	puts_at(at("job/notes.txt"), "x");
+
+	ck_assert_int_eq(st->ops->list_jobs(st, &jobs, &n, err), 0);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(jobs[0], "elsewhere");
+	ck_assert_str_eq(jobs[1], "job");
+	ck_assert_str_eq(jobs[2], "ok-job");
+	for (size_t i = 0; i < n; i++)
+		free(jobs[i]);
+	free(jobs);
+
+	ck_assert_int_eq(st->ops->list_steps(st, "job", &steps, &n, err), 0);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_int_eq(steps[0].step, 2);
+	ck_assert(steps[0].committed);
+	ck_assert_int_eq(steps[1].step, 4);
+	ck_assert(!steps[1].committed);
+	free(steps);
+	ck_assert(is_link_error(st->ops->list_steps(st, "link", &steps, &n, err)));
+	ck_assert_int_eq(st->ops->list_steps(st, "nojob", &steps, &n, err), -ENOENT);
+	ck_assert_int_eq(st->ops->list_steps(st, "bad name", &steps, &n, err), -EINVAL);
 }
 END_TEST
 
@@ -997,23 +1149,24 @@ static Suite *suite(void)
 	TCase *tc = tcase_create("local");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, test_commit_sequence);
-	tcase_add_loop_test(tc, test_commit_fault, 0, (int)(sizeof(faults) / sizeof(faults[0])));
-	tcase_add_test(tc, test_commit_latest_forward_only);
-	tcase_add_test(tc, test_commit_refuses_incomplete);
-	tcase_add_test(tc, test_recover);
-	tcase_add_test(tc, test_remove);
-	tcase_add_test(tc, test_set_latest);
-	tcase_add_test(tc, test_pin);
-	tcase_add_test(tc, test_list_ignores_junk);
-	tcase_add_test(tc, test_read_manifest_checks);
-	tcase_add_test(tc, test_hostile_latest);
+	tcase_add_test(tc, test_put_sequence);
+	tcase_add_loop_test(tc, test_put_faults, 0, (int)(sizeof(put_faults) / sizeof(put_faults[0])));
+	tcase_add_test(tc, test_create_once_replace);
+	tcase_add_test(tc, test_bad_keys);
+	tcase_add_test(tc, test_hostile_objects);
+	tcase_add_test(tc, test_manifest_once);
+	tcase_add_test(tc, test_latest);
+	tcase_add_test(tc, test_shard_exclusive);
 	tcase_add_test(tc, test_bad_names);
 	tcase_add_test(tc, test_shard_roundtrip);
 	tcase_add_test(tc, test_shard_roundtrip_no_direct);
-	tcase_add_test(tc, test_shard_finish_fault);
+	tcase_add_loop_test(tc, test_shard_finish_fault, 0, 4);
 	tcase_add_test(tc, test_direct_probe);
-	tcase_add_test(tc, test_planted_shards);
+	tcase_add_test(tc, test_remove);
+	tcase_add_test(tc, test_pin);
+	tcase_add_test(tc, test_cleanup);
+	tcase_add_test(tc, test_cleanup_latest);
+	tcase_add_test(tc, test_list_ignores_junk);
 	suite_add_tcase(s, tc);
 	return s;
 }

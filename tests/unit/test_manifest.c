@@ -1,7 +1,8 @@
 /*
- * Unit tests of storage/manifest.c: a 2-rank manifest (sharded and
- * unsharded tensors, user meta) written and read back, every refusal of a
- * hostile manifest.json, and the lookups restore uses.
+ * Unit tests of storage/manifest.c: a 2-rank, 2-node manifest (sharded and
+ * unsharded tensors, user meta per rank) written and read back, every
+ * refusal of a hostile manifest.json, format 1 still read, shard names,
+ * and the lookups restore uses.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -26,10 +27,22 @@ static char *xstrdup(const char *s)
 
 static void set_rank(struct manifest *m, int r, uint64_t size)
 {
-	char name[32];
+	char name[SHARD_FILE_MAX], node[8], meta[32];
 
-	manifest_rank_file(r, name, sizeof(name));
-	m->ranks[r] = (struct manifest_rank){r, xstrdup(name), size, 256};
+	snprintf(node, sizeof(node), "n%d", r);
+	snprintf(meta, sizeof(meta), "{\"r\":%d}", r);
+	ck_assert_int_eq(shard_file_name(r, node, 0, name, sizeof(name)), 0);
+	m->ranks[r] = (struct manifest_rank){r, xstrdup(name), size, 256, xstrdup(meta)};
+}
+
+/* Part i: node "n<i>" with rank i. */
+static void set_part(struct manifest *m, int i)
+{
+	char node[8];
+
+	snprintf(node, sizeof(node), "n%d", i);
+	m->parts[i] = (struct manifest_part){xstrdup(node), 1, calloc(1, sizeof(int))};
+	m->parts[i].ranks[0] = i;
 }
 
 static struct manifest_chunk chunk(int rank, int64_t o0, int64_t o1, int64_t s0, int64_t s1,
@@ -58,6 +71,8 @@ static struct manifest *sample(void)
 	ck_assert_ptr_nonnull(m);
 	*m = (struct manifest){.version = MANIFEST_VERSION,
 	                       .job = xstrdup("llama-7b"),
+	                       .run = xstrdup("r1"),
+	                       .nparts = 2,
 	                       .step = 100,
 	                       .world = 2,
 	                       .time_unix_ns = T_NS,
@@ -69,10 +84,13 @@ static struct manifest *sample(void)
 	                       .durable_seconds = 1.5,
 	                       .commit_seconds = 1.75};
 	m->ranks = calloc(2, sizeof(*m->ranks));
+	m->parts = calloc(2, sizeof(*m->parts));
 	m->tensors = t = calloc(3, sizeof(*m->tensors));
-	ck_assert(m->ranks && m->tensors);
+	ck_assert(m->ranks && m->parts && m->tensors);
 	set_rank(m, 0, 316);
 	set_rank(m, 1, 312);
+	set_part(m, 0);
+	set_part(m, 1);
 
 	t[0] = (struct manifest_tensor){xstrdup("embed"),
 	                                ipc_dtype_from_name("F32"),
@@ -118,6 +136,13 @@ static void assert_same(const struct manifest *a, const struct manifest *b)
 	ck_assert_str_eq(a->job, b->job);
 	ck_assert_int_eq(a->step, b->step);
 	ck_assert_int_eq(a->world, b->world);
+	ck_assert_str_eq(a->run, b->run);
+	ck_assert_uint_eq(a->nparts, b->nparts);
+	for (size_t i = 0; i < a->nparts; i++) {
+		ck_assert_str_eq(a->parts[i].node, b->parts[i].node);
+		ck_assert_uint_eq(a->parts[i].nranks, b->parts[i].nranks);
+		ck_assert_mem_eq(a->parts[i].ranks, b->parts[i].ranks, a->parts[i].nranks * sizeof(int));
+	}
 	ck_assert_int_eq(a->time_unix_ns, b->time_unix_ns);
 	ck_assert_uint_eq(a->bytes, b->bytes);
 	ck_assert_double_eq(a->capture_seconds, b->capture_seconds);
@@ -129,6 +154,7 @@ static void assert_same(const struct manifest *a, const struct manifest *b)
 		ck_assert_str_eq(a->ranks[r].file, b->ranks[r].file);
 		ck_assert_uint_eq(a->ranks[r].size, b->ranks[r].size);
 		ck_assert_uint_eq(a->ranks[r].header_bytes, b->ranks[r].header_bytes);
+		ck_assert_str_eq(a->ranks[r].meta_json, b->ranks[r].meta_json);
 	}
 	ck_assert_uint_eq(a->ntensors, b->ntensors);
 	for (size_t i = 0; i < a->ntensors; i++) {
@@ -183,7 +209,17 @@ START_TEST(test_roundtrip)
 	            1),
 	        "xxh3")),
 	    "fedcba9876543210");
-	ck_assert_ptr_nonnull(strstr(text, "\"file\": \"rank-00001.safetensors\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"file\": \"rank-00001.n1.0.safetensors\""));
+	ck_assert_str_eq(json_string_value(json_object_get(root, "run")), "r1");
+	ck_assert_str_eq(json_string_value(json_object_get(
+	                     json_array_get(json_object_get(root, "parts"), 1), "node")),
+	                 "n1");
+	/* each rank's meta is its own */
+	ck_assert_str_eq(manifest_rank_meta(back, 1), "{\"r\":1}");
+	ck_assert_str_eq(manifest_rank_meta(back, 0), "{\"r\":0}");
+	ck_assert_str_eq(manifest_rank_meta(back, 7), "{\"r\":0}"); /* a larger world: rank 0's */
+	ck_assert_str_eq(manifest_node_of(back, 1), "n1");
+	ck_assert_ptr_null(manifest_node_of(back, 2));
 	/* unsharded chunks carry no global_offset; sharded ones do */
 	ck_assert_ptr_null(json_object_get(
 	    json_array_get(json_object_get(
@@ -262,7 +298,7 @@ START_TEST(test_check_struct)
 	ck_assert_int_eq(manifest_check(m, err), -EINVAL);
 	m->tensors[1].chunks[0].begin = 308;
 	ck_assert_int_eq(manifest_check(m, err), -EINVAL);
-	ck_assert_ptr_nonnull(strstr(err, "outside the data of rank-00000.safetensors"));
+	ck_assert_ptr_nonnull(strstr(err, "outside the data of rank-00000.n0.0.safetensors"));
 	m->tensors[1].chunks[0].begin = 304, m->tensors[1].chunks[0].end = 316;
 	ck_assert_int_eq(manifest_check(m, err), 0);
 	manifest_free(m);
@@ -329,7 +365,25 @@ static int read_edited(edit_fn edit, char *err)
 EDIT(no_edit, (void)root)
 EDIT(format_other, json_object_set_new(root, "format", json_string("other")))
 EDIT(format_missing, json_object_del(root, "format"))
-EDIT(version_2, json_object_set_new(root, "version", json_integer(2)))
+EDIT(version_3, json_object_set_new(root, "version", json_integer(3)))
+EDIT(run_missing, json_object_del(root, "run"))
+EDIT(run_slash, json_object_set_new(root, "run", json_string("a/b")))
+EDIT(run_nul, json_object_set_new(root, "run", json_stringn("a\0b", 3)))
+EDIT(parts_missing, json_object_del(root, "parts"))
+EDIT(parts_empty, json_object_set_new(root, "parts", json_array()))
+EDIT(part_rank_twice, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1),
+                                          "ranks", json_pack("[i]", 0)))
+EDIT(part_rank_outside, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1),
+                                            "ranks", json_pack("[i]", 2)))
+EDIT(part_node_slash, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1),
+                                          "node", json_string("../n1")))
+EDIT(parts_unsorted,
+     json_object_set_new(json_array_get(json_object_get(root, "parts"), 0), "node",
+                         json_string("zz")))
+EDIT(rank_file_other_rank,
+     json_object_set_new(rank_of(root, 1), "file", json_string("rank-00000.n1.0.safetensors")))
+EDIT(rank_file_old_form,
+     json_object_set_new(rank_of(root, 1), "file", json_string("rank-00001.safetensors")))
 EDIT(job_dotdot, json_object_set_new(root, "job", json_string("..")))
 EDIT(job_slash, json_object_set_new(root, "job", json_string("a/b")))
 EDIT(step_negative, json_object_set_new(root, "step", json_integer(-1)))
@@ -400,7 +454,18 @@ static const struct {
 } refusals[] = {
     {"format", format_other, -EINVAL, "format is 'other'"},
     {"format missing", format_missing, -EINVAL, "\"format\" is missing"},
-    {"version", version_2, -EINVAL, "version 2"},
+    {"version", version_3, -EINVAL, "version 3, this reader knows 1..2"},
+    {"run missing", run_missing, -EINVAL, "\"run\" is missing"},
+    {"run /", run_slash, -EINVAL, "run name 'a/b'"},
+    {"run NUL", run_nul, -EINVAL, "is not allowed"},
+    {"parts missing", parts_missing, -EINVAL, "\"parts\" is missing"},
+    {"parts empty", parts_empty, -EINVAL, "no parts listed"},
+    {"part rank twice", part_rank_twice, -EINVAL, "rank 0 is in two parts"},
+    {"part rank outside", part_rank_outside, -EINVAL, "is not a rank of world 2"},
+    {"part node /", part_node_slash, -EINVAL, "node name '../n1'"},
+    {"parts unsorted", parts_unsorted, -EINVAL, "parts are sorted by node"},
+    {"file of another rank", rank_file_other_rank, -EINVAL, "is not named rank-00001."},
+    {"file of format 1", rank_file_old_form, -EINVAL, "is not named rank-00001."},
     {"job ..", job_dotdot, -EINVAL, "job name '..'"},
     {"job /", job_slash, -EINVAL, "job name 'a/b'"},
     {"step < 0", step_negative, -EINVAL, "\"step\""},
@@ -416,13 +481,13 @@ static const struct {
     {"rank twice", rank_duplicated, -EINVAL, "rank 0 is listed twice"},
     {"rank >= world", rank_outside, -EINVAL, "ranks[1]: \"rank\" is out of range"},
     {"rank extra", rank_extra, -EINVAL, "listed twice"},
-    {"rank file", rank_file_wrong, -EINVAL, "expected 'rank-00001.safetensors'"},
+    {"rank file", rank_file_wrong, -EINVAL, "is not named rank-00001.<node>.<attempt>"},
     {"header > size", rank_header_past_size, -EINVAL, "header_bytes 400"},
     {"ranks not array", ranks_object, -EINVAL, "\"ranks\""},
     {"tensors not object", tensors_array, -EINVAL, "\"tensors\""},
     {"chunk past file", chunk_outside_file, -EINVAL,
      "tensor 'embed' chunk 1: byte_range [300, 348] is outside the data of "
-     "rank-00001.safetensors"},
+     "rank-00001.n1.0.safetensors"},
     {"chunk in header", chunk_in_header, -EINVAL, "outside the data"},
     {"chunk rank", chunk_rank_outside, -EINVAL, "rank 2 is outside world 2"},
     {"xxh3 upper", xxh3_upper, -EINVAL, "not 16 lowercase hex"},
@@ -444,7 +509,7 @@ static const struct {
     {"dtype", dtype_unknown, -EINVAL, "unknown dtype 'F4'"},
     {"sharded string", sharded_string, -EINVAL, "\"sharded\""},
     {"tensor name", bad_tensor_name, -EINVAL, "control character"},
-    {"overlap", overlap_in_file, -EINVAL, "overlap in rank-00000.safetensors"},
+    {"overlap", overlap_in_file, -EINVAL, "overlap in rank-00000.n0.0.safetensors"},
     {"no fields", top_array, -EINVAL, "\"format\" is missing"},
     {"range order", range_order, -EINVAL, "byte_range [312, 304]"},
 };
@@ -571,6 +636,78 @@ START_TEST(test_find_chunk)
 }
 END_TEST
 
+/* A format-1 manifest (one node, before runs and parts) is still read. */
+START_TEST(test_format_1)
+{
+	static const char v1[] =
+	    "{\"format\": \"ckptd-manifest\", \"version\": 1, \"job\": \"j\", \"step\": 3, "
+	    "\"world\": 1, \"time\": \"x\", \"time_unix_ns\": 5, \"meta\": {\"seed\": 9}, "
+	    "\"bytes\": 20, \"durations\": {\"capture_seconds\": 0, \"durable_seconds\": 0, "
+	    "\"commit_seconds\": 0}, \"ranks\": [{\"rank\": 0, \"file\": "
+	    "\"rank-00000.safetensors\", \"size\": 20, \"header_bytes\": 16}], \"tensors\": "
+	    "{\"a\": {\"dtype\": \"F32\", \"global_shape\": [1], \"sharded\": false, \"chunks\": "
+	    "[{\"rank\": 0, \"shape\": [1], \"byte_range\": [16, 20], \"xxh3\": "
+	    "\"0000000000000001\"}]}}}";
+	char err[IPC_ERRLEN] = "", *text, *bad;
+	struct manifest *m;
+	size_t len;
+
+	ck_assert_msg(manifest_from_json(v1, strlen(v1), &m, err) == 0, "%s", err);
+	ck_assert_int_eq(m->version, 1);
+	ck_assert_str_eq(m->run, "0");
+	ck_assert_uint_eq(m->nparts, 0);
+	ck_assert_str_eq(manifest_rank_meta(m, 0), "{\"seed\":9}"); /* one meta for all */
+	ck_assert_ptr_null(manifest_node_of(m, 0));
+	/* written back as it was: no run, no parts */
+	ck_assert_int_eq(manifest_to_json(m, &text, &len, err), 0);
+	ck_assert_ptr_null(strstr(text, "\"run\""));
+	ck_assert_ptr_null(strstr(text, "\"parts\""));
+	free(text);
+	manifest_free(m);
+	/* format 1 names its files one way only */
+	bad = strdup(v1);
+	memcpy(strstr(bad, "rank-00000.safetensors"), "rank-00000.safetensorz", 22);
+	ck_assert_int_eq(manifest_from_json(bad, strlen(bad), &m, err), -EINVAL);
+	ck_assert_msg(strstr(err, "expected 'rank-00000.safetensors'"), "%s", err);
+	free(bad);
+}
+END_TEST
+
+/* Shard names: the node is the part between the rank and the attempt, whatever it holds. */
+START_TEST(test_shard_names)
+{
+	char buf[SHARD_FILE_MAX], err[IPC_ERRLEN];
+	char long_node[IPC_MAX_JOB + 1];
+
+	ck_assert_int_eq(shard_file_name(3, "gpu-7.rack2", 12, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "rank-00003.gpu-7.rack2.12.safetensors");
+	ck_assert(shard_file_of_node(buf, "gpu-7.rack2"));
+	ck_assert(!shard_file_of_node(buf, "gpu-7"));
+	ck_assert(!shard_file_of_node(buf, "rack2"));
+	ck_assert_int_eq(shard_file_check(3, buf, err), 0);
+	ck_assert_int_eq(shard_file_check(4, buf, err), -EINVAL);
+	/* node "n0" attempt 1 and node "n0.1" attempt 0 are two names, each one node's */
+	ck_assert_int_eq(shard_file_name(0, "n0", 1, buf, sizeof(buf)), 0);
+	ck_assert(shard_file_of_node(buf, "n0") && !shard_file_of_node(buf, "n0.1"));
+	ck_assert_int_eq(shard_file_name(0, "n0.1", 0, buf, sizeof(buf)), 0);
+	ck_assert(shard_file_of_node(buf, "n0.1") && !shard_file_of_node(buf, "n0"));
+	ck_assert(!shard_file_of_node("rank-00000.safetensors", "n0"));
+	ck_assert(!shard_file_of_node("rank-00000.n0.safetensors", "n0"));
+	ck_assert(!shard_file_of_node("rank-0000x.n0.0.safetensors", "n0"));
+	/* hostile names */
+	ck_assert_int_eq(shard_file_check(0, "rank-00000.../.0.safetensors", err), -EINVAL);
+	ck_assert_int_eq(shard_file_check(0, "rank-00000.a/b.0.safetensors", err), -EINVAL);
+	ck_assert_int_eq(shard_file_check(0, "rank-00000.n0.0.safetensors/x", err), -EINVAL);
+	ck_assert_int_eq(shard_file_check(0, "rank-00000..0.safetensors", err), -EINVAL);
+	ck_assert_int_eq(shard_file_check(0, NULL, err), -EINVAL);
+	memset(long_node, 'n', IPC_MAX_JOB);
+	long_node[IPC_MAX_JOB] = '\0';
+	ck_assert_int_eq(shard_file_name(0, long_node, 4000000000u, buf, sizeof(buf)), 0);
+	ck_assert_int_eq(shard_file_check(0, buf, err), 0);
+	ck_assert_int_eq(shard_file_name(0, long_node, 1, buf, 40), -ENAMETOOLONG);
+}
+END_TEST
+
 START_TEST(test_rank_file)
 {
 	char buf[32];
@@ -598,6 +735,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_find);
 	tcase_add_test(tc, test_find_chunk);
 	tcase_add_test(tc, test_rank_file);
+	tcase_add_test(tc, test_format_1);
+	tcase_add_test(tc, test_shard_names);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,0 +1,862 @@
+/*
+ * commit.c: the many-nodes commit of one step (commit.h), as a state
+ * machine over the storage interface.
+ *
+ * Per step, each poll, in this order:
+ *   1. this node's part, written once (store_put_part)
+ *   2. the manifest, by exact name: there, the step is COMMITTED (of this
+ *      run) or FAILED (committed by another run, without this save)
+ *   3. the roster (which node holds which rank of this run), from the plans
+ *      files, cached per job and run once complete
+ *   4. the other nodes' parts by exact name: read and checked where this
+ *      node commits, only looked at otherwise (for the progress shown)
+ *   5. this node commits (it hosts rank 0, or half the deadline passed):
+ *      all parts in, one run, each rank once, every shard there at its
+ *      size: merge, manifest create-once (EEXIST: step 2's answer), LATEST
+ *   6. the deadline: FAILED naming the nodes (and their ranks) whose parts
+ *      are missing, and what was wrong with those that were there
+ *
+ * Divisions: rosters; parts of the others; the manifest; polling; by hand.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commit.h"
+
+struct rnode {
+	char *name;
+	int *ranks; /* ascending */
+	size_t nranks;
+};
+
+/* Who holds which rank of one run of a job. */
+struct roster {
+	struct roster *next;
+	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
+	int world;
+	size_t nnodes;
+	struct rnode *nodes; /* nodes[0] is this node */
+};
+
+struct committer {
+	struct commit_opts o;
+	char node[IPC_MAX_JOB + 1];
+	struct roster *rosters; /* complete ones, per (job, run) */
+};
+
+struct commit {
+	struct committer *cm;
+	struct part *own;
+	int64_t step;
+	bool first, part_written;
+	int64_t t0, takeover_at, deadline;
+	int64_t backoff;
+	struct roster *roster; /* complete: cached in cm; else ours to free */
+	struct part **parts;   /* [roster->nnodes]: those read (where this node commits) */
+	bool *seen;            /* [roster->nnodes]: there (a stat is enough) */
+	char problem[IPC_ERRLEN]; /* the last thing wrong with a part or plans file */
+};
+
+/* ---- rosters ----------------------------------------------------------- */
+
+static void roster_free(struct roster *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->nnodes; i++) {
+		free(r->nodes[i].name);
+		free(r->nodes[i].ranks);
+	}
+	free(r->nodes);
+	free(r);
+}
+
+static bool roster_complete(const struct roster *r)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < r->nnodes; i++)
+		n += r->nodes[i].nranks;
+	return n == (size_t)r->world;
+}
+
+static int add_node(struct roster *r, const char *name, const int *ranks, size_t n)
+{
+	struct rnode *v = realloc(r->nodes, (r->nnodes + 1) * sizeof(*v));
+
+	if (!v)
+		return -ENOMEM;
+	r->nodes = v;
+	v = &r->nodes[r->nnodes];
+	v->name = strdup(name);
+	v->ranks = malloc((n ? n : 1) * sizeof(int));
+	if (!v->name || !v->ranks) {
+		free(v->name);
+		free(v->ranks);
+		return -ENOMEM;
+	}
+	memcpy(v->ranks, ranks, n * sizeof(int));
+	v->nranks = n;
+	r->nnodes++;
+	return 0;
+}
+
+/* `owner`[rank]: the node index holding each rank, -1 if none; a clash is -EEXIST. */
+static int claim(const struct roster *r, int *owner, size_t idx, char *why)
+{
+	const struct rnode *n = &r->nodes[idx];
+
+	for (size_t j = 0; j < n->nranks; j++) {
+		int k = n->ranks[j];
+
+		if (owner[k] >= 0)
+			return ipc_errf(why, -EEXIST,
+			                "rank %d of run %s is claimed by nodes %s and %s (their plans "
+			                "files): a rank runs on one node",
+			                k, r->run, r->nodes[owner[k]].name, n->name);
+		owner[k] = (int)idx;
+	}
+	return 0;
+}
+
+/* The other nodes' plans of this run, read by exact name: node i's ranks. */
+static int roster_read(struct committer *cm, struct roster *r, int *owner, char *why)
+{
+	char **names = NULL, msg[IPC_ERRLEN];
+	size_t n = 0;
+	int rc;
+
+	rc = store_list_nodes(cm->o.store, r->job, &names, &n, msg);
+	if (rc)
+		return ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
+	for (size_t i = 0; i < n && rc != -EEXIST && rc != -ENOMEM; i++) {
+		struct plans_file *f = NULL;
+		int ranks[1024], *rv = ranks;
+
+		if (strcmp(names[i], cm->node) == 0)
+			continue; /* ours: the part says which ranks */
+		if (store_read_plans(cm->o.store, r->job, names[i], &f, msg)) {
+			snprintf(why, IPC_ERRLEN, "%s", msg); /* noted; the node stays unknown */
+			continue;
+		}
+		if (strcmp(f->run, r->run) == 0 && f->world == r->world) {
+			if (f->nranks > 1024)
+				rv = malloc(f->nranks * sizeof(int));
+			for (size_t j = 0; rv && j < f->nranks; j++)
+				rv[j] = f->ranks[j].rank;
+			rc = rv ? add_node(r, names[i], rv, f->nranks) : -ENOMEM;
+			if (rc == 0)
+				rc = claim(r, owner, r->nnodes - 1, why);
+			if (rv != ranks)
+				free(rv);
+		} else if (strcmp(f->run, r->run) == 0) {
+			snprintf(why, IPC_ERRLEN,
+			         "plans/%s.json says world %d for run %s, this node's plans %d",
+			         names[i], f->world, r->run, r->world);
+		}
+		plans_free(f);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	return rc == -EEXIST || rc == -ENOMEM ? rc : 0;
+}
+
+/*
+ * The roster of (job, run, world) where this node holds `local`: cached when
+ * complete; else built from the plans files (a node's file may come late:
+ * then it is incomplete, and asked again next time). -EEXIST: two nodes
+ * claim one rank. *out is cached (complete) or the caller's to free.
+ */
+static int roster_build(struct committer *cm, const char *job, const char *run, int world,
+                        const int *local, size_t nlocal, struct roster **out, char *why)
+{
+	struct roster *r;
+	int *owner, rc;
+
+	*out = NULL;
+	for (r = cm->rosters; r; r = r->next)
+		if (strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0 && r->world == world &&
+		    r->nodes[0].nranks == nlocal &&
+		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
+			*out = r;
+			return 0;
+		}
+	r = calloc(1, sizeof(*r));
+	owner = malloc((size_t)world * sizeof(int));
+	if (!r || !owner) {
+		free(r);
+		free(owner);
+		return -ENOMEM;
+	}
+	snprintf(r->job, sizeof(r->job), "%s", job);
+	snprintf(r->run, sizeof(r->run), "%s", run);
+	r->world = world;
+	memset(owner, -1, (size_t)world * sizeof(int));
+	rc = add_node(r, cm->node, local, nlocal);
+	if (rc == 0)
+		rc = claim(r, owner, 0, why);
+	/* A node that holds every rank needs to read nobody's plans. */
+	if (rc == 0 && !roster_complete(r))
+		rc = roster_read(cm, r, owner, why);
+	free(owner);
+	if (rc) {
+		roster_free(r);
+		return rc;
+	}
+	if (roster_complete(r)) {
+		r->next = cm->rosters;
+		cm->rosters = r;
+	}
+	*out = r;
+	return 0;
+}
+
+static bool cached(const struct committer *cm, const struct roster *r)
+{
+	for (const struct roster *x = cm->rosters; x; x = x->next)
+		if (x == r)
+			return true;
+	return false;
+}
+
+/* The roster of c's run (see roster_build), this node's ranks from its part. */
+static int roster_get(struct commit *c, char *why)
+{
+	const struct part *p = c->own;
+	int *local, rc;
+
+	if (c->roster && roster_complete(c->roster))
+		return 0;
+	if (c->roster) { /* ours, incomplete: again from the files */
+		roster_free(c->roster);
+		c->roster = NULL;
+	}
+	local = malloc((p->nranks + 1) * sizeof(int));
+	if (!local)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->nranks; i++)
+		local[i] = p->ranks[i].rank;
+	rc = roster_build(c->cm, p->job, p->run, p->world, local, p->nranks, &c->roster, why);
+	free(local);
+	return rc;
+}
+
+int commit_unclaimed(struct committer *cm, const char *job, const char *run, int world,
+                     const int *local, size_t nlocal, int *out, size_t max, size_t *n, char *why)
+{
+	struct roster *r = NULL;
+	size_t k = 0;
+	int rc;
+
+	*n = 0;
+	if (world < 1 || world > IPC_MAX_WORLD)
+		return ipc_errf(why, -EINVAL, "world %d", world);
+	for (size_t i = 0; i < nlocal; i++)
+		if (local[i] < 0 || local[i] >= world || (i && local[i] <= local[i - 1]))
+			return ipc_errf(why, -EINVAL, "this node's ranks are not ascending ranks of "
+			                              "world %d",
+			                world);
+	rc = roster_build(cm, job, run, world, local, nlocal, &r, why);
+	if (rc)
+		return rc;
+	if (!roster_complete(r)) {
+		unsigned char *mine = calloc((size_t)world, 1);
+
+		for (size_t i = 0; mine && i < r->nnodes; i++)
+			for (size_t j = 0; j < r->nodes[i].nranks; j++)
+				mine[r->nodes[i].ranks[j]] = 1;
+		for (int k2 = 0; mine && k2 < world; k2++)
+			if (!mine[k2] && k++ < max)
+				out[k - 1] = k2;
+		free(mine);
+		rc = mine ? 0 : -ENOMEM;
+	}
+	*n = k;
+	if (!cached(cm, r))
+		roster_free(r);
+	return rc;
+}
+
+/* The roster was wrong (a part disagrees with it): forget it, cached or not. */
+static void roster_drop(struct commit *c)
+{
+	struct roster **pp;
+
+	for (pp = &c->cm->rosters; *pp; pp = &(*pp)->next)
+		if (*pp == c->roster) {
+			*pp = c->roster->next;
+			break;
+		}
+	for (size_t i = 0; c->parts && i < c->roster->nnodes; i++)
+		if (c->parts[i] != c->own)
+			part_free(c->parts[i]);
+	free(c->parts);
+	free(c->seen);
+	c->parts = NULL;
+	c->seen = NULL;
+	roster_free(c->roster);
+	c->roster = NULL;
+}
+
+static bool c_owns_roster(const struct commit *c)
+{
+	return !cached(c->cm, c->roster);
+}
+
+/* ---- the committer ----------------------------------------------------- */
+
+int committer_create(const struct commit_opts *o, struct committer **out, char *err)
+{
+	struct committer *cm;
+	int rc;
+
+	*out = NULL;
+	if (!o || !o->store || (rc = ipc_check_node(o->node, err)))
+		return o && o->store ? rc : ipc_errf(err, -EINVAL, "committer: no storage");
+	cm = calloc(1, sizeof(*cm));
+	if (!cm)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	cm->o = *o;
+	snprintf(cm->node, sizeof(cm->node), "%s", o->node);
+	cm->o.node = cm->node;
+	*out = cm;
+	return 0;
+}
+
+void committer_destroy(struct committer *cm)
+{
+	if (!cm)
+		return;
+	while (cm->rosters) {
+		struct roster *r = cm->rosters;
+
+		cm->rosters = r->next;
+		roster_free(r);
+	}
+	free(cm);
+}
+
+void commit_result_free(struct commit_result *r)
+{
+	manifest_free(r->manifest);
+	for (size_t i = 0; i < r->ndone; i++)
+		free(r->done[i]);
+	for (size_t i = 0; i < r->nmissing; i++)
+		free(r->missing[i]);
+	free(r->done);
+	free(r->missing);
+	memset(r, 0, sizeof(*r));
+}
+
+int commit_create(struct committer *cm, struct part *part, bool first, int64_t t0,
+                  struct commit **out, char *err)
+{
+	struct commit *c;
+	int rc;
+
+	*out = NULL;
+	if (!part)
+		return ipc_errf(err, -EINVAL, "commit: no part");
+	if (strcmp(part->node, cm->node) != 0)
+		return ipc_errf(err, -EINVAL, "commit: the part is node %s's, this is node %s",
+		                part->node, cm->node);
+	rc = part_check(part, err);
+	if (rc)
+		return rc;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	c->cm = cm;
+	c->own = part;
+	c->step = part->step;
+	c->first = first;
+	c->t0 = t0;
+	c->deadline = t0 + cm->o.deadline_ns;
+	c->takeover_at = t0 + cm->o.deadline_ns / 2;
+	c->backoff = COMMIT_BACKOFF_FIRST_NS;
+	*out = c;
+	return 0;
+}
+
+bool commit_part_written(const struct commit *c)
+{
+	return c->part_written;
+}
+
+void commit_destroy(struct commit *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; c->parts && c->roster && i < c->roster->nnodes; i++)
+		if (c->parts[i] != c->own)
+			part_free(c->parts[i]);
+	free(c->parts);
+	free(c->seen);
+	if (c->roster && c_owns_roster(c))
+		roster_free(c->roster);
+	part_free(c->own);
+	free(c);
+}
+
+/* ---- the others' parts ------------------------------------------------- */
+
+static bool same_ranks(const struct part *p, const struct rnode *n)
+{
+	if (p->nranks != n->nranks)
+		return false;
+	for (size_t i = 0; i < n->nranks; i++)
+		if (p->ranks[i].rank != n->ranks[i])
+			return false;
+	return true;
+}
+
+/*
+ * Node i's part, where this node commits: read and checked (this run, the
+ * roster's ranks). 1: in; 0: not (yet); -ESTALE: the roster is wrong.
+ */
+static int read_part(struct commit *c, size_t i)
+{
+	const struct rnode *n = &c->roster->nodes[i];
+	const struct part *own = c->own;
+	char msg[IPC_ERRLEN], ranks[128];
+	struct part *p = NULL;
+	int rc;
+
+	rc = store_read_part(c->cm->o.store, own->job, c->step, n->name, &p, msg);
+	if (rc == -ENOENT)
+		return 0;
+	if (rc) {
+		snprintf(c->problem, sizeof(c->problem), "%s", msg);
+		return 0;
+	}
+	if (strcmp(p->run, own->run) != 0) {
+		/* a run that died left it; the node's part of this run replaces it */
+		snprintf(c->problem, sizeof(c->problem),
+		         "parts/%s.json is of run %s, not run %s: a part of another run never "
+		         "joins",
+		         n->name, p->run, own->run);
+		part_free(p);
+		return 0;
+	}
+	if (p->world != own->world || !same_ranks(p, n)) {
+		part_ranks_text(n->ranks, n->nranks, ranks, sizeof(ranks));
+		snprintf(c->problem, sizeof(c->problem),
+		         "parts/%s.json (world %d) does not hold the ranks its plans name (%s of "
+		         "world %d)",
+		         n->name, p->world, ranks, own->world);
+		part_free(p);
+		return -ESTALE;
+	}
+	c->parts[i] = p;
+	return 1;
+}
+
+/* Looks at every part not in yet: read (this node commits) or only seen. *in: how many are. */
+static int look(struct commit *c, bool reading, size_t *in)
+{
+	const struct part *own = c->own;
+	char key[STORE_KEY_MAX], msg[IPC_ERRLEN];
+	size_t n = c->roster->nnodes;
+	uint64_t size;
+	int rc;
+
+	if (!c->parts) {
+		c->parts = calloc(n, sizeof(*c->parts));
+		c->seen = calloc(n, sizeof(*c->seen));
+		if (!c->parts || !c->seen)
+			return -ENOMEM;
+		c->parts[0] = c->own;
+		c->seen[0] = true;
+	}
+	*in = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (reading && !c->parts[i]) {
+			rc = read_part(c, i);
+			if (rc < 0)
+				return rc;
+			c->seen[i] = rc == 1;
+		} else if (!c->seen[i]) {
+			store_part_key(key, sizeof(key), own->job, c->step, c->roster->nodes[i].name);
+			c->seen[i] = c->cm->o.store->ops->obj_stat(c->cm->o.store, key, &size, msg) == 0;
+		}
+		*in += c->seen[i] && (!reading || c->parts[i]);
+	}
+	return 0;
+}
+
+/* ---- the manifest ------------------------------------------------------ */
+
+/* 1: the manifest is there (r says what it means for this run); 0: not; < 0: unreadable. */
+static int find_manifest(struct commit *c, struct commit_result *r)
+{
+	const struct part *own = c->own;
+	struct storage *s = c->cm->o.store;
+	char key[STORE_KEY_MAX], msg[IPC_ERRLEN];
+	struct manifest *m = NULL;
+	uint64_t size;
+	int rc;
+
+	store_key(key, sizeof(key), own->job, c->step, "manifest.json");
+	rc = s->ops->obj_stat(s, key, &size, msg);
+	if (rc == -ENOENT)
+		return 0;
+	rc = rc ? rc : store_read_manifest(s, own->job, c->step, &m, msg);
+	if (rc) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "step %" PRId64 " has a manifest that cannot "
+		                                       "be read: %s",
+		         c->step, msg);
+		return rc;
+	}
+	if (strcmp(m->run, own->run) == 0 && m->world != own->world) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason),
+		         "step %" PRId64 " was committed with world %d, this node's ranks are of "
+		         "world %d",
+		         c->step, m->world, own->world);
+		manifest_free(m);
+		return 1;
+	}
+	if (strcmp(m->run, own->run) != 0) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason),
+		         "step %" PRId64 " was committed by run %s of the job, without this save "
+		         "(run %s)",
+		         c->step, m->run, own->run);
+		manifest_free(m);
+		return 1;
+	}
+	r->state = COMMIT_COMMITTED;
+	r->manifest = m;
+	return 1;
+}
+
+/* Every shard the manifest names is there at its size: a part may lie, or a file go. */
+static int check_shards(struct committer *cm, const struct manifest *m, char *why)
+{
+	struct storage *s = cm->o.store;
+	char msg[IPC_ERRLEN];
+	uint64_t size;
+	int rc;
+
+	for (size_t i = 0; i < m->nranks; i++) {
+		const struct manifest_rank *k = &m->ranks[i];
+
+		rc = s->ops->shard_stat(s, m->job, m->step, k->file, &size, msg);
+		if (rc == 0 && size != k->size)
+			rc = -EIO;
+		if (rc)
+			return ipc_errf(why, rc, "rank %d's shard %s (node %s) is %s: the step cannot "
+			                         "be committed",
+			                k->rank, k->file, manifest_node_of(m, k->rank) ?: "?",
+			                rc == -EIO ? "not the size its part says" : msg);
+	}
+	return 0;
+}
+
+static int64_t last_part_ns(struct part *const *v, size_t n)
+{
+	int64_t t = 0;
+
+	for (size_t i = 0; i < n; i++)
+		t = v[i]->time_unix_ns > t ? v[i]->time_unix_ns : t;
+	return t;
+}
+
+/*
+ * Merges parts[0..n), checks the shards, writes the manifest create-once and
+ * moves LATEST. On EEXIST another agent wrote it first: r says what it is.
+ */
+static void write_manifest(struct committer *cm, struct part *const *v, size_t n,
+                           struct commit_result *r)
+{
+	struct storage *s = cm->o.store;
+	char msg[IPC_ERRLEN];
+	struct manifest *m = NULL;
+	int rc;
+
+	rc = manifest_merge(v, n, &m, msg);
+	if (rc) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "the parts do not merge: %s", msg);
+		return;
+	}
+	rc = check_shards(cm, m, msg);
+	if (!rc)
+		rc = store_put_manifest(s, m, msg);
+	if (rc == -EEXIST) {
+		manifest_free(m);
+		r->state = COMMIT_WAITING; /* the caller reads the one that is there */
+		return;
+	}
+	if (rc) {
+		manifest_free(m);
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "%s", msg);
+		return;
+	}
+	r->state = COMMIT_COMMITTED;
+	r->wrote = true;
+	r->latency_ns = ipc_now_ns() - last_part_ns(v, n);
+	r->manifest = m;
+	/* LATEST is a hint: a failure here is said, and the commit stands. */
+	if (store_latest_advance(s, m->job, m->step, msg))
+		snprintf(r->reason, sizeof(r->reason), "committed, but LATEST was not moved: %s",
+		         msg);
+}
+
+/* ---- polling ----------------------------------------------------------- */
+
+static int add_text(char ***v, size_t *n, const char *text)
+{
+	char **nv = realloc(*v, (*n + 1) * sizeof(*nv));
+
+	if (!nv)
+		return -ENOMEM;
+	*v = nv;
+	if (!(nv[*n] = strdup(text)))
+		return -ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+/* Ranks of the world that no node of this run has published plans for. */
+static size_t unclaimed(const struct roster *ro, int *out, size_t max)
+{
+	unsigned char *mine = calloc((size_t)ro->world, 1);
+	size_t k = 0;
+
+	if (!mine)
+		return 0;
+	for (size_t i = 0; i < ro->nnodes; i++)
+		for (size_t j = 0; j < ro->nodes[i].nranks; j++)
+			mine[ro->nodes[i].ranks[j]] = 1;
+	for (int r = 0; r < ro->world; r++)
+		if (!mine[r] && k < max)
+			out[k++] = r;
+	free(mine);
+	return k;
+}
+
+/* Progress for people: nodes whose parts are in, and those missing with their ranks. */
+static void progress(struct commit *c, struct commit_result *r)
+{
+	char text[IPC_MAX_JOB + 160], ranks[128];
+	int free_ranks[64];
+	size_t n;
+
+	if (!c->roster)
+		return;
+	for (size_t i = 0; i < c->roster->nnodes; i++) {
+		const struct rnode *nd = &c->roster->nodes[i];
+
+		if (c->seen && c->seen[i]) {
+			add_text(&r->done, &r->ndone, nd->name);
+			continue;
+		}
+		part_ranks_text(nd->ranks, nd->nranks, ranks, sizeof(ranks));
+		snprintf(text, sizeof(text), "%s (rank%s %s)", nd->name, nd->nranks == 1 ? "" : "s",
+		         ranks);
+		add_text(&r->missing, &r->nmissing, text);
+	}
+	n = unclaimed(c->roster, free_ranks, 64);
+	if (n) {
+		part_ranks_text(free_ranks, n, ranks, sizeof(ranks));
+		snprintf(text, sizeof(text), "no node's plans (rank%s %s%s)", n == 1 ? "" : "s",
+		         ranks, n == 64 ? ",..." : "");
+		add_text(&r->missing, &r->nmissing, text);
+	}
+}
+
+/* The deadline passed without every part: FAILED, naming who is missing. */
+static void expire(struct commit *c, struct commit_result *r)
+{
+	size_t o;
+
+	r->state = COMMIT_FAILED;
+	r->missing_at_deadline = (unsigned)r->nmissing;
+	o = (size_t)snprintf(r->reason, sizeof(r->reason), "step %" PRId64 ": no part from ",
+	                     c->step);
+	for (size_t i = 0; i < r->nmissing && o < sizeof(r->reason); i++)
+		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "%s%s%s",
+		                      i ? ", " : "", strncmp(r->missing[i], "no node", 7) ? "node " : "",
+		                      r->missing[i]);
+	if (!r->nmissing && o < sizeof(r->reason))
+		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "the others (roster "
+		                                                           "unknown)");
+	if (o < sizeof(r->reason))
+		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, " after %lld s",
+		                      (long long)(c->cm->o.deadline_ns / 1000000000));
+	if (c->problem[0] && o < sizeof(r->reason))
+		snprintf(r->reason + o, sizeof(r->reason) - o, "; %s", c->problem);
+}
+
+void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_result *r)
+{
+	struct storage *s = c->cm->o.store;
+	bool committing = c->first || now >= c->takeover_at;
+	char msg[IPC_ERRLEN];
+	size_t in = 0, before;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	r->state = COMMIT_WAITING;
+	*next = now + c->backoff;
+	if (!c->part_written) {
+		rc = store_put_part(s, c->own, msg);
+		if (rc) {
+			r->state = COMMIT_FAILED;
+			snprintf(r->reason, sizeof(r->reason), "writing this node's part: %s", msg);
+			return;
+		}
+		c->part_written = true;
+	}
+	if (find_manifest(c, r))
+		return;
+	rc = roster_get(c, c->problem);
+	if (rc == -EEXIST || rc == -ENOMEM) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "step %" PRId64 ": %s", c->step,
+		         rc == -ENOMEM ? "out of memory" : c->problem);
+		return;
+	}
+	before = c->seen ? 0 : 1; /* this node's own part is in from the start */
+	for (size_t i = 0; c->seen && i < c->roster->nnodes; i++)
+		before += c->seen[i];
+	rc = roster_complete(c->roster) ? look(c, committing, &in) : 0;
+	if (rc == -ESTALE)
+		roster_drop(c); /* built again at the next poll */
+	else if (rc == 0 && committing && roster_complete(c->roster) && in == c->roster->nnodes) {
+		write_manifest(c->cm, c->parts, c->roster->nnodes, r);
+		if (r->state != COMMIT_WAITING || find_manifest(c, r))
+			return;
+	}
+	progress(c, r);
+	if (now >= c->deadline) {
+		expire(c, r);
+		return;
+	}
+	/* Back-off: 20 ms doubling to 500 ms; again from 20 ms when a part comes in. */
+	c->backoff = in > before ? COMMIT_BACKOFF_FIRST_NS
+	                         : (c->backoff * 2 < COMMIT_BACKOFF_MAX_NS ? c->backoff * 2
+	                                                                   : COMMIT_BACKOFF_MAX_NS);
+	if (!c->first && now < c->takeover_at && *next > c->takeover_at)
+		*next = c->takeover_at;
+	if (*next > c->deadline)
+		*next = c->deadline;
+}
+
+/* ---- by hand ----------------------------------------------------------- */
+
+/* The parts in the root of (job, step), of every node that published plans. */
+static int gather(struct committer *cm, const char *job, int64_t step, struct part ***out,
+                  size_t *n, char *problems, size_t plen)
+{
+	char **names = NULL, msg[IPC_ERRLEN];
+	struct part **v, *p;
+	size_t cnt = 0, o = 0;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	rc = store_list_nodes(cm->o.store, job, &names, &cnt, msg);
+	if (rc)
+		return ipc_errf(problems, rc, "%s", msg);
+	v = calloc(cnt + 1, sizeof(*v));
+	for (size_t i = 0; v && i < cnt; i++) {
+		rc = store_read_part(cm->o.store, job, step, names[i], &p, msg);
+		if (rc == 0)
+			v[(*n)++] = p;
+		else if (rc != -ENOENT && o < plen)
+			o += (size_t)snprintf(problems + o, plen - o, "%s%s", o ? "; " : "", msg);
+	}
+	for (size_t i = 0; i < cnt; i++)
+		free(names[i]);
+	free(names);
+	*out = v;
+	return v ? 0 : -ENOMEM;
+}
+
+/* Of the parts, those of one run that hold every rank once: into sel, how many. */
+static size_t pick_run(struct part **v, size_t n, struct part **sel, char *why)
+{
+	size_t best = 0, bestn = 0;
+	const char *bestrun = NULL;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t k = 0, ranks = 0;
+
+		for (size_t j = 0; j < n; j++)
+			if (strcmp(v[j]->run, v[i]->run) == 0 && v[j]->world == v[i]->world) {
+				sel[k++] = v[j];
+				ranks += v[j]->nranks;
+			}
+		if (ranks == (size_t)v[i]->world)
+			return k; /* merge checks that each rank is there once */
+		if (ranks > best) {
+			best = ranks;
+			bestn = k;
+			bestrun = v[i]->run;
+		}
+	}
+	if (bestrun)
+		snprintf(why, IPC_ERRLEN, "the parts of run %s hold %zu of %d ranks (%zu parts)",
+		         bestrun, best, v[0]->world, bestn);
+	else
+		snprintf(why, IPC_ERRLEN, "no node has written a part of this step");
+	return 0;
+}
+
+int commit_finish(struct committer *cm, const char *job, int64_t step, struct commit_result *r,
+                  bool *already, char *err)
+{
+	char problems[IPC_ERRLEN] = "", why[IPC_ERRLEN];
+	struct part **v = NULL, **sel = NULL;
+	size_t n = 0, k;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	*already = false;
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_step(step, err)))
+		return rc;
+	rc = store_read_manifest(cm->o.store, job, step, &r->manifest, why);
+	if (rc == 0) {
+		*already = true;
+		r->state = COMMIT_COMMITTED;
+		return 0;
+	}
+	if (rc != -ENOENT)
+		return ipc_errf(err, rc, "%s", why);
+	rc = gather(cm, job, step, &v, &n, problems, sizeof(problems));
+	if (rc)
+		return ipc_errf(err, rc, "job %s step %" PRId64 ": %s", job, step, problems);
+	sel = calloc(n + 1, sizeof(*sel));
+	k = sel ? pick_run(v, n, sel, why) : 0;
+	if (!sel)
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	else if (k == 0)
+		rc = ipc_errf(err, -ENOENT, "job %s step %" PRId64 " cannot be committed: %s%s%s", job,
+		              step, why, problems[0] ? "; " : "", problems);
+	else {
+		write_manifest(cm, sel, k, r);
+		if (r->state == COMMIT_WAITING) { /* someone else was faster */
+			rc = store_read_manifest(cm->o.store, job, step, &r->manifest, why);
+			*already = rc == 0;
+			r->state = rc == 0 ? COMMIT_COMMITTED : COMMIT_FAILED;
+			if (rc)
+				rc = ipc_errf(err, rc, "%s", why);
+		} else if (r->state == COMMIT_FAILED) {
+			rc = ipc_errf(err, -EIO, "job %s step %" PRId64 ": %s", job, step, r->reason);
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		part_free(v[i]);
+	free(v);
+	free(sel);
+	return rc;
+}

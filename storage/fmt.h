@@ -1,0 +1,70 @@
+/*
+ * fmt.h: private to storage/, what the format files (manifest.c, part.c,
+ * plans.c) share: reading JSON fields as hostile input, a tensor and its
+ * chunks both ways, the user meta, and the checks of one chunk and of the
+ * byte ranges of one file. Every message starts with `what` ("manifest",
+ * "part", "plans"), so a reader knows which file said it.
+ *
+ * Pure functions, any thread; 0 or negative errno, a sentence in err.
+ */
+#ifndef CKPT_STORAGE_FMT_H
+#define CKPT_STORAGE_FMT_H
+
+#include <jansson.h>
+
+#include "format.h"
+
+/* obj[key] as an integer in min..max; `where` names obj in the message. */
+int fmt_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
+            const char *what, const char *where, char *err);
+int fmt_str(const json_t *obj, const char *key, const char **out, const char *what,
+            const char *where, char *err);
+/* obj[key] as a malloc'd copy of a string that `check` accepts (ipc_check_job, ...). */
+int fmt_name(const json_t *obj, const char *key, int (*check)(const char *, char *), char **out,
+             const char *what, const char *where, char *err);
+/* obj[key] as an array of exactly n (n < 0: up to IPC_MAX_NDIM) integers >= 0. */
+int fmt_dims(const json_t *obj, const char *key, long n, int64_t *out, size_t *got,
+             const char *what, const char *where, char *err);
+json_t *fmt_ints(const int64_t *v, size_t n);
+
+/* A tensor and its chunks ({"dtype", "global_shape", "sharded", "chunks"}); sums: with xxh3. */
+json_t *fmt_tensor_json(const struct manifest_tensor *t, bool sums);
+int fmt_tensor_parse(const char *name, const json_t *o, bool sums, struct manifest_tensor *t,
+                     const char *what, char *err);
+void fmt_tensors_free(struct manifest_tensor *t, size_t n);
+int fmt_cmp_tensor(const void *a, const void *b);
+
+/* The user meta: its text as a JSON value (null when none), and back. */
+int fmt_meta_value(const char *text, json_t **out, const char *what, char *err);
+int fmt_meta_text(const json_t *v, char **out, const char *what, char *err);
+
+/*
+ * One chunk of t in the file of k (rank k->rank), world ranks: bytes =
+ * dtype x shape, inside the file's data, the box inside the global shape.
+ */
+int fmt_check_chunk(const struct manifest_tensor *t, size_t j, const struct manifest_rank *k,
+                    int world, const char *what, char *err);
+
+/* Byte ranges of one file, collected to check that no two chunks share a byte. */
+struct fmt_span {
+	int rank;
+	uint64_t begin, end;
+	const char *tensor;
+};
+
+/* v[0..n) sorted, then any two on one rank that overlap: -EINVAL naming them. */
+int fmt_check_spans(struct fmt_span *v, size_t n, const char *(*file_of)(const void *, int),
+                    const void *ctx, const char *what, char *err);
+
+/* "2026-11-21T19:13:00.123Z" for people; the _ns field is the exact value. */
+void fmt_time(int64_t ns, char *buf, size_t len);
+/* Bytes of JSON (at most max) into a checked object; -EINVAL naming what is wrong. */
+int fmt_load(const char *buf, size_t len, size_t max, json_t **out, const char *what, char *err);
+/* The "format" and "version" keys: this format and a version in 1..max. */
+int fmt_header(const json_t *root, const char *format, int max, int *version, const char *what,
+               char *err);
+/* JSON text of root (compact or indented), at most max bytes. */
+int fmt_dump(json_t *root, bool indent, size_t max, char **out, size_t *len, const char *what,
+             char *err);
+
+#endif /* CKPT_STORAGE_FMT_H */

@@ -1,0 +1,277 @@
+/*
+ * plans.c: a node's plans file (DESIGN.md §4.5), <root>/<job>/plans/<node>.json:
+ * which ranks of which run of the job the node serves, and each rank's
+ * tensors (dtype, shape, global shape and offset). Every agent of the job
+ * learns from these files which node holds which rank, and so which parts to
+ * wait for; replicas and resharding read the boxes.
+ *
+ * The digest (XXH3-64 of the rest, compact) names the plan set: a node
+ * rewrites its file only when it changes. Files of other nodes are hostile
+ * input: every field is checked and bounded. Pure functions; any thread.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "fmt.h"
+
+#define PL "plans"
+#define PL_PREFIX "plans: "
+
+/* ---- writing ----------------------------------------------------------- */
+
+static json_t *tensor_json(const struct manifest_tensor *t)
+{
+	const struct manifest_chunk *c = &t->chunks[0];
+	json_t *o = json_pack("{s:s, s:s, s:o, s:o}", "name", t->name, "dtype",
+	                      ipc_dtype_name(t->dtype), "shape", fmt_ints(c->shape, t->ndim),
+	                      "global_shape", fmt_ints(t->global_shape, t->ndim));
+
+	if (o && t->sharded &&
+	    json_object_set_new(o, "global_offset", fmt_ints(c->global_offset, t->ndim))) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+static json_t *ranks_json(const struct plans_file *f)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < f->nranks; i++) {
+		const struct plans_rank *k = &f->ranks[i];
+		json_t *t = json_array();
+
+		for (size_t j = 0; t && j < k->ntensors; j++)
+			if (json_array_append_new(t, tensor_json(&k->tensors[j]))) {
+				json_decref(t);
+				t = NULL;
+			}
+		if (json_array_append_new(a, json_pack("{s:i, s:o}", "rank", k->rank, "tensors", t))) {
+			json_decref(a);
+			return NULL;
+		}
+	}
+	return a;
+}
+
+int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err)
+{
+	char msg[IPC_ERRLEN], *body;
+	size_t blen;
+	json_t *root;
+	int rc;
+
+	*out = NULL;
+	*len = 0;
+	if ((rc = ipc_check_job(f->job, msg)) || (rc = ipc_check_node(f->node, msg)) ||
+	    (rc = ipc_check_run(f->run, msg)))
+		return ipc_errf(err, rc, PL_PREFIX "%s", msg);
+	root = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:o}", "format", PLANS_FORMAT, "version",
+	                 PLANS_VERSION, "job", f->job, "node", f->node, "run", f->run, "world",
+	                 f->world, "ranks", ranks_json(f));
+	if (!root)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory building the JSON");
+	/* The digest: of everything else, so equal plan sets have equal files. */
+	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, &body, &blen, PL, err);
+	if (!rc) {
+		snprintf(f->digest, sizeof(f->digest), "%016" PRIx64, (uint64_t)XXH3_64bits(body, blen));
+		free(body);
+		if (json_object_set_new(root, "digest", json_string(f->digest)))
+			rc = ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	}
+	if (!rc)
+		rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, out, len, PL, err);
+	json_decref(root);
+	return rc;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+static int parse_tensor(const json_t *o, struct manifest_tensor *t, const char *where, char *err)
+{
+	struct manifest_chunk *c;
+	char msg[IPC_ERRLEN];
+	const char *name, *dt;
+	uint64_t nbytes;
+	int rc;
+
+	if (!json_is_object(o))
+		return ipc_errf(err, -EINVAL, PL_PREFIX "%s is not an object", where);
+	rc = fmt_str(o, "name", &name, PL, where, err);
+	if (!rc && (rc = ipc_check_tensor_name(name, msg)))
+		return ipc_errf(err, rc, PL_PREFIX "%s: %s", where, msg);
+	if (!rc)
+		rc = fmt_str(o, "dtype", &dt, PL, where, err);
+	if (rc)
+		return rc;
+	if (!(t->name = strdup(name)) || !(t->chunks = c = calloc(1, sizeof(*c))))
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	t->nchunks = 1;
+	if (!(t->dtype = ipc_dtype_from_name(dt)))
+		return ipc_errf(err, -EINVAL, PL_PREFIX "%s: unknown dtype '%.32s'", where, dt);
+	rc = fmt_dims(o, "shape", -1, c->shape, &t->ndim, PL, where, err);
+	if (!rc)
+		rc = fmt_dims(o, "global_shape", (long)t->ndim, t->global_shape, NULL, PL, where, err);
+	t->sharded = json_object_get(o, "global_offset") != NULL;
+	if (!rc && t->sharded)
+		rc = fmt_dims(o, "global_offset", (long)t->ndim, c->global_offset, NULL, PL, where,
+		              err);
+	if (rc)
+		return rc;
+	rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, c->shape, &nbytes, msg);
+	if (rc)
+		return ipc_errf(err, rc, PL_PREFIX "%s: %s", where, msg);
+	for (size_t d = 0; d < t->ndim; d++) {
+		int64_t g = t->global_shape[d], off = c->global_offset[d], l = c->shape[d];
+
+		if (off > g || l > g - off || (!t->sharded && l != g))
+			return ipc_errf(err, -EINVAL,
+			                PL_PREFIX "%s: tensor '%s' does not fit its global shape "
+			                          "(dimension %zu)",
+			                where, t->name, d);
+	}
+	return 0;
+}
+
+static int cmp_name_ptr(const void *a, const void *b)
+{
+	return strcmp((*(const struct manifest_tensor *const *)a)->name,
+	              (*(const struct manifest_tensor *const *)b)->name);
+}
+
+/* A rank's tensor names are unique (the agent refuses such a plan; a file may not). */
+static int unique_names(const struct plans_rank *k, char *err)
+{
+	const struct manifest_tensor **v = calloc(k->ntensors + 1, sizeof(*v));
+	int rc = 0;
+
+	if (!v)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	for (size_t i = 0; i < k->ntensors; i++)
+		v[i] = &k->tensors[i];
+	qsort(v, k->ntensors, sizeof(*v), cmp_name_ptr);
+	for (size_t i = 1; i < k->ntensors && !rc; i++)
+		if (strcmp(v[i - 1]->name, v[i]->name) == 0)
+			rc = ipc_errf(err, -EINVAL, PL_PREFIX "rank %d lists tensor '%s' twice",
+			              k->rank, v[i]->name);
+	free(v);
+	return rc;
+}
+
+static int parse_rank(const json_t *o, size_t i, int world, int prev, struct plans_rank *k,
+                      char *err)
+{
+	const json_t *t = json_object_get(o, "tensors");
+	char where[IPC_MAX_TENSOR_NAME + 48];
+	int64_t r = 0;
+	int rc;
+
+	snprintf(where, sizeof(where), "ranks[%zu]", i);
+	if (!json_is_object(o))
+		return ipc_errf(err, -EINVAL, PL_PREFIX "%s is not an object", where);
+	rc = fmt_int(o, "rank", 0, world - 1, &r, PL, where, err);
+	if (rc)
+		return rc;
+	k->rank = (int)r;
+	if (k->rank <= prev)
+		return ipc_errf(err, -EINVAL, PL_PREFIX "rank %d is listed twice or out of order",
+		                k->rank);
+	if (!json_is_array(t) || json_array_size(t) > IPC_MAX_TENSORS)
+		return ipc_errf(err, -EINVAL,
+		                PL_PREFIX "%s: \"tensors\" is not an array of at most %d", where,
+		                IPC_MAX_TENSORS);
+	k->tensors = calloc(json_array_size(t) + 1, sizeof(*k->tensors));
+	if (!k->tensors)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	for (size_t j = 0; j < json_array_size(t); j++) {
+		snprintf(where, sizeof(where), "rank %d tensor %zu", k->rank, j);
+		rc = parse_tensor(json_array_get(t, j), &k->tensors[k->ntensors++], where, err);
+		if (rc)
+			return rc;
+	}
+	return unique_names(k, err);
+}
+
+static int parse_root(struct plans_file *f, const json_t *root, char *err)
+{
+	const json_t *ranks = json_object_get(root, "ranks");
+	const char *digest;
+	int64_t v = 0;
+	int rc;
+
+	rc = fmt_header(root, PLANS_FORMAT, PLANS_VERSION, &f->version, PL, err);
+	if (!rc)
+		rc = fmt_name(root, "job", ipc_check_job, &f->job, PL, "top level", err);
+	if (!rc)
+		rc = fmt_name(root, "node", ipc_check_node, &f->node, PL, "top level", err);
+	if (!rc)
+		rc = fmt_name(root, "run", ipc_check_run, &f->run, PL, "top level", err);
+	if (!rc && !(rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, PL, "top level", err)))
+		f->world = (int)v;
+	if (!rc)
+		rc = fmt_str(root, "digest", &digest, PL, "top level", err);
+	if (rc)
+		return rc;
+	if (strlen(digest) != 16 || strspn(digest, "0123456789abcdef") != 16)
+		return ipc_errf(err, -EINVAL, PL_PREFIX "digest '%.32s' is not 16 hex digits", digest);
+	memcpy(f->digest, digest, 17);
+	if (!json_is_array(ranks) || json_array_size(ranks) < 1 ||
+	    json_array_size(ranks) > (size_t)f->world)
+		return ipc_errf(err, -EINVAL,
+		                PL_PREFIX "\"ranks\" is missing, empty or longer than world %d",
+		                f->world);
+	f->ranks = calloc(json_array_size(ranks), sizeof(*f->ranks));
+	if (!f->ranks)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	for (size_t i = 0; i < json_array_size(ranks); i++) {
+		int prev = i ? f->ranks[i - 1].rank : -1;
+
+		rc = parse_rank(json_array_get(ranks, i), i, f->world, prev, &f->ranks[f->nranks++],
+		                err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *err)
+{
+	struct plans_file *f;
+	json_t *root;
+	int rc;
+
+	*out = NULL;
+	rc = fmt_load(buf, len, MANIFEST_MAX_BYTES, &root, PL, err);
+	if (rc)
+		return rc;
+	f = calloc(1, sizeof(*f));
+	rc = f ? parse_root(f, root, err) : ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	json_decref(root);
+	if (rc) {
+		plans_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+void plans_free(struct plans_file *f)
+{
+	if (!f)
+		return;
+	for (size_t i = 0; f->ranks && i < f->nranks; i++)
+		fmt_tensors_free(f->ranks[i].tensors, f->ranks[i].ntensors);
+	free(f->ranks);
+	free(f->job);
+	free(f->node);
+	free(f->run);
+	free(f);
+}

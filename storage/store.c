@@ -1,0 +1,485 @@
+/*
+ * store.c: the layout and the commit's files over any backend (store.h).
+ * Each function reads or writes by exact key through the backend's object
+ * calls and parses what it reads as hostile input; none knows whether the
+ * keys are files or objects.
+ *
+ * Callers: the agent's workers (commit, maint), ckptd's start-up; any
+ * thread, several at once. One mutex orders this process's read-modify-
+ * write of LATEST; writers on other nodes are ordered by reading back.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store.h"
+
+#define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
+#define LATEST_TRIES 3
+
+static pthread_mutex_t latest_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- keys -------------------------------------------------------------- */
+
+void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf)
+{
+	char sn[32] = "";
+
+	if (step >= 0)
+		snprintf(sn, sizeof(sn), "/step-%012" PRId64, step);
+	snprintf(buf, len, "%s%s%s%s", job, sn, leaf ? "/" : "", leaf ? leaf : "");
+}
+
+void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node)
+{
+	char leaf[IPC_MAX_JOB + 16];
+
+	snprintf(leaf, sizeof(leaf), "parts/%s.json", node);
+	store_key(buf, len, job, step, leaf);
+}
+
+void store_plans_key(char *buf, size_t len, const char *job, const char *node)
+{
+	snprintf(buf, len, "%s/plans/%s.json", job, node);
+}
+
+static int check_job_step(const char *job, int64_t step, char *err)
+{
+	int rc = ipc_check_job(job, err);
+
+	return rc ? rc : ipc_check_step(step, err);
+}
+
+/* ---- manifests --------------------------------------------------------- */
+
+int store_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
+                        char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct manifest *m = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = check_job_step(job, step, err)))
+		return rc;
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc == -ENOENT)
+		return ipc_errf(err, rc, "job '%s' step %" PRId64 " is not committed (no %s)", job,
+		                step, key);
+	if (rc)
+		return ipc_errf(err, rc, "%s", why);
+	rc = manifest_from_json(buf, len, &m, why);
+	free(buf);
+	if (rc)
+		return ipc_errf(err, rc, "%s: %s", key, why);
+	if (strcmp(m->job, job) != 0 || m->step != step) {
+		rc = ipc_errf(err, -EINVAL,
+		              "%s names job '%s' step %" PRId64 ": it was copied or moved here; "
+		              "delete the step",
+		              key, m->job, m->step);
+		manifest_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+int store_put_manifest(struct storage *s, const struct manifest *m, char *err)
+{
+	char key[STORE_KEY_MAX], *json = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = manifest_to_json(m, &json, &len, err);
+	if (rc)
+		return rc;
+	store_key(key, sizeof(key), m->job, m->step, "manifest.json");
+	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	free(json);
+	return rc;
+}
+
+/* ---- parts ------------------------------------------------------------- */
+
+int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
+                    struct part **out, char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct part *p = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
+		return rc;
+	store_part_key(key, sizeof(key), job, step, node);
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	rc = part_from_json(buf, len, &p, why);
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	/* a part under another node's or step's name is no part of this one */
+	if (strcmp(p->job, job) || p->step != step || strcmp(p->node, node)) {
+		rc = ipc_errf(err, -EINVAL,
+		              "%s: it is the part of job %s step %" PRId64 " node %s: copied or "
+		              "moved here",
+		              key, p->job, p->step, p->node);
+		part_free(p);
+		return rc;
+	}
+	*out = p;
+	return 0;
+}
+
+int store_put_part(struct storage *s, const struct part *p, char *err)
+{
+	char key[STORE_KEY_MAX], *json = NULL, *old = NULL;
+	size_t len = 0, olen = 0;
+	int rc;
+
+	rc = part_to_json(p, &json, &len, err);
+	if (rc)
+		return rc;
+	store_part_key(key, sizeof(key), p->job, p->step, p->node);
+	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	if (rc == -EEXIST) {
+		/*
+		 * Ours from before (an earlier attempt of this step, or a run that
+		 * died): the same bytes are done; other bytes are replaced whole.
+		 */
+		rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &old, &olen, err);
+		if (rc == 0 && (olen != len || memcmp(old, json, len) != 0))
+			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
+		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
+			rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	}
+	free(old);
+	free(json);
+	return rc;
+}
+
+/* ---- plans ------------------------------------------------------------- */
+
+int store_read_plans(struct storage *s, const char *job, const char *node,
+                     struct plans_file **out, char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct plans_file *f = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_node(node, err)))
+		return rc;
+	store_plans_key(key, sizeof(key), job, node);
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	rc = plans_from_json(buf, len, &f, why);
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	if (strcmp(f->job, job) || strcmp(f->node, node)) {
+		rc = ipc_errf(err, -EINVAL, "%s: it is the plans file of job %s node %s", key,
+		              f->job, f->node);
+		plans_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
+{
+	char key[STORE_KEY_MAX], *json = NULL, *old = NULL;
+	size_t len = 0, olen = 0;
+	int rc;
+
+	*written = false;
+	rc = plans_to_json(f, &json, &len, err);
+	if (rc)
+		return rc;
+	store_plans_key(key, sizeof(key), f->job, f->node);
+	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	if (rc == -EEXIST) {
+		/* once per plan set: the same digest is the same bytes */
+		rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &old, &olen, err);
+		if (rc == 0 && olen == len && memcmp(old, json, len) == 0) {
+			free(old);
+			free(json);
+			return 0;
+		}
+		rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
+	}
+	*written = rc == 0;
+	free(old);
+	free(json);
+	return rc;
+}
+
+int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err)
+{
+	char dir[STORE_KEY_MAX], **v = NULL;
+	size_t cnt = 0, k = 0;
+	int rc;
+
+	*nodes = NULL;
+	*n = 0;
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
+	snprintf(dir, sizeof(dir), "%s/plans", job);
+	rc = s->ops->obj_list(s, dir, &v, &cnt, err);
+	if (rc == -ENOENT)
+		return 0;
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < cnt; i++) {
+		size_t l = strlen(v[i]);
+
+		/* "<node>.json" with a valid node name; anything else is not ours */
+		if (l > 5 && strcmp(v[i] + l - 5, ".json") == 0) {
+			v[i][l - 5] = '\0';
+			if (ipc_check_node(v[i], NULL) == 0) {
+				v[k++] = v[i];
+				continue;
+			}
+		}
+		free(v[i]);
+	}
+	if (k == 0) {
+		free(v);
+		v = NULL;
+	}
+	*nodes = v;
+	*n = k;
+	return 0;
+}
+
+/* ---- LATEST ------------------------------------------------------------ */
+
+int store_latest_get(struct storage *s, const char *job, int64_t *step, char *err)
+{
+	char key[STORE_KEY_MAX], *buf = NULL;
+	size_t len = 0, i;
+	int64_t v = 0;
+	int rc;
+
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
+	store_key(key, sizeof(key), job, -1, "LATEST");
+	rc = s->ops->obj_get(s, key, LATEST_MAX, &buf, &len, err);
+	if (rc == -ENOENT)
+		return ipc_errf(err, rc, "job '%s' has no LATEST (nothing committed yet?)", job);
+	if (rc == -EFBIG)
+		rc = -EINVAL;
+	if (rc)
+		return rc == -EINVAL ? ipc_errf(err, rc, "%s is not a step number", key) : rc;
+	if (len > 0 && buf[len - 1] == '\n')
+		len--;
+	rc = len > 0 && len <= 12 ? 0 : -EINVAL;
+	for (i = 0; rc == 0 && i < len; i++) {
+		if (buf[i] < '0' || buf[i] > '9')
+			rc = -EINVAL;
+		else
+			v = v * 10 + (buf[i] - '0');
+	}
+	free(buf);
+	if (rc)
+		return ipc_errf(err, rc, "%s is not a step number", key);
+	*step = v;
+	return 0;
+}
+
+/* Under latest_mu. */
+static int latest_put(struct storage *s, const char *job, int64_t step, char *err)
+{
+	char key[STORE_KEY_MAX], text[32];
+	int n = snprintf(text, sizeof(text), "%" PRId64 "\n", step);
+
+	store_key(key, sizeof(key), job, -1, "LATEST");
+	return s->ops->obj_put(s, key, text, (size_t)n, OBJ_REPLACE, err);
+}
+
+int store_latest_advance(struct storage *s, const char *job, int64_t step, char *err)
+{
+	char why[IPC_ERRLEN];
+	int64_t cur;
+	int rc = 0;
+
+	if ((rc = check_job_step(job, step, err)))
+		return rc;
+	pthread_mutex_lock(&latest_mu);
+	for (int i = 0; i < LATEST_TRIES; i++) {
+		/*
+		 * An agent of another node may have moved it meanwhile: read it back
+		 * after each write, and never write over a newer step.
+		 */
+		if (store_latest_get(s, job, &cur, why) == 0 && cur >= step) {
+			rc = 0;
+			break;
+		}
+		rc = latest_put(s, job, step, err);
+		if (rc)
+			break;
+	}
+	pthread_mutex_unlock(&latest_mu);
+	return rc;
+}
+
+/* The newest committed step of job other than `except`: -ENOENT if none. */
+static int newest_committed(struct storage *s, const char *job, int64_t except, int64_t *step,
+                            char *err)
+{
+	struct storage_step *v = NULL;
+	size_t n = 0;
+	int rc = s->ops->list_steps(s, job, &v, &n, err);
+
+	if (rc)
+		return rc;
+	rc = -ENOENT;
+	for (size_t i = n; i-- > 0;)
+		if (v[i].committed && v[i].step != except) {
+			*step = v[i].step;
+			rc = 0;
+			break;
+		}
+	free(v);
+	return rc;
+}
+
+static bool committed(struct storage *s, const char *job, int64_t step)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
+	uint64_t size;
+
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	return s->ops->obj_stat(s, key, &size, why) == 0;
+}
+
+/*
+ * Under latest_mu: LATEST := the newest committed step other than `except`
+ * (or none), unless it names a committed step newer still (a commit of
+ * another node that our listing came too early to see).
+ */
+static int latest_fix(struct storage *s, const char *job, int64_t except, bool *changed,
+                      char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
+	int64_t cur = -1, newest = -1;
+	int had, rc;
+
+	*changed = false;
+	had = store_latest_get(s, job, &cur, why);
+	rc = newest_committed(s, job, except, &newest, err);
+	if (rc && rc != -ENOENT)
+		return rc;
+	if (had == 0 && cur != except && cur >= newest && committed(s, job, cur))
+		return 0;
+	if (newest < 0) {
+		if (had == -ENOENT)
+			return 0;
+		store_key(key, sizeof(key), job, -1, "LATEST");
+		rc = s->ops->obj_delete(s, key, err);
+		*changed = rc == 0;
+		return rc == -ENOENT ? 0 : rc;
+	}
+	rc = latest_put(s, job, newest, err);
+	*changed = rc == 0;
+	return rc;
+}
+
+/* ---- pins and removal -------------------------------------------------- */
+
+int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err)
+{
+	char key[STORE_KEY_MAX];
+	int rc;
+
+	if ((rc = check_job_step(job, step, err)))
+		return rc;
+	if (!committed(s, job, step))
+		return ipc_errf(err, -ENOENT,
+		                "job '%s' step %" PRId64 " is not committed: only a checkpoint can "
+		                "be pinned",
+		                job, step);
+	/*
+	 * A pin is an empty object in the step: it lives and goes with the step
+	 * (removal takes it along) and needs no index to keep in step. Durable
+	 * when this returns, or retention could delete a step we said is kept.
+	 */
+	store_key(key, sizeof(key), job, step, "pinned");
+	if (pinned)
+		return s->ops->obj_put(s, key, "", 0, OBJ_REPLACE, err);
+	rc = s->ops->obj_delete(s, key, err);
+	return rc == -ENOENT ? 0 : rc;
+}
+
+int store_remove(struct storage *s, const char *job, int64_t step, char *err)
+{
+	int64_t cur;
+	bool changed;
+	int rc;
+
+	if ((rc = check_job_step(job, step, err)))
+		return rc;
+	/* LATEST first: it never names a step that is not there, crash or no crash. */
+	pthread_mutex_lock(&latest_mu);
+	rc = store_latest_get(s, job, &cur, err) == 0 && cur == step
+	         ? latest_fix(s, job, step, &changed, err)
+	         : 0;
+	pthread_mutex_unlock(&latest_mu);
+	return rc ? rc : s->ops->remove(s, job, step, err);
+}
+
+/* ---- clean-up ---------------------------------------------------------- */
+
+static int cleanup_job(struct storage *s, const char *job, const struct storage_cleanup *pol,
+                       struct storage_recovery *rec, char *err)
+{
+	char why[IPC_ERRLEN];
+	int64_t latest = -1;
+	bool changed;
+	int rc, rc2;
+
+	if (store_latest_get(s, job, &latest, why))
+		latest = -1;
+	rc = s->ops->cleanup(s, job, latest, pol, rec, err);
+	pthread_mutex_lock(&latest_mu);
+	rc2 = latest_fix(s, job, -1, &changed, rc ? why : err);
+	pthread_mutex_unlock(&latest_mu);
+	if (changed)
+		rec->latest_fixed++;
+	return rc ? rc : rc2;
+}
+
+int store_cleanup(struct storage *s, const char *job, const struct storage_cleanup *pol,
+                  struct storage_recovery *rec, char *err)
+{
+	char why[IPC_ERRLEN];
+	char **jobs = NULL;
+	size_t n = 0;
+	int rc, first = 0;
+
+	if (job)
+		return ipc_check_job(job, err) ?: cleanup_job(s, job, pol, rec, err);
+	rc = s->ops->list_jobs(s, &jobs, &n, err);
+	if (rc)
+		return rc;
+	/* Keeps going past an error: one bad job must not block the rest. */
+	for (size_t i = 0; i < n; i++) {
+		rc = cleanup_job(s, jobs[i], pol, rec, first ? why : err);
+		if (rc && !first)
+			first = rc;
+		free(jobs[i]);
+	}
+	free(jobs);
+	return first;
+}

@@ -1,0 +1,78 @@
+/*
+ * storage/store.h: the layout and the commit's files over any backend
+ * (store.c). Keys, then what the protocol reads and writes by exact key
+ * (DESIGN.md §4.3, §4.5):
+ *
+ *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
+ *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
+ *   <job>/step-<12d>/manifest.json           the commit, create-once
+ *   <job>/step-<12d>/pinned                  a pin (empty)
+ *   <job>/LATEST                             a hint: the newest committed step, only forward
+ *
+ * Nothing here knows whether the backend is a directory or a bucket.
+ * Synchronous, any thread; 0 or negative errno, a sentence in err naming
+ * the key.
+ */
+#ifndef CKPT_STORAGE_STORE_H
+#define CKPT_STORAGE_STORE_H
+
+#include "storage.h"
+
+#define STORE_KEY_MAX 256
+
+/* "<job>[/step-<12d>][/leaf]" (step < 0: none; leaf NULL: none). */
+void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf);
+/* "<job>/step-<12d>/parts/<node>.json" and "<job>/plans/<node>.json". */
+void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
+void store_plans_key(char *buf, size_t len, const char *job, const char *node);
+
+/* The manifest of (job, step), checked, and naming that job and step: -ENOENT if none. */
+int store_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
+                        char *err);
+/*
+ * Writes the manifest create-once. -EEXIST if one is there already (the
+ * caller reads it back: another agent committed first).
+ */
+int store_put_manifest(struct storage *s, const struct manifest *m, char *err);
+
+/* A node's part of (job, step): -ENOENT if not there yet, -EINVAL if it is no part. */
+int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
+                    struct part **out, char *err);
+/*
+ * Writes this node's part, once. Already there with the same bytes: done.
+ * A part of an earlier attempt or another run in the way is replaced
+ * atomically: a merge takes one whole part or the other, never a mix.
+ */
+int store_put_part(struct storage *s, const struct part *p, char *err);
+
+/* The plans a node serves: -ENOENT if it has published none. */
+int store_read_plans(struct storage *s, const char *job, const char *node,
+                     struct plans_file **out, char *err);
+/* Publishes them; *written: false when the same plan set was there already. */
+int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err);
+/* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
+int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err);
+
+/* LATEST: -ENOENT if none, -EINVAL if it is not a step number. */
+int store_latest_get(struct storage *s, const char *job, int64_t *step, char *err);
+/*
+ * Moves LATEST to step unless it names a newer one already; read back after
+ * the write, so that a racing writer of an older step is undone.
+ */
+int store_latest_advance(struct storage *s, const char *job, int64_t step, char *err);
+
+/* Pins (or unpins) a committed checkpoint durably; -ENOENT when it is not committed. */
+int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
+/* Removes a checkpoint; LATEST first moves off it (to the newest other committed step). */
+int store_remove(struct storage *s, const char *job, int64_t step, char *err);
+
+/*
+ * Clean-up of one job (job) or all (NULL), under the rules of struct
+ * storage_cleanup, then LATEST made to name the newest committed step (only
+ * forward, or off a step that is gone). Keeps going past errors; returns the
+ * first.
+ */
+int store_cleanup(struct storage *s, const char *job, const struct storage_cleanup *pol,
+                  struct storage_recovery *rec, char *err);
+
+#endif /* CKPT_STORAGE_STORE_H */

@@ -1,0 +1,290 @@
+/*
+ * The in-memory backend of fake_store.h. Objects are (key, bytes) in a
+ * list; a listing is the names of the keys directly under a prefix, as a
+ * directory or an object store would give them.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_store.h"
+
+struct obj {
+	struct obj *next;
+	char *key;
+	char *buf;
+	size_t len;
+};
+
+struct fake_store {
+	struct storage base; /* first */
+	struct obj *objs;
+	struct fake_counts n;
+	char fail_needle[256];
+	int fail_err;
+};
+
+static struct fake_store *F(struct storage *s)
+{
+	return (struct fake_store *)s;
+}
+
+static struct obj *find(struct fake_store *f, const char *key)
+{
+	for (struct obj *o = f->objs; o; o = o->next)
+		if (strcmp(o->key, key) == 0)
+			return o;
+	return NULL;
+}
+
+void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len)
+{
+	struct obj *o = find(f, key);
+
+	if (!o) {
+		o = calloc(1, sizeof(*o));
+		o->key = strdup(key);
+		o->next = f->objs;
+		f->objs = o;
+	}
+	free(o->buf);
+	o->buf = malloc(len + 1);
+	memcpy(o->buf, buf, len);
+	o->buf[len] = '\0';
+	o->len = len;
+}
+
+const char *fake_get(struct fake_store *f, const char *key, size_t *len)
+{
+	struct obj *o = find(f, key);
+
+	if (o && len)
+		*len = o->len;
+	return o ? o->buf : NULL;
+}
+
+void fake_delete(struct fake_store *f, const char *key)
+{
+	for (struct obj **pp = &f->objs; *pp; pp = &(*pp)->next)
+		if (strcmp((*pp)->key, key) == 0) {
+			struct obj *o = *pp;
+
+			*pp = o->next;
+			free(o->key);
+			free(o->buf);
+			free(o);
+			return;
+		}
+}
+
+void fake_fail_put(struct fake_store *f, const char *needle, int err)
+{
+	snprintf(f->fail_needle, sizeof(f->fail_needle), "%s", needle);
+	f->fail_err = err;
+}
+
+void fake_counts(struct fake_store *f, struct fake_counts *out)
+{
+	*out = f->n;
+}
+
+static void shard_key(char *buf, size_t len, const char *job, int64_t step, const char *file)
+{
+	snprintf(buf, len, "%s/step-%012" PRId64 "/%s", job, step, file);
+}
+
+void fake_add_shard(struct fake_store *f, const char *job, int64_t step, const char *file,
+                    uint64_t size)
+{
+	char key[512], text[32];
+
+	shard_key(key, sizeof(key), job, step, file);
+	snprintf(text, sizeof(text), "%" PRIu64, size);
+	fake_put(f, key, text, strlen(text)); /* the size stands for the bytes */
+}
+
+static int obj_put(struct storage *s, const char *key, const void *buf, size_t len,
+                   enum obj_put_mode mode, char *err)
+{
+	struct fake_store *f = F(s);
+
+	f->n.puts++;
+	if (f->fail_err && strstr(key, f->fail_needle)) {
+		int rc = f->fail_err;
+
+		f->fail_err = 0;
+		return ipc_errf(err, rc, "%s: injected %s", key, strerror(-rc));
+	}
+	if (mode == OBJ_CREATE && find(f, key))
+		return ipc_errf(err, -EEXIST, "%s exists already", key);
+	fake_put(f, key, buf, len);
+	return 0;
+}
+
+static int obj_get(struct storage *s, const char *key, size_t max, char **buf, size_t *len,
+                   char *err)
+{
+	struct obj *o = find(F(s), key);
+
+	F(s)->n.gets++;
+	if (!o)
+		return ipc_errf(err, -ENOENT, "%s does not exist", key);
+	if (o->len > max)
+		return ipc_errf(err, -EFBIG, "%s is too large", key);
+	*buf = malloc(o->len + 1);
+	memcpy(*buf, o->buf, o->len + 1);
+	*len = o->len;
+	return 0;
+}
+
+static int obj_stat(struct storage *s, const char *key, uint64_t *size, char *err)
+{
+	struct obj *o = find(F(s), key);
+
+	F(s)->n.stats++;
+	if (!o)
+		return ipc_errf(err, -ENOENT, "%s does not exist", key);
+	*size = o->len;
+	return 0;
+}
+
+static int obj_delete(struct storage *s, const char *key, char *err)
+{
+	F(s)->n.deletes++;
+	if (!find(F(s), key))
+		return ipc_errf(err, -ENOENT, "%s does not exist", key);
+	fake_delete(F(s), key);
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int obj_list(struct storage *s, const char *dir, char ***names, size_t *n, char *err)
+{
+	struct fake_store *f = F(s);
+	size_t dl = strlen(dir), k = 0, cap = 0;
+	char **v = NULL;
+
+	f->n.lists++;
+	for (struct obj *o = f->objs; o; o = o->next) {
+		const char *rest = o->key + dl;
+
+		if (strncmp(o->key, dir, dl) != 0 || rest[0] != '/' || strchr(rest + 1, '/'))
+			continue;
+		if (k == cap)
+			v = realloc(v, (cap = cap ? cap * 2 : 8) * sizeof(*v));
+		v[k++] = strdup(rest + 1);
+	}
+	if (k)
+		qsort(v, k, sizeof(*v), cmp_str);
+	*names = v;
+	*n = k;
+	(void)err;
+	return 0;
+}
+
+static int shard_stat(struct storage *s, const char *job, int64_t step, const char *file,
+                      uint64_t *size, char *err)
+{
+	char key[512];
+	struct obj *o;
+
+	F(s)->n.shard_stats++;
+	shard_key(key, sizeof(key), job, step, file);
+	o = find(F(s), key);
+	if (!o)
+		return ipc_errf(err, -ENOENT, "%s does not exist", key);
+	*size = strtoull(o->buf, NULL, 10);
+	return 0;
+}
+
+/* Steps of a job: "<job>/step-<12d>/..." keys; committed if it has a manifest. */
+static int list_steps(struct storage *s, const char *job, struct storage_step **steps, size_t *n,
+                      char *err)
+{
+	struct fake_store *f = F(s);
+	struct storage_step *v = NULL;
+	size_t k = 0, jl = strlen(job);
+
+	for (struct obj *o = f->objs; o; o = o->next) {
+		int64_t step;
+		char rest[64];
+		bool seen = false;
+
+		if (strncmp(o->key, job, jl) != 0 ||
+		    sscanf(o->key + jl, "/step-%12" SCNd64 "/%63s", &step, rest) != 2)
+			continue;
+		for (size_t i = 0; i < k; i++)
+			if (v[i].step == step) {
+				seen = true;
+				v[i].committed |= strcmp(rest, "manifest.json") == 0;
+			}
+		if (!seen) {
+			v = realloc(v, (k + 1) * sizeof(*v));
+			v[k++] = (struct storage_step){step, strcmp(rest, "manifest.json") == 0, false};
+		}
+	}
+	for (size_t i = 0; i < k; i++) /* sorted, as backends give them */
+		for (size_t j = i + 1; j < k; j++)
+			if (v[j].step < v[i].step) {
+				struct storage_step t = v[i];
+
+				v[i] = v[j];
+				v[j] = t;
+			}
+	*steps = v;
+	*n = k;
+	(void)err;
+	return 0;
+}
+
+static void destroy(struct storage *s)
+{
+	fake_destroy(F(s));
+}
+
+static const struct storage_ops fake_ops = {
+    .name = "fake",
+    .shard_stat = shard_stat,
+    .obj_put = obj_put,
+    .obj_get = obj_get,
+    .obj_stat = obj_stat,
+    .obj_delete = obj_delete,
+    .obj_list = obj_list,
+    .list_steps = list_steps,
+    .destroy = destroy,
+};
+
+struct fake_store *fake_create(void)
+{
+	struct fake_store *f = calloc(1, sizeof(*f));
+
+	f->base.ops = &fake_ops;
+	return f;
+}
+
+struct storage *fake_storage(struct fake_store *f)
+{
+	return &f->base;
+}
+
+void fake_destroy(struct fake_store *f)
+{
+	if (!f)
+		return;
+	while (f->objs) {
+		struct obj *o = f->objs;
+
+		f->objs = o->next;
+		free(o->key);
+		free(o->buf);
+		free(o);
+	}
+	free(f);
+}

@@ -1,0 +1,35 @@
+/*
+ * A storage backend in memory, for the commit's unit tests: objects by key,
+ * shards as (key, size) only, the calls counted and faults injected by key.
+ * Several committers (one per "node") may share one: that is the shared
+ * root. Single-threaded.
+ */
+#ifndef CKPT_TEST_FAKE_STORE_H
+#define CKPT_TEST_FAKE_STORE_H
+
+#include "storage.h"
+
+struct fake_store;
+
+struct fake_store *fake_create(void);
+void fake_destroy(struct fake_store *f);
+struct storage *fake_storage(struct fake_store *f);
+
+/* A shard of (job, step, file) that is there, of `size` bytes. */
+void fake_add_shard(struct fake_store *f, const char *job, int64_t step, const char *file,
+                    uint64_t size);
+/* Puts raw bytes under key (create or replace), bypassing every check. */
+void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len);
+/* The bytes under key (NUL-terminated, owned by the fake), NULL if none. */
+const char *fake_get(struct fake_store *f, const char *key, size_t *len);
+void fake_delete(struct fake_store *f, const char *key);
+/* The next put of a key containing `needle` fails with err. */
+void fake_fail_put(struct fake_store *f, const char *needle, int err);
+
+/* Counts of calls, by kind. */
+struct fake_counts {
+	unsigned puts, gets, stats, lists, deletes, shard_stats;
+};
+void fake_counts(struct fake_store *f, struct fake_counts *out);
+
+#endif

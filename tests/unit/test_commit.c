@@ -1,0 +1,642 @@
+/*
+ * The many-nodes commit (commit/commit.c) against a fake backend shared by
+ * several committers, one per node, with a fake clock: one node alone; the
+ * rank-0 node committing two nodes' parts; the others taking over after half
+ * the deadline (the same bytes as a commit by hand); the deadline naming who
+ * is missing and writing nothing; parts of another run, planted garbage, two
+ * nodes claiming one rank, a missing shard, a failed part write; the
+ * back-off; LATEST never moving back.
+ */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commit.h"
+#include "fake_store.h"
+
+#define S 1000000000LL
+#define DEADLINE (10 * S)
+#define JOB "j"
+
+static struct fake_store *fs;
+static struct storage *st;
+static char err[IPC_ERRLEN];
+
+static void setup(void)
+{
+	fs = fake_create();
+	st = fake_storage(fs);
+}
+
+static void teardown(void)
+{
+	fake_destroy(fs);
+}
+
+static struct committer *node(const char *name)
+{
+	struct commit_opts o = {st, name, DEADLINE};
+	struct committer *cm;
+
+	ck_assert_msg(committer_create(&o, &cm, err) == 0, "%s", err);
+	return cm;
+}
+
+/* Rank r's part of a step: one tensor "w", a 4-float box of a sharded [4*world]. */
+static void fill_rank(struct part_rank *k, const char *node, int r, int world)
+{
+	char file[SHARD_FILE_MAX], meta[32];
+	struct manifest_tensor *t = calloc(1, sizeof(*t));
+
+	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
+	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
+	t->name = strdup("w");
+	t->dtype = 12; /* F32 */
+	t->ndim = 1;
+	t->global_shape[0] = 4 * world;
+	t->sharded = true;
+	t->nchunks = 1;
+	t->chunks = calloc(1, sizeof(*t->chunks));
+	t->chunks[0] = (struct manifest_chunk){.rank = r, .begin = 64, .end = 80, .xxh3 = 7 + r};
+	t->chunks[0].global_offset[0] = 4 * r;
+	t->chunks[0].shape[0] = 4;
+	*k = (struct part_rank){r, strdup(file), 80, 64, strdup(meta), 1000 * S, 1001 * S + r,
+	                        1002 * S + r, 1, t};
+}
+
+static struct part *mk_part(const char *run, const char *nd, int world, int64_t step,
+                            const int *ranks, size_t n)
+{
+	struct part *p = calloc(1, sizeof(*p));
+
+	*p = (struct part){PART_VERSION, strdup(JOB), strdup(run), strdup(nd), step, world,
+	                   1003 * S, n, calloc(n, sizeof(struct part_rank))};
+	for (size_t i = 0; i < n; i++) {
+		fill_rank(&p->ranks[i], nd, ranks[i], world);
+		fake_add_shard(fs, JOB, step, p->ranks[i].file, 80);
+	}
+	return p;
+}
+
+static void plans(const char *nd, const char *run, int world, const int *ranks, size_t n)
+{
+	struct plans_file f = {PLANS_VERSION, JOB, (char *)nd, (char *)run, world, "", n,
+	                       calloc(n, sizeof(struct plans_rank))};
+	bool wrote;
+
+	for (size_t i = 0; i < n; i++)
+		f.ranks[i].rank = ranks[i];
+	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
+	free(f.ranks);
+}
+
+/* Puts a part in the root as its node would. */
+static void put_part(struct part *p)
+{
+	ck_assert_msg(store_put_part(st, p, err) == 0, "%s", err);
+	part_free(p);
+}
+
+static struct commit *start(struct committer *cm, struct part *p, bool first, int64_t t0)
+{
+	struct commit *c;
+
+	ck_assert_msg(commit_create(cm, p, first, t0, &c, err) == 0, "%s", err);
+	return c;
+}
+
+static enum commit_state poll_at(struct commit *c, int64_t now, struct commit_result *r)
+{
+	int64_t next;
+
+	commit_poll(c, now, &next, r);
+	ck_assert_int_ge(next, now);
+	return r->state;
+}
+
+static int64_t latest(void)
+{
+	int64_t v = -1;
+
+	return store_latest_get(st, JOB, &v, err) == 0 ? v : -1;
+}
+
+static bool has(char **v, size_t n, const char *s)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(v[i], s) == 0)
+			return true;
+	return false;
+}
+
+/* ---- one node ---------------------------------------------------------- */
+
+START_TEST(test_single_node)
+{
+	static const int ranks[] = {0, 1};
+	struct committer *cm = node("n0");
+	struct commit *c = start(cm, mk_part("r1", "n0", 2, 5, ranks, 2), true, 0);
+	struct commit_result r;
+	struct fake_counts n;
+
+	ck_assert_int_eq(poll_at(c, 0, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote);
+	ck_assert_int_eq(r.manifest->world, 2);
+	ck_assert_str_eq(r.manifest->run, "r1");
+	ck_assert_uint_eq(r.manifest->nparts, 1);
+	ck_assert_str_eq(r.manifest->parts[0].node, "n0");
+	ck_assert_str_eq(manifest_rank_meta(r.manifest, 1), "{\"rank\": 1}");
+	ck_assert(fake_get(fs, JOB "/step-000000000005/parts/n0.json", NULL));
+	ck_assert(fake_get(fs, JOB "/step-000000000005/manifest.json", NULL));
+	ck_assert_int_eq(latest(), 5);
+	/* a node that holds every rank reads nobody's plans */
+	fake_counts(fs, &n);
+	ck_assert_uint_eq(n.lists, 0);
+	commit_result_free(&r);
+	commit_destroy(c);
+	committer_destroy(cm);
+}
+END_TEST
+
+/* ---- two nodes --------------------------------------------------------- */
+
+START_TEST(test_two_nodes)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	struct committer *a = node("a"), *b = node("b");
+	struct commit *ca, *cb;
+	struct commit_result r;
+	size_t len;
+
+	plans("a", "r", 4, r0, 2);
+	plans("b", "r", 4, r1, 2);
+	ca = start(a, mk_part("r", "a", 4, 9, r0, 2), true, 0);
+	cb = start(b, mk_part("r", "b", 4, 9, r1, 2), false, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	ck_assert(has(r.done, r.ndone, "a"));
+	ck_assert_msg(has(r.missing, r.nmissing, "b (ranks 2,3)"), "%s",
+	              r.nmissing ? r.missing[0] : "(none)");
+	commit_result_free(&r);
+	/* b writes its part but does not commit: a does */
+	ck_assert_int_eq(poll_at(cb, 2, &r), COMMIT_WAITING);
+	ck_assert(!fake_get(fs, JOB "/step-000000000009/manifest.json", NULL));
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, 3, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote);
+	ck_assert_uint_eq(r.manifest->nparts, 2);
+	ck_assert_str_eq(r.manifest->parts[1].node, "b");
+	ck_assert_int_eq(r.manifest->parts[1].ranks[1], 3);
+	ck_assert_str_eq(manifest_node_of(r.manifest, 2), "b");
+	ck_assert_str_eq(manifest_rank_meta(r.manifest, 3), "{\"rank\":3}"); /* read back */
+	/* times come from the parts: no clock in the bytes */
+	ck_assert_int_eq(r.manifest->time_unix_ns, 1003 * S);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(cb, 4, &r), COMMIT_COMMITTED);
+	ck_assert(!r.wrote);
+	ck_assert_ptr_nonnull(fake_get(fs, JOB "/step-000000000009/manifest.json", &len));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
+/*
+ * The rank-0 node dies after its part is durable: the other commits after
+ * half the deadline, not before, and writes what a commit by hand writes.
+ */
+START_TEST(test_takeover_same_bytes)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a"), *b = node("b");
+	struct commit *ca, *cb;
+	struct commit_result r;
+	char *first;
+	size_t len, len2;
+	bool already;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	ca = start(a, mk_part("r", "a", 2, 3, r0, 1), true, 0);
+	cb = start(b, mk_part("r", "b", 2, 3, r1, 1), false, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING); /* a's part; then a is gone */
+	commit_result_free(&r);
+	commit_destroy(ca);
+	ck_assert_int_eq(poll_at(cb, DEADLINE / 2 - 1, &r), COMMIT_WAITING);
+	ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(cb, DEADLINE / 2, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote);
+	commit_result_free(&r);
+	first = strdup(fake_get(fs, JOB "/step-000000000003/manifest.json", &len));
+	/* by hand, from what is in the root: the same bytes */
+	fake_delete(fs, JOB "/step-000000000003/manifest.json");
+	ck_assert_msg(commit_finish(a, JOB, 3, &r, &already, err) == 0, "%s", err);
+	ck_assert(!already && r.wrote);
+	ck_assert_str_eq(fake_get(fs, JOB "/step-000000000003/manifest.json", &len2), first);
+	ck_assert_uint_eq(len, len2);
+	commit_result_free(&r);
+	/* again: already committed, nothing written */
+	ck_assert_int_eq(commit_finish(a, JOB, 3, &r, &already, err), 0);
+	ck_assert(already && !r.wrote);
+	commit_result_free(&r);
+	free(first);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
+/* Both commit at once (b past half the deadline): one writes, the other's EEXIST is success. */
+START_TEST(test_racing_writers)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a"), *b = node("b");
+	struct commit *ca, *cb;
+	struct commit_result r;
+	struct fake_counts before, after;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	ca = start(a, mk_part("r", "a", 2, 4, r0, 1), true, 0);
+	cb = start(b, mk_part("r", "b", 2, 4, r1, 1), false, -DEADLINE);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	/* b: its part, and past its takeover time: it commits */
+	ck_assert_int_eq(poll_at(cb, 1, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote);
+	commit_result_free(&r);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(ca, 2, &r), COMMIT_COMMITTED);
+	ck_assert(!r.wrote);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.puts, before.puts); /* a wrote nothing */
+	commit_result_free(&r);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
+/* ---- failures ---------------------------------------------------------- */
+
+START_TEST(test_deadline_names_missing)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "r", 6, r0, 2);
+	plans("n2", "r", 6, r1, 2);
+	plans("n3", "r", 6, r2, 2);
+	fake_put(fs, JOB "/LATEST", "2\n", 2);
+	ca = start(a, mk_part("r", "a", 6, 300, r0, 2), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	/* one of the two shows up */
+	put_part(mk_part("r", "n3", 6, 300, r2, 2));
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "step 300: no part from node n2 (ranks 2,3) after 10 s"),
+	              "%s", r.reason);
+	ck_assert_msg(!strstr(r.reason, "n3"), "%s", r.reason);
+	ck_assert_uint_eq(r.missing_at_deadline, 1);
+	ck_assert(!fake_get(fs, JOB "/step-000000000300/manifest.json", NULL));
+	ck_assert_int_eq(latest(), 2);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* Ranks no node has published plans for are named too. */
+START_TEST(test_deadline_unknown_ranks)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct commit *ca = start(a, mk_part("r", "a", 3, 1, r0, 1), true, 0);
+	struct commit_result r;
+
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "no node's plans (ranks 1,2)"), "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A part of another run is refused; the node's part of this run replaces it. */
+START_TEST(test_other_run_refused)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a"), *b = node("b");
+	struct commit *ca, *cb;
+	struct commit_result r;
+
+	plans("a", "new", 2, r0, 1);
+	plans("b", "new", 2, r1, 1);
+	put_part(mk_part("old", "b", 2, 6, r1, 1));
+	ca = start(a, mk_part("new", "a", 2, 6, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	ck_assert(!fake_get(fs, JOB "/step-000000000006/manifest.json", NULL));
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE - 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	cb = start(b, mk_part("new", "b", 2, 6, r1, 1), false, 0);
+	ck_assert_int_eq(poll_at(cb, 2, &r), COMMIT_WAITING); /* replaces the old part */
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE - 1, &r), COMMIT_COMMITTED);
+	ck_assert_str_eq(r.manifest->run, "new");
+	commit_result_free(&r);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
+START_TEST(test_other_run_reason)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "new", 2, r0, 1);
+	plans("b", "new", 2, r1, 1);
+	put_part(mk_part("old", "b", 2, 6, r1, 1));
+	ca = start(a, mk_part("new", "a", 2, 6, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "parts/b.json is of run old, not run new"), "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A step committed by another run: this run's save is not in it. */
+START_TEST(test_committed_by_other_run)
+{
+	static const int r0[] = {0};
+	struct committer *x = node("x"), *y = node("y");
+	struct commit *cx, *cy;
+	struct commit_result r;
+
+	cx = start(x, mk_part("old", "x", 1, 8, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(cx, 0, &r), COMMIT_COMMITTED);
+	commit_result_free(&r);
+	cy = start(y, mk_part("new", "y", 1, 8, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(cy, 0, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "committed by run old of the job, without this save (run "
+	                               "new)"),
+	              "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(cx);
+	commit_destroy(cy);
+	committer_destroy(x);
+	committer_destroy(y);
+}
+END_TEST
+
+START_TEST(test_rank_claimed_twice)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("b", "r", 2, r1, 1);
+	plans("c", "r", 2, r1, 1);
+	ca = start(a, mk_part("r", "a", 2, 1, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "rank 1 of run r is claimed by nodes b and c"), "%s",
+	              r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000001/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* Garbage where a part should be: named at the deadline, nothing merged, nothing crashed. */
+START_TEST(test_bad_part_named)
+{
+	static const char *const bad[] = {
+	    "{not json",
+	    "{\"format\": \"ckptd-part\", \"version\": 1}",
+	    "[1, 2, 3]",
+	};
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	fake_put(fs, JOB "/step-000000000002/parts/b.json", bad[_i], strlen(bad[_i]));
+	ca = start(a, mk_part("r", "a", 2, 2, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "parts/b.json: part: "), "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A part that names a shard that is not there (or not of that size). */
+START_TEST(test_missing_shard)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct part *p = mk_part("r", "a", 1, 2, r0, 1);
+	struct commit *ca;
+	struct commit_result r;
+	char key[128];
+
+	snprintf(key, sizeof(key), JOB "/step-000000000002/%s", p->ranks[0].file);
+	if (_i == 0)
+		fake_delete(fs, key);
+	else
+		fake_put(fs, key, "79", 2);
+	ca = start(a, p, true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "rank 0's shard rank-00000.a.0.safetensors (node a)"), "%s",
+	              r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000002/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+START_TEST(test_part_write_fails)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct commit *ca = start(a, mk_part("r", "a", 1, 2, r0, 1), true, 0);
+	struct commit_result r;
+
+	fake_fail_put(fs, "parts/a.json", -EIO);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "writing this node's part"), "%s", r.reason);
+	ck_assert(!commit_part_written(ca));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* An abort (the step destroyed before its first poll) writes nothing at all. */
+START_TEST(test_abort_writes_nothing)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct commit *ca = start(a, mk_part("r", "a", 1, 2, r0, 1), true, 0);
+	struct fake_counts n;
+
+	commit_destroy(ca);
+	fake_counts(fs, &n);
+	ck_assert_uint_eq(n.puts, 0);
+	committer_destroy(a);
+}
+END_TEST
+
+/* Polls back off 20, 40, ... 500 ms; a part coming in starts again at 20. */
+START_TEST(test_backoff)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	static const int64_t want[] = {20, 40, 80, 160, 320, 500, 500};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+	int64_t now = 0, next;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	ca = start(a, mk_part("r", "a", 2, 2, r0, 1), true, 0);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		commit_poll(ca, now, &next, &r);
+		commit_result_free(&r);
+		ck_assert_int_eq(next - now, want[i] * 1000000);
+		now = next;
+	}
+	put_part(mk_part("old", "b", 2, 2, r1, 1));
+	commit_poll(ca, now, &next, &r); /* another run's: no progress */
+	commit_result_free(&r);
+	ck_assert_int_eq(next - now, 500 * 1000000);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A late commit of an older step never moves LATEST back. */
+START_TEST(test_latest_forward_only)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct commit *c10 = start(a, mk_part("r", "a", 1, 10, r0, 1), true, 0);
+	struct commit *c9 = start(a, mk_part("r", "a", 1, 9, r0, 1), true, 0);
+	struct commit_result r;
+
+	ck_assert_int_eq(poll_at(c10, 0, &r), COMMIT_COMMITTED);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(c9, 0, &r), COMMIT_COMMITTED);
+	commit_result_free(&r);
+	ck_assert_int_eq(latest(), 10);
+	commit_destroy(c10);
+	commit_destroy(c9);
+	committer_destroy(a);
+}
+END_TEST
+
+/* By hand: parts that do not cover the world are refused, naming how many there are. */
+START_TEST(test_finish_incomplete)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct commit_result r;
+	bool already;
+
+	plans("a", "r", 2, r0, 1);
+	put_part(mk_part("r", "a", 2, 5, r0, 1));
+	ck_assert_int_eq(commit_finish(a, JOB, 5, &r, &already, err), -ENOENT);
+	ck_assert_msg(strstr(err, "the parts of run r hold 1 of 2 ranks"), "%s", err);
+	ck_assert(!fake_get(fs, JOB "/step-000000000005/manifest.json", NULL));
+	commit_result_free(&r);
+	committer_destroy(a);
+}
+END_TEST
+
+/* Before a part: the ranks nobody claims (yet). */
+START_TEST(test_unclaimed)
+{
+	static const int mine[] = {0, 1}, theirs[] = {2}, clash[] = {1};
+	struct committer *a = node("a");
+	int v[8];
+	size_t n;
+
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), 0);
+	ck_assert_uint_eq(n, 2);
+	ck_assert(v[0] == 2 && v[1] == 3);
+	plans("b", "r", 4, theirs, 1);
+	plans("c", "old", 4, (const int[]){3}, 1); /* another run's: no claim on this one */
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), 0);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(v[0], 3);
+	/* every rank here: nothing to read */
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 2, mine, 2, v, 8, &n, err), 0);
+	ck_assert_uint_eq(n, 0);
+	plans("d", "r", 4, clash, 1);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), -EEXIST);
+	ck_assert_msg(strstr(err, "rank 1 of run r is claimed by nodes a and d"), "%s", err);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, (const int[]){1, 0}, 2, v, 8, &n, err),
+	                 -EINVAL);
+	committer_destroy(a);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("commit");
+	TCase *tc = tcase_create("commit");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_single_node);
+	tcase_add_test(tc, test_two_nodes);
+	tcase_add_test(tc, test_takeover_same_bytes);
+	tcase_add_test(tc, test_racing_writers);
+	tcase_add_test(tc, test_deadline_names_missing);
+	tcase_add_test(tc, test_deadline_unknown_ranks);
+	tcase_add_test(tc, test_other_run_refused);
+	tcase_add_test(tc, test_other_run_reason);
+	tcase_add_test(tc, test_committed_by_other_run);
+	tcase_add_test(tc, test_rank_claimed_twice);
+	tcase_add_loop_test(tc, test_bad_part_named, 0, 3);
+	tcase_add_loop_test(tc, test_missing_shard, 0, 2);
+	tcase_add_test(tc, test_part_write_fails);
+	tcase_add_test(tc, test_abort_writes_nothing);
+	tcase_add_test(tc, test_backoff);
+	tcase_add_test(tc, test_latest_forward_only);
+	tcase_add_test(tc, test_finish_incomplete);
+	tcase_add_test(tc, test_unclaimed);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(r, CK_NORMAL);
+	failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}

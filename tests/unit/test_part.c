@@ -1,0 +1,410 @@
+/*
+ * Unit tests of storage/part.c and storage/plans.c: a part written and read
+ * back; every refusal of a hostile part another node wrote; the merge of
+ * parts, the same bytes whatever their order, refusing another run, a rank
+ * twice, a rank missing, a name on two ranks that is not one sharded
+ * tensor; a plans file both ways, its digest, and its refusals.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "format.h"
+
+static char err[IPC_ERRLEN];
+
+static char *xstrdup(const char *s)
+{
+	char *d = s ? strdup(s) : NULL;
+
+	ck_assert(!s || d);
+	return d;
+}
+
+/*
+ * Rank r of node nd: "w" F32 sharded [8] (4 per rank, at 64..80),
+ * and, on rank 0 only, "bias" BF16 [2] unsharded at 80..84.
+ */
+static void fill_rank(struct part_rank *k, const char *nd, int r, int world)
+{
+	char file[SHARD_FILE_MAX], meta[32];
+	size_t n = r == 0 ? 2 : 1;
+	struct manifest_tensor *t = calloc(n, sizeof(*t));
+
+	ck_assert_int_eq(shard_file_name(r, nd, 0, file, sizeof(file)), 0);
+	snprintf(meta, sizeof(meta), "{\"rank\":%d}", r);
+	if (r == 0) {
+		t[0] = (struct manifest_tensor){xstrdup("bias"), ipc_dtype_from_name("BF16"), 1, {2},
+		                                false, 1, calloc(1, sizeof(struct manifest_chunk))};
+		t[0].chunks[0] = (struct manifest_chunk){.rank = 0, .shape = {2}, .begin = 80,
+		                                         .end = 84, .xxh3 = 3};
+	}
+	t[n - 1] = (struct manifest_tensor){xstrdup("w"), ipc_dtype_from_name("F32"), 1, {4 * world},
+	                                    true, 1, calloc(1, sizeof(struct manifest_chunk))};
+	t[n - 1].chunks[0] = (struct manifest_chunk){.rank = r, .global_offset = {4 * r},
+	                                             .shape = {4}, .begin = 64, .end = 80,
+	                                             .xxh3 = 100 + (uint64_t)r};
+	*k = (struct part_rank){r, xstrdup(file), r == 0 ? 84 : 80, 64, xstrdup(meta),
+	                        1000 + r, 2000 + r, 3000 + r, n, t};
+}
+
+static struct part *mk(const char *run, const char *nd, int world, const int *ranks, size_t n)
+{
+	struct part *p = calloc(1, sizeof(*p));
+
+	*p = (struct part){PART_VERSION, xstrdup("job"), xstrdup(run), xstrdup(nd), 7, world,
+	                   4000, n, calloc(n, sizeof(struct part_rank))};
+	for (size_t i = 0; i < n; i++)
+		fill_rank(&p->ranks[i], nd, ranks[i], world);
+	return p;
+}
+
+static char *text_of(const struct part *p)
+{
+	char *text;
+	size_t len;
+
+	ck_assert_msg(part_to_json(p, &text, &len, err) == 0, "%s", err);
+	return text;
+}
+
+START_TEST(test_part_roundtrip)
+{
+	static const int ranks[] = {0, 1};
+	struct part *p = mk("r1", "n0", 4, ranks, 2), *back;
+	char *text = text_of(p), *again;
+
+	ck_assert_msg(part_from_json(text, strlen(text), &back, err) == 0, "%s", err);
+	ck_assert_str_eq(back->run, "r1");
+	ck_assert_str_eq(back->node, "n0");
+	ck_assert_uint_eq(back->nranks, 2);
+	ck_assert_str_eq(back->ranks[1].file, "rank-00001.n0.0.safetensors");
+	ck_assert_str_eq(back->ranks[1].meta_json, "{\"rank\":1}");
+	ck_assert_int_eq(back->ranks[1].durable_unix_ns, 3001);
+	ck_assert_uint_eq(back->ranks[0].ntensors, 2);
+	ck_assert_uint_eq(back->ranks[1].tensors[0].chunks[0].xxh3, 101);
+	/* the same bytes again: text compares */
+	again = text_of(back);
+	ck_assert_str_eq(again, text);
+	free(again);
+	free(text);
+	part_free(back);
+	part_free(p);
+}
+END_TEST
+
+typedef void (*edit_fn)(json_t *root);
+
+static json_t *rank0(json_t *root)
+{
+	return json_array_get(json_object_get(root, "ranks"), 0);
+}
+
+static json_t *w_chunk(json_t *root, size_t r)
+{
+	return json_array_get(
+	    json_object_get(json_object_get(json_object_get(json_array_get(json_object_get(root,
+	                                                                                   "ranks"),
+	                                                                   r),
+	                                                    "tensors"),
+	                                    "w"),
+	                    "chunks"),
+	    0);
+}
+
+#define EDIT(name, body)                                                                           \
+	static void name(json_t *root)                                                             \
+	{                                                                                          \
+		body;                                                                              \
+	}
+
+EDIT(no_edit, (void)root)
+EDIT(format_manifest, json_object_set_new(root, "format", json_string("ckptd-manifest")))
+EDIT(version_9, json_object_set_new(root, "version", json_integer(9)))
+EDIT(node_slash, json_object_set_new(root, "node", json_string("a/b")))
+EDIT(node_long, json_object_set_new(root, "node",
+                                    json_string("nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+                                                "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")))
+EDIT(run_missing, json_object_del(root, "run"))
+EDIT(rank_twice, json_object_set_new(json_array_get(json_object_get(root, "ranks"), 1), "rank",
+                                     json_integer(0)))
+EDIT(rank_outside, json_object_set_new(json_array_get(json_object_get(root, "ranks"), 1), "rank",
+                                       json_integer(4)))
+EDIT(world_small, json_object_set_new(root, "world", json_integer(1)))
+EDIT(file_other_node,
+     json_object_set_new(rank0(root), "file", json_string("rank-00000.n9.0.safetensors")))
+EDIT(file_path, json_object_set_new(rank0(root), "file", json_string("../../etc/passwd")))
+EDIT(size_small, json_object_set_new(rank0(root), "size", json_integer(70)))
+EDIT(header_past, json_object_set_new(rank0(root), "header_bytes", json_integer(900)))
+EDIT(time_negative, json_object_set_new(rank0(root), "queued_unix_ns", json_integer(-1)))
+EDIT(chunk_rank, json_object_set_new(w_chunk(root, 1), "rank", json_integer(0)))
+EDIT(chunk_in_header, json_object_set_new(w_chunk(root, 1), "byte_range", json_pack("[i,i]", 0, 16)))
+EDIT(chunk_overlap, json_object_set_new(w_chunk(root, 0), "byte_range", json_pack("[i,i]", 68, 84)))
+EDIT(chunk_box_out, json_object_set_new(w_chunk(root, 1), "global_offset", json_pack("[i]", 14)))
+EDIT(two_chunks, json_array_append(json_object_get(json_object_get(json_object_get(rank0(root),
+                                                                                    "tensors"),
+                                                                    "w"),
+                                                    "chunks"),
+                                   w_chunk(root, 0)))
+EDIT(tensors_array, json_object_set_new(rank0(root), "tensors", json_array()))
+EDIT(ranks_many, for (int i = 0; i < 4; i++) json_array_append(json_object_get(root, "ranks"),
+                                                               rank0(root)))
+
+static const struct {
+	const char *what;
+	edit_fn edit;
+	const char *needle;
+} refusals[] = {
+    {"format", format_manifest, "format is 'ckptd-manifest', not 'ckptd-part'"},
+    {"version", version_9, "version 9"},
+    {"node /", node_slash, "node name 'a/b'"},
+    {"node long", node_long, "longer than 64"},
+    {"run", run_missing, "\"run\" is missing"},
+    {"rank twice", rank_twice, "rank 0 is outside world 4, or twice"},
+    {"rank outside", rank_outside, "rank 4 is outside world 4"},
+    {"world", world_small, "longer than world"},
+    {"file of another node", file_other_node, "is not one node 'n0' made"},
+    {"file path", file_path, "is not named rank-00000"},
+    {"size", size_small, "outside the data"},
+    {"header", header_past, "header_bytes 900"},
+    {"time", time_negative, "queued_unix_ns"},
+    {"chunk of another rank", chunk_rank, "one chunk of this rank"},
+    {"chunk in header", chunk_in_header, "outside the data"},
+    {"overlap", chunk_overlap, "overlap in rank-00000.n0.0.safetensors"},
+    {"box", chunk_box_out, "outside global dimension 0"},
+    {"two chunks", two_chunks, "one chunk of this rank"},
+    {"tensors", tensors_array, "\"tensors\" is missing, not an object"},
+    {"ranks > world", ranks_many, "longer than world"},
+};
+
+START_TEST(test_part_refusals)
+{
+	static const int ranks[] = {0, 1};
+	struct part *p = mk("r1", "n0", 4, ranks, 2), *back;
+	char *text = text_of(p), *edited;
+	json_t *root = json_loads(text, 0, NULL);
+	int rc;
+
+	ck_assert_ptr_nonnull(root);
+	for (size_t i = 0; i <= sizeof(refusals) / sizeof(refusals[0]); i++) {
+		json_t *copy = json_deep_copy(root);
+
+		(i ? refusals[i - 1].edit : no_edit)(copy);
+		edited = json_dumps(copy, JSON_COMPACT);
+		back = (struct part *)1;
+		err[0] = '\0';
+		rc = part_from_json(edited, strlen(edited), &back, err);
+		if (i == 0) {
+			ck_assert_msg(rc == 0, "unedited: %s", err);
+			part_free(back);
+		} else {
+			ck_assert_msg(rc < 0, "%s accepted", refusals[i - 1].what);
+			ck_assert_ptr_null(back);
+			ck_assert_msg(strstr(err, refusals[i - 1].needle), "%s: '%s' lacks '%s'",
+			              refusals[i - 1].what, err, refusals[i - 1].needle);
+		}
+		free(edited);
+		json_decref(copy);
+	}
+	/* every prefix of the text (a torn write), refused, never a crash */
+	for (size_t cut = 0; cut < strlen(text); cut += 13)
+		ck_assert_int_lt(part_from_json(text, cut, &back, err), 0);
+	json_decref(root);
+	free(text);
+	part_free(p);
+}
+END_TEST
+
+/* ---- merging ----------------------------------------------------------- */
+
+static char *merged(struct part **v, size_t n)
+{
+	struct manifest *m;
+	char *text;
+	size_t len;
+
+	ck_assert_msg(manifest_merge(v, n, &m, err) == 0, "%s", err);
+	ck_assert_int_eq(manifest_to_json(m, &text, &len, err), 0);
+	manifest_free(m);
+	return text;
+}
+
+START_TEST(test_merge)
+{
+	static const int a[] = {0, 1}, b[] = {2}, c[] = {3};
+	struct part *v[3] = {mk("r", "n0", 4, a, 2), mk("r", "n1", 4, b, 1), mk("r", "n2", 4, c, 1)};
+	struct part *w[3] = {v[2], v[0], v[1]};
+	struct manifest *m;
+	char *one = merged(v, 3), *two = merged(w, 3);
+
+	ck_assert_str_eq(one, two); /* whoever merges, in whatever order */
+	ck_assert_int_eq(manifest_merge(v, 3, &m, err), 0);
+	ck_assert_uint_eq(m->nparts, 3);
+	ck_assert_str_eq(m->parts[1].node, "n1");
+	ck_assert_uint_eq(manifest_find(m, "w")->nchunks, 4);
+	ck_assert_uint_eq(manifest_find(m, "bias")->nchunks, 1);
+	ck_assert_str_eq(m->meta_json, "{\"rank\":0}");
+	ck_assert_str_eq(manifest_rank_meta(m, 3), "{\"rank\":3}");
+	ck_assert_int_eq(m->time_unix_ns, 4000);
+	ck_assert_double_eq_tol(m->capture_seconds, (2003 - 1000) / 1e9, 1e-15);
+	manifest_free(m);
+	free(one);
+	free(two);
+	for (int i = 0; i < 3; i++)
+		part_free(v[i]);
+}
+END_TEST
+
+START_TEST(test_merge_refusals)
+{
+	static const int a[] = {0, 1}, b[] = {2, 3}, b1[] = {1, 2, 3}, b2[] = {2};
+	struct part *p0 = mk("r", "n0", 4, a, 2), *other = mk("old", "n1", 4, b, 2);
+	struct part *twice = mk("r", "n1", 4, b1, 3), *short_ = mk("r", "n1", 4, b2, 1);
+	struct part *dup = mk("r", "n0", 4, b, 2);
+	struct part *v[2] = {p0, NULL};
+	struct manifest *m = (struct manifest *)1;
+
+	v[1] = other;
+	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -ESTALE);
+	ck_assert_msg(strstr(err, "is of run old, not run r") || strstr(err, "is of run r, not run old"),
+	              "%s", err);
+	ck_assert_ptr_null(m);
+	v[1] = twice;
+	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -EINVAL);
+	ck_assert_msg(strstr(err, "rank 1 is in two parts"), "%s", err);
+	v[1] = short_;
+	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -ENOENT);
+	ck_assert_msg(strstr(err, "rank 3 is in no part"), "%s", err);
+	v[1] = dup; /* a node's name twice */
+	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -EINVAL);
+	ck_assert_msg(strstr(err, "two parts of node n0"), "%s", err);
+	/* "bias" on two ranks as an unsharded tensor: not chunks of one tensor */
+	v[1] = mk("r", "n1", 4, (const int[]){2, 3}, 2);
+	free(v[1]->ranks[0].tensors[0].name);
+	v[1]->ranks[0].tensors[0].name = xstrdup("bias");
+	v[1]->ranks[0].tensors[0].sharded = false;
+	v[1]->ranks[0].tensors[0].global_shape[0] = 4;
+	v[1]->ranks[0].tensors[0].chunks[0].global_offset[0] = 0;
+	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -EINVAL);
+	ck_assert_msg(strstr(err, "tensor 'bias' is saved by ranks 0 and 2"), "%s", err);
+	part_free(v[1]);
+	part_free(p0);
+	part_free(other);
+	part_free(twice);
+	part_free(short_);
+	part_free(dup);
+}
+END_TEST
+
+/* ---- plans files -------------------------------------------------------- */
+
+static struct plans_file *mk_plans(void)
+{
+	struct plans_file *f = calloc(1, sizeof(*f));
+	struct part *p = mk("r", "n0", 4, (const int[]){0, 1}, 2);
+
+	*f = (struct plans_file){PLANS_VERSION, xstrdup("job"), xstrdup("n0"), xstrdup("r"), 4, "",
+	                         2, calloc(2, sizeof(struct plans_rank))};
+	for (int i = 0; i < 2; i++) { /* the part's tensors, without their bytes */
+		f->ranks[i] = (struct plans_rank){i, p->ranks[i].ntensors, p->ranks[i].tensors};
+		p->ranks[i].tensors = NULL;
+		p->ranks[i].ntensors = 0;
+	}
+	part_free(p);
+	return f;
+}
+
+START_TEST(test_plans)
+{
+	struct plans_file *f = mk_plans(), *back;
+	char *text, *again, digest[17];
+	size_t len;
+	json_t *root;
+
+	ck_assert_msg(plans_to_json(f, &text, &len, err) == 0, "%s", err);
+	memcpy(digest, f->digest, sizeof(digest));
+	ck_assert_uint_eq(strlen(digest), 16);
+	ck_assert_msg(plans_from_json(text, len, &back, err) == 0, "%s", err);
+	ck_assert_str_eq(back->digest, digest);
+	ck_assert_uint_eq(back->nranks, 2);
+	ck_assert_str_eq(back->ranks[0].tensors[1].name, "w");
+	ck_assert(back->ranks[1].tensors[0].sharded);
+	ck_assert_int_eq(back->ranks[1].tensors[0].chunks[0].global_offset[0], 4);
+	ck_assert_int_eq(plans_to_json(back, &again, &len, err), 0);
+	ck_assert_str_eq(again, text); /* the same plan set, the same bytes and digest */
+	free(again);
+	/* another plan set, another digest */
+	back->ranks[1].tensors[0].chunks[0].shape[0] = 3;
+	ck_assert_int_eq(plans_to_json(back, &again, &len, err), 0);
+	ck_assert_str_ne(back->digest, digest);
+	free(again);
+	plans_free(back);
+
+	/* refusals */
+	root = json_loads(text, 0, NULL);
+	{
+		static const char *const edits[][2] = {
+		    {"[0].rank", "rank 0 is listed twice"},
+		    {"[1].tensors.dup", "lists tensor 'w' twice"},
+		    {"[1].tensors[0].global_offset", "does not fit its global shape"},
+		    {"world", "longer than world 1"},
+		    {"digest", "digest"},
+		};
+
+		for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+			json_t *c = json_deep_copy(root), *r1 = json_array_get(json_object_get(c, "ranks"), 1);
+			char *t;
+
+			if (i == 0)
+				json_object_set_new(r1, "rank", json_integer(0));
+			else if (i == 1)
+				json_array_append(json_object_get(r1, "tensors"),
+				                  json_array_get(json_object_get(r1, "tensors"), 0));
+			else if (i == 2)
+				json_object_set_new(json_array_get(json_object_get(r1, "tensors"), 0),
+				                    "global_offset", json_pack("[i]", 14));
+			else if (i == 3)
+				json_object_set_new(c, "world", json_integer(1));
+			else
+				json_object_set_new(c, "digest", json_string("xyz"));
+			t = json_dumps(c, JSON_COMPACT);
+			ck_assert_msg(plans_from_json(t, strlen(t), &back, err) < 0, "%s accepted", edits[i][0]);
+			ck_assert_msg(strstr(err, edits[i][1]), "%s: %s", edits[i][0], err);
+			free(t);
+			json_decref(c);
+		}
+	}
+	json_decref(root);
+	free(text);
+	plans_free(f);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("part");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_test(tc, test_part_roundtrip);
+	tcase_add_test(tc, test_part_refusals);
+	tcase_add_test(tc, test_merge);
+	tcase_add_test(tc, test_merge_refusals);
+	tcase_add_test(tc, test_plans);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
