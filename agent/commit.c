@@ -695,7 +695,8 @@ static void commit_work(struct work *w)
 	}
 	free(v);
 	pthread_mutex_lock(&a->mu);
-	cp->part_written = cp->commit && commit_part_written(cp->commit);
+	/* whether a manifest may name this node's files: then they stay */
+	cp->part_written = cp->commit && commit_part_written(cp->commit) && !r.superseded;
 	take_progress(cp, &r);
 	if (r.state == COMMIT_WAITING && cp->abort[0]) {
 		r.state = COMMIT_FAILED;

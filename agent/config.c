@@ -746,6 +746,15 @@ int config_finish(struct config *c, char *err)
 	a->copy_threads = (int)n[CS_COPY_THREADS];
 	a->commit_deadline_s = (unsigned)n[CS_COMMIT_DEADLINE];
 	a->abandon_after_s = (unsigned)n[CS_ABANDON_AFTER];
+	/*
+	 * A step is abandoned only once no agent can still commit it: every
+	 * commit ends by its deadline, counted from files in that step.
+	 */
+	if (n[CS_ABANDON_AFTER] < 2 * n[CS_COMMIT_DEADLINE])
+		return ipc_errf(err, -EINVAL,
+		                "abandon_after (%lld s) must be at least twice commit_deadline (%lld "
+		                "s): a step may be removed only when no agent can still commit it",
+		                n[CS_ABANDON_AFTER], n[CS_COMMIT_DEADLINE]);
 	a->direct = n[CS_DIRECT] != 0;
 	a->lock_pool = n[CS_LOCK] != 0;
 	a->config_path = c->path;

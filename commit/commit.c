@@ -524,6 +524,7 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 	}
 	if (strcmp(m->run, own->run) != 0) {
 		r->state = COMMIT_FAILED;
+		r->superseded = true; /* nothing can name this node's files now */
 		snprintf(r->reason, sizeof(r->reason),
 		         "step %" PRId64 " was committed by run %s of the job, without this save "
 		         "(run %s)",

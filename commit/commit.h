@@ -61,6 +61,7 @@ struct commit_result {
 	bool wrote;                /* COMMITTED: this node wrote it */
 	int64_t latency_ns;        /* wrote: the last part durable -> the manifest durable */
 	unsigned missing_at_deadline; /* FAILED at the deadline: nodes without a part */
+	bool superseded; /* FAILED: the step is committed without this node's files */
 	/* progress: "n0" done, "n2 (ranks 4,5)" missing; malloc'd, the caller frees */
 	char **done, **missing;
 	size_t ndone, nmissing;

@@ -89,13 +89,32 @@ static void wait_ready(struct agent_proc *a)
 	ck_abort_msg("ckptd did not serve %s within 30 s", a->endpoint);
 }
 
-void h_agent_start(struct agent_proc *a, const char *args)
+static void make_dir(struct agent_proc *a)
 {
 	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
 
 	memset(a, 0, sizeof(*a));
 	snprintf(a->dir, sizeof(a->dir), "%s/ckit.XXXXXX", tmp);
 	ck_assert_msg(mkdtemp(a->dir), "mkdtemp %s: %s", a->dir, strerror(errno));
+}
+
+void h_agent_start_node(struct agent_proc *a, const char *root, const char *node,
+                        const char *args)
+{
+	make_dir(a);
+	snprintf(a->root, sizeof(a->root), "%s", root);
+	snprintf(a->node, sizeof(a->node), "%s", node);
+	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
+	snprintf(a->log, sizeof(a->log), "%s/agent.log", a->dir);
+	snprintf(a->args, sizeof(a->args), "--node %s %s", node,
+	         args ? args : "--staging-mb 32 --chunk-mb 1");
+	spawn(a);
+	wait_ready(a);
+}
+
+void h_agent_start(struct agent_proc *a, const char *args)
+{
+	make_dir(a);
 	snprintf(a->root, sizeof(a->root), "%s/root", a->dir);
 	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
 	snprintf(a->log, sizeof(a->log), "%s/agent.log", a->dir);

@@ -20,10 +20,18 @@ struct agent_proc {
 	char endpoint[340]; /* unix:<dir>/ckptd.sock */
 	char log[320];      /* <dir>/agent.log */
 	char args[512];     /* extra flags given at start */
+	char node[72];      /* its --node, or "" (the host name) */
 };
 
 /* Makes the directory and starts ckptd with `args` (may be NULL); waits until it serves. */
 void h_agent_start(struct agent_proc *a, const char *args);
+/*
+ * Starts ckptd as node `node` on `root`, a directory other agents share
+ * (one node each, the many nodes of a job on one machine); its socket and
+ * log in a directory of its own. h_agent_cleanup leaves the root alone.
+ */
+void h_agent_start_node(struct agent_proc *a, const char *root, const char *node,
+                        const char *args);
 /* Starts it again on the same directory and flags. */
 void h_agent_restart(struct agent_proc *a);
 /* SIGTERM and wait; returns its exit status. */

@@ -495,6 +495,21 @@ START_TEST(test_node_too_long)
 }
 END_TEST
 
+/* Uncommitted steps are abandoned only well after any commit could still happen. */
+START_TEST(test_abandon_vs_deadline)
+{
+	const char *argv[] = {"ckptd", "--commit-deadline", "600", "--abandon-after", "1000", NULL};
+	char err[IPC_ERRLEN] = "";
+	struct config c;
+
+	ck_assert_int_eq(load_argv(&c, NULL, err, argv), -EINVAL);
+	ck_assert_msg(strstr(err, "abandon_after (1000 s) must be at least twice commit_deadline "
+	                          "(600 s)"),
+	              "%s", err);
+	config_free(&c);
+}
+END_TEST
+
 /* --commit-timeout, the single-node name, is --commit-deadline. */
 START_TEST(test_commit_timeout_alias)
 {
@@ -714,6 +729,7 @@ static Suite *config_suite(void)
 	tcase_add_loop_test(cli, test_bad_flag, 0, sizeof(bad_flags) / sizeof(bad_flags[0]));
 	tcase_add_test(cli, test_node_too_long);
 	tcase_add_test(cli, test_commit_timeout_alias);
+	tcase_add_test(cli, test_abandon_vs_deadline);
 	tcase_add_test(cli, test_hostport);
 	tcase_add_test(cli, test_check_config_prints);
 	tcase_add_test(cli, test_command_line_exits);
