@@ -254,6 +254,7 @@ struct checkpoint {
 	bool part_written; /* this node's part is in the root: a manifest may name its files */
 	int64_t backoff;   /* before the part: the wait for every rank to be claimed */
 	bool cleaning, cleaned; /* failed: removal of this node's files queued, done */
+	bool superseded;        /* failed, and a newer step committed: no save comes for it */
 	char abort[IPC_ERRLEN]; /* why to stop committing ("" while it goes on) */
 	struct commit *commit; /* the commit thread's alone */
 	/* the last poll's view, for list, status and watch */

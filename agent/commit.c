@@ -75,13 +75,15 @@ static void free_texts(char ***v, size_t *n)
 	*n = 0;
 }
 
+static bool local_all_saved(struct agent *a, const struct checkpoint *cp);
+
 void cp_release(struct agent *a, struct checkpoint *cp)
 {
 	if (cp->state == CKPT__V1__STATE__STATE_QUEUED || cp->nrunning || cp->committing)
 		return;
 	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
-		/* Kept while ranks may still arrive, so they learn it failed at once. */
-		if (!cp->cleaned || (int)cp->nsaved < cp->world)
+		/* Kept while this node's ranks may still arrive, so they learn it failed at once. */
+		if (!cp->cleaned || (!cp->superseded && !local_all_saved(a, cp)))
 			return;
 	}
 	cp_free(a, cp);
@@ -143,13 +145,11 @@ void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
 	fail_now(a, cp, reason);
 }
 
-/* Under mu: every live plan of the job's run on this node has saved, and all are durable. */
-static bool local_complete(struct agent *a, const struct checkpoint *cp)
+/* Under mu: every live plan of the job's run on this node has saved this step. */
+static bool local_all_saved(struct agent *a, const struct checkpoint *cp)
 {
 	struct list *pos;
 
-	if (cp->nsaved == 0 || cp->ndurable != cp->nsaved)
-		return false;
 	list_for_each(pos, &a->plans)
 	{
 		const struct plan *p = container_of(pos, struct plan, link);
@@ -159,6 +159,14 @@ static bool local_complete(struct agent *a, const struct checkpoint *cp)
 			return false;
 	}
 	return true;
+}
+
+/* Under mu: every live plan of the job's run on this node has saved, and all are durable. */
+static bool local_complete(struct agent *a, const struct checkpoint *cp)
+{
+	if (cp->nsaved == 0 || cp->ndurable != cp->nsaved)
+		return false;
+	return local_all_saved(a, cp);
 }
 
 void cp_rank_durable(struct agent *a, struct checkpoint *cp)
@@ -529,7 +537,7 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 				 (long long)done->step);
 			cp_fail(a, cp, why);
 		} else if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
-			cp->nsaved = (unsigned)cp->world; /* nobody else is coming */
+			cp->superseded = true; /* nobody else is coming */
 			cp_release(a, cp);
 		}
 	}

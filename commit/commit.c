@@ -316,8 +316,10 @@ int committer_create(const struct commit_opts *o, struct committer **out, char *
 	int rc;
 
 	*out = NULL;
-	if (!o || !o->store || (rc = ipc_check_node(o->node, err)))
-		return o && o->store ? rc : ipc_errf(err, -EINVAL, "committer: no storage");
+	if (!o || !o->store)
+		return ipc_errf(err, -EINVAL, "committer: no storage");
+	if ((rc = ipc_check_node(o->node, err)))
+		return rc;
 	cm = calloc(1, sizeof(*cm));
 	if (!cm)
 		return ipc_errf(err, -ENOMEM, "out of memory");

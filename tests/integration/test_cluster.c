@@ -119,6 +119,9 @@ static int rank_main(char **v)
 			               (long long)step),
 			       14;
 		printf("%lld\n", (long long)step);
+		free(back);
+		ckpt_plan_destroy(p);
+		ckpt_disconnect(c);
 		return 0;
 	}
 	if (strcmp(mode, "late") == 0)
@@ -550,8 +553,9 @@ START_TEST(other_run_part_refused)
 	part = json_load_file(p, 0, NULL);
 	ck_assert_ptr_nonnull(part);
 	json_object_set_new(part, "step", json_integer(2));
-	snprintf(q, sizeof(q), "%s/o/step-%012d/parts", c.root, 2);
-	ck_assert_int_eq(mkdir(strndup(q, strrchr(q, '/') - q), 0755), 0);
+	snprintf(q, sizeof(q), "%s/o/step-%012d", c.root, 2);
+	ck_assert_int_eq(mkdir(q, 0755), 0);
+	strcat(q, "/parts");
 	ck_assert_int_eq(mkdir(q, 0755), 0);
 	strcat(q, "/n1.json");
 	ck_assert_int_eq(json_dump_file(part, q, 0), 0);

@@ -348,14 +348,23 @@ START_TEST(stop_mid_save)
 
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
 	for (int k = 0; k < 2; k++) {
+		int i;
+
 		pid = spawn_rank(&a, "term", 0, 1, 10 + k, "big", NULL);
-		ck_assert(h_wait_state(&a, "term", 10 + k, "IN_FLIGHT", 30000));
+		/*
+		 * In flight once its step directory is there (its shard is being
+		 * made): 192 MiB take well under 100 ms here, shorter than a
+		 * ckptctl poll, so the directory is what is watched, every ms.
+		 */
+		h_path(&a, dir, sizeof(dir), "term/step-%012d", 10 + k);
+		for (i = 0; i < 30000 && !h_exists(dir); i++)
+			usleep(1000);
+		ck_assert_msg(i < 30000, "the save of step %d never started", 10 + k);
 		usleep(k * 30000);
 		/* a clean stop, whatever the save was doing: exit 0, nothing freed twice */
 		ck_assert_int_eq(h_agent_stop(&a), 0);
 		h_reap(pid);
 		h_agent_restart(&a);
-		h_path(&a, dir, sizeof(dir), "term/step-%012d", 10 + k);
 		if (h_exists(dir))
 			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify term %d", 10 + k), 0);
 	}

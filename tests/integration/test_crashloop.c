@@ -76,6 +76,7 @@ static void leave(struct rank *k)
 {
 	if (k->c)
 		ckpt_disconnect(k->c); /* its agent is gone: nothing left to release there */
+	ckpt_plan_destroy(k->p); /* what is left of it here */
 	k->c = NULL;
 	k->p = NULL;
 }

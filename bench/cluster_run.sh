@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The many-nodes benchmark: N agents on one machine (each its own node name,
+# socket and staging pool) on one shared directory, a job of world N (one
+# rank per agent), S saves. For N in 2, 4, 8, 16: the commit latency of
+# every step (the last part durable -> the manifest durable, as the agent
+# that commits logs it) and the whole save (the first save call -> the last
+# rank told COMMITTED), median and p99. Writes
+# bench/results/<date>-<host>-cluster.{json,png} and prints the table.
+#
+#   bench/cluster_run.sh [--quick] [--agents 2,4,8,16] [--steps S] [--mib M] [--dir DIR]
+#
+# --quick: 2 and 4 agents, 5 steps (seconds; the test command runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+agents=2,4,8,16 steps=100 mib=4 dir= quick=0 build=build-bench out=bench/results
+while (($#)); do
+	case $1 in
+	--quick) quick=1 agents=2,4 steps=5 ;;
+	--agents) agents=$2; shift ;;
+	--steps) steps=$2; shift ;;
+	--mib) mib=$2; shift ;;
+	--dir) dir=$2; shift ;;
+	--build) build=$2; shift ;;
+	--out) out=$2; shift ;;
+	*) echo "usage: bench/cluster_run.sh [--quick] [--agents N,...] [--steps S] [--mib M] [--dir DIR]" >&2
+		exit 2 ;;
+	esac
+	shift
+done
+
+if [[ ! -x $build/bench/cluster_bench ]] || ((! quick)); then
+	cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
+	cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl cluster_bench >/dev/null
+fi
+ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
+work=$(mktemp -d "${dir:-/var/tmp}/ckpt-cluster.XXXXXX")
+raw=$work/raw
+mkdir -p "$raw" "$out"
+pids=()
+stop_all() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+for n in ${agents//,/ }; do
+	echo "bench: $n agents, $steps steps of $mib MiB per rank" >&2
+	root=$work/root-$n
+	eps=()
+	for ((i = 0; i < n; i++)); do
+		sock=unix:$work/n$i.sock
+		# a small pool each: 16 agents share this machine's memory and 2 cores
+		"$ckptd" --config /dev/null --root "$root" --listen "$sock" --node "n$i" \
+			--staging-mb 32 --chunk-mb 4 --capture-threads 1 --copy-threads 0 \
+			--log-level info >"$raw/agent-$n-n$i.log" 2>&1 &
+		pids+=($!)
+		eps+=("$sock")
+	done
+	for sock in "${eps[@]}"; do
+		for _ in $(seq 600); do
+			"$ckptctl" --endpoint "$sock" status >/dev/null 2>&1 && break
+			sleep 0.1
+		done
+	done
+	"$build/bench/cluster_bench" --job cb --steps "$steps" --mib "$mib" --warmup 3 \
+		"${eps[@]}" >"$raw/whole-$n.txt"
+	stop_all
+	rm -rf "$root"
+done
+
+name=$(date -u +%Y-%m-%d)-$(hostname -s)-cluster
+python3 "$top/bench/cluster_report.py" --raw "$raw" --agents "$agents" --warmup 3 \
+	--json "$out/$name.json" --png "$out/$name.png" --quick "$quick"
