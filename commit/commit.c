@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,14 @@ struct rnode {
 	size_t nranks;
 };
 
-/* Who holds which rank of one run of a job. */
+/*
+ * Who holds which rank of one run of a job. Shared by the steps of the run
+ * and the committer's cache, each holding a reference; the last one frees
+ * it (commit_destroy may run on another thread than the commit's).
+ */
 struct roster {
-	struct roster *next;
+	struct roster *next; /* the cache's list, on the commit thread */
+	atomic_int refs;
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
 	int world;
 	size_t nnodes;
@@ -52,7 +58,8 @@ struct commit {
 	struct committer *cm;
 	struct part *own;
 	int64_t step;
-	bool first, part_written;
+	bool first;
+	bool part_tried, part_done; /* this node's part: written (or tried), and known durable */
 	int64_t t0, takeover_at, deadline;
 	int64_t backoff;
 	struct roster *roster; /* complete: cached in cm; else ours to free */
@@ -73,6 +80,12 @@ static void roster_free(struct roster *r)
 	}
 	free(r->nodes);
 	free(r);
+}
+
+static void roster_put(struct roster *r)
+{
+	if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+		roster_free(r);
 }
 
 static bool roster_complete(const struct roster *r)
@@ -116,7 +129,9 @@ static int claim(const struct roster *r, int *owner, size_t idx, char *why)
 		if (owner[k] >= 0)
 			return ipc_errf(why, -EEXIST,
 			                "rank %d of run %s is claimed by nodes %s and %s (their plans "
-			                "files): a rank runs on one node",
+			                "files): a rank runs on one node (a plans file of an earlier "
+			                "incarnation under the same run? give each restart its own "
+			                "CKPT_RUN)",
 			                k, r->run, r->nodes[owner[k]].name, n->name);
 		owner[k] = (int)idx;
 	}
@@ -170,7 +185,7 @@ static int roster_read(struct committer *cm, struct roster *r, int *owner, char 
  * The roster of (job, run, world) where this node holds `local`: cached when
  * complete; else built from the plans files (a node's file may come late:
  * then it is incomplete, and asked again next time). -EEXIST: two nodes
- * claim one rank. *out is cached (complete) or the caller's to free.
+ * claim one rank. *out holds a reference for the caller (roster_put).
  */
 static int roster_build(struct committer *cm, const char *job, const char *run, int world,
                         const int *local, size_t nlocal, struct roster **out, char *why)
@@ -183,6 +198,7 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 		if (strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0 && r->world == world &&
 		    r->nodes[0].nranks == nlocal &&
 		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
+			atomic_fetch_add(&r->refs, 1);
 			*out = r;
 			return 0;
 		}
@@ -196,6 +212,7 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 	snprintf(r->job, sizeof(r->job), "%s", job);
 	snprintf(r->run, sizeof(r->run), "%s", run);
 	r->world = world;
+	atomic_init(&r->refs, 1);
 	memset(owner, -1, (size_t)world * sizeof(int));
 	rc = add_node(r, cm->node, local, nlocal);
 	if (rc == 0)
@@ -208,20 +225,13 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 		roster_free(r);
 		return rc;
 	}
-	if (roster_complete(r)) {
+	if (roster_complete(r)) { /* the cache's reference */
+		atomic_fetch_add(&r->refs, 1);
 		r->next = cm->rosters;
 		cm->rosters = r;
 	}
 	*out = r;
 	return 0;
-}
-
-static bool cached(const struct committer *cm, const struct roster *r)
-{
-	for (const struct roster *x = cm->rosters; x; x = x->next)
-		if (x == r)
-			return true;
-	return false;
 }
 
 /* The roster of c's run (see roster_build), this node's ranks from its part. */
@@ -232,8 +242,8 @@ static int roster_get(struct commit *c, char *why)
 
 	if (c->roster && roster_complete(c->roster))
 		return 0;
-	if (c->roster) { /* ours, incomplete: again from the files */
-		roster_free(c->roster);
+	if (c->roster) { /* incomplete: again from the files */
+		roster_put(c->roster);
 		c->roster = NULL;
 	}
 	local = malloc((p->nranks + 1) * sizeof(int));
@@ -277,12 +287,15 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 		rc = mine ? 0 : -ENOMEM;
 	}
 	*n = k;
-	if (!cached(cm, r))
-		roster_free(r);
+	roster_put(r);
 	return rc;
 }
 
-/* The roster was wrong (a part disagrees with it): forget it, cached or not. */
+/*
+ * The roster was wrong (a part disagrees with it): out of the cache, and
+ * this step lets go of it; other steps holding it keep theirs until they
+ * find out themselves.
+ */
 static void roster_drop(struct commit *c)
 {
 	struct roster **pp;
@@ -290,6 +303,7 @@ static void roster_drop(struct commit *c)
 	for (pp = &c->cm->rosters; *pp; pp = &(*pp)->next)
 		if (*pp == c->roster) {
 			*pp = c->roster->next;
+			roster_put(c->roster); /* the cache's */
 			break;
 		}
 	for (size_t i = 0; c->parts && i < c->roster->nnodes; i++)
@@ -299,13 +313,8 @@ static void roster_drop(struct commit *c)
 	free(c->seen);
 	c->parts = NULL;
 	c->seen = NULL;
-	roster_free(c->roster);
+	roster_put(c->roster);
 	c->roster = NULL;
-}
-
-static bool c_owns_roster(const struct commit *c)
-{
-	return !cached(c->cm, c->roster);
 }
 
 /* ---- the committer ----------------------------------------------------- */
@@ -338,7 +347,7 @@ void committer_destroy(struct committer *cm)
 		struct roster *r = cm->rosters;
 
 		cm->rosters = r->next;
-		roster_free(r);
+		roster_put(r);
 	}
 	free(cm);
 }
@@ -387,7 +396,7 @@ int commit_create(struct committer *cm, struct part *part, bool first, int64_t t
 
 bool commit_part_written(const struct commit *c)
 {
-	return c->part_written;
+	return c->part_tried;
 }
 
 void commit_destroy(struct commit *c)
@@ -399,8 +408,7 @@ void commit_destroy(struct commit *c)
 			part_free(c->parts[i]);
 	free(c->parts);
 	free(c->seen);
-	if (c->roster && c_owns_roster(c))
-		roster_free(c->roster);
+	roster_put(c->roster);
 	part_free(c->own);
 	free(c);
 }
@@ -493,7 +501,11 @@ static int look(struct commit *c, bool reading, size_t *in)
 
 /* ---- the manifest ------------------------------------------------------ */
 
-/* 1: the manifest is there (r says what it means for this run); 0: not; < 0: unreadable. */
+/*
+ * 1: the manifest is there, and r says what it means for this run; 0: not
+ * there, or not readable (then problem says why: it may be an NFS cache,
+ * and the deadline decides).
+ */
 static int find_manifest(struct commit *c, struct commit_result *r)
 {
 	const struct part *own = c->own;
@@ -509,11 +521,8 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 		return 0;
 	rc = rc ? rc : store_read_manifest(s, own->job, c->step, &m, msg);
 	if (rc) {
-		r->state = COMMIT_FAILED;
-		snprintf(r->reason, sizeof(r->reason), "step %" PRId64 " has a manifest that cannot "
-		                                       "be read: %s",
-		         c->step, msg);
-		return rc;
+		snprintf(c->problem, sizeof(c->problem), "the manifest cannot be read: %s", msg);
+		return 0;
 	}
 	if (strcmp(m->run, own->run) == 0 && m->world != own->world) {
 		r->state = COMMIT_FAILED;
@@ -536,6 +545,14 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 	}
 	r->state = COMMIT_COMMITTED;
 	r->manifest = m;
+	/*
+	 * Whoever sees a commit moves LATEST up to it: the writer may have died
+	 * before it did, or a writer of an older step may have passed over it.
+	 * Where LATEST is there already, this is one read.
+	 */
+	if (store_latest_advance(s, m->job, m->step, msg))
+		snprintf(r->reason, sizeof(r->reason), "committed, but LATEST was not moved: %s",
+		         msg);
 	return 1;
 }
 
@@ -571,18 +588,35 @@ static int64_t last_part_ns(struct part *const *v, size_t n)
 	return t;
 }
 
+/* The first part's time: every node's deadline counts from its own part, none earlier. */
+static int64_t first_part_ns(struct part *const *v, size_t n)
+{
+	int64_t t = INT64_MAX;
+
+	for (size_t i = 0; i < n; i++)
+		t = v[i]->time_unix_ns < t ? v[i]->time_unix_ns : t;
+	return t;
+}
+
 /*
  * Merges parts[0..n), checks the shards, writes the manifest create-once and
- * moves LATEST. On EEXIST another agent wrote it first: r says what it is.
+ * moves LATEST. r: COMMITTED (written), FAILED (the parts cannot make a
+ * checkpoint), or WAITING: another agent wrote it first (the caller reads
+ * it), or something may pass (problem says what). deadline_ns: no manifest
+ * later than that many ns after the first part (every node counts its
+ * deadline from its own part, no earlier: none has given up before it);
+ * 0: none (by hand).
  */
 static void write_manifest(struct committer *cm, struct part *const *v, size_t n,
-                           struct commit_result *r)
+                           int64_t deadline_ns, struct commit_result *r, char *problem)
 {
 	struct storage *s = cm->o.store;
-	char msg[IPC_ERRLEN];
+	char msg[IPC_ERRLEN], key[STORE_KEY_MAX];
 	struct manifest *m = NULL;
+	uint64_t size;
 	int rc;
 
+	r->state = COMMIT_WAITING;
 	rc = manifest_merge(v, n, &m, msg);
 	if (rc) {
 		r->state = COMMIT_FAILED;
@@ -590,17 +624,23 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 		return;
 	}
 	rc = check_shards(cm, m, msg);
-	if (!rc)
-		rc = store_put_manifest(s, m, msg);
-	if (rc == -EEXIST) {
+	if (!rc && deadline_ns && ipc_now_ns() > first_part_ns(v, n) + deadline_ns) {
+		snprintf(problem, IPC_ERRLEN, "the last part came after the deadline: not committed");
 		manifest_free(m);
-		r->state = COMMIT_WAITING; /* the caller reads the one that is there */
 		return;
 	}
-	if (rc) {
+	if (!rc)
+		rc = store_put_manifest(s, m, msg);
+	if (rc && rc != -EEXIST) {
+		/* the link may have happened before the error: then it is committed */
+		store_key(key, sizeof(key), m->job, m->step, "manifest.json");
+		if (s->ops->obj_stat(s, key, &size, problem) == 0)
+			rc = -EEXIST;
+		else
+			snprintf(problem, IPC_ERRLEN, "%s", msg);
+	}
+	if (rc) { /* EEXIST: written by someone (the caller reads it back) */
 		manifest_free(m);
-		r->state = COMMIT_FAILED;
-		snprintf(r->reason, sizeof(r->reason), "%s", msg);
 		return;
 	}
 	r->state = COMMIT_COMMITTED;
@@ -676,25 +716,29 @@ static void progress(struct commit *c, struct commit_result *r)
 	}
 }
 
-/* The deadline passed without every part: FAILED, naming who is missing. */
+/* The deadline passed without a commit: FAILED, naming who is missing, or what was wrong. */
 static void expire(struct commit *c, struct commit_result *r)
 {
+	int64_t secs = c->cm->o.deadline_ns / 1000000000;
 	size_t o;
 
 	r->state = COMMIT_FAILED;
 	r->missing_at_deadline = (unsigned)r->nmissing;
+	if (!r->nmissing) {
+		snprintf(r->reason, sizeof(r->reason),
+		         "step %" PRId64 ": not committed within %lld s%s%s", c->step,
+		         (long long)secs, c->problem[0] ? ": " : "", c->problem);
+		return;
+	}
 	o = (size_t)snprintf(r->reason, sizeof(r->reason), "step %" PRId64 ": no part from ",
 	                     c->step);
 	for (size_t i = 0; i < r->nmissing && o < sizeof(r->reason); i++)
 		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "%s%s%s",
 		                      i ? ", " : "", strncmp(r->missing[i], "no node", 7) ? "node " : "",
 		                      r->missing[i]);
-	if (!r->nmissing && o < sizeof(r->reason))
-		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "the others (roster "
-		                                                           "unknown)");
 	if (o < sizeof(r->reason))
 		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, " after %lld s",
-		                      (long long)(c->cm->o.deadline_ns / 1000000000));
+		                      (long long)secs);
 	if (c->problem[0] && o < sizeof(r->reason))
 		snprintf(r->reason + o, sizeof(r->reason) - o, "; %s", c->problem);
 }
@@ -710,18 +754,17 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 	memset(r, 0, sizeof(*r));
 	r->state = COMMIT_WAITING;
 	*next = now + c->backoff;
-	if (!c->part_written) {
+	if (!c->part_done) {
+		/* tried: from here on, a commit elsewhere may name this node's files */
+		c->part_tried = true;
 		rc = store_put_part(s, c->own, msg);
-		if (rc) {
-			r->state = COMMIT_FAILED;
-			snprintf(r->reason, sizeof(r->reason), "writing this node's part: %s", msg);
-			return;
-		}
-		c->part_written = true;
+		if (rc)
+			snprintf(c->problem, sizeof(c->problem), "writing this node's part: %s", msg);
+		c->part_done = rc == 0;
 	}
-	if (find_manifest(c, r))
+	if (c->part_done && find_manifest(c, r))
 		return;
-	rc = roster_get(c, c->problem);
+	rc = c->part_done ? roster_get(c, c->problem) : -EAGAIN;
 	if (rc == -EEXIST || rc == -ENOMEM) {
 		r->state = COMMIT_FAILED;
 		snprintf(r->reason, sizeof(r->reason), "step %" PRId64 ": %s", c->step,
@@ -729,17 +772,21 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		return;
 	}
 	before = c->seen ? 0 : 1; /* this node's own part is in from the start */
-	for (size_t i = 0; c->seen && i < c->roster->nnodes; i++)
+	for (size_t i = 0; rc == 0 && c->seen && i < c->roster->nnodes; i++)
 		before += c->seen[i];
-	rc = roster_complete(c->roster) ? look(c, committing, &in) : 0;
-	if (rc == -ESTALE)
+	if (rc == 0 && roster_complete(c->roster))
+		rc = look(c, committing, &in);
+	if (rc == -ESTALE) {
 		roster_drop(c); /* built again at the next poll */
-	else if (rc == 0 && committing && roster_complete(c->roster) && in == c->roster->nnodes) {
-		write_manifest(c->cm, c->parts, c->roster->nnodes, r);
+	} else if (rc == 0 && committing && roster_complete(c->roster) &&
+	           in == c->roster->nnodes) {
+		write_manifest(c->cm, c->parts, c->roster->nnodes, c->cm->o.deadline_ns, r,
+		               c->problem);
 		if (r->state != COMMIT_WAITING || find_manifest(c, r))
 			return;
 	}
-	progress(c, r);
+	if (c->roster)
+		progress(c, r);
 	if (now >= c->deadline) {
 		expire(c, r);
 		return;
@@ -846,8 +893,11 @@ int commit_finish(struct committer *cm, const char *job, int64_t step, struct co
 		rc = ipc_errf(err, -ENOENT, "job %s step %" PRId64 " cannot be committed: %s%s%s", job,
 		              step, why, problems[0] ? "; " : "", problems);
 	else {
-		write_manifest(cm, sel, k, r);
-		if (r->state == COMMIT_WAITING) { /* someone else was faster */
+		why[0] = '\0';
+		write_manifest(cm, sel, k, 0, r, why);
+		if (r->state == COMMIT_WAITING && why[0]) {
+			rc = ipc_errf(err, -EIO, "job %s step %" PRId64 ": %s", job, step, why);
+		} else if (r->state == COMMIT_WAITING) { /* someone else was faster */
 			rc = store_read_manifest(cm->o.store, job, step, &r->manifest, why);
 			*already = rc == 0;
 			r->state = rc == 0 ? COMMIT_COMMITTED : COMMIT_FAILED;

@@ -41,7 +41,7 @@ struct commit;
 struct commit_opts {
 	struct storage *store;
 	const char *node;    /* this node's name */
-	int64_t deadline_ns; /* a step's parts must all be in by then (from its first save) */
+	int64_t deadline_ns; /* a step's parts must all be in by then (from this node's) */
 };
 
 int committer_create(const struct commit_opts *o, struct committer **out, char *err);
@@ -82,8 +82,9 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 
 /*
  * A step as this node sees it once its part is complete: of job, run and
- * world; `part` (taken) holds this node's ranks, all durable; t0: when the
- * step's first save arrived here (the deadline counts from it). first:
+ * world; `part` (taken) holds this node's ranks, all durable; t0: now (the
+ * deadline for the other nodes' parts counts from it: a slow write is not
+ * held against the step, a node lagging behind the others is). first:
  * this node hosts rank 0, so it commits at once; the others wait half the
  * deadline for it before they commit themselves.
  */
