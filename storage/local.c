@@ -101,22 +101,24 @@ const char *local_path_of(const struct local *l, char *buf, size_t len, const ch
 	return buf;
 }
 
+/*
+ * ".<node>~<16 hex>~<leaf>.tmp": '~' is in no node's name nor in any key,
+ * so whose a temporary file is reads back without doubt.
+ */
 void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len)
 {
-	snprintf(buf, len, ".%s.%s.%016" PRIx64 TMP_SUFFIX, leaf, l->node, ipc_random_id());
+	snprintf(buf, len, ".%s~%016" PRIx64 "~%s" TMP_SUFFIX, l->node, ipc_random_id(), leaf);
 }
 
 bool local_is_tmp(const struct local *l, const char *name, bool *own)
 {
 	size_t n = strlen(name), k = strlen(l->node), t = strlen(TMP_SUFFIX);
+	const char *tilde = strchr(name, '~');
 
 	*own = false;
-	if (name[0] != '.' || n < t + 2 || strcmp(name + n - t, TMP_SUFFIX) != 0)
+	if (name[0] != '.' || !tilde || n < t + 3 || strcmp(name + n - t, TMP_SUFFIX) != 0)
 		return false;
-	/* ".<leaf>.<node>.<16 hex>.tmp" */
-	if (n > t + 17 + k + 1 && name[n - t - 17] == '.' &&
-	    strncmp(name + n - t - 17 - k, l->node, k) == 0 && name[n - t - 18 - k] == '.')
-		*own = true;
+	*own = (size_t)(tilde - name) == k + 1 && strncmp(name + 1, l->node, k) == 0;
 	return true;
 }
 
@@ -472,6 +474,7 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 	*out = sh;
 	return 0;
 fail:
+	file[0] = '\0'; /* no file of this save's: a name tried may be another's */
 	local_close_fd(&sh->fd);
 	local_close_fd(&sh->stepfd);
 	local_close_fd(&sh->jobfd);

@@ -93,7 +93,7 @@ bool local_regular_at(int fd, const char *name);
 bool local_dir_at(int fd, const char *name);
 /*
  * A temporary name for `leaf` in a shared directory, unique across nodes:
- * ".<leaf>.<node>.<random>.tmp". Whether `name` is one, and whether this
+ * ".<node>~<random>~<leaf>.tmp". Whether `name` is one, and whether this
  * node's (own).
  */
 void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len);

@@ -129,6 +129,31 @@ static int write_tmp(struct local *l, int dirfd, const char *tmp, const void *bu
 	return rc;
 }
 
+/*
+ * The directory we wrote into is still the one at the key's path: a
+ * clean-up may have renamed it out of sight (to delete it) while we wrote.
+ */
+static int still_there(struct local *l, const struct key *k, int dirfd, char *err)
+{
+	struct stat a, b;
+	char why[IPC_ERRLEN];
+	int fd = open_parent(l, k, k->n - 1, false, why);
+	int rc = fd < 0 ? fd : 0;
+
+	if (fd >= 0) {
+		if (fstat(dirfd, &a) < 0 || fstat(fd, &b) < 0 || a.st_dev != b.st_dev ||
+		    a.st_ino != b.st_ino)
+			rc = -ESTALE;
+		close(fd);
+	}
+	if (rc == -ENOENT || rc == -ESTALE)
+		return ipc_errf(err, -ESTALE,
+		                "%s: its directory was taken out of sight (removed) while it was "
+		                "written: it is not there",
+		                k->path);
+	return rc < 0 ? ipc_errf(err, rc, "%s", why) : 0;
+}
+
 /* Create-once: link, or where the filesystem has no links, rename that never replaces. */
 static int publish_once(struct local *l, int dirfd, const char *tmp, const char *leaf)
 {
@@ -143,6 +168,14 @@ static int publish_once(struct local *l, int dirfd, const char *tmp, const char 
 	return rc;
 }
 
+/* The key checked and its directory opened (made if `make`): its descriptor. */
+static int open_key(struct local *l, const char *key, struct key *k, bool make, char *err)
+{
+	int rc = split_key(l, key, k, err);
+
+	return rc ? rc : open_parent(l, k, k->n - 1, make, err);
+}
+
 int local_obj_put(struct storage *s, const char *key, const void *buf, size_t len,
                   enum obj_put_mode mode, char *err)
 {
@@ -152,18 +185,16 @@ int local_obj_put(struct storage *s, const char *key, const void *buf, size_t le
 	struct key k;
 	int dirfd, rc;
 
-	if ((rc = split_key(l, key, &k, err)))
-		return rc;
-	leaf = k.c[k.n - 1];
-	rc = dirfd = open_parent(l, &k, k.n - 1, true, err);
+	rc = dirfd = open_key(l, key, &k, !(mode & OBJ_IN_PLACE), err);
 	if (rc < 0)
 		return rc;
+	leaf = k.c[k.n - 1];
 	local_tmp_name(l, leaf, tmp, sizeof(tmp));
 	rc = write_tmp(l, dirfd, tmp, buf, len, k.path, err);
 	if (rc < 0)
 		goto out;
 	/* The object appears whole under its key, at once. */
-	if (mode == OBJ_CREATE) {
+	if (!(mode & OBJ_REPLACE)) {
 		rc = publish_once(l, dirfd, tmp, leaf);
 		if (rc == -EEXIST) {
 			ipc_errf(err, rc, "%s exists already (written once)", k.path);
@@ -187,6 +218,8 @@ int local_obj_put(struct storage *s, const char *key, const void *buf, size_t le
 	if (rc < 0)
 		ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk", k.path,
 		         strerror(-rc));
+	else if (mode & OBJ_IN_PLACE)
+		rc = still_there(l, &k, dirfd, err);
 out:
 	close(dirfd);
 	return rc;
@@ -201,9 +234,7 @@ int local_obj_get(struct storage *s, const char *key, size_t max, char **buf, si
 
 	*buf = NULL;
 	*len = 0;
-	if ((rc = split_key(l, key, &k, err)))
-		return rc;
-	rc = dirfd = open_parent(l, &k, k.n - 1, false, err);
+	rc = dirfd = open_key(l, key, &k, false, err);
 	if (rc < 0)
 		return rc == -ENOENT ? ipc_errf(err, rc, "%s does not exist", k.path) : rc;
 	rc = local_read_small(l, dirfd, k.c[k.n - 1], max, buf, len);
@@ -229,9 +260,7 @@ int local_obj_stat(struct storage *s, const char *key, uint64_t *size, char *err
 	struct key k;
 	int dirfd, rc;
 
-	if ((rc = split_key(l, key, &k, err)))
-		return rc;
-	rc = dirfd = open_parent(l, &k, k.n - 1, false, err);
+	rc = dirfd = open_key(l, key, &k, false, err);
 	if (rc < 0)
 		return rc;
 	rc = fstatat(dirfd, k.c[k.n - 1], &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
@@ -250,9 +279,7 @@ int local_obj_delete(struct storage *s, const char *key, char *err)
 	struct key k;
 	int dirfd, rc;
 
-	if ((rc = split_key(l, key, &k, err)))
-		return rc;
-	rc = dirfd = open_parent(l, &k, k.n - 1, false, err);
+	rc = dirfd = open_key(l, key, &k, false, err);
 	if (rc < 0)
 		return rc;
 	rc = l->ops->unlinkat(dirfd, k.c[k.n - 1], 0);

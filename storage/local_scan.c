@@ -72,6 +72,17 @@ static bool step_state_at(struct local *l, int jobfd, const char *sname, bool *p
 	return yes;
 }
 
+/* Whether directory `name` under dirfd holds a manifest. */
+static bool committed_in(struct local *l, int dirfd, const char *name)
+{
+	int fd = local_open_dir(l, dirfd, name);
+	bool yes = fd >= 0 && local_regular_at(fd, MANIFEST_NAME);
+
+	if (fd >= 0)
+		close(fd);
+	return yes;
+}
+
 static int cmp_step(const void *a, const void *b)
 {
 	const struct storage_step *x = a, *y = b;
@@ -169,8 +180,12 @@ int local_list_steps(struct storage *s, const char *job, struct storage_step **s
 /*
  * One rename takes the whole step out of sight at once; the name carries
  * the node and the process, so that agents sharing the root never collide.
+ * unless_committed (the clean-up of an abandoned step): if a manifest is in
+ * it once it is out of sight (a late commit won the race), it goes back
+ * under its name, whole, and -EEXIST says so.
  */
-static int to_trash(struct local *l, int jobfd, const char *sname, const char *path, char *err)
+static int to_trash(struct local *l, int jobfd, const char *sname, const char *path,
+                    bool unless_committed, char *err)
 {
 	char trash[LOCAL_NAME_MAX + IPC_MAX_JOB + 64];
 	uint64_t seq;
@@ -193,6 +208,15 @@ static int to_trash(struct local *l, int jobfd, const char *sname, const char *p
 	if (rc < 0)
 		return ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk",
 		                path, strerror(-rc));
+	if (unless_committed && committed_in(l, jobfd, trash)) {
+		rc = renameat2(jobfd, trash, jobfd, sname, RENAME_NOREPLACE) < 0 ? -errno : 0;
+		if (rc == 0)
+			l->ops->fsync(jobfd);
+		return rc == 0 ? -EEXIST
+		               : ipc_errf(err, rc, "%s was committed as it was being removed, and "
+		                                   "cannot go back under its name: %s",
+		                          path, strerror(-rc));
+	}
 	rc = rm_tree(l, jobfd, trash, 0);
 	if (rc < 0)
 		ipc_errf(err, rc,
@@ -213,7 +237,7 @@ int local_remove(struct storage *s, const char *job, int64_t step, char *err)
 		return rc;
 	close(stepfd);
 	local_step_name(step, sn, sizeof(sn));
-	rc = to_trash(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), err);
+	rc = to_trash(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), false, err);
 	close(jobfd);
 	return rc;
 }
@@ -352,12 +376,16 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 
 	if (fd < 0)
 		return fd == -ENOENT ? 0 : ipc_errf(err, fd, "cannot open %s: %s", path, strerror(-fd));
+	committed = local_regular_at(fd, MANIFEST_NAME);
+	if (committed && !c->pol->at_start) { /* a checkpoint: nothing to do while running */
+		close(fd);
+		return 0;
+	}
 	rc = local_list_dir(c->l, fd, &v, &n);
 	if (rc < 0) {
 		close(fd);
 		return ipc_errf(err, rc, "cannot list %s: %s", path, strerror(-rc));
 	}
-	committed = local_regular_at(fd, MANIFEST_NAME);
 	c->newest = mtime_at(jobfd, sname);
 	drop_tmp(c, fd, v, n);
 	parts = scan_parts(c, fd);
@@ -375,10 +403,12 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 	 */
 	if (latest >= 0 && step < latest && old(c, c->newest)) {
 		close(fd);
-		rc = to_trash(c->l, jobfd, sname, path, err);
+		rc = to_trash(c->l, jobfd, sname, path, true, err);
 		if (rc == 0)
 			c->rec->partial_removed++;
-		return rc == -ENOENT ? 0 : rc;
+		else if (rc == -EEXIST)
+			c->rec->partial_kept++; /* committed as we looked: a checkpoint */
+		return rc == -ENOENT || rc == -EEXIST ? 0 : rc;
 	}
 	/* Left empty (our own files gone): the directory goes too. */
 	rc = local_list_dir(c->l, fd, &v, &n);

@@ -60,8 +60,15 @@ struct storage_recovery {
 
 /* Small objects: plans, parts, manifests, LATEST, pins. */
 enum obj_put_mode {
-	OBJ_CREATE, /* create-once: -EEXIST if the key exists, nothing changed */
-	OBJ_REPLACE, /* atomic replace: readers see the old bytes or the new */
+	OBJ_CREATE = 0, /* create-once: -EEXIST if the key exists, nothing changed */
+	OBJ_REPLACE = 1, /* atomic replace: readers see the old bytes or the new */
+	/*
+	 * Or'ed in: the key's directory must be there already (nothing is
+	 * made), and still be there once the object is in it: -ESTALE if it
+	 * was taken out of sight meanwhile (a manifest must not land in a step
+	 * that a clean-up is removing).
+	 */
+	OBJ_IN_PLACE = 2,
 };
 
 /*

@@ -99,8 +99,9 @@ int store_put_manifest(struct storage *s, const struct manifest *m, char *err)
 	rc = manifest_to_json(m, &json, &len, err);
 	if (rc)
 		return rc;
+	/* into the step as it is, never a step made anew (see OBJ_IN_PLACE) */
 	store_key(key, sizeof(key), m->job, m->step, "manifest.json");
-	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE | OBJ_IN_PLACE, err);
 	free(json);
 	return rc;
 }
@@ -139,31 +140,50 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 	return 0;
 }
 
+/*
+ * A node's own object (its part, its plans): create-once; one of its own
+ * from before in the way (an earlier attempt, a run that died, an older
+ * plan set) is done if it holds the same bytes, else replaced whole.
+ * *written: whether bytes went out. Takes json.
+ */
+static int put_own(struct storage *s, const char *key, char *json, size_t len, bool *written,
+                   char *err)
+{
+	char *old = NULL;
+	size_t olen = 0;
+	int rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+
+	if (rc == -EEXIST) {
+		rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &old, &olen, err);
+		if (rc == 0 && olen == len && memcmp(old, json, len) == 0) {
+			free(old);
+			free(json);
+			*written = false; /* the same: done */
+			return 0;
+		}
+		if (rc == 0)
+			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
+		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
+			rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
+	}
+	*written = rc == 0;
+	free(old);
+	free(json);
+	return rc;
+}
+
 int store_put_part(struct storage *s, const struct part *p, char *err)
 {
-	char key[STORE_KEY_MAX], *json = NULL, *old = NULL;
-	size_t len = 0, olen = 0;
+	char key[STORE_KEY_MAX], *json = NULL;
+	size_t len = 0;
+	bool written;
 	int rc;
 
 	rc = part_to_json(p, &json, &len, err);
 	if (rc)
 		return rc;
 	store_part_key(key, sizeof(key), p->job, p->step, p->node);
-	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
-	if (rc == -EEXIST) {
-		/*
-		 * Ours from before (an earlier attempt of this step, or a run that
-		 * died): the same bytes are done; other bytes are replaced whole.
-		 */
-		rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &old, &olen, err);
-		if (rc == 0 && (olen != len || memcmp(old, json, len) != 0))
-			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
-		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
-			rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
-	}
-	free(old);
-	free(json);
-	return rc;
+	return put_own(s, key, json, len, &written, err);
 }
 
 /* ---- plans ------------------------------------------------------------- */
@@ -199,30 +219,17 @@ int store_read_plans(struct storage *s, const char *job, const char *node,
 
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
 {
-	char key[STORE_KEY_MAX], *json = NULL, *old = NULL;
-	size_t len = 0, olen = 0;
+	char key[STORE_KEY_MAX], *json = NULL;
+	size_t len = 0;
 	int rc;
 
 	*written = false;
 	rc = plans_to_json(f, &json, &len, err);
 	if (rc)
 		return rc;
+	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
-	if (rc == -EEXIST) {
-		/* once per plan set: the same digest is the same bytes */
-		rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &old, &olen, err);
-		if (rc == 0 && olen == len && memcmp(old, json, len) == 0) {
-			free(old);
-			free(json);
-			return 0;
-		}
-		rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
-	}
-	*written = rc == 0;
-	free(old);
-	free(json);
-	return rc;
+	return put_own(s, key, json, len, written, err);
 }
 
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err)

@@ -44,8 +44,25 @@ static struct {
 	const char *fail_name;
 	unsigned fail_nth, seen;
 	int fail_err;
-	bool refuse_direct; /* openat with O_DIRECT: -EINVAL, as tmpfs did */
+	bool refuse_direct; /* O_DIRECT: -EINVAL, as tmpfs did */
+	/* races, played: before the nth fsync (rename) of `on`, run `race` */
+	const char *race_on;
+	void (*race)(void);
 } rec = {.m = PTHREAD_MUTEX_INITIALIZER};
+
+static void race_at(const char *name)
+{
+	void (*fn)(void) = NULL;
+
+	pthread_mutex_lock(&rec.m);
+	if (rec.race_on && strcmp(rec.race_on, name) == 0) {
+		fn = rec.race;
+		rec.race_on = NULL;
+	}
+	pthread_mutex_unlock(&rec.m);
+	if (fn)
+		fn();
+}
 
 static const char *base(const char *p)
 {
@@ -117,6 +134,7 @@ static int r_fsync(int fd)
 {
 	int rc = note("fsync", fdn(fd), "");
 
+	race_at(fdn(fd));
 	return rc ? rc : fsops_posix.fsync(fd);
 }
 
@@ -134,6 +152,7 @@ static int r_renameat(int od, const char *op, int nd, const char *np)
 
 	snprintf(extra, sizeof(extra), "->%s", base(np));
 	rc = note("renameat", base(op), extra);
+	race_at(base(op));
 	return rc ? rc : fsops_posix.renameat(od, op, nd, np);
 }
 
@@ -202,6 +221,7 @@ static void rec_reset(void)
 	rec.fail_name = NULL;
 	rec.fail_nth = rec.seen = 0;
 	rec.fail_err = 0;
+	rec.race_on = NULL;
 	pthread_mutex_unlock(&rec.m);
 }
 
@@ -440,15 +460,15 @@ START_TEST(test_put_sequence)
 	ck_assert_msg(put_obj(key, "{\"a\":1}", OBJ_CREATE) == 0, "%s", err);
 	mk = find_log("mkdirat:parts", 0);
 	mks = find_log("fsync:step-000000000005", 0);
-	w = find_log("pwrite:.n0.json.n0.", 0);
-	s = find_log("fsync:.n0.json.n0.", 0);
-	l = find_log("linkat:.n0.json.n0.", 0);
+	w = find_log("pwrite:.n0~", 0);
+	s = find_log("fsync:.n0~", 0);
+	l = find_log("linkat:.n0~", 0);
 	d = find_log("fsync:parts", 0);
 	ck_assert_msg(mk >= 0 && mks > mk, "parts/ made, then its parent fsync'd");
 	ck_assert_msg(w > mks && s > w && l > s && d > l,
 	              "write %d, fsync %d, link %d, directory fsync %d", w, s, l, d);
 	ck_assert_msg(strstr(rec.log[l], "->n0.json"), "%s", rec.log[l]);
-	ck_assert(find_log("unlinkat:.n0.json.n0.", l) > l); /* the temporary name goes */
+	ck_assert(find_log("unlinkat:.n0~", l) > l); /* the temporary name goes */
 	ck_assert_uint_eq(count_dot(at("job/step-000000000005/parts"), "\\."), 2); /* . and .. */
 	ck_assert_int_eq(st->ops->obj_get(st, key, 100, &buf, &len, err), 0);
 	ck_assert_str_eq(buf, "{\"a\":1}");
@@ -461,10 +481,10 @@ static const struct {
 	int err;
 	bool visible; /* the failure comes after the object is in place */
 } put_faults[] = {
-    {"openat", ".n0.json.*", -EACCES, false},
-    {"pwrite", ".n0.json.*", -ENOSPC, false},
-    {"fsync", ".n0.json.*", -EIO, false},
-    {"linkat", ".n0.json.*", -EIO, false},
+    {"openat", ".n0~*", -EACCES, false},
+    {"pwrite", ".n0~*", -ENOSPC, false},
+    {"fsync", ".n0~*", -EIO, false},
+    {"linkat", ".n0~*", -EIO, false},
     {"fsync", "parts", -EIO, true},
     {"mkdirat", "parts", -EDQUOT, false},
 };
@@ -486,7 +506,7 @@ START_TEST(test_put_faults)
 	ck_assert_msg(strstr(err, "step-000000000002/parts"), "the message names the path: %s", err);
 	ck_assert_int_eq(exists(at("%s", key)), put_faults[_i].visible);
 	if (exists(at("job/step-000000000002/parts")))
-		ck_assert_uint_eq(count_dot(at("job/step-000000000002/parts"), "\\.n0"), 0);
+		ck_assert_uint_eq(count_dot(at("job/step-000000000002/parts"), "\\.n0~"), 0);
 	/* once the disk behaves: create-once says whether it is there */
 	rc = put_obj(key, "part", OBJ_CREATE);
 	ck_assert_int_eq(rc, put_faults[_i].visible ? -EEXIST : 0);
@@ -514,7 +534,7 @@ START_TEST(test_create_once_replace)
 	ck_assert_int_eq(st->ops->obj_get(st, key, 4, &buf, &len, err), -EFBIG);
 	/* listing: objects only, sorted; no temporary, directory or link */
 	ck_assert_int_eq(put_obj("job/plans/a.json", "x", OBJ_CREATE), 0);
-	puts_at(at("job/plans/.n9.json.n9.0123456789abcdef.tmp"), "half");
+	puts_at(at("job/plans/.n9~0123456789abcdef~n9.json.tmp"), "half");
 	mkdirs(at("job/plans/sub"));
 	ck_assert_int_eq(symlink(at("job/plans/a.json"), at("job/plans/l.json")), 0);
 	ck_assert_int_eq(st->ops->obj_list(st, "job/plans", &names, &n, err), 0);
@@ -965,8 +985,8 @@ START_TEST(test_pin)
 	mk_shard("job", 3, 100); /* never committed */
 	rec_reset();
 	ck_assert_msg(store_set_pinned(st, "job", 1, true, err) == 0, "pin: %s", err);
-	w = find_log("fsync:.pinned.n0.", 0);
-	l = find_log("renameat:.pinned.n0.", 0);
+	w = find_log("fsync:.n0~", 0);
+	l = find_log("renameat:.n0~", 0);
 	d = find_log("fsync:step-000000000001", 0);
 	ck_assert_msg(w >= 0 && l > w && d > l, "marker, its fsync, rename, the directory's");
 	ck_assert(exists(at("job/step-000000000001/pinned")));
@@ -1019,7 +1039,7 @@ START_TEST(test_cleanup)
 
 	committed("job", 1);
 	committed("job", 3);
-	puts_at(at("job/step-000000000003/.manifest.json.n0.0123456789abcdef.tmp"), "{");
+	puts_at(at("job/step-000000000003/.n0~0123456789abcdef~manifest.json.tmp"), "{");
 	/* 2: uncommitted, older than LATEST, untouched for two hours: abandoned */
 	mk_shard_of("job", 2, 100, "n5");
 	age(at("job/step-000000000002/rank-00000.n5.0.safetensors"), 7200);
@@ -1039,17 +1059,19 @@ START_TEST(test_cleanup)
 	mk_shard_of("job", 0, 100, "n5");
 	/* leftovers: a removal cut short; temporaries, ours and others', fresh and old */
 	mkdirs(at("job/.trash.step-000000000008.n5.1.1/sub"));
-	puts_at(at("job/.LATEST.n0.0123456789abcdef.tmp"), "7\n");
-	puts_at(at("job/.LATEST.n5.0123456789abcdef.tmp"), "7\n");
+	puts_at(at("job/.n0~0123456789abcdef~LATEST.tmp"), "7\n");
+	puts_at(at("job/.n5~0123456789abcdef~LATEST.tmp"), "7\n");
+	/* a node named "x.n0" is not node n0 */
+	puts_at(at("job/.x.n0~0123456789abcdef~LATEST.tmp"), "7\n");
 	mkdirs(at("job/plans"));
-	puts_at(at("job/plans/.n6.json.n6.0123456789abcdef.tmp"), "old");
-	age(at("job/plans/.n6.json.n6.0123456789abcdef.tmp"), 7200);
+	puts_at(at("job/plans/.n6~0123456789abcdef~n6.json.tmp"), "old");
+	age(at("job/plans/.n6~0123456789abcdef~n6.json.tmp"), 7200);
 	puts_at(at("job/notes.txt"), "mine");
 
 	/* while running: nothing of ours is dead yet */
 	ck_assert_msg(cleanup(false, &r) == 0, "%s", err);
 	ck_assert(exists(at("job/step-000000000005/" SHARD0)));
-	ck_assert(exists(at("job/.LATEST.n0.0123456789abcdef.tmp")));
+	ck_assert(exists(at("job/.n0~0123456789abcdef~LATEST.tmp")));
 	ck_assert(!exists(at("job/step-000000000002"))); /* abandoned goes either way */
 	ck_assert_uint_eq(r.partial_removed, 1);
 	ck_assert_int_eq(latest("job"), 3);
@@ -1062,10 +1084,11 @@ START_TEST(test_cleanup)
 	ck_assert(exists(at("job/step-000000000007/" SHARD0)));
 	ck_assert(exists(at("job/step-000000000000/rank-00000.n5.0.safetensors")));
 	ck_assert(!exists(at("job/.trash.step-000000000008.n5.1.1")));
-	ck_assert(!exists(at("job/.LATEST.n0.0123456789abcdef.tmp")));
-	ck_assert(exists(at("job/.LATEST.n5.0123456789abcdef.tmp"))); /* another node's, fresh */
-	ck_assert(!exists(at("job/plans/.n6.json.n6.0123456789abcdef.tmp")));
-	ck_assert(!exists(at("job/step-000000000003/.manifest.json.n0.0123456789abcdef.tmp")));
+	ck_assert(!exists(at("job/.n0~0123456789abcdef~LATEST.tmp")));
+	ck_assert(exists(at("job/.n5~0123456789abcdef~LATEST.tmp"))); /* another node's, fresh */
+	ck_assert(exists(at("job/.x.n0~0123456789abcdef~LATEST.tmp")));
+	ck_assert(!exists(at("job/plans/.n6~0123456789abcdef~n6.json.tmp")));
+	ck_assert(!exists(at("job/step-000000000003/.n0~0123456789abcdef~manifest.json.tmp")));
 	ck_assert(exists(at("job/step-000000000003/manifest.json")));
 	ck_assert(exists(at("job/notes.txt")));
 	ck_assert_uint_eq(r.partial_removed, 1); /* 5 */
@@ -1095,6 +1118,61 @@ START_TEST(test_cleanup_latest)
 	ck_assert_int_eq(latest("j3"), 4);
 	ck_assert_int_eq(latest("j2"), -ENOENT);
 	ck_assert_int_eq(latest("j4"), 6);
+}
+END_TEST
+
+/* The step a manifest goes into is taken out of sight as it is written: no commit. */
+static void move_step_away(void)
+{
+	ck_assert_int_eq(rename(at("job/step-000000000002"), at("job/.trash.step-000000000002.x")),
+	                 0);
+}
+
+START_TEST(test_manifest_into_moved_step)
+{
+	struct manifest *m = mk_manifest("job", 2, 100);
+
+	mk_shard("job", 2, 100);
+	/* after the link, at the directory's fsync: a clean-up renames the step away */
+	rec.race_on = "step-000000000002";
+	rec.race = move_step_away;
+	ck_assert_int_eq(store_put_manifest(st, m, err), -ESTALE);
+	ck_assert_msg(strstr(err, "taken out of sight"), "%s", err);
+	/* and never into a step directory made anew */
+	ck_assert_int_eq(store_put_manifest(st, m, err), -ENOENT);
+	ck_assert(!exists(at("job/step-000000000002")));
+	manifest_free(m);
+}
+END_TEST
+
+/* A commit lands just as the clean-up takes an "abandoned" step: it goes back, whole. */
+static void commit_step_2(void)
+{
+	struct manifest *m = mk_manifest("job", 2, 100);
+	char *json;
+	size_t len;
+
+	ck_assert_int_eq(manifest_to_json(m, &json, &len, err), 0);
+	put(at("job/step-000000000002/manifest.json"), json, len);
+	free(json);
+	manifest_free(m);
+}
+
+START_TEST(test_cleanup_spares_late_commit)
+{
+	struct storage_recovery r;
+
+	committed("job", 3);
+	mk_shard_of("job", 2, 100, "n0");
+	age(at("job/step-000000000002/" SHARD0), 7200);
+	age(at("job/step-000000000002"), 7200);
+	rec.race_on = "step-000000000002"; /* as it is renamed out of sight */
+	rec.race = commit_step_2;
+	ck_assert_msg(cleanup(false, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000002/manifest.json")));
+	ck_assert(exists(at("job/step-000000000002/" SHARD0)));
+	ck_assert_uint_eq(r.partial_removed, 0);
+	ck_assert_uint_eq(count_dot(at("job"), "\\.trash"), 0);
 }
 END_TEST
 
@@ -1167,6 +1245,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_cleanup);
 	tcase_add_test(tc, test_cleanup_latest);
 	tcase_add_test(tc, test_list_ignores_junk);
+	tcase_add_test(tc, test_manifest_into_moved_step);
+	tcase_add_test(tc, test_cleanup_spares_late_commit);
 	suite_add_tcase(s, tc);
 	return s;
 }
