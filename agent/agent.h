@@ -56,6 +56,7 @@
 #include "work.h"
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
+#define AGENT_SCANS 32 /* jobs whose last clean-up time is remembered */
 
 struct agent_config {
 	const char *root;
@@ -86,6 +87,12 @@ struct agent_config {
 
 struct catalog;
 
+/* A job's last clean-up of abandoned steps (gc.c). */
+struct gc_scan {
+	char job[IPC_MAX_JOB + 1];
+	int64_t at; /* unix seconds */
+};
+
 struct agent {
 	struct agent_config cfg;
 	struct pool *pool;
@@ -113,6 +120,7 @@ struct agent {
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;
 	uint64_t gc_removed; /* checkpoints removed by retention since start */
+	struct gc_scan scans[AGENT_SCANS]; /* gc.c: when each job's steps were last looked at */
 };
 
 /* ---- sessions and regions (session.c) -------------------------------- */
@@ -262,7 +270,7 @@ struct checkpoint {
 	size_t nparts_done, nparts_missing;
 };
 
-/* Under mu: the checkpoint (job, step) of a plan of `run`, created if new. */
+/* Under mu: the checkpoint (job, step, run), created if new. */
 int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,
 	   struct checkpoint **out, char *err);
 /* Under mu: a rank is DURABLE; once all of this node's are, the commit starts. */
@@ -274,8 +282,11 @@ void rpc_commit(struct rpc *c, ProtobufCMessage *req, void *ctx);
 char **parts_text(const struct manifest *m);
 /* Under mu: the checkpoint fails; every rank's save with it. */
 void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason);
-/* Under mu: the plan of (job, rank) is gone: steps still missing that rank cannot commit. */
-void cp_rank_gone(struct agent *a, const char *job, int rank);
+/*
+ * Under mu: the plan of (job, run, rank) is gone: steps still missing that
+ * rank cannot commit; failed ones waiting for it need not wait.
+ */
+void cp_rank_gone(struct agent *a, const char *job, const char *run, int rank);
 /* Under mu: fails steps that have waited for missing ranks longer than the timeout. */
 void cp_expire(struct agent *a, int64_t now_mono);
 /* Under mu: whether any checkpoint still has I/O running or queued work. */

@@ -34,17 +34,13 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 	list_for_each(pos, &a->ckpts)
 	{
 		cp = container_of(pos, struct checkpoint, link);
-		if (cp->step == step && strcmp(cp->job, job) == 0) {
+		/* another run's save of the step (a run that died) goes its own way */
+		if (cp->step == step && strcmp(cp->job, job) == 0 && strcmp(cp->run, run) == 0) {
 			if (cp->world != world)
 				return ipc_errf(err, -EINVAL,
 						"job %s step %lld is being saved with world %d, this "
 						"plan says %d",
 						job, (long long)step, cp->world, world);
-			if (strcmp(cp->run, run) != 0)
-				return ipc_errf(err, -ESTALE,
-						"job %s step %lld is being saved here by run %s; this "
-						"plan is of run %s",
-						job, (long long)step, cp->run, run);
 			*out = cp;
 			return 0;
 		}
@@ -180,7 +176,7 @@ void cp_rank_durable(struct agent *a, struct checkpoint *cp)
 	}
 }
 
-void cp_rank_gone(struct agent *a, const char *job, int rank)
+void cp_rank_gone(struct agent *a, const char *job, const char *run, int rank)
 {
 	struct list *pos, *tmp;
 	char why[96];
@@ -189,8 +185,15 @@ void cp_rank_gone(struct agent *a, const char *job, int rank)
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || strcmp(cp->job, job) != 0 ||
-		    rank >= cp->world || cp->rank[rank] || cp->part_built)
+		if (strcmp(cp->job, job) != 0 || strcmp(cp->run, run) != 0)
+			continue;
+		/* failed, and waiting for this node's ranks: one fewer to wait for */
+		if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+			cp_release(a, cp);
+			continue;
+		}
+		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || rank >= cp->world ||
+		    cp->rank[rank] || cp->part_built)
 			continue;
 		snprintf(why, sizeof(why), "rank %d left (its plan was dropped) before saving this "
 					   "step", rank);
@@ -233,23 +236,21 @@ void cp_expire(struct agent *a, int64_t now)
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		/* Once committing, the commit's own deadline applies. */
+		/*
+		 * A rank of this node that never saved the step. (Saves that are
+		 * only slow are waited for; once committing, the commit's own
+		 * deadline for the other nodes' parts applies.)
+		 */
 		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing ||
 		    now - cp->t_first < limit)
 			continue;
 		unsaved(a, cp, ranks, sizeof(ranks));
-		if (ranks[0])
-			snprintf(why, sizeof(why),
-				 "step %lld: no save from rank%s %s on node %s within %u s "
-				 "(--commit-deadline)",
-				 (long long)cp->step, strchr(ranks, ',') || strchr(ranks, '-') ? "s" : "",
-				 ranks, a->cfg.node, a->cfg.commit_deadline_s);
-		else
-			snprintf(why, sizeof(why),
-				 "step %lld: %u of this node's %u saves not durable within %u s "
-				 "(--commit-deadline)",
-				 (long long)cp->step, cp->nsaved - cp->ndurable, cp->nsaved,
-				 a->cfg.commit_deadline_s);
+		if (!ranks[0])
+			continue;
+		snprintf(why, sizeof(why),
+			 "step %lld: no save from rank%s %s on node %s within %u s (--commit-deadline)",
+			 (long long)cp->step, strchr(ranks, ',') || strchr(ranks, '-') ? "s" : "", ranks,
+			 a->cfg.node, a->cfg.commit_deadline_s);
 		cp_fail(a, cp, why);
 	}
 }
@@ -346,8 +347,8 @@ static int plans_snapshot(struct agent *a, const char *job, const char *run,
 			rc = -ENOMEM;
 			break;
 		}
-		for (size_t i = 0; i < p->n && !rc; i++, k->ntensors++)
-			rc = plans_tensor(&k->tensors[i], &p->t[i], p->rank);
+		for (size_t i = 0; i < p->n && !rc; i++)
+			rc = plans_tensor(&k->tensors[k->ntensors++], &p->t[i], p->rank);
 	}
 	if (!rc && f->nranks == 0)
 		rc = -ENOENT;
@@ -455,8 +456,8 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
 	k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
 	if (!k->file || (s->meta && !k->meta_json) || !k->tensors)
 		return -ENOMEM;
-	for (size_t i = 0; i < p->n; i++, k->ntensors++) {
-		struct manifest_tensor *mt = &k->tensors[i];
+	for (size_t i = 0; i < p->n; i++) {
+		struct manifest_tensor *mt = &k->tensors[k->ntensors++]; /* freed with k, half made */
 
 		if (plans_tensor(mt, &p->t[i], p->rank))
 			return -ENOMEM;
@@ -482,8 +483,8 @@ static int build_part(struct agent *a, const struct checkpoint *cp, struct save 
 	if (!p || !(p->ranks = calloc(n, sizeof(*p->ranks))) || !(p->job = strdup(cp->job)) ||
 	    !(p->run = strdup(cp->run)) || !(p->node = strdup(a->cfg.node)))
 		rc = -ENOMEM;
-	for (size_t i = 0; !rc && i < n; i++, p->nranks++)
-		rc = part_rank_of(&p->ranks[i], v[i]);
+	for (size_t i = 0; !rc && i < n; i++)
+		rc = part_rank_of(&p->ranks[p->nranks++], v[i]); /* freed with p, half made */
 	if (rc) {
 		part_free(p);
 		return ipc_errf(err, rc, "out of memory for the part");
@@ -510,7 +511,7 @@ static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v,
 		return ipc_errf(why, rc, "publishing this node's plans: %s", err);
 	rc = build_part(a, cp, v, n, &p, why);
 	if (!rc)
-		rc = commit_create(a->cm, p, v[0]->rank == 0, cp->t_first, &cp->commit, why);
+		rc = commit_create(a->cm, p, v[0]->rank == 0, ipc_mono_ns(), &cp->commit, why);
 	if (rc && !cp->commit)
 		part_free(p);
 	return rc;
@@ -558,9 +559,14 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 
 		if (!s)
 			continue;
-		if ((size_t)k < m->nranks && strcmp(m->ranks[k].file, s->file) != 0 &&
-		    (*stale = realloc(*stale, (*nstale + 1) * sizeof(char *))))
-			(*stale)[(*nstale)++] = strdup(s->file);
+		if ((size_t)k < m->nranks && strcmp(m->ranks[k].file, s->file) != 0) {
+			char **v = realloc(*stale, (*nstale + 1) * sizeof(char *));
+
+			if (v) { /* no memory: the file stays, harmless */
+				*stale = v;
+				v[(*nstale)++] = strdup(s->file);
+			}
+		}
 		save_set_state(a, s, CKPT__V1__STATE__STATE_COMMITTED, NULL);
 	}
 	if (r->wrote)
@@ -641,15 +647,26 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	free(ranks);
 	if (rc == 0 && nfree == 0) {
 		pthread_mutex_lock(&a->mu);
-		/* a save that joined meanwhile is not durable yet: wait for it */
-		rc = cp->nsaved == *n && local_complete(a, cp) ? 1 : 0;
-		cp->part_built = rc == 1;
-		if (rc == 0)
-			cp->committing = false; /* its durable restarts the commit */
+		if (cp->abort[0]) { /* failed meanwhile: no part */
+			r->state = COMMIT_FAILED;
+			snprintf(r->reason, sizeof(r->reason), "%s", cp->abort);
+			rc = -ECANCELED;
+		} else if (cp->nsaved == *n && local_complete(a, cp)) {
+			cp->part_built = true; /* no save of this step joins from here on */
+			rc = 1;
+		} else if (local_complete(a, cp)) {
+			/* a save joined during the look, and is durable already: again */
+			workq_push_at(a->commit, &cp->work, now);
+			rc = 0;
+		} else {
+			cp->committing = false; /* the joined save's durable restarts the commit */
+			rc = 0;
+		}
 		pthread_mutex_unlock(&a->mu);
 		return rc;
 	}
-	if (rc == 0 && now - cp->t_first < (int64_t)a->cfg.commit_deadline_s * 1000000000) {
+	if (rc == 0 && !a->stopping &&
+	    now - cp->t_first < (int64_t)a->cfg.commit_deadline_s * 1000000000) {
 		cp->backoff = cp->backoff ? cp->backoff * 2 : COMMIT_BACKOFF_FIRST_NS;
 		if (cp->backoff > COMMIT_BACKOFF_MAX_NS)
 			cp->backoff = COMMIT_BACKOFF_MAX_NS;
@@ -664,6 +681,12 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 		return rc;
 	}
 	part_ranks_text(free_ranks, nfree < 64 ? nfree : 64, list, sizeof(list));
+	if (a->stopping) {
+		snprintf(r->reason, sizeof(r->reason),
+			 "step %lld: the agent stopped while no node claimed rank%s %s", (long long)cp->step,
+			 nfree == 1 ? "" : "s", list);
+		return -ECANCELED;
+	}
 	snprintf(r->reason, sizeof(r->reason),
 		 "step %lld: no save of rank%s %s%s here, and no node has published plans for "
 		 "them (run %s), within %u s (--commit-deadline)%s%s",
@@ -709,6 +732,12 @@ static void commit_work(struct work *w)
 	if (r.state == COMMIT_WAITING && cp->abort[0]) {
 		r.state = COMMIT_FAILED;
 		snprintf(r.reason, sizeof(r.reason), "%s", cp->abort);
+	} else if (r.state == COMMIT_WAITING && a->stopping) {
+		/* waiting for other nodes is no reason to keep a stopping agent */
+		r.state = COMMIT_FAILED;
+		snprintf(r.reason, sizeof(r.reason),
+			 "the agent stopped before the step was committed (this node's part is in "
+			 "the root: another node may still commit it)");
 	}
 	if (r.state == COMMIT_WAITING) {
 		workq_push_at(a->commit, &cp->work, next); /* still committing */
@@ -717,13 +746,14 @@ static void commit_work(struct work *w)
 		return;
 	}
 	cp->committing = false;
+	/* before the trainers are told: a scrape after COMMITTED counts this commit */
+	metrics_on_commit(a->metrics, r.wrote ? r.latency_ns : -1, r.missing_at_deadline);
 	if (r.state == COMMIT_COMMITTED && cp->state == CKPT__V1__STATE__STATE_QUEUED)
 		committed(a, cp, &r, &stale, &nstale);
 	else if (r.state == COMMIT_FAILED)
 		cp_fail(a, cp, r.reason);
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);
-	metrics_on_commit(a->metrics, r.wrote ? r.latency_ns : -1, r.missing_at_deadline);
 	/* Ours, and named by no manifest: the step is committed without them. */
 	for (size_t i = 0; i < nstale; i++) {
 		char err[IPC_ERRLEN];

@@ -174,6 +174,32 @@ static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
 	return rc;
 }
 
+/* Whether job's clean-up is due (once per `every` seconds), noting it if so. */
+static bool scan_due(struct agent *a, const char *job, int64_t now, int64_t every)
+{
+	struct gc_scan *oldest = &a->scans[0];
+	bool due = true;
+
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < AGENT_SCANS; i++) {
+		struct gc_scan *s = &a->scans[i];
+
+		if (strcmp(s->job, job) == 0) {
+			due = now - s->at >= every;
+			oldest = s;
+			break;
+		}
+		if (s->at < oldest->at)
+			oldest = s;
+	}
+	if (due) {
+		snprintf(oldest->job, sizeof(oldest->job), "%s", job);
+		oldest->at = now;
+	}
+	pthread_mutex_unlock(&a->mu);
+	return due;
+}
+
 /*
  * Uncommitted steps of the job that every node gave up: older than LATEST
  * and untouched for abandon_after (DESIGN.md §4.5: nothing another node may
@@ -186,6 +212,9 @@ static void abandoned(struct agent *a, const char *job)
 	struct storage_recovery rec = {0};
 	char err[IPC_ERRLEN];
 
+	/* A step is abandoned after an hour or so: a look every tenth of that is enough. */
+	if (!scan_due(a, job, pol.now_unix_s, pol.abandon_after_s / 10))
+		return;
 	if (store_cleanup(a->store, job, &pol, &rec, err))
 		log_msg(LOG_WARNING, "clean-up of job %s: %s", job, err);
 	if (rec.partial_removed || rec.temp_removed)

@@ -129,7 +129,7 @@ void plan_drop(struct agent *a, struct plan *p)
 	if (aborted)
 		pool_wake(a->pool);
 	/* Steps other ranks saved that this one had not: they can never commit now. */
-	cp_rank_gone(a, p->job, p->rank);
+	cp_rank_gone(a, p->job, p->run, p->rank);
 	/* Mappings keep a dead trainer's memory alive: let them go as soon as idle. */
 	if (p->active == 0)
 		release_regions(a, p);

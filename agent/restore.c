@@ -282,10 +282,13 @@ static int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, m->ranks[rank].file,
 						  &r->sh, &r->size, err);
 		if (rc)
-			problem(r, rc == -ENOENT ? -ENOENT : -EIO, "%s", err);
+			problem(r, rc == -ENOENT ? -ENOENT : -EIO, "rank %d (node %s): %s", rank,
+				manifest_node_of(m, rank) ?: "-", err);
 		else if (r->size != m->ranks[rank].size)
-			problem(r, -EBADMSG, "%s is %" PRIu64 " bytes, the manifest says %" PRIu64,
-				r->path, r->size, m->ranks[rank].size);
+			problem(r, -EBADMSG,
+				"%s (rank %d, node %s) is %" PRIu64 " bytes, the manifest says %" PRIu64,
+				r->path, rank, manifest_node_of(m, rank) ?: "-", r->size,
+				m->ranks[rank].size);
 		else
 			read_file(r, i, j, xs);
 		r->a->store->ops->shard_close(r->sh);
@@ -471,6 +474,24 @@ static void restore_run(struct work *w)
 	bool again;
 	int rc;
 
+	if (rs->latest) {
+		/*
+		 * LATEST is the newest manifest: one another node committed since
+		 * this agent last looked (its ranks were not in that step) counts.
+		 */
+		catalog_sync_job(a, rs->plan->job);
+		pthread_mutex_lock(&a->mu);
+		e = catalog_newest(a->cat, rs->plan->job, INT64_MAX);
+		if (e && e->step > step) {
+			struct cat_entry *old = catalog_find(a->cat, rs->plan->job, step);
+
+			if (old)
+				old->readers--;
+			e->readers++;
+			step = e->step;
+		}
+		pthread_mutex_unlock(&a->mu);
+	}
 	do {
 		rc = restore_one(rs, step, &meta, err);
 		pthread_mutex_lock(&a->mu);

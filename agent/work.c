@@ -43,15 +43,22 @@ static void *worker(void *arg)
 	pthread_mutex_lock(&q->mu);
 	for (;;) {
 		struct work *w;
+		int64_t now = ipc_mono_ns();
 
-		while (!q->head && !q->stop) {
-			if (q->timed && q->timed->when <= ipc_mono_ns()) {
-				w = q->timed;
-				q->timed = w->next;
-				w->next = NULL;
-				q->head = q->tail = w;
-				break;
-			}
+		/* Due timed jobs join the FIFO first: a stream of pushes cannot starve them. */
+		while (q->timed && q->timed->when <= now) {
+			w = q->timed;
+			q->timed = w->next;
+			w->next = NULL;
+			if (q->tail)
+				q->tail->next = w;
+			else
+				q->head = w;
+			q->tail = w;
+		}
+		if (!q->head && q->stop)
+			break;
+		if (!q->head) {
 			if (q->timed) {
 				struct timespec ts = {q->timed->when / 1000000000,
 				                      q->timed->when % 1000000000};
@@ -60,9 +67,8 @@ static void *worker(void *arg)
 			} else {
 				pthread_cond_wait(&q->cv, &q->mu);
 			}
+			continue;
 		}
-		if (!q->head)
-			break;
 		w = q->head;
 		q->head = w->next;
 		if (!q->head)

@@ -635,6 +635,29 @@ START_TEST(late_writer_changes_nothing)
 }
 END_TEST
 
+/*
+ * A restart (a new run) comes back to a step the dead run was saving here:
+ * the old run's save of it, failed, stands in nobody's way.
+ */
+START_TEST(new_run_same_step)
+{
+	struct cluster c;
+	pid_t old, p0, p1;
+
+	cluster_start(&c, 1, NULL);
+	old = spawn_rank(&c.a[0], "nr", "a", 0, 2, 5, 5, 1, "hold", NULL);
+	ck_assert(h_wait_state(&c.a[0], "nr", 5, "IN_FLIGHT", 30000));
+	kill(old, SIGKILL);
+	h_reap(old);
+	p0 = spawn_rank(&c.a[0], "nr", "b", 0, 2, 5, 5, 1, "commit", NULL);
+	p1 = spawn_rank(&c.a[0], "nr", "b", 1, 2, 5, 5, 1, "commit", NULL);
+	ck_assert_int_eq(h_reap(p0), 0);
+	ck_assert_int_eq(h_reap(p1), 0);
+	ck_assert_int_eq(restore_all(&c, "nr", "b", 2), 5);
+	cluster_cleanup(&c);
+}
+END_TEST
+
 /* ---- hostile input ------------------------------------------------------- */
 
 START_TEST(bad_node_names)
@@ -719,6 +742,14 @@ START_TEST(hostile_files)
 			part = json_load_file(p, 0, NULL);
 			ck_assert_ptr_nonnull(part);
 			json_object_set_new(part, "step", json_integer(step));
+			{ /* written now, as its node would have */
+				struct timespec ts;
+
+				clock_gettime(CLOCK_REALTIME, &ts);
+				json_object_set_new(part, "time_unix_ns",
+				                    json_integer((json_int_t)ts.tv_sec * 1000000000 +
+				                                 ts.tv_nsec));
+			}
 			if (i == 2)
 				json_array_append(json_object_get(part, "ranks"),
 				                  json_array_get(json_object_get(part, "ranks"), 0));
@@ -784,6 +815,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, start_spares_others);
 	tcase_add_test(tc, other_run_part_refused);
 	tcase_add_test(tc, late_writer_changes_nothing);
+	tcase_add_test(tc, new_run_same_step);
 	tcase_add_test(tc, bad_node_names);
 	tcase_add_test(tc, hostile_files);
 	suite_add_tcase(s, tc);
