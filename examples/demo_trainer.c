@@ -178,7 +178,8 @@ static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
 		rc = ckpt_save_wait(last, CKPT_COMMITTED, 120000);
 		printf("rank %d: last save %s %.1f ms after training ended%s%s; mean stall %.1f ms "
 		       "over %d saves\n",
-		       o->rank, rc ? ckpt_strerror(rc) : "COMMITTED", (now() - t0) * 1e3,
+		       o->rank, rc == -EIO ? "FAILED" : rc ? ckpt_strerror(rc) : "COMMITTED",
+		       (now() - t0) * 1e3,
 		       rc ? ": " : "", rc ? ckpt_save_reason(last) : "",
 		       saves ? stall_sum / saves * 1e3 : 0.0, saves);
 		ckpt_save_release(last);

@@ -250,9 +250,12 @@ static void check_hist(const struct scrape *sc, const char *name, double count, 
 /* After one committed save of `shard` bytes on a 64 MiB pool. */
 static void check_after_save(const struct scrape *sc, off_t shard)
 {
-	double stall, persist, commit;
+	double stall, persist, commit, latency;
 
 	ck_assert(get(sc, "ckptd_up") == 1);
+	/* this node wrote the manifest: one commit latency, within the save's time */
+	check_hist(sc, "ckptd_commit_latency_seconds", 1, &latency);
+	ck_assert(get(sc, "ckptd_commit_parts_missing_total") == 0);
 	ck_assert(get(sc, "ckptd_saves_total{state=\"committed\"}") == 1);
 	ck_assert(get(sc, "ckptd_saves_total{state=\"failed\"}") == 0);
 	ck_assert(get(sc, "ckptd_saves_total{state=\"skipped\"}") == 0);
@@ -261,6 +264,8 @@ static void check_after_save(const struct scrape *sc, off_t shard)
 	check_hist(sc, "ckptd_save_commit_seconds", 1, &commit);
 	ck_assert_msg(stall > 0 && stall <= persist && persist <= commit,
 	              "stall %g, persist %g, commit %g: one save, in that order", stall, persist,
+	              commit);
+	ck_assert_msg(latency > 0 && latency <= commit, "commit latency %g, save %g", latency,
 	              commit);
 	ck_assert_msg(get(sc, "ckptd_written_bytes_total") >= (double)shard,
 	              "written %g < shard %lld", get(sc, "ckptd_written_bytes_total"),
