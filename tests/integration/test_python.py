@@ -3,6 +3,7 @@ arrays in host memory saved and restored with their meta, and failures
 raised as ckpt.Error with the agent's words."""
 
 import errno
+import json
 import os
 import shutil
 import sys
@@ -69,6 +70,20 @@ def main():
             expect_error(lambda: c.plan("j", 0, 1, [ckpt.Tensor("x", stray)]),
                          errno.EINVAL, "neither from ckpt_host_alloc")
             plan.destroy()
+
+            # run= names the incarnation: the manifest says it, a bad one is refused
+            plan = c.plan("pyrun", 0, 1, [ckpt.Tensor("w", w)], run="r2")
+            s = plan.save(1)
+            s.wait(ckpt.COMMITTED, 60000)
+            assert s.state == ckpt.COMMITTED, ckpt.state_name(s.state)
+            s.release()
+            with open(os.path.join(agent.root, "pyrun", "step-000000000001",
+                                   "manifest.json")) as f:
+                run = json.load(f)["run"]
+            assert run == "r2", f"manifest run {run!r}, want 'r2'"
+            plan.destroy()
+            expect_error(lambda: c.plan("pyrun", 0, 1, [ckpt.Tensor("w", w)], run="r/2"),
+                         errno.EINVAL, "run")
             mem.free()
         status = agent.stop()
         assert status == 0, f"ckptd exited with {status}"
