@@ -274,6 +274,15 @@ bool local_regular_at(int fd, const char *name)
 	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
+bool local_maybe_regular_at(int fd, const char *name)
+{
+	struct stat st;
+
+	if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno != ENOENT;
+	return S_ISREG(st.st_mode);
+}
+
 bool local_dir_at(int fd, const char *name)
 {
 	struct stat st;

@@ -91,6 +91,8 @@ void local_free_names(char **v, size_t n);
 /* Whether `name` under fd is a regular file (a directory); links are neither. */
 bool local_regular_at(int fd, const char *name);
 bool local_dir_at(int fd, const char *name);
+/* Regular, or unsure (fstatat failed but not with ENOENT): for what must be kept if there. */
+bool local_maybe_regular_at(int fd, const char *name);
 /*
  * A temporary name for `leaf` in a shared directory, unique across nodes:
  * ".<node>~<random>~<leaf>.tmp". Whether `name` is one, and whether this

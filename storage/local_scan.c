@@ -72,11 +72,15 @@ static bool step_state_at(struct local *l, int jobfd, const char *sname, bool *p
 	return yes;
 }
 
-/* Whether directory `name` under dirfd holds a manifest. */
-static bool committed_in(struct local *l, int dirfd, const char *name)
+/*
+ * Whether directory `name` under dirfd holds `leaf` (a manifest, a pin).
+ * Unsure (an error other than "not there") counts as yes: what it keeps
+ * is kept.
+ */
+static bool holds(struct local *l, int dirfd, const char *name, const char *leaf)
 {
 	int fd = local_open_dir(l, dirfd, name);
-	bool yes = fd >= 0 && local_regular_at(fd, MANIFEST_NAME);
+	bool yes = fd == -ENOENT ? false : fd < 0 || local_maybe_regular_at(fd, leaf);
 
 	if (fd >= 0)
 		close(fd);
@@ -178,14 +182,44 @@ int local_list_steps(struct storage *s, const char *job, struct storage_step **s
 /* ---- removal ----------------------------------------------------------- */
 
 /*
+ * A step that went out of sight and must come back (a late commit landed in
+ * it, a pin on another node): under its name again, whole. If something
+ * made the name anew meanwhile (a late writer's part), the two swap, and
+ * what the latecomer made goes instead: the step that comes back is the
+ * one the manifest names.
+ */
+static int put_back(struct local *l, int jobfd, const char *trash, const char *sname,
+                    const char *path, const char *why, char *err)
+{
+	int rc = renameat2(jobfd, trash, jobfd, sname, RENAME_NOREPLACE) < 0 ? -errno : 0;
+
+	if (rc == -EEXIST &&
+	    (rc = renameat2(jobfd, trash, jobfd, sname, RENAME_EXCHANGE) < 0 ? -errno : 0) == 0)
+		rm_tree(l, jobfd, trash, 0);
+	if (rc == 0)
+		rc = l->ops->fsync(jobfd);
+	if (rc < 0)
+		return ipc_errf(err, rc == -EEXIST ? -EIO : rc,
+		                "%s %s as it was being removed, and cannot go back under its name: "
+		                "%s; it is whole in %s/%s: move it back by hand",
+		                path, why, strerror(-rc), l->root, trash);
+	return 0;
+}
+
+/*
  * One rename takes the whole step out of sight at once; the name carries
  * the node and the process, so that agents sharing the root never collide.
- * unless_committed (the clean-up of an abandoned step): if a manifest is in
- * it once it is out of sight (a late commit won the race), it goes back
- * under its name, whole, and -EEXIST says so.
+ * The step is touched first, so that its trash looks fresh to other nodes'
+ * clean-ups (which delete others' trash only once old): it may yet go back.
+ * keep: TRASH_UNLESS_COMMITTED (the clean-up of an abandoned step: a late
+ * commit may land as we look), TRASH_UNLESS_PINNED (a removal: another
+ * node's agent may have pinned it); once out of sight, a step that is so
+ * goes back, and -EEXIST or -EBUSY says why.
  */
-static int to_trash(struct local *l, int jobfd, const char *sname, const char *path,
-                    bool unless_committed, char *err)
+enum { TRASH_UNLESS_COMMITTED = 1, TRASH_UNLESS_PINNED = 2 };
+
+static int to_trash(struct local *l, int jobfd, const char *sname, const char *path, int keep,
+                    char *err)
 {
 	char trash[LOCAL_NAME_MAX + IPC_MAX_JOB + 64];
 	uint64_t seq;
@@ -196,6 +230,7 @@ static int to_trash(struct local *l, int jobfd, const char *sname, const char *p
 	pthread_mutex_unlock(&l->lock);
 	snprintf(trash, sizeof(trash), "%s%s.%s.%d.%" PRIu64, TRASH_PREFIX, sname, l->node,
 	         (int)getpid(), seq);
+	utimensat(jobfd, sname, NULL, AT_SYMLINK_NOFOLLOW); /* best effort: see above */
 	rc = l->ops->renameat(jobfd, sname, jobfd, trash);
 	if (rc < 0)
 		return ipc_errf(err, rc, "cannot remove %s (rename failed): %s", path, strerror(-rc));
@@ -208,14 +243,13 @@ static int to_trash(struct local *l, int jobfd, const char *sname, const char *p
 	if (rc < 0)
 		return ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk",
 		                path, strerror(-rc));
-	if (unless_committed && committed_in(l, jobfd, trash)) {
-		rc = renameat2(jobfd, trash, jobfd, sname, RENAME_NOREPLACE) < 0 ? -errno : 0;
-		if (rc == 0)
-			l->ops->fsync(jobfd);
-		return rc == 0 ? -EEXIST
-		               : ipc_errf(err, rc, "%s was committed as it was being removed, and "
-		                                   "cannot go back under its name: %s",
-		                          path, strerror(-rc));
+	if ((keep & TRASH_UNLESS_COMMITTED) && holds(l, jobfd, trash, MANIFEST_NAME))
+		return put_back(l, jobfd, trash, sname, path, "was committed", err) ?: -EEXIST;
+	if ((keep & TRASH_UNLESS_PINNED) && holds(l, jobfd, trash, PIN_NAME)) {
+		rc = put_back(l, jobfd, trash, sname, path, "was pinned", err);
+		return rc ?: ipc_errf(err, -EBUSY, "%s is pinned (perhaps through another node's "
+		                                   "agent): unpin it first",
+		                      path);
 	}
 	rc = rm_tree(l, jobfd, trash, 0);
 	if (rc < 0)
@@ -237,7 +271,8 @@ int local_remove(struct storage *s, const char *job, int64_t step, char *err)
 		return rc;
 	close(stepfd);
 	local_step_name(step, sn, sizeof(sn));
-	rc = to_trash(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL), false, err);
+	rc = to_trash(l, jobfd, sn, local_path_of(l, p, sizeof(p), job, step, NULL),
+	              TRASH_UNLESS_PINNED, err);
 	close(jobfd);
 	return rc;
 }
@@ -267,19 +302,43 @@ struct scan {
 	struct local *l;
 	const struct storage_cleanup *pol;
 	struct storage_recovery *rec;
-	int64_t newest; /* the newest mtime seen (unix seconds) */
+	int64_t now; /* on the storage's clock (unix seconds) */
+	int64_t newest; /* the newest mtime seen */
 };
+
+/*
+ * "Now" on the clock that stamps the files' mtimes: a shared filesystem's
+ * server may be set apart from this machine (or this machine from the
+ * others), and ages measured across two clocks would call another node's
+ * fresh files old. A file made here and looked at says the storage's time;
+ * if that fails, the caller's clock.
+ */
+static int64_t storage_now(struct local *l, int jobfd, int64_t fallback)
+{
+	char name[LOCAL_NAME_MAX];
+	struct stat st;
+	int fd;
+
+	local_tmp_name(l, "clock", name, sizeof(name));
+	fd = local_open_regular(l, jobfd, name, O_WRONLY | O_CREAT | O_EXCL, 0600, &st);
+	if (fd < 0)
+		return fallback;
+	close(fd);
+	l->ops->unlinkat(jobfd, name, 0);
+	return (int64_t)st.st_mtime;
+}
 
 static bool old(const struct scan *c, int64_t mtime)
 {
-	return c->pol->now_unix_s - mtime > c->pol->abandon_after_s;
+	return c->now - mtime > c->pol->abandon_after_s;
 }
 
-static int64_t mtime_at(int fd, const char *name)
+/* An entry's mtime; one that cannot be read counts as new (it is kept). */
+static int64_t mtime_at(const struct scan *c, int fd, const char *name)
 {
 	struct stat st;
 
-	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)st.st_mtime : 0;
+	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)st.st_mtime : c->now;
 }
 
 /*
@@ -291,7 +350,7 @@ static void drop_tmp(struct scan *c, int fd, char **v, size_t n)
 	bool own;
 
 	for (size_t i = 0; i < n; i++) {
-		int64_t t = mtime_at(fd, v[i]);
+		int64_t t = mtime_at(c, fd, v[i]);
 
 		c->newest = t > c->newest ? t : c->newest;
 		if (!v[i][0] || !local_is_tmp(c->l, v[i], &own) || !local_regular_at(fd, v[i]))
@@ -328,9 +387,12 @@ static void drop_own_shards(struct scan *c, int stepfd, char **v, size_t n)
 	if (!c->pol->at_start)
 		return;
 	snprintf(part, sizeof(part), "%s.json", c->l->node);
+	/* Unsure whether we wrote a part (an error but "not there"): they stay. */
 	pfd = local_open_dir(c->l, stepfd, PARTS_DIR);
+	if (pfd < 0 && pfd != -ENOENT)
+		return;
 	if (pfd >= 0) {
-		bool mine = local_regular_at(pfd, part);
+		bool mine = local_maybe_regular_at(pfd, part);
 
 		close(pfd);
 		if (mine)
@@ -376,7 +438,7 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 
 	if (fd < 0)
 		return fd == -ENOENT ? 0 : ipc_errf(err, fd, "cannot open %s: %s", path, strerror(-fd));
-	committed = local_regular_at(fd, MANIFEST_NAME);
+	committed = local_maybe_regular_at(fd, MANIFEST_NAME); /* unsure: it is */
 	if (committed && !c->pol->at_start) { /* a checkpoint: nothing to do while running */
 		close(fd);
 		return 0;
@@ -386,7 +448,7 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 		close(fd);
 		return ipc_errf(err, rc, "cannot list %s: %s", path, strerror(-rc));
 	}
-	c->newest = mtime_at(jobfd, sname);
+	c->newest = mtime_at(c, jobfd, sname);
 	drop_tmp(c, fd, v, n);
 	parts = scan_parts(c, fd);
 	if (!committed)
@@ -403,7 +465,7 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 	 */
 	if (latest >= 0 && step < latest && old(c, c->newest)) {
 		close(fd);
-		rc = to_trash(c->l, jobfd, sname, path, true, err);
+		rc = to_trash(c->l, jobfd, sname, path, TRASH_UNLESS_COMMITTED, err);
 		if (rc == 0)
 			c->rec->partial_removed++;
 		else if (rc == -EEXIST)
@@ -429,6 +491,31 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 	return 0;
 }
 
+/* Whether a trash name (".trash.<step>.<node>.<pid>.<seq>") is this node's. */
+static bool trash_of(const struct local *l, const char *name)
+{
+	const char *p = name + strlen(TRASH_PREFIX), *end = name + strlen(name);
+	size_t k = strlen(l->node);
+	int64_t step;
+	char sn[32];
+
+	/* back over ".<seq>" and ".<pid>": digits both */
+	for (int dots = 0; dots < 2; dots++) {
+		const char *q = end;
+
+		while (q > p && q[-1] >= '0' && q[-1] <= '9')
+			q--;
+		if (q == end || q == p || q[-1] != '.')
+			return false;
+		end = q - 1;
+	}
+	if (strlen(p) < 18 || p[17] != '.')
+		return false;
+	snprintf(sn, sizeof(sn), "%.17s", p);
+	return local_parse_step_name(sn, &step) && (size_t)(end - (p + 18)) == k &&
+	       strncmp(p + 18, l->node, k) == 0;
+}
+
 /* One entry of a job directory. */
 static int cleanup_entry(struct scan *c, int jobfd, const char *job, const char *name,
                          int64_t latest, char *err)
@@ -443,9 +530,13 @@ static int cleanup_entry(struct scan *c, int jobfd, const char *job, const char 
 		return local_dir_at(jobfd, name) ? cleanup_step(c, jobfd, name, step, latest, p, err)
 		                                 : 0;
 	if (strncmp(name, TRASH_PREFIX, strlen(TRASH_PREFIX)) == 0) {
-		/* out of sight already: a removal a crash interrupted (ours or anyone's) */
-		if (!c->pol->at_start && !old(c, mtime_at(jobfd, name)))
-			return 0; /* a removal of ours may be deleting it right now */
+		/*
+		 * Out of sight already: a removal a crash interrupted. Ours at
+		 * start-up (no removal of ours is running); anyone's once old: a
+		 * removal may be deleting it right now, or about to put it back.
+		 */
+		if (!(c->pol->at_start && trash_of(c->l, name)) && !old(c, mtime_at(c, jobfd, name)))
+			return 0;
 		rc = rm_tree(c->l, jobfd, name, 0);
 		if (rc == 0)
 			c->rec->temp_removed++;
@@ -477,7 +568,7 @@ int local_cleanup(struct storage *s, const char *job, int64_t latest,
                   const struct storage_cleanup *pol, struct storage_recovery *rec, char *err)
 {
 	struct local *l = to_local(s);
-	struct scan c = {l, pol, rec, 0};
+	struct scan c = {l, pol, rec, pol->now_unix_s, 0};
 	char why[IPC_ERRLEN];
 	int jobfd, rc, first = 0;
 	char **v;
@@ -488,6 +579,7 @@ int local_cleanup(struct storage *s, const char *job, int64_t latest,
 	rc = jobfd = local_open_job(l, job, err);
 	if (rc < 0)
 		return rc;
+	c.now = storage_now(l, jobfd, pol->now_unix_s);
 	rc = local_list_dir(l, jobfd, &v, &n);
 	if (rc < 0) {
 		close(jobfd);

@@ -46,7 +46,7 @@ struct storage_step {
  */
 struct storage_cleanup {
 	int64_t abandon_after_s;
-	int64_t now_unix_s; /* the clock the ages are measured with */
+	int64_t now_unix_s; /* this machine's clock: where the storage has none to read */
 	bool at_start;
 };
 

@@ -374,13 +374,16 @@ static bool committed(struct storage *s, const char *job, int64_t step)
 /*
  * Under latest_mu: LATEST := the newest committed step other than `except`
  * (or none), unless it names a committed step newer still (a commit of
- * another node that our listing came too early to see).
+ * another node that our listing came too early to see). Another node may
+ * also commit, and move LATEST, between our look and our write: we look
+ * again after writing, and move it on to what is there now, so that it
+ * never stays behind a commit it saw.
  */
 static int latest_fix(struct storage *s, const char *job, int64_t except, bool *changed,
                       char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
-	int64_t cur = -1, newest = -1;
+	int64_t cur = -1, newest = -1, wrote;
 	int had, rc;
 
 	*changed = false;
@@ -395,12 +398,21 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 			return 0;
 		store_key(key, sizeof(key), job, -1, "LATEST");
 		rc = s->ops->obj_delete(s, key, err);
-		*changed = rc == 0;
-		return rc == -ENOENT ? 0 : rc;
+		if (rc && rc != -ENOENT)
+			return rc;
+	} else if ((rc = latest_put(s, job, newest, err))) {
+		return rc;
 	}
-	rc = latest_put(s, job, newest, err);
-	*changed = rc == 0;
-	return rc;
+	*changed = true;
+	wrote = newest;
+	for (int i = 0; i < LATEST_TRIES; i++) {
+		if (newest_committed(s, job, except, &newest, why) || newest <= wrote)
+			break;
+		if (latest_put(s, job, newest, why))
+			break; /* LATEST is a hint: the next commit or clean-up moves it on */
+		wrote = newest;
+	}
+	return 0;
 }
 
 /* ---- pins and removal -------------------------------------------------- */
@@ -423,20 +435,47 @@ int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinn
 	 * when this returns, or retention could delete a step we said is kept.
 	 */
 	store_key(key, sizeof(key), job, step, "pinned");
-	if (pinned)
-		return s->ops->obj_put(s, key, "", 0, OBJ_REPLACE, err);
-	rc = s->ops->obj_delete(s, key, err);
-	return rc == -ENOENT ? 0 : rc;
+	if (!pinned) {
+		rc = s->ops->obj_delete(s, key, err);
+		return rc == -ENOENT ? 0 : rc;
+	}
+	/*
+	 * Into the step as it is, never a directory made anew: a removal on
+	 * another node may take the step out of sight as we pin it. It looks
+	 * for a pin once the step is out of sight, and puts it back if it
+	 * finds one; if it went first, the pin fails here.
+	 */
+	rc = s->ops->obj_put(s, key, "", 0, OBJ_REPLACE | OBJ_IN_PLACE, err);
+	if (rc == -ENOENT || rc == -ESTALE || (!rc && !committed(s, job, step)))
+		return ipc_errf(err, -ENOENT,
+		                "job '%s' step %" PRId64 " was removed as it was being pinned", job,
+		                step);
+	return rc;
 }
 
 int store_remove(struct storage *s, const char *job, int64_t step, char *err)
 {
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
+	uint64_t size;
 	int64_t cur;
 	bool changed;
 	int rc;
 
 	if ((rc = check_job_step(job, step, err)))
 		return rc;
+	/*
+	 * Pinned, perhaps through another node's agent: kept. (A pin that comes
+	 * after this look is seen once the step is out of sight; it goes back.)
+	 */
+	store_key(key, sizeof(key), job, step, "pinned");
+	rc = s->ops->obj_stat(s, key, &size, why);
+	if (rc && rc != -ENOENT)
+		return ipc_errf(err, rc, "cannot tell whether it is pinned: %s", why);
+	if (rc == 0)
+		return ipc_errf(err, -EBUSY,
+		                "job '%s' step %" PRId64 " is pinned (perhaps through another "
+		                "node's agent): unpin it first",
+		                job, step);
 	/* LATEST first: it never names a step that is not there, crash or no crash. */
 	pthread_mutex_lock(&latest_mu);
 	rc = store_latest_get(s, job, &cur, err) == 0 && cur == step

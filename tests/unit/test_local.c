@@ -14,6 +14,7 @@
  * fallback.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -45,17 +46,27 @@ static struct {
 	unsigned fail_nth, seen;
 	int fail_err;
 	bool refuse_direct; /* O_DIRECT: -EINVAL, as tmpfs did */
-	/* races, played: before the nth fsync (rename) of `on`, run `race` */
+	/* races, played: before the first fsync (rename) of `on` (a pattern), run `race` */
 	const char *race_on;
 	void (*race)(void);
 } rec = {.m = PTHREAD_MUTEX_INITIALIZER};
+
+/* pattern, or a prefix of it when it ends in '*' (temporary names are random). */
+static bool matches(const char *pattern, const char *name)
+{
+	size_t n = strlen(pattern);
+
+	if (n && pattern[n - 1] == '*')
+		return strncmp(name, pattern, n - 1) == 0;
+	return strcmp(name, pattern) == 0;
+}
 
 static void race_at(const char *name)
 {
 	void (*fn)(void) = NULL;
 
 	pthread_mutex_lock(&rec.m);
-	if (rec.race_on && strcmp(rec.race_on, name) == 0) {
+	if (rec.race_on && matches(rec.race_on, name)) {
 		fn = rec.race;
 		rec.race_on = NULL;
 	}
@@ -76,15 +87,6 @@ static const char *fdn(int fd)
 	return fd >= 0 && fd < MAXFD && rec.fdname[fd][0] ? rec.fdname[fd] : "?";
 }
 
-/* fail_name, or a prefix of it when it ends in '*' (temporary names are random). */
-static bool matches(const char *name)
-{
-	size_t n = strlen(rec.fail_name);
-
-	if (n && rec.fail_name[n - 1] == '*')
-		return strncmp(name, rec.fail_name, n - 1) == 0;
-	return strcmp(name, rec.fail_name) == 0;
-}
 
 /* Logs "op:name" and says whether this call is the one to fail. */
 static int note(const char *op, const char *name, const char *extra)
@@ -94,7 +96,7 @@ static int note(const char *op, const char *name, const char *extra)
 	pthread_mutex_lock(&rec.m);
 	if (rec.n < MAXLOG)
 		snprintf(rec.log[rec.n++], sizeof(rec.log[0]), "%s:%s%s", op, name, extra);
-	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 && (!rec.fail_name || matches(name)) &&
+	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 && (!rec.fail_name || matches(rec.fail_name, name)) &&
 	    ++rec.seen == rec.fail_nth)
 		rc = rec.fail_err;
 	pthread_mutex_unlock(&rec.m);
@@ -1006,7 +1008,12 @@ START_TEST(test_pin)
 	ck_assert(!exists(at("job/step-000000000001/pinned")));
 	ck_assert_str_eq(rec.log[rec.n - 1], "fsync:step-000000000001");
 	ck_assert_int_eq(store_set_pinned(st, "job", 1, false, err), 0);
+	/* a pin on disk keeps it, whoever's catalog knows of it */
 	ck_assert_int_eq(store_set_pinned(st, "job", 2, true, err), 0);
+	ck_assert_int_eq(store_remove(st, "job", 2, err), -EBUSY);
+	ck_assert_msg(strstr(err, "pinned"), "%s", err);
+	ck_assert(exists(at("job/step-000000000002/manifest.json")));
+	ck_assert_int_eq(store_set_pinned(st, "job", 2, false, err), 0);
 	ck_assert_int_eq(store_remove(st, "job", 2, err), 0);
 	ck_assert(!exists(at("job/step-000000000002")));
 }
@@ -1058,7 +1065,10 @@ START_TEST(test_cleanup)
 	/* 0: older than LATEST but fresh: another node may still commit it */
 	mk_shard_of("job", 0, 100, "n5");
 	/* leftovers: a removal cut short; temporaries, ours and others', fresh and old */
-	mkdirs(at("job/.trash.step-000000000008.n5.1.1/sub"));
+	mkdirs(at("job/.trash.step-000000000008.n0.1.1/sub")); /* ours */
+	mkdirs(at("job/.trash.step-000000000008.n5.1.1/sub")); /* another node's, fresh */
+	mkdirs(at("job/.trash.step-000000000009.n5.1.1/sub")); /* another node's, old */
+	age(at("job/.trash.step-000000000009.n5.1.1"), 7200);
 	puts_at(at("job/.n0~0123456789abcdef~LATEST.tmp"), "7\n");
 	puts_at(at("job/.n5~0123456789abcdef~LATEST.tmp"), "7\n");
 	/* a node named "x.n0" is not node n0 */
@@ -1083,7 +1093,9 @@ START_TEST(test_cleanup)
 	ck_assert(exists(at("job/step-000000000006/rank-00001.n5.0.safetensors")));
 	ck_assert(exists(at("job/step-000000000007/" SHARD0)));
 	ck_assert(exists(at("job/step-000000000000/rank-00000.n5.0.safetensors")));
-	ck_assert(!exists(at("job/.trash.step-000000000008.n5.1.1")));
+	ck_assert(!exists(at("job/.trash.step-000000000008.n0.1.1")));
+	ck_assert(exists(at("job/.trash.step-000000000008.n5.1.1"))); /* may yet go back */
+	ck_assert(!exists(at("job/.trash.step-000000000009.n5.1.1")));
 	ck_assert(!exists(at("job/.n0~0123456789abcdef~LATEST.tmp")));
 	ck_assert(exists(at("job/.n5~0123456789abcdef~LATEST.tmp"))); /* another node's, fresh */
 	ck_assert(exists(at("job/.x.n0~0123456789abcdef~LATEST.tmp")));
@@ -1176,6 +1188,139 @@ START_TEST(test_cleanup_spares_late_commit)
 }
 END_TEST
 
+/* ... and another node's late writer made the step's name anew meanwhile: the committed one wins. */
+static void commit_step_2_and_recreate(void)
+{
+	struct manifest *m = mk_manifest("job", 2, 100);
+	char trash[512], *json;
+	struct dirent *d;
+	size_t len;
+	DIR *dir = opendir(at("job"));
+
+	ck_assert_ptr_nonnull(dir);
+	trash[0] = '\0';
+	while ((d = readdir(dir)))
+		if (strncmp(d->d_name, ".trash.step-000000000002.", 25) == 0)
+			snprintf(trash, sizeof(trash), "job/%s/manifest.json", d->d_name);
+	closedir(dir);
+	ck_assert_msg(trash[0], "the step is out of sight when the race runs");
+	ck_assert_int_eq(manifest_to_json(m, &json, &len, err), 0);
+	put(at("%s", trash), json, len);
+	free(json);
+	manifest_free(m);
+	mkdirs(at("job/step-000000000002/parts"));
+	puts_at(at("job/step-000000000002/parts/n3.json"), "{}");
+}
+
+START_TEST(test_cleanup_late_commit_name_taken)
+{
+	struct storage_recovery r;
+
+	committed("job", 3);
+	mk_shard_of("job", 2, 100, "n0");
+	age(at("job/step-000000000002/" SHARD0), 7200);
+	age(at("job/step-000000000002"), 7200);
+	rec.race_on = "job"; /* at the fsync after the rename out of sight */
+	rec.race = commit_step_2_and_recreate;
+	ck_assert_msg(cleanup(false, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000002/manifest.json")));
+	ck_assert(exists(at("job/step-000000000002/" SHARD0)));
+	ck_assert(!exists(at("job/step-000000000002/parts/n3.json")));
+	ck_assert_uint_eq(r.partial_removed, 0);
+	ck_assert_uint_eq(count_dot(at("job"), "\\.trash"), 0);
+	/* and the next start-up keeps it: a checkpoint */
+	ck_assert_msg(cleanup(true, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000002/" SHARD0)));
+}
+END_TEST
+
+/* Pinned through another node just before the removal takes the step: it goes back. */
+static void pin_step_2(void)
+{
+	puts_at(at("job/step-000000000002/pinned"), "");
+}
+
+START_TEST(test_remove_pinned_meanwhile)
+{
+	committed("job", 2);
+	committed("job", 3);
+	rec.race_on = "step-000000000002"; /* as it is renamed out of sight */
+	rec.race = pin_step_2;
+	ck_assert_int_eq(store_remove(st, "job", 2, err), -EBUSY);
+	ck_assert_msg(strstr(err, "pinned"), "%s", err);
+	ck_assert(exists(at("job/step-000000000002/manifest.json")));
+	ck_assert(exists(at("job/step-000000000002/" SHARD0)));
+	ck_assert(exists(at("job/step-000000000002/pinned")));
+	ck_assert_uint_eq(count_dot(at("job"), "\\.trash"), 0);
+}
+END_TEST
+
+/* A pin as another node removes the step: an error, and no step directory made anew. */
+START_TEST(test_pin_into_moved_step)
+{
+	committed("job", 2);
+	committed("job", 3);
+	rec.race_on = "step-000000000002"; /* at the pin's directory fsync */
+	rec.race = move_step_away;
+	ck_assert_int_eq(store_set_pinned(st, "job", 2, true, err), -ENOENT);
+	ck_assert_msg(strstr(err, "removed as it was being pinned"), "%s", err);
+	ck_assert(!exists(at("job/step-000000000002")));
+}
+END_TEST
+
+/*
+ * This machine's clock two hours ahead of the shared filesystem's: another
+ * node's fresh files are fresh, and what is old by the storage's clock goes.
+ */
+START_TEST(test_cleanup_clock_ahead)
+{
+	struct storage_cleanup pol = {3600, (int64_t)time(NULL) + 7200, false};
+	struct storage_recovery r = {0};
+
+	committed("job", 1);
+	committed("job", 3);
+	mk_shard_of("job", 2, 100, "n5"); /* written just now, not yet committed */
+	puts_at(at("job/.n5~0123456789abcdef~LATEST.tmp"), "3\n");
+	puts_at(at("job/.n6~0123456789abcdef~LATEST.tmp"), "3\n");
+	age(at("job/.n6~0123456789abcdef~LATEST.tmp"), 7200);
+	ck_assert_msg(store_cleanup(st, "job", &pol, &r, err) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000002/rank-00000.n5.0.safetensors")));
+	ck_assert(exists(at("job/.n5~0123456789abcdef~LATEST.tmp")));
+	ck_assert(!exists(at("job/.n6~0123456789abcdef~LATEST.tmp")));
+	ck_assert_uint_eq(r.partial_removed, 0);
+	ck_assert_uint_eq(count_dot(at("job"), "\\.n0~"), 0); /* the clock probe is gone */
+}
+END_TEST
+
+/* Another node commits 12 and moves LATEST while a clean-up repairs it to 11: 12 stays. */
+static void commit_12(void)
+{
+	struct manifest *m = mk_manifest("j5", 12, 100);
+	char *json;
+	size_t len;
+
+	mk_shard("j5", 12, 100);
+	ck_assert_int_eq(manifest_to_json(m, &json, &len, err), 0);
+	put(at("j5/step-000000000012/manifest.json"), json, len);
+	free(json);
+	manifest_free(m);
+	puts_at(at("j5/LATEST"), "12\n");
+}
+
+START_TEST(test_latest_fix_race)
+{
+	struct storage_recovery r;
+
+	committed("j5", 10);
+	committed("j5", 11);
+	puts_at(at("j5/LATEST"), "10\n"); /* behind: the writer of 11 died before moving it */
+	rec.race_on = ".n0~*"; /* as the repair's temporary LATEST is written */
+	rec.race = commit_12;
+	ck_assert_msg(cleanup(false, &r) == 0, "%s", err);
+	ck_assert_int_eq(latest("j5"), 12);
+}
+END_TEST
+
 /* ---- listings ----------------------------------------------------------- */
 
 START_TEST(test_list_ignores_junk)
@@ -1247,6 +1392,11 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_list_ignores_junk);
 	tcase_add_test(tc, test_manifest_into_moved_step);
 	tcase_add_test(tc, test_cleanup_spares_late_commit);
+	tcase_add_test(tc, test_cleanup_late_commit_name_taken);
+	tcase_add_test(tc, test_remove_pinned_meanwhile);
+	tcase_add_test(tc, test_pin_into_moved_step);
+	tcase_add_test(tc, test_cleanup_clock_ahead);
+	tcase_add_test(tc, test_latest_fix_race);
 	suite_add_tcase(s, tc);
 	return s;
 }
