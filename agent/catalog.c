@@ -178,15 +178,21 @@ void catalog_sync_job(struct agent *a, const char *job)
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
 		return;
 	}
-	/* Gone from the root (another node's retention removed it): gone from here. */
+	/*
+	 * Gone from the root (another node's retention removed it): gone from
+	 * here. Pinned or unpinned through another node's agent: so here.
+	 */
 	pthread_mutex_lock(&a->mu);
 	ne = catalog_list(a->cat, job, &e);
 	for (size_t i = ne; i-- > 0;) {
-		bool there = false;
+		const struct storage_step *there = NULL;
 
 		for (size_t j = 0; j < n && !there; j++)
-			there = steps[j].committed && steps[j].step == e[i]->step;
-		if (!there && !e[i]->readers)
+			if (steps[j].committed && steps[j].step == e[i]->step)
+				there = &steps[j];
+		if (there)
+			e[i]->pinned = there->pinned;
+		else if (!e[i]->readers)
 			catalog_remove(a->cat, job, e[i]->step);
 	}
 	free(e);

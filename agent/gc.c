@@ -80,6 +80,7 @@ static int gc_decide(struct agent *a, const char *job, struct gc_plan *g)
 		g->v[i].step = e[i]->step;
 		g->v[i].pinned = e[i]->pinned;
 		g->v[i].busy = e[i]->readers > 0;
+		g->v[i].time_ns = e[i]->time_unix_ns;
 	}
 	if (g->n)
 		g->v[g->n - 1].latest = true; /* the newest committed: what LATEST names */
@@ -161,17 +162,27 @@ static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
 {
 	struct manifest *m = NULL;
 	char ignored[IPC_ERRLEN];
+	struct cat_entry back = *e;
 	int rc = store_remove(a->store, e->job, e->step, err);
 
 	if (rc == 0 || rc == -ENOENT)
 		return 0; /* ENOENT: someone removed it by hand; gone is what we wanted */
 	if (store_read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
 		manifest_free(m);
+		back.pinned |= rc == -EBUSY; /* pinned through another node's agent */
 		pthread_mutex_lock(&a->mu);
-		catalog_add(a->cat, e);
+		catalog_add(a->cat, &back);
 		pthread_mutex_unlock(&a->mu);
 	}
 	return rc;
+}
+
+/* A step the GC meant to remove was pinned meanwhile (on disk): it is kept, as pinned. */
+static void gc_kept_pinned(struct gc_plan *g, int64_t step)
+{
+	for (size_t i = 0; i < g->n; i++)
+		if (g->v[i].step == step && g->v[i].why == RET_REMOVE)
+			g->v[i].why = RET_PINNED;
 }
 
 /* Whether job's clean-up is due (once per `every` seconds), noting it if so. */
@@ -231,6 +242,9 @@ static void gc_run(struct work *w)
 	char err[IPC_ERRLEN], list[400];
 	int rc;
 
+	/* Pins are on disk, and another node's agent may have set or cleared one. */
+	if (a->cfg.keep_last)
+		catalog_sync_job(a, op->job);
 	pthread_mutex_lock(&a->mu);
 	rc = gc_decide(a, op->job, &g);
 	pthread_mutex_unlock(&a->mu);
@@ -249,9 +263,16 @@ static void gc_run(struct work *w)
 	for (size_t i = 0; i < g.nremove; i++) {
 		const struct cat_entry *e = &g.gone[i];
 
-		if (gc_remove_one(a, e, err) == 0) {
+		rc = gc_remove_one(a, e, err);
+		if (rc == 0) {
 			g.removed[g.nremoved++] = e->step;
 			g.bytes += e->bytes;
+			continue;
+		}
+		if (rc == -EBUSY) {
+			log_msg(LOG_INFO, "gc of job %s: step %" PRId64 " kept: %s", op->job, e->step,
+			        err);
+			gc_kept_pinned(&g, e->step);
 			continue;
 		}
 		log_msg(LOG_WARNING, "gc of job %s: step %" PRId64 ": %s", op->job, e->step, err);
@@ -267,7 +288,7 @@ static void gc_run(struct work *w)
 	        "): removed %zu checkpoint%s%s%s%s "
 	        "(%" PRIu64 " bytes), kept %zu%s",
 	        op->job, g.pol.keep_last, g.pol.keep_every, g.nremoved, g.nremoved == 1 ? "" : "s",
-	        g.nremoved ? " (steps " : "", list, g.nremoved ? ")" : "", g.bytes, g.n - g.nremove,
+	        g.nremoved ? " (steps " : "", list, g.nremoved ? ")" : "", g.bytes, g.n - g.nremoved - g.nproblems,
 	        g.nproblems ? "; some removals failed (see above)" : "");
 	abandoned(a, op->job);
 	if (op->call)
@@ -344,6 +365,11 @@ static void pin_run(struct work *w)
 	char err[IPC_ERRLEN];
 	int rc = 0;
 
+	pthread_mutex_lock(&a->mu);
+	e = catalog_find(a->cat, op->job, op->step);
+	pthread_mutex_unlock(&a->mu);
+	if (!e) /* committed by another node, perhaps, and not seen here yet */
+		catalog_sync_job(a, op->job);
 	pthread_mutex_lock(&a->mu);
 	if (!catalog_find(a->cat, op->job, op->step))
 		rc =

@@ -13,6 +13,16 @@
 
 #include "retention.h"
 
+/* Whether v[i] is among the k committed last (ties: the higher step is the later). */
+static bool recent(const struct ret_step *v, size_t n, size_t i, unsigned k)
+{
+	size_t later = 0;
+
+	for (size_t j = 0; j < n && later < k; j++)
+		later += v[j].time_ns > v[i].time_ns || (v[j].time_ns == v[i].time_ns && j > i);
+	return later < k;
+}
+
 size_t retention_decide(const struct ret_policy *p, struct ret_step *v, size_t n)
 {
 	size_t removed = 0;
@@ -30,6 +40,8 @@ size_t retention_decide(const struct ret_policy *p, struct ret_step *v, size_t n
 			s->why = RET_BUSY;
 		else if (n - i <= p->keep_last)
 			s->why = RET_LAST;
+		else if (recent(v, n, i, p->keep_last))
+			s->why = RET_RECENT;
 		else if (p->keep_every > 0 && s->step % p->keep_every == 0)
 			s->why = RET_EVERY;
 		else
@@ -59,6 +71,9 @@ const char *retention_why(enum ret_why w, const struct ret_policy *p, char *buf,
 		break;
 	case RET_LAST:
 		snprintf(buf, len, "last %u", p->keep_last);
+		break;
+	case RET_RECENT:
+		snprintf(buf, len, "last %u committed", p->keep_last);
 		break;
 	case RET_EVERY:
 		snprintf(buf, len, "multiple of %" PRId64, p->keep_every);

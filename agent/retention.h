@@ -24,6 +24,7 @@ enum ret_why {
 	RET_PINNED, /* ckptctl pin */
 	RET_BUSY, /* being restored or verified */
 	RET_LAST, /* among the last keep_last */
+	RET_RECENT, /* among the keep_last committed most recently (a run went back) */
 	RET_EVERY, /* a multiple of keep_every */
 };
 
@@ -32,6 +33,7 @@ struct ret_step {
 	bool latest; /* in: LATEST names it */
 	bool pinned; /* in */
 	bool busy; /* in: readers */
+	int64_t time_ns; /* in: when it was committed (its manifest's time) */
 	enum ret_why why; /* out */
 };
 

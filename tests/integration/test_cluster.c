@@ -658,6 +658,42 @@ START_TEST(new_run_same_step)
 }
 END_TEST
 
+/* Waits up to ms for (job, step) to be gone from the root (a GC on some node). */
+static bool wait_gone(struct cluster *c, const char *job, long step, int ms)
+{
+	for (int i = 0; i < ms / 10; i++) {
+		if (!in_step(c, job, step, "manifest.json"))
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/*
+ * A pin set through one node's agent keeps the step from the retention of
+ * the node that commits (and GCs); unpinned there, it goes at the next GC.
+ */
+START_TEST(pin_through_another_node)
+{
+	struct cluster c;
+	char out[4096];
+
+	cluster_start(&c, 2, "--staging-mb 32 --chunk-mb 1 --keep-last 1");
+	save_all(&c, "pn", "r", 2, 1, 1);
+	ck_assert_msg(h_ctl(&c.a[1], out, sizeof(out), "pin pn 1") == 0, "%s", out);
+	save_all(&c, "pn", "r", 2, 2, 4);
+	ck_assert_msg(wait_gone(&c, "pn", 3, 20000), "retention runs (step 3 goes)");
+	ck_assert_msg(in_step(&c, "pn", 1, "manifest.json") && in_step(&c, "pn", 1, "pinned"),
+	              "step 1, pinned through n1, is kept by n0's retention");
+	ck_assert(!in_step(&c, "pn", 2, "manifest.json"));
+	ck_assert_msg(h_ctl(&c.a[1], out, sizeof(out), "unpin pn 1") == 0, "%s", out);
+	save_all(&c, "pn", "r", 2, 5, 5);
+	ck_assert_msg(wait_gone(&c, "pn", 1, 20000), "unpinned through n1, step 1 goes");
+	ck_assert(in_step(&c, "pn", 5, "manifest.json"));
+	cluster_cleanup(&c);
+}
+END_TEST
+
 /* ---- hostile input ------------------------------------------------------- */
 
 START_TEST(bad_node_names)
@@ -816,6 +852,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, other_run_part_refused);
 	tcase_add_test(tc, late_writer_changes_nothing);
 	tcase_add_test(tc, new_run_same_step);
+	tcase_add_test(tc, pin_through_another_node);
 	tcase_add_test(tc, bad_node_names);
 	tcase_add_test(tc, hostile_files);
 	suite_add_tcase(s, tc);

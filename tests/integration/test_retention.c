@@ -478,18 +478,19 @@ START_TEST(planted_trash_is_removed_at_start)
 	struct agent_proc a;
 	char from[512], to[512], shard[512];
 
-	h_agent_start(&a, NULL);
+	h_agent_start(&a, "--node n0 --staging-mb 64 --chunk-mb 1");
 	save_steps(&a, "pl", 1, 3, 100003);
 	h_agent_kill(&a);
+	/* this node's removals, cut short: */
 	/* step 1: out of sight and half deleted (its shard gone, its manifest still there) */
 	h_shard(&a, shard, sizeof(shard), "pl", 1, 0);
 	h_path(&a, from, sizeof(from), "pl/step-000000000001");
-	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000001.4242.1");
+	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000001.n0.4242.1");
 	ck_assert_int_eq(rename(from, to), 0);
 	ck_assert_int_eq(unlink(strcat(to, strrchr(shard, '/'))), 0);
 	/* step 2: out of sight, nothing deleted yet */
 	h_path(&a, from, sizeof(from), "pl/step-000000000002");
-	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000002.4242.2");
+	h_path(&a, to, sizeof(to), "pl/.trash.step-000000000002.n0.4242.2");
 	ck_assert_int_eq(rename(from, to), 0);
 	h_agent_restart(&a);
 	check_consistent(&a, "pl");

@@ -1,7 +1,8 @@
 /*
  * Unit tests of the retention decision (agent/retention.c): which steps of a
- * job survive keep_last K, keep_every M, pins, readers and LATEST, and a
- * randomised check of the rules on many step sets.
+ * job survive keep_last K, keep_every M, pins, readers, LATEST and the most
+ * recently committed (a run that went back), and a randomised check of the
+ * rules on many step sets.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -169,6 +170,29 @@ START_TEST(latest_always_stays)
 }
 END_TEST
 
+/*
+ * A run went back: the job reached 1000, a restart restored 500 and saved
+ * 510 and 520 since. By step they are not the last 3; they are the newest
+ * progress, and stay with the last 3 by step.
+ */
+START_TEST(a_run_that_went_back_keeps_its_saves)
+{
+	static const int64_t s[] = {500, 510, 520, 600, 700, 800, 998, 999, 1000};
+	static const int64_t t[] = {1, 10, 11, 2, 3, 4, 5, 6, 7}; /* 510, 520: the latest */
+	struct ret_policy p = {3, 0};
+	struct ret_step v[MAXN];
+	size_t n = steps(v, s, 9);
+
+	for (size_t i = 0; i < n; i++)
+		v[i].time_ns = t[i];
+	ck_assert_uint_eq(retention_decide(&p, v, n), 4);
+	ck_assert_str_eq(kept(v, n), "510,520,998,999,1000");
+	ck_assert_int_eq(why_of(v, n, 510), RET_RECENT);
+	ck_assert_int_eq(why_of(v, n, 520), RET_RECENT);
+	ck_assert_int_eq(why_of(v, n, 998), RET_LAST);
+}
+END_TEST
+
 START_TEST(reasons_read_well)
 {
 	struct ret_policy p = {3, 100};
@@ -177,6 +201,7 @@ START_TEST(reasons_read_well)
 	ck_assert_str_eq(retention_why(RET_LATEST, &p, buf, sizeof(buf)), "LATEST");
 	ck_assert_str_eq(retention_why(RET_PINNED, &p, buf, sizeof(buf)), "pinned");
 	ck_assert_str_eq(retention_why(RET_LAST, &p, buf, sizeof(buf)), "last 3");
+	ck_assert_str_eq(retention_why(RET_RECENT, &p, buf, sizeof(buf)), "last 3 committed");
 	ck_assert_str_eq(retention_why(RET_EVERY, &p, buf, sizeof(buf)), "multiple of 100");
 	ck_assert_str_eq(retention_why(RET_BUSY, &p, buf, sizeof(buf)),
 	                 "being restored or verified");
@@ -207,14 +232,21 @@ START_TEST(random_sets_follow_the_rules)
 			v[i].step = step;
 			v[i].pinned = (seed >> 20) % 7 == 0;
 			v[i].busy = (seed >> 24) % 9 == 0;
+			v[i].time_ns = (int64_t)((seed >> 28) % 16); /* runs that went back */
 		}
 		if (n)
 			v[n - 1].latest = true;
 		removed = retention_decide(&p, v, n);
 		for (size_t i = 0; i < n; i++) {
-			bool keep = p.keep_last == 0 || i + 1 == n || v[i].pinned || v[i].busy ||
-			            n - i <= p.keep_last ||
-			            (p.keep_every && v[i].step % p.keep_every == 0);
+			size_t later = 0;
+			bool keep;
+
+			for (size_t j = 0; j < n; j++)
+				later += v[j].time_ns > v[i].time_ns ||
+				         (v[j].time_ns == v[i].time_ns && v[j].step > v[i].step);
+			keep = p.keep_last == 0 || i + 1 == n || v[i].pinned || v[i].busy ||
+			       n - i <= p.keep_last || later < p.keep_last ||
+			       (p.keep_every && v[i].step % p.keep_every == 0);
 
 			ck_assert_msg(keep == (v[i].why != RET_REMOVE),
 			              "round %d: step %lld kept %d, why %d", round,
@@ -241,6 +273,7 @@ int main(void)
 	tcase_add_test(tc, keep_every);
 	tcase_add_test(tc, pinned_and_busy_stay);
 	tcase_add_test(tc, latest_always_stays);
+	tcase_add_test(tc, a_run_that_went_back_keeps_its_saves);
 	tcase_add_test(tc, reasons_read_well);
 	tcase_add_test(tc, random_sets_follow_the_rules);
 	suite_add_tcase(s, tc);
