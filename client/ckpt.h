@@ -121,9 +121,10 @@ struct ckpt_plan_opts {
 	enum ckpt_backpressure backpressure; /* CKPT_BP_DEFAULT: the agent's policy */
 	/*
 	 * The run (one incarnation of the job: a restart is a new run), as
-	 * [A-Za-z0-9._-]{1,64}. NULL: $CKPT_RUN, else "0". Every rank of one
-	 * run must say the same; a part of another run never joins a
-	 * checkpoint, which fences out late writers of a run that died.
+	 * [A-Za-z0-9._-]{1,64}, not beginning with '.' (as job and node
+	 * names). NULL: $CKPT_RUN, else "0". Every rank of one run must say
+	 * the same; a part of another run never joins a checkpoint, which
+	 * fences out late writers of a run that died.
 	 */
 	const char *run;
 };

@@ -101,8 +101,6 @@ static int check_name(const char *what, const char *name, char *err)
 	if (n > IPC_MAX_JOB)
 		return ipc_errf(err, -EINVAL, "%s name '%s' is longer than %d characters", what,
 		                shown(name, b, sizeof(b)), IPC_MAX_JOB);
-	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-		return ipc_errf(err, -EINVAL, "%s name '%s' is not allowed", what, name);
 	for (size_t i = 0; i < n; i++) {
 		char ch = name[i];
 
@@ -114,6 +112,12 @@ static int check_name(const char *what, const char *name, char *err)
 			                what, shown(name, b, sizeof(b)),
 			                ch >= 0x20 && ch < 0x7f ? ch : '?', i);
 	}
+	/* ".", "..", and what begins with '.': the agent's own files (temporaries, trash) */
+	if (name[0] == '.')
+		return ipc_errf(err, -EINVAL,
+		                "%s name '%s' begins with '.': names beginning with '.' are the "
+		                "agent's own",
+		                what, shown(name, b, sizeof(b)));
 	return 0;
 }
 

@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -691,6 +692,7 @@ static void local_destroy(struct storage *s)
 	if (!l)
 		return;
 	local_close_fd(&l->rootfd);
+	local_close_fd(&l->nodefd);
 	free(l->root);
 	free(l->node);
 	pthread_mutex_destroy(&l->lock);
@@ -787,6 +789,34 @@ static void probe_direct(struct local *l)
 	}
 }
 
+/*
+ * One agent per node name on a root: a second would take the first's files
+ * in flight for its own dead ones. A lock on ".node.<node>.lock" in the root
+ * says so, held as long as the backend lives (a killed agent's goes with
+ * it). Where the filesystem has no locks, nothing is checked.
+ */
+static int lock_node(struct local *l, char *err)
+{
+	char name[IPC_MAX_JOB + 16];
+	struct stat st;
+	int rc;
+
+	snprintf(name, sizeof(name), ".node.%s.lock", l->node);
+	rc = l->nodefd = local_open_regular(l, l->rootfd, name, O_RDONLY | O_CREAT, 0644, &st);
+	if (rc < 0)
+		return ipc_errf(err, rc, "cannot open %s/%s: %s", l->root, name, strerror(-rc));
+	if (flock(l->nodefd, LOCK_EX | LOCK_NB) == 0)
+		return 0;
+	rc = -errno;
+	if (rc != -EWOULDBLOCK)
+		return 0; /* ENOLCK, EOPNOTSUPP: no locks here */
+	local_close_fd(&l->nodefd);
+	return ipc_errf(err, -EBUSY,
+	                "another agent runs as node %s on %s (it holds %s/%s): each agent needs "
+	                "a node name of its own (--node)",
+	                l->node, l->root, l->root, name);
+}
+
 int local_create(const struct local_opts *o, struct storage **out, char *err)
 {
 	struct local *l;
@@ -802,6 +832,7 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 		return ipc_errf(err, -ENOMEM, "out of memory creating the local backend");
 	l->base.ops = &local_ops;
 	l->rootfd = -1;
+	l->nodefd = -1;
 	l->ops = o->ops ? o->ops : &fsops_posix;
 	l->io = o->io;
 	pthread_mutex_init(&l->lock, NULL);
@@ -819,6 +850,9 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 		ipc_errf(err, rc, "cannot open the storage root %s: %s", o->root, strerror(-rc));
 		goto fail;
 	}
+	rc = lock_node(l, err);
+	if (rc < 0)
+		goto fail;
 	l->direct = o->direct;
 	if (o->direct) {
 		l->direct_why = "O_DIRECT";

@@ -41,6 +41,7 @@ struct local {
 	const struct fsops *ops;
 	struct ioeng *io;
 	int rootfd;
+	int nodefd; /* the node's lock file, held while this backend lives */
 	char *root;
 	char *node;
 	pthread_mutex_t lock; /* direct, direct_why, trash_seq */

@@ -495,7 +495,15 @@ static int cleanup_job(struct storage *s, const char *job, const struct storage_
 	bool changed;
 	int rc, rc2;
 
+	/*
+	 * What is older than LATEST may be abandoned: a LATEST that names no
+	 * checkpoint (damaged, planted, or its step removed by hand) says
+	 * nothing, and the newest committed step stands in for it.
+	 */
 	if (store_latest_get(s, job, &latest, why))
+		latest = -1;
+	if (latest >= 0 && !committed(s, job, latest) &&
+	    newest_committed(s, job, -1, &latest, why))
 		latest = -1;
 	rc = s->ops->cleanup(s, job, latest, pol, rec, err);
 	pthread_mutex_lock(&latest_mu);

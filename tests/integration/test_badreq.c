@@ -74,7 +74,8 @@ START_TEST(client_refuses)
 	memset(longname, 'x', 10000);
 	longname[10000] = '\0';
 	expect_plan("a/b", 0, 1, m.t, m.n, -EINVAL, "'/'");
-	expect_plan("..", 0, 1, m.t, m.n, -EINVAL, "not allowed");
+	expect_plan("..", 0, 1, m.t, m.n, -EINVAL, "begins with '.'");
+	expect_plan(".x", 0, 1, m.t, m.n, -EINVAL, "begins with '.'");
 	expect_plan(longname, 0, 1, m.t, m.n, -EINVAL, "longer than 64");
 	expect_plan("j", 0, 0, m.t, m.n, -EINVAL, "world 0");
 	expect_plan("j", 4, 4, m.t, m.n, -EINVAL, "rank 4");

@@ -723,6 +723,30 @@ START_TEST(bad_node_names)
 }
 END_TEST
 
+/* A second agent under a node name already running on the root is refused; others go on. */
+START_TEST(same_node_refused)
+{
+	struct cluster c;
+	char cmd[2000];
+	FILE *p;
+	int st;
+
+	cluster_start(&c, 1, NULL);
+	snprintf(cmd, sizeof(cmd),
+	         "%s --config /dev/null --root '%s' --listen 'unix:%s/second.sock' --node n0 "
+	         "--staging-mb 16 2>&1",
+	         CKPTD_BIN, c.root, c.dir);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	cmd[fread(cmd, 1, sizeof(cmd) - 1, p)] = '\0';
+	st = pclose(p);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "a second n0 started: %s", cmd);
+	ck_assert_msg(strstr(cmd, "another agent runs as node n0"), "%s", cmd);
+	save_all(&c, "sn", "r", 1, 1, 1); /* the first is unharmed */
+	cluster_cleanup(&c);
+}
+END_TEST
+
 /* Writes text as <root>/<job>/<rel>, making the directories. */
 static void plant(struct cluster *c, const char *job, const char *rel, const char *text)
 {
@@ -854,6 +878,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, new_run_same_step);
 	tcase_add_test(tc, pin_through_another_node);
 	tcase_add_test(tc, bad_node_names);
+	tcase_add_test(tc, same_node_refused);
 	tcase_add_test(tc, hostile_files);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -299,7 +299,8 @@ static const struct bad bad_files[] = {
     {"[metrics]\nlisten = ::1:9464\n", 2, "an IPv6 address goes in brackets"},
     /* node names as job names: no '/', not '..', at most 64 characters */
     {"[cluster]\nnode = a/b\n", 2, "[cluster] node = 'a/b': node name 'a/b' has '/' at 1"},
-    {"[cluster]\nnode = ..\n", 2, "node name '..' is not allowed"},
+    {"[cluster]\nnode = ..\n", 2, "node name '..' begins with '.'"},
+    {"[cluster]\nnode = .hidden\n", 2, "node name '.hidden' begins with '.'"},
     {"[cluster]\nnode = n 1\n", 2, "node name 'n 1' has ' ' at 1"},
     {"[cluster]\nnode = "
      "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\n",
@@ -460,7 +461,9 @@ static const struct bad_flags bad_flags[] = {
     {{"--root", "/a", "extra"}, "unexpected argument 'extra'"},
     {{"--node", "../n1"}, "--node '../n1': node name '../n1' has '/' at 2: use letters, digits, "
                           "'.', '_' and '-' only"},
-    {{"--node", ".."}, "--node '..': node name '..' is not allowed"},
+    {{"--node", ".."},
+     "--node '..': node name '..' begins with '.': names beginning with '.' are the agent's "
+     "own"},
     {{"--node", ""}, "--node '': node name is empty"},
     {{"--commit-timeout", "0"}, "--commit-deadline '0': expected a whole number in 1..604800"},
 };

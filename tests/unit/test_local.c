@@ -741,6 +741,24 @@ START_TEST(test_bad_names)
 }
 END_TEST
 
+/* One backend per node name on a root at a time: a second is refused, naming the node. */
+START_TEST(test_one_agent_per_node)
+{
+	struct local_opts same = {.root = root, .node = "n0", .ops = &rec_ops};
+	struct local_opts other = {.root = root, .node = "n1", .ops = &rec_ops};
+	struct storage *b = NULL;
+
+	ck_assert_int_eq(local_create(&same, &b, err), -EBUSY);
+	ck_assert_msg(strstr(err, "another agent runs as node n0"), "%s", err);
+	ck_assert_ptr_null(b);
+	ck_assert_msg(local_create(&other, &b, err) == 0, "%s", err);
+	storage_destroy(b);
+	storage_destroy(st); /* the first goes: the name is free */
+	st = NULL;
+	ck_assert_msg(local_create(&same, &st, err) == 0, "%s", err);
+}
+END_TEST
+
 /* ---- the write and read path through a real engine -------------------- */
 
 struct save {
@@ -1321,6 +1339,23 @@ START_TEST(test_latest_fix_race)
 }
 END_TEST
 
+/* A LATEST that names no checkpoint says nothing about what is abandoned. */
+START_TEST(test_cleanup_planted_latest)
+{
+	struct storage_recovery r;
+
+	committed("job", 1);
+	mk_shard_of("job", 5, 100, "n5"); /* another node's, to commit by hand, say */
+	age(at("job/step-000000000005/rank-00000.n5.0.safetensors"), 7200);
+	age(at("job/step-000000000005"), 7200);
+	puts_at(at("job/LATEST"), "999999999999\n");
+	ck_assert_msg(cleanup(true, &r) == 0, "%s", err);
+	ck_assert(exists(at("job/step-000000000005/rank-00000.n5.0.safetensors")));
+	ck_assert_uint_eq(r.partial_removed, 0);
+	ck_assert_int_eq(latest("job"), 1);
+}
+END_TEST
+
 /* ---- listings ----------------------------------------------------------- */
 
 START_TEST(test_list_ignores_junk)
@@ -1387,6 +1422,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_direct_probe);
 	tcase_add_test(tc, test_remove);
 	tcase_add_test(tc, test_pin);
+	tcase_add_test(tc, test_one_agent_per_node);
 	tcase_add_test(tc, test_cleanup);
 	tcase_add_test(tc, test_cleanup_latest);
 	tcase_add_test(tc, test_list_ignores_junk);
@@ -1397,6 +1433,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_pin_into_moved_step);
 	tcase_add_test(tc, test_cleanup_clock_ahead);
 	tcase_add_test(tc, test_latest_fix_race);
+	tcase_add_test(tc, test_cleanup_planted_latest);
 	suite_add_tcase(s, tc);
 	return s;
 }
