@@ -379,6 +379,14 @@ static int publish(struct agent *a, const char *job, const char *run, char *err)
 	if (!rc && written)
 		log_msg(LOG_INFO, "job %s: plans of node %s published (run %s, %zu ranks, digest %s)",
 			job, a->cfg.node, run, f->nranks, f->digest);
+	/* The default run on many nodes: a restart under it fences nothing out. */
+	if (!rc && written && strcmp(run, IPC_DEFAULT_RUN) == 0 && f->nranks < (size_t)f->world)
+		log_msg(LOG_WARNING,
+			"job %s spans several nodes under the default run '%s': parts of a "
+			"restarted job's dead incarnation could join its checkpoints; give each "
+			"start its own CKPT_RUN (torchrun: $TORCHELASTIC_RUN_ID-"
+			"$TORCHELASTIC_RESTART_COUNT)",
+			job, run);
 	plans_free(f);
 	return rc;
 }
@@ -577,9 +585,8 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 			m->nparts == 1 ? "" : "s", (unsigned long long)m->bytes, m->capture_seconds,
 			m->durable_seconds, (double)r->latency_ns / 1e6);
 	else
-		log_msg(LOG_INFO, "job %s step %lld (run %s) committed by node %s", cp->job,
-			(long long)cp->step, cp->run,
-			m->nparts ? manifest_node_of(m, 0) ?: "?" : "?");
+		log_msg(LOG_INFO, "job %s step %lld (run %s) committed (its manifest is there)",
+			cp->job, (long long)cp->step, cp->run);
 	if (r->reason[0]) /* committed, with a note (LATEST not moved) */
 		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step,
 			r->reason);
@@ -633,6 +640,7 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	size_t nfree = 0, k;
 	int64_t now = ipc_mono_ns();
 	char why[IPC_ERRLEN] = "", list[160];
+	bool transient;
 	int rc;
 
 	pthread_mutex_lock(&a->mu);
@@ -665,7 +673,9 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 		pthread_mutex_unlock(&a->mu);
 		return rc;
 	}
-	if (rc == 0 && !a->stopping &&
+	/* What may pass (an NFS hiccup listing plans/) waits for the deadline too. */
+	transient = rc && rc != -EEXIST && rc != -ENOMEM && rc != -EINVAL;
+	if ((rc == 0 || transient) && !a->stopping &&
 	    now - cp->t_first < (int64_t)a->cfg.commit_deadline_s * 1000000000) {
 		cp->backoff = cp->backoff ? cp->backoff * 2 : COMMIT_BACKOFF_FIRST_NS;
 		if (cp->backoff > COMMIT_BACKOFF_MAX_NS)

@@ -32,6 +32,7 @@ struct rnode {
 	char *name;
 	int *ranks; /* ascending */
 	size_t nranks;
+	uint64_t *sigs; /* [nranks]: each rank's tensors in its plans (tensors_signature); NULL: ours */
 };
 
 /*
@@ -65,6 +66,7 @@ struct commit {
 	struct roster *roster; /* complete: cached in cm; else ours to free */
 	struct part **parts;   /* [roster->nnodes]: those read (where this node commits) */
 	bool *seen;            /* [roster->nnodes]: there (a stat is enough) */
+	uint64_t *bad;         /* [roster->nnodes]: the size of a part that did not parse; 0 */
 	char problem[IPC_ERRLEN]; /* the last thing wrong with a part or plans file */
 };
 
@@ -77,6 +79,7 @@ static void roster_free(struct roster *r)
 	for (size_t i = 0; i < r->nnodes; i++) {
 		free(r->nodes[i].name);
 		free(r->nodes[i].ranks);
+		free(r->nodes[i].sigs);
 	}
 	free(r->nodes);
 	free(r);
@@ -107,6 +110,7 @@ static int add_node(struct roster *r, const char *name, const int *ranks, size_t
 	v = &r->nodes[r->nnodes];
 	v->name = strdup(name);
 	v->ranks = malloc((n ? n : 1) * sizeof(int));
+	v->sigs = NULL;
 	if (!v->name || !v->ranks) {
 		free(v->name);
 		free(v->ranks);
@@ -116,6 +120,28 @@ static int add_node(struct roster *r, const char *name, const int *ranks, size_t
 	v->nranks = n;
 	r->nnodes++;
 	return 0;
+}
+
+/* Another node, from its plans file: its ranks, and what each rank's tensors are. */
+static int add_plans_node(struct roster *r, const char *name, const struct plans_file *f)
+{
+	int *ranks = malloc((f->nranks ? f->nranks : 1) * sizeof(int));
+	uint64_t *sigs = malloc((f->nranks ? f->nranks : 1) * sizeof(uint64_t));
+	int rc = ranks && sigs ? 0 : -ENOMEM;
+
+	for (size_t j = 0; rc == 0 && j < f->nranks; j++) {
+		ranks[j] = f->ranks[j].rank;
+		rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
+	}
+	if (rc == 0)
+		rc = add_node(r, name, ranks, f->nranks);
+	if (rc == 0) {
+		r->nodes[r->nnodes - 1].sigs = sigs;
+		sigs = NULL;
+	}
+	free(ranks);
+	free(sigs);
+	return rc;
 }
 
 /* `owner`[rank]: the node index holding each rank, -1 if none; a clash is -EEXIST. */
@@ -150,7 +176,6 @@ static int roster_read(struct committer *cm, struct roster *r, int *owner, char 
 		return ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
 	for (size_t i = 0; i < n && rc != -EEXIST && rc != -ENOMEM; i++) {
 		struct plans_file *f = NULL;
-		int ranks[1024], *rv = ranks;
 
 		if (strcmp(names[i], cm->node) == 0)
 			continue; /* ours: the part says which ranks */
@@ -159,15 +184,9 @@ static int roster_read(struct committer *cm, struct roster *r, int *owner, char 
 			continue;
 		}
 		if (strcmp(f->run, r->run) == 0 && f->world == r->world) {
-			if (f->nranks > 1024)
-				rv = malloc(f->nranks * sizeof(int));
-			for (size_t j = 0; rv && j < f->nranks; j++)
-				rv[j] = f->ranks[j].rank;
-			rc = rv ? add_node(r, names[i], rv, f->nranks) : -ENOMEM;
+			rc = add_plans_node(r, names[i], f);
 			if (rc == 0)
 				rc = claim(r, owner, r->nnodes - 1, why);
-			if (rv != ranks)
-				free(rv);
 		} else if (strcmp(f->run, r->run) == 0) {
 			snprintf(why, IPC_ERRLEN,
 			         "plans/%s.json says world %d for run %s, this node's plans %d",
@@ -311,8 +330,10 @@ static void roster_drop(struct commit *c)
 			part_free(c->parts[i]);
 	free(c->parts);
 	free(c->seen);
+	free(c->bad);
 	c->parts = NULL;
 	c->seen = NULL;
+	c->bad = NULL;
 	roster_put(c->roster);
 	c->roster = NULL;
 }
@@ -408,6 +429,7 @@ void commit_destroy(struct commit *c)
 			part_free(c->parts[i]);
 	free(c->parts);
 	free(c->seen);
+	free(c->bad);
 	roster_put(c->roster);
 	part_free(c->own);
 	free(c);
@@ -425,6 +447,83 @@ static bool same_ranks(const struct part *p, const struct rnode *n)
 	return true;
 }
 
+/* Whether a part's ranks hold the tensors sigs say (0), or which rank does not (its index). */
+static int sigs_differ(const struct part *p, const uint64_t *sigs, size_t *at)
+{
+	for (size_t j = 0; j < p->nranks; j++) {
+		uint64_t sig;
+		int rc = tensors_signature(p->ranks[j].tensors, p->ranks[j].ntensors, &sig);
+
+		if (rc)
+			return rc;
+		if (sig != sigs[j]) {
+			*at = j;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/*
+ * A part holds, for each rank, the tensors its node's plans file names (one
+ * lost, renamed or reshaped would commit a checkpoint that cannot load),
+ * checked against the plans file as it is. A plans file of another run
+ * (the node moved on) cannot say: then none is checked (by hand only).
+ * 0: they agree; else why is said.
+ */
+static int plans_file_disagrees(struct storage *s, const struct part *p, bool need, char *why)
+{
+	struct plans_file *f = NULL;
+	uint64_t *sigs = NULL;
+	char msg[IPC_ERRLEN];
+	size_t at = 0;
+	int rc = store_read_plans(s, p->job, p->node, &f, msg);
+
+	if (rc == 0 && (strcmp(f->run, p->run) != 0 || f->world != p->world))
+		rc = -ESTALE;
+	if (rc && !need) {
+		plans_free(f);
+		return 0;
+	}
+	if (rc == 0 && f->nranks != p->nranks)
+		rc = -ESTALE;
+	if (rc == 0 && !(sigs = calloc(f->nranks + 1, sizeof(*sigs))))
+		rc = -ENOMEM;
+	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
+		rc = f->ranks[j].rank == p->ranks[j].rank
+		         ? tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j])
+		         : -ESTALE;
+	if (rc == 0)
+		rc = sigs_differ(p, sigs, &at);
+	plans_free(f);
+	free(sigs);
+	if (rc == 0)
+		return 0;
+	if (rc == 1)
+		return ipc_errf(why, -EINVAL,
+		                "parts/%s.json: rank %d's tensors are not those its plans "
+		                "(plans/%s.json) name (a tensor lost, renamed or reshaped): it cannot "
+		                "join a checkpoint",
+		                p->node, p->ranks[at].rank, p->node);
+	return ipc_errf(why, rc == -ENOMEM ? rc : -EINVAL,
+	                "parts/%s.json: its ranks are not those of plans/%s.json%s%s", p->node,
+	                p->node, rc == -ESTALE ? "" : ": ", rc == -ESTALE ? "" : msg);
+}
+
+/* The same, against the roster's copy of the plans first (read once per run). */
+static int plans_disagree(struct commit *c, const struct rnode *n, const struct part *p,
+                          char *why)
+{
+	size_t at = 0;
+	int rc;
+
+	if (!n->sigs || (rc = sigs_differ(p, n->sigs, &at)) == 0)
+		return 0;
+	if (rc < 0)
+		return ipc_errf(why, rc, "out of memory");
+	return plans_file_disagrees(c->cm->o.store, p, true, why); /* the plan set changed? */
+}
+
 /*
  * Node i's part, where this node commits: read and checked (this run, the
  * roster's ranks). 1: in; 0: not (yet); -ESTALE: the roster is wrong.
@@ -433,15 +532,23 @@ static int read_part(struct commit *c, size_t i)
 {
 	const struct rnode *n = &c->roster->nodes[i];
 	const struct part *own = c->own;
-	char msg[IPC_ERRLEN], ranks[128];
+	struct storage *s = c->cm->o.store;
+	char msg[IPC_ERRLEN], ranks[128], key[STORE_KEY_MAX];
 	struct part *p = NULL;
+	uint64_t size = 0;
 	int rc;
 
-	rc = store_read_part(c->cm->o.store, own->job, c->step, n->name, &p, msg);
+	/* A part that did not parse is read again only once it changed: parsing costs. */
+	store_part_key(key, sizeof(key), own->job, c->step, n->name);
+	if (c->bad[i] && s->ops->obj_stat(s, key, &size, msg) == 0 && size == c->bad[i])
+		return 0;
+	rc = store_read_part(s, own->job, c->step, n->name, &p, msg);
 	if (rc == -ENOENT)
 		return 0;
 	if (rc) {
 		snprintf(c->problem, sizeof(c->problem), "%s", msg);
+		if ((rc == -EINVAL || rc == -EFBIG) && s->ops->obj_stat(s, key, &size, msg) == 0)
+			c->bad[i] = size;
 		return 0;
 	}
 	if (strcmp(p->run, own->run) != 0) {
@@ -462,6 +569,18 @@ static int read_part(struct commit *c, size_t i)
 		part_free(p);
 		return -ESTALE;
 	}
+	if (p->time_unix_ns > ipc_now_ns() + c->cm->o.deadline_ns) {
+		snprintf(c->problem, sizeof(c->problem),
+		         "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
+		         "clocks in step (NTP)?",
+		         n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
+		part_free(p);
+		return 0;
+	}
+	if (plans_disagree(c, n, p, c->problem)) {
+		part_free(p);
+		return 0;
+	}
 	c->parts[i] = p;
 	return 1;
 }
@@ -478,8 +597,16 @@ static int look(struct commit *c, bool reading, size_t *in)
 	if (!c->parts) {
 		c->parts = calloc(n, sizeof(*c->parts));
 		c->seen = calloc(n, sizeof(*c->seen));
-		if (!c->parts || !c->seen)
+		c->bad = calloc(n, sizeof(*c->bad));
+		if (!c->parts || !c->seen || !c->bad) {
+			free(c->parts);
+			free(c->seen);
+			free(c->bad);
+			c->parts = NULL;
+			c->seen = NULL;
+			c->bad = NULL;
 			return -ENOMEM;
+		}
 		c->parts[0] = c->own;
 		c->seen[0] = true;
 	}
@@ -500,6 +627,39 @@ static int look(struct commit *c, bool reading, size_t *in)
 }
 
 /* ---- the manifest ------------------------------------------------------ */
+
+/*
+ * A manifest of this run that names, for one of this node's ranks, a file
+ * other than this save's: an earlier attempt's, which must be there at its
+ * size, or the checkpoint cannot load. Then this node is not told COMMITTED
+ * (and keeps its files). 0: every rank's file is there.
+ */
+static int own_files_missing(struct commit *c, const struct manifest *m, char *why)
+{
+	struct storage *s = c->cm->o.store;
+	char msg[IPC_ERRLEN];
+	uint64_t size;
+
+	for (size_t i = 0; i < c->own->nranks; i++) {
+		const struct part_rank *k = &c->own->ranks[i];
+		const struct manifest_rank *mr =
+		    k->rank < (int)m->nranks ? &m->ranks[k->rank] : NULL;
+		int rc;
+
+		if (mr && strcmp(mr->file, k->file) == 0)
+			continue;
+		rc = mr ? s->ops->shard_stat(s, m->job, m->step, mr->file, &size, msg) : -ENOENT;
+		if (rc == 0 && size == mr->size)
+			continue;
+		return ipc_errf(why, -EIO,
+		                "step %" PRId64 " was committed naming %s for rank %d, where this "
+		                "node saved %s, and that file %s: the checkpoint cannot load "
+		                "(ckptctl verify says more); this node's files are kept",
+		                c->step, mr ? mr->file : "no file", k->rank, k->file,
+		                rc ? "is not there" : "is not its size");
+	}
+	return 0;
+}
 
 /*
  * 1: the manifest is there, and r says what it means for this run; 0: not
@@ -543,6 +703,11 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 		manifest_free(m);
 		return 1;
 	}
+	if (own_files_missing(c, m, r->reason)) {
+		r->state = COMMIT_FAILED;
+		manifest_free(m);
+		return 1;
+	}
 	r->state = COMMIT_COMMITTED;
 	r->manifest = m;
 	/*
@@ -570,11 +735,14 @@ static int check_shards(struct committer *cm, const struct manifest *m, char *wh
 		rc = s->ops->shard_stat(s, m->job, m->step, k->file, &size, msg);
 		if (rc == 0 && size != k->size)
 			rc = -EIO;
+		if (rc == -EIO)
+			return ipc_errf(why, rc, "rank %d's shard %s (node %s) is not the size its "
+			                         "part says: the step cannot be committed",
+			                k->rank, k->file, manifest_node_of(m, k->rank) ?: "?");
 		if (rc)
-			return ipc_errf(why, rc, "rank %d's shard %s (node %s) is %s: the step cannot "
-			                         "be committed",
-			                k->rank, k->file, manifest_node_of(m, k->rank) ?: "?",
-			                rc == -EIO ? "not the size its part says" : msg);
+			return ipc_errf(why, rc, "rank %d's shard (node %s): %s: the step cannot be "
+			                         "committed",
+			                k->rank, manifest_node_of(m, k->rank) ?: "?", msg);
 	}
 	return 0;
 }
@@ -588,14 +756,19 @@ static int64_t last_part_ns(struct part *const *v, size_t n)
 	return t;
 }
 
-/* The first part's time: every node's deadline counts from its own part, none earlier. */
+/* The first part: every node's deadline counts from its own part, none earlier. */
+static size_t first_part_of(struct part *const *v, size_t n)
+{
+	size_t k = 0;
+
+	for (size_t i = 1; i < n; i++)
+		k = v[i]->time_unix_ns < v[k]->time_unix_ns ? i : k;
+	return k;
+}
+
 static int64_t first_part_ns(struct part *const *v, size_t n)
 {
-	int64_t t = INT64_MAX;
-
-	for (size_t i = 0; i < n; i++)
-		t = v[i]->time_unix_ns < t ? v[i]->time_unix_ns : t;
-	return t;
+	return n ? v[first_part_of(v, n)]->time_unix_ns : INT64_MAX;
 }
 
 /*
@@ -625,7 +798,14 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 	}
 	rc = check_shards(cm, m, msg);
 	if (!rc && deadline_ns && ipc_now_ns() > first_part_ns(v, n) + deadline_ns) {
-		snprintf(problem, IPC_ERRLEN, "the last part came after the deadline: not committed");
+		size_t k = first_part_of(v, n);
+
+		snprintf(problem, IPC_ERRLEN,
+		         "node %s's part was written %.0f s ago by its clock, past the commit "
+		         "deadline (%lld s): not committed (a node that gave up may have removed "
+		         "its files; are the nodes' clocks in step?)",
+		         v[k]->node, (double)(ipc_now_ns() - v[k]->time_unix_ns) / 1e9,
+		         (long long)(deadline_ns / 1000000000));
 		manifest_free(m);
 		return;
 	}
@@ -820,6 +1000,8 @@ static int gather(struct committer *cm, const char *job, int64_t step, struct pa
 	v = calloc(cnt + 1, sizeof(*v));
 	for (size_t i = 0; v && i < cnt; i++) {
 		rc = store_read_part(cm->o.store, job, step, names[i], &p, msg);
+		if (rc == 0 && (rc = plans_file_disagrees(cm->o.store, p, false, msg)))
+			part_free(p);
 		if (rc == 0)
 			v[(*n)++] = p;
 		else if (rc != -ENOENT && o < plen)

@@ -156,11 +156,15 @@ static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
 		snprintf(meta, sizeof(meta), "{\"step\":%" PRId64 ",\"rank\":%d,\"loss\":%.4f}", s,
 			 o->rank, 4.0 / (double)s);
 		rc = ckpt_save(p, s, meta, &sv);
-		if (!rc)
-			rc = ckpt_save_wait(sv, CKPT_CAPTURED, -1);
 		if (rc) {
 			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s, ckpt_strerror(rc),
 				ckpt_last_error(NULL));
+			return rc;
+		}
+		rc = ckpt_save_wait(sv, CKPT_CAPTURED, -1);
+		if (rc) {
+			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s, ckpt_strerror(rc),
+				ckpt_save_reason(sv));
 			return rc;
 		}
 		stall = now() - t0;

@@ -206,6 +206,13 @@ int part_to_json(const struct part *p, char **out, size_t *len, char *err);
 /* Parses and checks bytes another node wrote. */
 int part_from_json(const char *buf, size_t len, struct part **out, char *err);
 void part_free(struct part *p);
+/*
+ * What a rank's tensors are, as one number: XXH3-64 over each tensor's
+ * name, dtype, shape and global placement, in name order (not bytes). A
+ * part's rank and the plans it was saved from give the same number; a part
+ * that lost, renamed or reshaped a tensor does not. v: one chunk each.
+ */
+int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig);
 /* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);
 

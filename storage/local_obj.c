@@ -265,8 +265,11 @@ int local_obj_stat(struct storage *s, const char *key, uint64_t *size, char *err
 		return rc;
 	rc = fstatat(dirfd, k.c[k.n - 1], &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 	close(dirfd);
-	if (rc == 0 && !S_ISREG(st.st_mode))
-		rc = -ENOENT; /* a directory or a link under the name is no object of ours */
+	if (rc == 0 && !S_ISREG(st.st_mode)) /* no object of ours, and in the way of one */
+		return ipc_errf(err, -EINVAL,
+		                "%s is not a regular file (a link, a directory, a FIFO?): not "
+		                "written by ckptd; remove it",
+		                k.path);
 	if (rc)
 		return ipc_errf(err, rc, "%s: %s", k.path, strerror(-rc));
 	*size = (uint64_t)st.st_size;

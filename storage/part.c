@@ -10,7 +10,8 @@
  * no two overlap) and merges them. The merge reads no clock and sorts
  * everything, so any agent merging the same parts writes the same bytes.
  *
- * Pure functions; any thread. Divisions: checks; writing; reading; merging.
+ * Pure functions; any thread. Divisions: checks; signatures; writing;
+ * reading; merging.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,10 +20,59 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "fmt.h"
 
 #define PT "part"
 #define PT_PREFIX "part: "
+
+/* ---- signatures --------------------------------------------------------- */
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+	const struct manifest_tensor *x = *(const struct manifest_tensor *const *)a;
+	const struct manifest_tensor *y = *(const struct manifest_tensor *const *)b;
+
+	return strcmp(x->name, y->name);
+}
+
+static void sig_ints(XXH3_state_t *st, const int64_t *v, size_t n)
+{
+	XXH3_64bits_update(st, v, n * sizeof(*v));
+}
+
+int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig)
+{
+	const struct manifest_tensor **by = malloc((n ? n : 1) * sizeof(*by));
+	XXH3_state_t *st = XXH3_createState();
+
+	if (!by || !st) {
+		free(by);
+		XXH3_freeState(st);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		by[i] = &v[i];
+	qsort(by, n, sizeof(*by), cmp_tensor_ptr);
+	XXH3_64bits_reset(st);
+	for (size_t i = 0; i < n; i++) {
+		const struct manifest_tensor *t = by[i];
+		int64_t head[3] = {t->dtype, (int64_t)t->ndim, t->sharded};
+		static const int64_t none[IPC_MAX_NDIM];
+		const struct manifest_chunk *c = t->nchunks ? &t->chunks[0] : NULL;
+
+		XXH3_64bits_update(st, t->name, strlen(t->name) + 1);
+		sig_ints(st, head, 3);
+		sig_ints(st, t->global_shape, t->ndim);
+		sig_ints(st, c ? c->shape : none, t->ndim);
+		sig_ints(st, c ? c->global_offset : none, t->ndim);
+	}
+	*sig = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	free(by);
+	return 0;
+}
 
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len)
 {

@@ -5,7 +5,9 @@
  * the deadline (the same bytes as a commit by hand); the deadline naming who
  * is missing and writing nothing; parts of another run, planted garbage, two
  * nodes claiming one rank, a missing shard, a failed part write; the
- * back-off; LATEST never moving back.
+ * back-off; LATEST never moving back; parts that are not their plans,
+ * stamped from the future, or do not parse (read once); a manifest naming
+ * a file of this node's that is not there.
  */
 #include <check.h>
 #include <errno.h>
@@ -47,14 +49,11 @@ static struct committer *node(const char *name)
 	return cm;
 }
 
-/* Rank r's part of a step: one tensor "w", a 4-float box of a sharded [4*world]. */
-static void fill_rank(struct part_rank *k, const char *node, int r, int world)
+/* Rank r's tensor "w": a 4-float box of a sharded [4*world]. */
+static struct manifest_tensor *tensor_w(int r, int world)
 {
-	char file[SHARD_FILE_MAX], meta[32];
 	struct manifest_tensor *t = calloc(1, sizeof(*t));
 
-	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
-	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
 	t->name = strdup("w");
 	t->dtype = 12; /* F32 */
 	t->ndim = 1;
@@ -65,6 +64,17 @@ static void fill_rank(struct part_rank *k, const char *node, int r, int world)
 	t->chunks[0] = (struct manifest_chunk){.rank = r, .begin = 64, .end = 80, .xxh3 = 7 + r};
 	t->chunks[0].global_offset[0] = 4 * r;
 	t->chunks[0].shape[0] = 4;
+	return t;
+}
+
+/* Rank r's part of a step: its tensor "w". */
+static void fill_rank(struct part_rank *k, const char *node, int r, int world)
+{
+	char file[SHARD_FILE_MAX], meta[32];
+	struct manifest_tensor *t = tensor_w(r, world);
+
+	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
+	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
 	*k = (struct part_rank){r, strdup(file), 80, 64, strdup(meta), T0, T0 + 1 * S + r,
 	                        T0 + 2 * S + r, 1, t};
 }
@@ -89,9 +99,17 @@ static void plans(const char *nd, const char *run, int world, const int *ranks, 
 	                       calloc(n, sizeof(struct plans_rank))};
 	bool wrote;
 
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		f.ranks[i].rank = ranks[i];
+		f.ranks[i].ntensors = 1;
+		f.ranks[i].tensors = tensor_w(ranks[i], world);
+	}
 	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
+	for (size_t i = 0; i < n; i++) {
+		free(f.ranks[i].tensors->name);
+		free(f.ranks[i].tensors->chunks);
+		free(f.ranks[i].tensors);
+	}
 	free(f.ranks);
 }
 
@@ -471,8 +489,10 @@ START_TEST(test_missing_shard)
 	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING); /* maybe a cache: until the deadline */
 	commit_result_free(&r);
 	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
-	ck_assert_msg(strstr(r.reason, "rank 0's shard rank-00000.a.0.safetensors (node a)"), "%s",
-	              r.reason);
+	ck_assert_msg(strstr(r.reason, "rank 0's shard") && strstr(r.reason, "(node a)") &&
+	                  strstr(r.reason, "rank-00000.a.0.safetensors") &&
+	                  strstr(r.reason, _i == 0 ? "does not exist" : "not the size"),
+	              "%s", r.reason);
 	ck_assert(!fake_get(fs, JOB "/step-000000000002/manifest.json", NULL));
 	commit_result_free(&r);
 	commit_destroy(ca);
@@ -643,7 +663,145 @@ START_TEST(test_no_commit_after_shared_deadline)
 	ck_assert(!fake_get(fs, JOB "/step-000000000004/manifest.json", NULL));
 	commit_result_free(&r);
 	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
-	ck_assert_msg(strstr(r.reason, "came after the deadline"), "%s", r.reason);
+	ck_assert_msg(strstr(r.reason, "node b's part was written 11 s ago") &&
+	                  strstr(r.reason, "past the commit deadline (10 s)"),
+	              "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A part whose rank lost, renamed or reshaped a tensor of its plans: never
+ * merged (the checkpoint would not load), named at the deadline; nor by hand.
+ */
+START_TEST(test_part_not_its_plans)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct part *pb = mk_part("r", "b", 2, 2, r1, 1);
+	struct commit *ca;
+	struct commit_result r;
+	bool already;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	if (_i == 0) { /* renamed */
+		free(pb->ranks[0].tensors[0].name);
+		pb->ranks[0].tensors[0].name = strdup("w2");
+	} else if (_i == 1) { /* reshaped (and its place) */
+		pb->ranks[0].tensors[0].chunks[0].shape[0] = 2;
+		pb->ranks[0].tensors[0].chunks[0].end = 72;
+	} else { /* lost */
+		pb->ranks[0].ntensors = 0;
+	}
+	put_part(pb);
+	ca = start(a, mk_part("r", "a", 2, 2, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "parts/b.json: rank 1's tensors are not those its plans"),
+	              "%s", r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000002/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	ck_assert_int_ne(commit_finish(a, JOB, 2, &r, &already, err), 0);
+	ck_assert_msg(strstr(err, "rank 1's tensors are not those its plans"), "%s", err);
+	ck_assert(!fake_get(fs, JOB "/step-000000000002/manifest.json", NULL));
+	commit_result_free(&r);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A manifest of this run that names, for this node's rank, a file other
+ * than this save's: an earlier attempt's, there, is a checkpoint; one that
+ * is not there is no checkpoint, and this node is not told COMMITTED.
+ */
+START_TEST(test_manifest_names_other_file)
+{
+	static const int r0[] = {0};
+	struct committer *a = node("a");
+	struct part *other = mk_part("r", "a", 1, 3, r0, 1);
+	struct manifest *m;
+	struct commit *ca;
+	struct commit_result r;
+
+	free(other->ranks[0].file);
+	other->ranks[0].file = strdup("rank-00000.a.5.safetensors");
+	if (_i == 1)
+		fake_add_shard(fs, JOB, 3, "rank-00000.a.5.safetensors", 80);
+	ck_assert_msg(manifest_merge(&other, 1, &m, err) == 0, "%s", err);
+	ck_assert_msg(store_put_manifest(st, m, err) == 0, "%s", err);
+	manifest_free(m);
+	part_free(other);
+	ca = start(a, mk_part("r", "a", 1, 3, r0, 1), false, 0);
+	if (_i == 0) {
+		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_FAILED);
+		ck_assert_msg(strstr(r.reason, "naming rank-00000.a.5.safetensors for rank 0") &&
+		                  strstr(r.reason, "is not there"),
+		              "%s", r.reason);
+	} else {
+		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	}
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A part stamped far ahead of this node's clock does not join (nor set the deadline). */
+START_TEST(test_part_from_the_future)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct part *pb = mk_part("r", "b", 2, 6, r1, 1);
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	pb->time_unix_ns = ipc_now_ns() + 2 * DEADLINE;
+	put_part(pb);
+	ca = start(a, mk_part("r", "a", 2, 6, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	ck_assert(!fake_get(fs, JOB "/step-000000000006/manifest.json", NULL));
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "ahead of this node's clock"), "%s", r.reason);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A part that does not parse is not parsed again at each poll; once it changes, it is. */
+START_TEST(test_bad_part_read_once)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct fake_counts c1, c2, c3;
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	fake_put(fs, JOB "/step-000000000007/parts/b.json", "{not json", 9);
+	ca = start(a, mk_part("r", "a", 2, 7, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	fake_counts(fs, &c1);
+	ck_assert_int_eq(poll_at(ca, 2, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	fake_counts(fs, &c2);
+	ck_assert_uint_eq(c2.gets, c1.gets);
+	/* the node writes its real part: read, and committed */
+	fake_delete(fs, JOB "/step-000000000007/parts/b.json");
+	put_part(mk_part("r", "b", 2, 7, r1, 1));
+	ck_assert_int_eq(poll_at(ca, 3, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &c3);
+	ck_assert_uint_gt(c3.gets, c2.gets);
 	commit_result_free(&r);
 	commit_destroy(ca);
 	committer_destroy(a);
@@ -704,6 +862,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_unclaimed);
 	tcase_add_test(tc, test_roster_dropped_under_another_step);
 	tcase_add_test(tc, test_no_commit_after_shared_deadline);
+	tcase_add_loop_test(tc, test_part_not_its_plans, 0, 3);
+	tcase_add_loop_test(tc, test_manifest_names_other_file, 0, 2);
+	tcase_add_test(tc, test_part_from_the_future);
+	tcase_add_test(tc, test_bad_part_read_once);
 	suite_add_tcase(s, tc);
 	return s;
 }
