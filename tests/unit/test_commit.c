@@ -694,6 +694,10 @@ START_TEST(test_part_not_its_plans)
 		pb->ranks[0].tensors[0].chunks[0].shape[0] = 2;
 		pb->ranks[0].tensors[0].chunks[0].end = 72;
 	} else { /* lost */
+		free(pb->ranks[0].tensors[0].name);
+		free(pb->ranks[0].tensors[0].chunks);
+		free(pb->ranks[0].tensors);
+		pb->ranks[0].tensors = NULL;
 		pb->ranks[0].ntensors = 0;
 	}
 	put_part(pb);
