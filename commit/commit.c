@@ -310,6 +310,20 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 	return rc;
 }
 
+/* What the step looked at under its roster (the others' parts read, seen, bad): gone. */
+static void forget_parts(struct commit *c)
+{
+	for (size_t i = 0; c->parts && c->roster && i < c->roster->nnodes; i++)
+		if (c->parts[i] != c->own)
+			part_free(c->parts[i]);
+	free(c->parts);
+	free(c->seen);
+	free(c->bad);
+	c->parts = NULL;
+	c->seen = NULL;
+	c->bad = NULL;
+}
+
 /*
  * The roster was wrong (a part disagrees with it): out of the cache, and
  * this step lets go of it; other steps holding it keep theirs until they
@@ -325,15 +339,7 @@ static void roster_drop(struct commit *c)
 			roster_put(c->roster); /* the cache's */
 			break;
 		}
-	for (size_t i = 0; c->parts && i < c->roster->nnodes; i++)
-		if (c->parts[i] != c->own)
-			part_free(c->parts[i]);
-	free(c->parts);
-	free(c->seen);
-	free(c->bad);
-	c->parts = NULL;
-	c->seen = NULL;
-	c->bad = NULL;
+	forget_parts(c);
 	roster_put(c->roster);
 	c->roster = NULL;
 }
@@ -424,12 +430,7 @@ void commit_destroy(struct commit *c)
 {
 	if (!c)
 		return;
-	for (size_t i = 0; c->parts && c->roster && i < c->roster->nnodes; i++)
-		if (c->parts[i] != c->own)
-			part_free(c->parts[i]);
-	free(c->parts);
-	free(c->seen);
-	free(c->bad);
+	forget_parts(c);
 	roster_put(c->roster);
 	part_free(c->own);
 	free(c);
@@ -599,12 +600,7 @@ static int look(struct commit *c, bool reading, size_t *in)
 		c->seen = calloc(n, sizeof(*c->seen));
 		c->bad = calloc(n, sizeof(*c->bad));
 		if (!c->parts || !c->seen || !c->bad) {
-			free(c->parts);
-			free(c->seen);
-			free(c->bad);
-			c->parts = NULL;
-			c->seen = NULL;
-			c->bad = NULL;
+			forget_parts(c);
 			return -ENOMEM;
 		}
 		c->parts[0] = c->own;
