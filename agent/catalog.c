@@ -169,9 +169,10 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 void catalog_sync_job(struct agent *a, const char *job)
 {
 	struct storage_step *steps = NULL;
-	struct cat_entry **e = NULL, add;
+	struct cat_entry **e = NULL, *e1, add;
 	char err[IPC_ERRLEN];
-	size_t n = 0, ne;
+	size_t n = 0, ne, ngone = 0;
+	int64_t *gone;
 	struct manifest *m;
 
 	if (a->store->ops->list_steps(a->store, job, &steps, &n, err)) {
@@ -184,7 +185,8 @@ void catalog_sync_job(struct agent *a, const char *job)
 	 */
 	pthread_mutex_lock(&a->mu);
 	ne = catalog_list(a->cat, job, &e);
-	for (size_t i = ne; i-- > 0;) {
+	gone = calloc(ne + 1, sizeof(*gone));
+	for (size_t i = ne; gone && i-- > 0;) {
 		const struct storage_step *there = NULL;
 
 		for (size_t j = 0; j < n && !there; j++)
@@ -193,10 +195,28 @@ void catalog_sync_job(struct agent *a, const char *job)
 		if (there)
 			e[i]->pinned = there->pinned;
 		else if (!e[i]->readers)
-			catalog_remove(a->cat, job, e[i]->step);
+			gone[ngone++] = e[i]->step;
 	}
 	free(e);
 	pthread_mutex_unlock(&a->mu);
+	/*
+	 * Not in the listing: gone, or committed here since it was taken (this
+	 * agent's commit thread does not wait for us). Its manifest says which.
+	 */
+	for (size_t i = 0; i < ngone; i++) {
+		char key[STORE_KEY_MAX];
+		uint64_t size;
+
+		store_key(key, sizeof(key), job, gone[i], "manifest.json");
+		if (a->store->ops->obj_stat(a->store, key, &size, err) == 0)
+			continue;
+		pthread_mutex_lock(&a->mu);
+		e1 = catalog_find(a->cat, job, gone[i]);
+		if (e1 && !e1->readers)
+			catalog_remove(a->cat, job, gone[i]);
+		pthread_mutex_unlock(&a->mu);
+	}
+	free(gone);
 	/* Committed by another node and not known here yet: read its manifest. */
 	for (size_t j = 0; j < n; j++) {
 		bool known;

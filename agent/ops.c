@@ -310,8 +310,14 @@ static void delete_run(struct work *w)
 	}
 	pthread_mutex_unlock(&a->mu);
 	if (!rc) {
+		struct manifest *m = NULL;
+		char ignored[IPC_ERRLEN];
+
 		rc = store_remove(a->store, op->job, op->step, err);
-		if (rc) {
+		/* Still there (refused, or put back): back in the catalog, as it is. */
+		if (rc && store_read_manifest(a->store, op->job, op->step, &m, ignored) == 0) {
+			manifest_free(m);
+			saved.pinned |= rc == -EBUSY; /* pinned through another node's agent */
 			pthread_mutex_lock(&a->mu);
 			catalog_add(a->cat, &saved);
 			pthread_mutex_unlock(&a->mu);

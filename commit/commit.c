@@ -63,6 +63,7 @@ struct commit {
 	bool part_tried, part_done; /* this node's part: written (or tried), and known durable */
 	int64_t t0, takeover_at, deadline;
 	int64_t backoff;
+	unsigned polls;
 	struct roster *roster; /* complete: cached in cm; else ours to free */
 	struct part **parts;   /* [roster->nnodes]: those read (where this node commits) */
 	bool *seen;            /* [roster->nnodes]: there (a stat is enough) */
@@ -468,8 +469,9 @@ static int sigs_differ(const struct part *p, const uint64_t *sigs, size_t *at)
 /*
  * A part holds, for each rank, the tensors its node's plans file names (one
  * lost, renamed or reshaped would commit a checkpoint that cannot load),
- * checked against the plans file as it is. A plans file of another run
- * (the node moved on) cannot say: then none is checked (by hand only).
+ * checked against the plans file as it is. A plans file of another run or
+ * other ranks (the node moved on) cannot say: then, by hand (!need),
+ * nothing is checked.
  * 0: they agree; else why is said.
  */
 static int plans_file_disagrees(struct storage *s, const struct part *p, bool need, char *why)
@@ -480,13 +482,8 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 	size_t at = 0;
 	int rc = store_read_plans(s, p->job, p->node, &f, msg);
 
-	if (rc == 0 && (strcmp(f->run, p->run) != 0 || f->world != p->world))
-		rc = -ESTALE;
-	if (rc && !need) {
-		plans_free(f);
-		return 0;
-	}
-	if (rc == 0 && f->nranks != p->nranks)
+	if (rc == 0 && (strcmp(f->run, p->run) != 0 || f->world != p->world ||
+	                f->nranks != p->nranks))
 		rc = -ESTALE;
 	if (rc == 0 && !(sigs = calloc(f->nranks + 1, sizeof(*sigs))))
 		rc = -ENOMEM;
@@ -498,8 +495,8 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 		rc = sigs_differ(p, sigs, &at);
 	plans_free(f);
 	free(sigs);
-	if (rc == 0)
-		return 0;
+	if (rc == 0 || (!need && rc != 1 && rc != -ENOMEM))
+		return 0; /* by hand, a plans file that cannot say (the node moved on) checks nothing */
 	if (rc == 1)
 		return ipc_errf(why, -EINVAL,
 		                "parts/%s.json: rank %d's tensors are not those its plans "
@@ -539,9 +536,10 @@ static int read_part(struct commit *c, size_t i)
 	uint64_t size = 0;
 	int rc;
 
-	/* A part that did not parse is read again only once it changed: parsing costs. */
+	/* A part that did not parse is read again once it changed (or every 16th poll). */
 	store_part_key(key, sizeof(key), own->job, c->step, n->name);
-	if (c->bad[i] && s->ops->obj_stat(s, key, &size, msg) == 0 && size == c->bad[i])
+	if (c->bad[i] && c->polls % 16 && s->ops->obj_stat(s, key, &size, msg) == 0 &&
+	    size == c->bad[i])
 		return 0;
 	rc = store_read_part(s, own->job, c->step, n->name, &p, msg);
 	if (rc == -ENOENT)
@@ -647,6 +645,9 @@ static int own_files_missing(struct commit *c, const struct manifest *m, char *w
 		rc = mr ? s->ops->shard_stat(s, m->job, m->step, mr->file, &size, msg) : -ENOENT;
 		if (rc == 0 && size == mr->size)
 			continue;
+		if (rc && rc != -ENOENT) /* cannot tell now (an NFS hiccup?): the deadline decides */
+			return ipc_errf(c->problem, rc, "the manifest names %s for rank %d: %s",
+			                mr->file, k->rank, msg);
 		return ipc_errf(why, -EIO,
 		                "step %" PRId64 " was committed naming %s for rank %d, where this "
 		                "node saved %s, and that file %s: the checkpoint cannot load "
@@ -699,9 +700,12 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 		manifest_free(m);
 		return 1;
 	}
-	if (own_files_missing(c, m, r->reason)) {
-		r->state = COMMIT_FAILED;
+	rc = own_files_missing(c, m, r->reason);
+	if (rc) {
 		manifest_free(m);
+		if (rc != -EIO)
+			return 0; /* not known yet: problem says why */
+		r->state = COMMIT_FAILED;
 		return 1;
 	}
 	r->state = COMMIT_COMMITTED;
@@ -930,6 +934,7 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 	memset(r, 0, sizeof(*r));
 	r->state = COMMIT_WAITING;
 	*next = now + c->backoff;
+	c->polls++;
 	if (!c->part_done) {
 		/* tried: from here on, a commit elsewhere may name this node's files */
 		c->part_tried = true;

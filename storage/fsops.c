@@ -60,6 +60,11 @@ static int posix_linkat(int olddirfd, const char *oldpath, int newdirfd, const c
 	return linkat(olddirfd, oldpath, newdirfd, newpath, 0) < 0 ? -errno : 0;
 }
 
+static int posix_rename_noreplace(int dirfd, const char *from, const char *to)
+{
+	return renameat2(dirfd, from, dirfd, to, RENAME_NOREPLACE) < 0 ? -errno : 0;
+}
+
 static int posix_direct(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
@@ -84,6 +89,7 @@ const struct fsops fsops_posix = {
     .fsync = posix_fsync,
     .ftruncate = posix_ftruncate,
     .renameat = posix_renameat,
+    .rename_noreplace = posix_rename_noreplace,
     .linkat = posix_linkat,
     .mkdirat = posix_mkdirat,
     .direct = posix_direct,

@@ -20,6 +20,8 @@ struct fsops {
 	int (*fsync)(int fd);
 	int (*ftruncate)(int fd, off_t len);
 	int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
+	/* rename that never replaces: -EEXIST; -EINVAL where unknown (NFS) */
+	int (*rename_noreplace)(int dirfd, const char *from, const char *to);
 	/* a second name for a file, never replacing one: -EEXIST (create-once) */
 	int (*linkat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
 	int (*mkdirat)(int dirfd, const char *path, mode_t mode);

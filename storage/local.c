@@ -275,6 +275,18 @@ bool local_regular_at(int fd, const char *name)
 	return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
+int local_rename_noreplace(struct local *l, int dirfd, const char *from, const char *to)
+{
+	struct stat st;
+	int rc = l->ops->rename_noreplace(dirfd, from, to);
+
+	if (rc != -EINVAL && rc != -ENOSYS)
+		return rc;
+	if (fstatat(dirfd, to, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		return -EEXIST;
+	return errno == ENOENT ? l->ops->renameat(dirfd, from, dirfd, to) : -errno;
+}
+
 bool local_maybe_regular_at(int fd, const char *name)
 {
 	struct stat st;
@@ -802,7 +814,8 @@ static int lock_node(struct local *l, char *err)
 	int rc;
 
 	snprintf(name, sizeof(name), ".node.%s.lock", l->node);
-	rc = l->nodefd = local_open_regular(l, l->rootfd, name, O_RDONLY | O_CREAT, 0644, &st);
+	/* O_RDWR: over NFS, flock is a POSIX lock, and an exclusive one needs a writer */
+	rc = l->nodefd = local_open_regular(l, l->rootfd, name, O_RDWR | O_CREAT, 0644, &st);
 	if (rc < 0)
 		return ipc_errf(err, rc, "cannot open %s/%s: %s", l->root, name, strerror(-rc));
 	if (flock(l->nodefd, LOCK_EX | LOCK_NB) == 0)

@@ -92,6 +92,12 @@ void local_free_names(char **v, size_t n);
 /* Whether `name` under fd is a regular file (a directory); links are neither. */
 bool local_regular_at(int fd, const char *name);
 bool local_dir_at(int fd, const char *name);
+/*
+ * rename that never replaces: renameat2 where the filesystem knows it (NFS
+ * says EINVAL to any flag); else a look first, and a plain rename (a
+ * window: for what only this node renames, or writes the same bytes).
+ */
+int local_rename_noreplace(struct local *l, int dirfd, const char *from, const char *to);
 /* Regular, or unsure (fstatat failed but not with ENOENT): for what must be kept if there. */
 bool local_maybe_regular_at(int fd, const char *name);
 /*

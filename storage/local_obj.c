@@ -160,7 +160,7 @@ static int publish_once(struct local *l, int dirfd, const char *tmp, const char 
 	int rc = l->ops->linkat(dirfd, tmp, dirfd, leaf);
 
 	if (rc == -EPERM || rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EMLINK) {
-		rc = renameat2(dirfd, tmp, dirfd, leaf, RENAME_NOREPLACE) < 0 ? -errno : 0;
+		rc = local_rename_noreplace(l, dirfd, tmp, leaf);
 		if (rc == 0)
 			return 0;
 	}

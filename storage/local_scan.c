@@ -184,25 +184,33 @@ int local_list_steps(struct storage *s, const char *job, struct storage_step **s
 /*
  * A step that went out of sight and must come back (a late commit landed in
  * it, a pin on another node): under its name again, whole. If something
- * made the name anew meanwhile (a late writer's part), the two swap, and
- * what the latecomer made goes instead: the step that comes back is the
- * one the manifest names.
+ * made the name anew meanwhile (a late writer's part), that goes out of
+ * sight instead: the step that comes back is the one the manifest names.
  */
 static int put_back(struct local *l, int jobfd, const char *trash, const char *sname,
                     const char *path, const char *why, char *err)
 {
-	int rc = renameat2(jobfd, trash, jobfd, sname, RENAME_NOREPLACE) < 0 ? -errno : 0;
+	char late[LOCAL_NAME_MAX + IPC_MAX_JOB + 64];
+	int rc = local_rename_noreplace(l, jobfd, trash, sname);
 
-	if (rc == -EEXIST &&
-	    (rc = renameat2(jobfd, trash, jobfd, sname, RENAME_EXCHANGE) < 0 ? -errno : 0) == 0)
-		rm_tree(l, jobfd, trash, 0);
+	for (int i = 0; rc == -EEXIST && i < 3; i++) {
+		snprintf(late, sizeof(late), "%s.late%d", trash, i);
+		rc = local_rename_noreplace(l, jobfd, sname, late);
+		if (rc == 0) {
+			rm_tree(l, jobfd, late, 0);
+			rc = local_rename_noreplace(l, jobfd, trash, sname);
+		} else if (rc == -ENOENT) {
+			rc = local_rename_noreplace(l, jobfd, trash, sname); /* gone meanwhile */
+		}
+	}
 	if (rc == 0)
 		rc = l->ops->fsync(jobfd);
 	if (rc < 0)
 		return ipc_errf(err, rc == -EEXIST ? -EIO : rc,
 		                "%s %s as it was being removed, and cannot go back under its name: "
-		                "%s; it is whole in %s/%s: move it back by hand",
-		                path, why, strerror(-rc), l->root, trash);
+		                "%s; it is whole in %.*s/%s: move it back by hand",
+		                path, why, strerror(-rc), (int)(strrchr(path, '/') - path), path,
+		                trash);
 	return 0;
 }
 
@@ -537,6 +545,11 @@ static int cleanup_entry(struct scan *c, int jobfd, const char *job, const char 
 		 */
 		if (!(c->pol->at_start && trash_of(c->l, name)) && !old(c, mtime_at(c, jobfd, name)))
 			return 0;
+		/* a pinned step that could not go back (said when it failed): never deleted */
+		if (holds(c->l, jobfd, name, PIN_NAME))
+			return ipc_errf(err, -EBUSY, "%s holds a pinned checkpoint: move it back "
+			                             "under its step name by hand",
+			                p);
 		rc = rm_tree(c->l, jobfd, name, 0);
 		if (rc == 0)
 			c->rec->temp_removed++;

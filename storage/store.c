@@ -400,10 +400,12 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 		rc = s->ops->obj_delete(s, key, err);
 		if (rc && rc != -ENOENT)
 			return rc;
+		*changed = rc == 0;
 	} else if ((rc = latest_put(s, job, newest, err))) {
 		return rc;
 	}
-	*changed = true;
+	if (newest >= 0)
+		*changed = true;
 	wrote = newest;
 	for (int i = 0; i < LATEST_TRIES; i++) {
 		if (newest_committed(s, job, except, &newest, why) || newest <= wrote)
@@ -456,9 +458,9 @@ int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinn
 int store_remove(struct storage *s, const char *job, int64_t step, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
+	bool changed, was_latest;
 	uint64_t size;
 	int64_t cur;
-	bool changed;
 	int rc;
 
 	if ((rc = check_job_step(job, step, err)))
@@ -478,11 +480,16 @@ int store_remove(struct storage *s, const char *job, int64_t step, char *err)
 		                job, step);
 	/* LATEST first: it never names a step that is not there, crash or no crash. */
 	pthread_mutex_lock(&latest_mu);
-	rc = store_latest_get(s, job, &cur, err) == 0 && cur == step
-	         ? latest_fix(s, job, step, &changed, err)
-	         : 0;
+	was_latest = store_latest_get(s, job, &cur, err) == 0 && cur == step;
+	rc = was_latest ? latest_fix(s, job, step, &changed, err) : 0;
 	pthread_mutex_unlock(&latest_mu);
-	return rc ? rc : s->ops->remove(s, job, step, err);
+	if (rc)
+		return rc;
+	rc = s->ops->remove(s, job, step, err);
+	/* Kept after all (pinned meanwhile, put back): LATEST names it again. */
+	if ((rc == -EBUSY || rc == -EEXIST) && was_latest && committed(s, job, step))
+		store_latest_advance(s, job, step, why);
+	return rc;
 }
 
 /* ---- clean-up ---------------------------------------------------------- */

@@ -46,6 +46,7 @@ static struct {
 	unsigned fail_nth, seen;
 	int fail_err;
 	bool refuse_direct; /* O_DIRECT: -EINVAL, as tmpfs did */
+	bool no_rename_flags; /* renameat2's flags: -EINVAL, as NFS says */
 	/* races, played: before the first fsync (rename) of `on` (a pattern), run `race` */
 	const char *race_on;
 	void (*race)(void);
@@ -158,6 +159,18 @@ static int r_renameat(int od, const char *op, int nd, const char *np)
 	return rc ? rc : fsops_posix.renameat(od, op, nd, np);
 }
 
+static int r_rename_noreplace(int dirfd, const char *from, const char *to)
+{
+	char extra[96];
+	int rc;
+
+	snprintf(extra, sizeof(extra), "->%s", base(to));
+	rc = note("rename_noreplace", base(from), extra);
+	if (rec.no_rename_flags)
+		return -EINVAL;
+	return rc ? rc : fsops_posix.rename_noreplace(dirfd, from, to);
+}
+
 static int r_linkat(int od, const char *op, int nd, const char *np)
 {
 	char extra[96];
@@ -208,6 +221,7 @@ static const struct fsops rec_ops = {
     .fsync = r_fsync,
     .ftruncate = r_ftruncate,
     .renameat = r_renameat,
+    .rename_noreplace = r_rename_noreplace,
     .linkat = r_linkat,
     .mkdirat = r_mkdirat,
     .unlinkat = r_unlinkat,
@@ -260,6 +274,7 @@ static void setup(void)
 	strcat(root, "/root"); /* made by local_create */
 	memset(&rec.fdname, 0, sizeof(rec.fdname));
 	rec.refuse_direct = false;
+	rec.no_rename_flags = false;
 	rec_reset();
 	err[0] = '\0';
 	open_backend(false, NULL);
@@ -1234,6 +1249,7 @@ START_TEST(test_cleanup_late_commit_name_taken)
 {
 	struct storage_recovery r;
 
+	rec.no_rename_flags = _i == 1; /* as over NFS */
 	committed("job", 3);
 	mk_shard_of("job", 2, 100, "n0");
 	age(at("job/step-000000000002/" SHARD0), 7200);
@@ -1258,8 +1274,14 @@ static void pin_step_2(void)
 	puts_at(at("job/step-000000000002/pinned"), "");
 }
 
+static void pin_step_3(void)
+{
+	puts_at(at("job/step-000000000003/pinned"), "");
+}
+
 START_TEST(test_remove_pinned_meanwhile)
 {
+	rec.no_rename_flags = _i == 1; /* as over NFS */
 	committed("job", 2);
 	committed("job", 3);
 	rec.race_on = "step-000000000002"; /* as it is renamed out of sight */
@@ -1270,6 +1292,12 @@ START_TEST(test_remove_pinned_meanwhile)
 	ck_assert(exists(at("job/step-000000000002/" SHARD0)));
 	ck_assert(exists(at("job/step-000000000002/pinned")));
 	ck_assert_uint_eq(count_dot(at("job"), "\\.trash"), 0);
+	/* LATEST itself: it moves off as the removal starts, and back when the step stays */
+	rec.race_on = "step-000000000003";
+	rec.race = pin_step_3;
+	ck_assert_int_eq(store_remove(st, "job", 3, err), -EBUSY);
+	ck_assert(exists(at("job/step-000000000003/manifest.json")));
+	ck_assert_int_eq(latest("job"), 3);
 }
 END_TEST
 
@@ -1428,8 +1456,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_list_ignores_junk);
 	tcase_add_test(tc, test_manifest_into_moved_step);
 	tcase_add_test(tc, test_cleanup_spares_late_commit);
-	tcase_add_test(tc, test_cleanup_late_commit_name_taken);
-	tcase_add_test(tc, test_remove_pinned_meanwhile);
+	tcase_add_loop_test(tc, test_cleanup_late_commit_name_taken, 0, 2);
+	tcase_add_loop_test(tc, test_remove_pinned_meanwhile, 0, 2);
 	tcase_add_test(tc, test_pin_into_moved_step);
 	tcase_add_test(tc, test_cleanup_clock_ahead);
 	tcase_add_test(tc, test_latest_fix_race);
