@@ -204,11 +204,7 @@ void catalog_sync_job(struct agent *a, const char *job)
 	 * agent's commit thread does not wait for us). Its manifest says which.
 	 */
 	for (size_t i = 0; i < ngone; i++) {
-		char key[STORE_KEY_MAX];
-		uint64_t size;
-
-		store_key(key, sizeof(key), job, gone[i], "manifest.json");
-		if (a->store->ops->obj_stat(a->store, key, &size, err) == 0)
+		if (store_committed(a->store, job, gone[i]))
 			continue;
 		pthread_mutex_lock(&a->mu);
 		e1 = catalog_find(a->cat, job, gone[i]);

@@ -826,12 +826,11 @@ struct finish_op {
 
 char **parts_text(const struct manifest *m)
 {
-	char **v = calloc(m->nparts + 1, sizeof(*v)), ranks[128], text[IPC_MAX_JOB + 160];
+	char **v = calloc(m->nparts + 1, sizeof(*v)), text[IPC_MAX_JOB + 160];
 
 	for (size_t i = 0; v && i < m->nparts; i++) {
-		part_ranks_text(m->parts[i].ranks, m->parts[i].nranks, ranks, sizeof(ranks));
-		snprintf(text, sizeof(text), "%s (rank%s %s)", m->parts[i].node,
-			 m->parts[i].nranks == 1 ? "" : "s", ranks);
+		part_node_text(m->parts[i].node, m->parts[i].ranks, m->parts[i].nranks, text,
+			       sizeof(text));
 		v[i] = strdup(text);
 	}
 	return v;

@@ -123,17 +123,31 @@ static int add_node(struct roster *r, const char *name, const int *ranks, size_t
 	return 0;
 }
 
+/* What each rank of a plans file holds (tensors_signature), malloc'd into *out. */
+static int plans_sigs(const struct plans_file *f, uint64_t **out)
+{
+	uint64_t *sigs = malloc((f->nranks ? f->nranks : 1) * sizeof(*sigs));
+	int rc = sigs ? 0 : -ENOMEM;
+
+	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
+		rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
+	if (rc) {
+		free(sigs);
+		sigs = NULL;
+	}
+	*out = sigs;
+	return rc;
+}
+
 /* Another node, from its plans file: its ranks, and what each rank's tensors are. */
 static int add_plans_node(struct roster *r, const char *name, const struct plans_file *f)
 {
 	int *ranks = malloc((f->nranks ? f->nranks : 1) * sizeof(int));
-	uint64_t *sigs = malloc((f->nranks ? f->nranks : 1) * sizeof(uint64_t));
-	int rc = ranks && sigs ? 0 : -ENOMEM;
+	uint64_t *sigs = NULL;
+	int rc = ranks ? plans_sigs(f, &sigs) : -ENOMEM;
 
-	for (size_t j = 0; rc == 0 && j < f->nranks; j++) {
+	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
 		ranks[j] = f->ranks[j].rank;
-		rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
-	}
 	if (rc == 0)
 		rc = add_node(r, name, ranks, f->nranks);
 	if (rc == 0) {
@@ -276,11 +290,33 @@ static int roster_get(struct commit *c, char *why)
 	return rc;
 }
 
+/*
+ * Ranks of the world that no node of this run claims (this node's saves, the
+ * others' plans): the first max into out, how many in all into *n.
+ */
+static int unclaimed(const struct roster *ro, int *out, size_t max, size_t *n)
+{
+	unsigned char *mine = calloc((size_t)ro->world, 1);
+	size_t k = 0;
+
+	*n = 0;
+	if (!mine)
+		return -ENOMEM;
+	for (size_t i = 0; i < ro->nnodes; i++)
+		for (size_t j = 0; j < ro->nodes[i].nranks; j++)
+			mine[ro->nodes[i].ranks[j]] = 1;
+	for (int r = 0; r < ro->world; r++)
+		if (!mine[r] && k++ < max)
+			out[k - 1] = r;
+	free(mine);
+	*n = k;
+	return 0;
+}
+
 int commit_unclaimed(struct committer *cm, const char *job, const char *run, int world,
                      const int *local, size_t nlocal, int *out, size_t max, size_t *n, char *why)
 {
 	struct roster *r = NULL;
-	size_t k = 0;
 	int rc;
 
 	*n = 0;
@@ -294,19 +330,8 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 	rc = roster_build(cm, job, run, world, local, nlocal, &r, why);
 	if (rc)
 		return rc;
-	if (!roster_complete(r)) {
-		unsigned char *mine = calloc((size_t)world, 1);
-
-		for (size_t i = 0; mine && i < r->nnodes; i++)
-			for (size_t j = 0; j < r->nodes[i].nranks; j++)
-				mine[r->nodes[i].ranks[j]] = 1;
-		for (int k2 = 0; mine && k2 < world; k2++)
-			if (!mine[k2] && k++ < max)
-				out[k - 1] = k2;
-		free(mine);
-		rc = mine ? 0 : -ENOMEM;
-	}
-	*n = k;
+	if (!roster_complete(r))
+		rc = unclaimed(r, out, max, n);
 	roster_put(r);
 	return rc;
 }
@@ -485,12 +510,11 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 	if (rc == 0 && (strcmp(f->run, p->run) != 0 || f->world != p->world ||
 	                f->nranks != p->nranks))
 		rc = -ESTALE;
-	if (rc == 0 && !(sigs = calloc(f->nranks + 1, sizeof(*sigs))))
-		rc = -ENOMEM;
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
-		rc = f->ranks[j].rank == p->ranks[j].rank
-		         ? tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j])
-		         : -ESTALE;
+		if (f->ranks[j].rank != p->ranks[j].rank)
+			rc = -ESTALE;
+	if (rc == 0)
+		rc = plans_sigs(f, &sigs);
 	if (rc == 0)
 		rc = sigs_differ(p, sigs, &at);
 	plans_free(f);
@@ -784,9 +808,8 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
                            int64_t deadline_ns, struct commit_result *r, char *problem)
 {
 	struct storage *s = cm->o.store;
-	char msg[IPC_ERRLEN], key[STORE_KEY_MAX];
+	char msg[IPC_ERRLEN];
 	struct manifest *m = NULL;
-	uint64_t size;
 	int rc;
 
 	r->state = COMMIT_WAITING;
@@ -813,8 +836,7 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 		rc = store_put_manifest(s, m, msg);
 	if (rc && rc != -EEXIST) {
 		/* the link may have happened before the error: then it is committed */
-		store_key(key, sizeof(key), m->job, m->step, "manifest.json");
-		if (s->ops->obj_stat(s, key, &size, problem) == 0)
+		if (store_committed(s, m->job, m->step))
 			rc = -EEXIST;
 		else
 			snprintf(problem, IPC_ERRLEN, "%s", msg);
@@ -848,24 +870,6 @@ static int add_text(char ***v, size_t *n, const char *text)
 	return 0;
 }
 
-/* Ranks of the world that no node of this run has published plans for. */
-static size_t unclaimed(const struct roster *ro, int *out, size_t max)
-{
-	unsigned char *mine = calloc((size_t)ro->world, 1);
-	size_t k = 0;
-
-	if (!mine)
-		return 0;
-	for (size_t i = 0; i < ro->nnodes; i++)
-		for (size_t j = 0; j < ro->nodes[i].nranks; j++)
-			mine[ro->nodes[i].ranks[j]] = 1;
-	for (int r = 0; r < ro->world; r++)
-		if (!mine[r] && k < max)
-			out[k++] = r;
-	free(mine);
-	return k;
-}
-
 /* Progress for people: nodes whose parts are in, and those missing with their ranks. */
 static void progress(struct commit *c, struct commit_result *r)
 {
@@ -882,16 +886,13 @@ static void progress(struct commit *c, struct commit_result *r)
 			add_text(&r->done, &r->ndone, nd->name);
 			continue;
 		}
-		part_ranks_text(nd->ranks, nd->nranks, ranks, sizeof(ranks));
-		snprintf(text, sizeof(text), "%s (rank%s %s)", nd->name, nd->nranks == 1 ? "" : "s",
-		         ranks);
+		part_node_text(nd->name, nd->ranks, nd->nranks, text, sizeof(text));
 		add_text(&r->missing, &r->nmissing, text);
 	}
-	n = unclaimed(c->roster, free_ranks, 64);
-	if (n) {
-		part_ranks_text(free_ranks, n, ranks, sizeof(ranks));
+	if (unclaimed(c->roster, free_ranks, 64, &n) == 0 && n) {
+		part_ranks_text(free_ranks, n < 64 ? n : 64, ranks, sizeof(ranks));
 		snprintf(text, sizeof(text), "no node's plans (rank%s %s%s)", n == 1 ? "" : "s",
-		         ranks, n == 64 ? ",..." : "");
+		         ranks, n > 64 ? ",..." : "");
 		add_text(&r->missing, &r->nmissing, text);
 	}
 }

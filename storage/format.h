@@ -215,6 +215,8 @@ void part_free(struct part *p);
 int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig);
 /* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);
+/* "n1 (ranks 4,5)": a node and its ranks, for messages. */
+void part_node_text(const char *node, const int *ranks, size_t n, char *buf, size_t len);
 
 /*
  * The manifest of parts[0..n): one job, step, run and world; every rank

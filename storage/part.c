@@ -94,6 +94,14 @@ void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len)
 	}
 }
 
+void part_node_text(const char *node, const int *ranks, size_t n, char *buf, size_t len)
+{
+	char r[128];
+
+	part_ranks_text(ranks, n, r, sizeof(r));
+	snprintf(buf, len, "%s (rank%s %s)", node, n == 1 ? "" : "s", r);
+}
+
 /* ---- checks ------------------------------------------------------------ */
 
 static const char *one_file(const void *ctx, int rank)

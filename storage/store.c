@@ -362,7 +362,7 @@ static int newest_committed(struct storage *s, const char *job, int64_t except, 
 	return rc;
 }
 
-static bool committed(struct storage *s, const char *job, int64_t step)
+bool store_committed(struct storage *s, const char *job, int64_t step)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
 	uint64_t size;
@@ -391,7 +391,7 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 	rc = newest_committed(s, job, except, &newest, err);
 	if (rc && rc != -ENOENT)
 		return rc;
-	if (had == 0 && cur != except && cur >= newest && committed(s, job, cur))
+	if (had == 0 && cur != except && cur >= newest && store_committed(s, job, cur))
 		return 0;
 	if (newest < 0) {
 		if (had == -ENOENT)
@@ -401,11 +401,11 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 		if (rc && rc != -ENOENT)
 			return rc;
 		*changed = rc == 0;
-	} else if ((rc = latest_put(s, job, newest, err))) {
-		return rc;
-	}
-	if (newest >= 0)
+	} else {
+		if ((rc = latest_put(s, job, newest, err)))
+			return rc;
 		*changed = true;
+	}
 	wrote = newest;
 	for (int i = 0; i < LATEST_TRIES; i++) {
 		if (newest_committed(s, job, except, &newest, why) || newest <= wrote)
@@ -426,7 +426,7 @@ int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinn
 
 	if ((rc = check_job_step(job, step, err)))
 		return rc;
-	if (!committed(s, job, step))
+	if (!store_committed(s, job, step))
 		return ipc_errf(err, -ENOENT,
 		                "job '%s' step %" PRId64 " is not committed: only a checkpoint can "
 		                "be pinned",
@@ -448,7 +448,7 @@ int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinn
 	 * finds one; if it went first, the pin fails here.
 	 */
 	rc = s->ops->obj_put(s, key, "", 0, OBJ_REPLACE | OBJ_IN_PLACE, err);
-	if (rc == -ENOENT || rc == -ESTALE || (!rc && !committed(s, job, step)))
+	if (rc == -ENOENT || rc == -ESTALE || (!rc && !store_committed(s, job, step)))
 		return ipc_errf(err, -ENOENT,
 		                "job '%s' step %" PRId64 " was removed as it was being pinned", job,
 		                step);
@@ -487,7 +487,7 @@ int store_remove(struct storage *s, const char *job, int64_t step, char *err)
 		return rc;
 	rc = s->ops->remove(s, job, step, err);
 	/* Kept after all (pinned meanwhile, put back): LATEST names it again. */
-	if ((rc == -EBUSY || rc == -EEXIST) && was_latest && committed(s, job, step))
+	if ((rc == -EBUSY || rc == -EEXIST) && was_latest && store_committed(s, job, step))
 		store_latest_advance(s, job, step, why);
 	return rc;
 }
@@ -509,7 +509,7 @@ static int cleanup_job(struct storage *s, const char *job, const struct storage_
 	 */
 	if (store_latest_get(s, job, &latest, why))
 		latest = -1;
-	if (latest >= 0 && !committed(s, job, latest) &&
+	if (latest >= 0 && !store_committed(s, job, latest) &&
 	    newest_committed(s, job, -1, &latest, why))
 		latest = -1;
 	rc = s->ops->cleanup(s, job, latest, pol, rec, err);

@@ -61,6 +61,8 @@ int store_latest_get(struct storage *s, const char *job, int64_t *step, char *er
  */
 int store_latest_advance(struct storage *s, const char *job, int64_t step, char *err);
 
+/* Whether (job, step) has a manifest (a stat, no read). */
+bool store_committed(struct storage *s, const char *job, int64_t step);
 /* Pins (or unpins) a committed checkpoint durably; -ENOENT when it is not committed. */
 int store_set_pinned(struct storage *s, const char *job, int64_t step, bool pinned, char *err);
 /* Removes a checkpoint; LATEST first moves off it (to the newest other committed step). */
