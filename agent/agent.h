@@ -415,6 +415,12 @@ void watchers_tell(struct agent *a, struct save *s, bool progress);
  * Under mu: this node committed a checkpoint of job; queues its GC (retention,
  * then abandoned uncommitted steps) on the maint thread.
  */
+/*
+ * Removes a checkpoint already out of the catalog (store_remove); one that
+ * is still there after all (pinned through another node, a removal that
+ * failed before it went) goes back into the catalog. Maint thread.
+ */
+int gc_remove(struct agent *a, const struct cat_entry *e, char *err);
 void gc_queue(struct agent *a, const char *job);
 /* Under mu: another node committed one: the catalog of job is brought up to date (maint). */
 void gc_queue_sync(struct agent *a, const char *job);

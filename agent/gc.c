@@ -153,21 +153,17 @@ out:
 	free(why);
 }
 
-/*
- * Removes one checkpoint the GC took out of the catalog. If the backend
- * failed before the step went out of sight, it is still whole: it goes back
- * into the catalog. Returns 0 or the error, its message in err.
- */
-static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
+/* The GC's and delete's removal of a checkpoint out of the catalog (agent.h). */
+int gc_remove(struct agent *a, const struct cat_entry *e, char *err)
 {
 	struct manifest *m = NULL;
 	char ignored[IPC_ERRLEN];
 	struct cat_entry back = *e;
 	int rc = store_remove(a->store, e->job, e->step, err);
 
-	if (rc == 0 || rc == -ENOENT)
-		return 0; /* ENOENT: someone removed it by hand; gone is what we wanted */
-	if (store_read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
+	/* Still there (refused, put back, or failed before it went): back in the catalog. */
+	if (rc && rc != -ENOENT &&
+	    store_read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
 		manifest_free(m);
 		back.pinned |= rc == -EBUSY; /* pinned through another node's agent */
 		pthread_mutex_lock(&a->mu);
@@ -175,6 +171,14 @@ static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
 		pthread_mutex_unlock(&a->mu);
 	}
 	return rc;
+}
+
+/* gc_remove; ENOENT: someone removed it by hand; gone is what we wanted. */
+static int gc_remove_one(struct agent *a, const struct cat_entry *e, char *err)
+{
+	int rc = gc_remove(a, e, err);
+
+	return rc == -ENOENT ? 0 : rc;
 }
 
 /* A step the GC meant to remove was pinned meanwhile (on disk): it is kept, as pinned. */

@@ -309,20 +309,8 @@ static void delete_run(struct work *w)
 		catalog_remove(a->cat, op->job, op->step);
 	}
 	pthread_mutex_unlock(&a->mu);
-	if (!rc) {
-		struct manifest *m = NULL;
-		char ignored[IPC_ERRLEN];
-
-		rc = store_remove(a->store, op->job, op->step, err);
-		/* Still there (refused, or put back): back in the catalog, as it is. */
-		if (rc && store_read_manifest(a->store, op->job, op->step, &m, ignored) == 0) {
-			manifest_free(m);
-			saved.pinned |= rc == -EBUSY; /* pinned through another node's agent */
-			pthread_mutex_lock(&a->mu);
-			catalog_add(a->cat, &saved);
-			pthread_mutex_unlock(&a->mu);
-		}
-	}
+	if (!rc)
+		rc = gc_remove(a, &saved, err);
 	if (rc) {
 		rpc_fail(op->call, rc, "delete: %s", err);
 	} else {
