@@ -136,6 +136,21 @@ void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
 	e->nparts = (uint32_t)m->nparts;
 }
 
+/* The entry of a committed step the root lists, from its manifest. */
+static int entry_from_root(struct storage *s, const char *job, const struct storage_step *st,
+			   struct cat_entry *e, char *err)
+{
+	struct manifest *m;
+	int rc = store_read_manifest(s, job, st->step, &m, err);
+
+	if (rc)
+		return rc;
+	catalog_entry_from_manifest(m, e);
+	manifest_free(m);
+	e->pinned = st->pinned; /* pins live on disk: they survive restarts */
+	return 0;
+}
+
 static void load_job(struct catalog *c, struct storage *s, const char *job)
 {
 	struct storage_step *steps = NULL;
@@ -147,19 +162,15 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
-		struct manifest *m;
 		struct cat_entry e;
 
 		if (!steps[i].committed)
 			continue;
-		if (store_read_manifest(s, job, steps[i].step, &m, err)) {
+		if (entry_from_root(s, job, &steps[i], &e, err)) {
 			log_msg(LOG_WARNING, "job %s step %lld is not listed: %s", job,
 				(long long)steps[i].step, err);
 			continue;
 		}
-		catalog_entry_from_manifest(m, &e);
-		manifest_free(m);
-		e.pinned = steps[i].pinned; /* pins live on disk: they survive restarts */
 		if (catalog_add(c, &e))
 			log_msg(LOG_ERR, "out of memory listing job %s", job);
 	}
@@ -173,7 +184,6 @@ void catalog_sync_job(struct agent *a, const char *job)
 	char err[IPC_ERRLEN];
 	size_t n = 0, ne, ngone = 0;
 	int64_t *gone;
-	struct manifest *m;
 
 	if (a->store->ops->list_steps(a->store, job, &steps, &n, err)) {
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
@@ -222,11 +232,8 @@ void catalog_sync_job(struct agent *a, const char *job)
 		pthread_mutex_lock(&a->mu);
 		known = catalog_find(a->cat, job, steps[j].step) != NULL;
 		pthread_mutex_unlock(&a->mu);
-		if (known || store_read_manifest(a->store, job, steps[j].step, &m, err))
+		if (known || entry_from_root(a->store, job, &steps[j], &add, err))
 			continue;
-		catalog_entry_from_manifest(m, &add);
-		manifest_free(m);
-		add.pinned = steps[j].pinned;
 		pthread_mutex_lock(&a->mu);
 		if (!catalog_find(a->cat, job, steps[j].step))
 			catalog_add(a->cat, &add);
