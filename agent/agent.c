@@ -5,12 +5,14 @@
  * that lets captured saves reach COMMITTED before the process exits.
  */
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "agent.h"
+#include "cred.h"
 #include "notify.h"
 
 #define STOP_GRACE_NS (120LL * 1000000000) /* saves in flight get this long at stop */
@@ -86,7 +88,8 @@ static int start_storage(struct agent *a, char *err)
 	rc = catalog_create(&a->cat);
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
-	return catalog_load(a->cat, a->store, err);
+	rc = catalog_load(a->cat, a->store, err);
+	return rc ? rc : owners_load_all(a, err);
 }
 
 /*
@@ -122,6 +125,16 @@ static void tell_systemd(struct agent *a)
 }
 
 /* The control thread, once a second. */
+/* Region descriptors a client may have sent and not yet registered. */
+#define CRED_FDS_PER_CONN 64
+
+static int identify(void *ctx, const char *hex, size_t len, struct peer *p)
+{
+	struct agent *a = ctx;
+
+	return cred_identify(a->cred, hex, len, p);
+}
+
 static void tick(void *ctx)
 {
 	struct agent *a = ctx;
@@ -169,10 +182,13 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 				 .tick = tick,
 				 .socket_mode = cfg->socket_mode,
 				 .socket_gid = cfg->socket_gid};
+	struct cred_opts co = {0};
 	struct agent *a;
 	int rc;
 
 	log_config(cfg);
+	/* Checkpoints are the job's user's: not for every account on the machine. */
+	umask(cfg->umask);
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return ipc_errf(err, -ENOMEM, "out of memory");
@@ -219,7 +235,17 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	so.ctx = a;
 	if (cfg->metrics_listen && (rc = metrics_create(a, cfg->metrics_listen, &a->metrics, err)))
 		goto fail;
+	so.identify = identify;
 	rc = server_create(&so, &a->srv, err);
+	if (rc)
+		goto fail;
+	co.endpoint = cfg->listen;
+	co.socket_mode = cfg->socket_mode;
+	co.socket_gid = cfg->socket_gid;
+	co.admin_gid = cfg->admin_gid;
+	co.conns_per_user = cfg->lim.connections;
+	co.fds_per_conn = CRED_FDS_PER_CONN;
+	rc = cred_create(&co, &a->cred, err);
 	if (rc)
 		goto fail;
 	*out = a;
@@ -297,6 +323,7 @@ void agent_destroy(struct agent *a)
 		return;
 	metrics_destroy(a->metrics); /* first: a scrape reads the pool and the engine */
 	server_destroy(a->srv);
+	cred_destroy(a->cred); /* after the handlers that ask it */
 	/* The engine first: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);
 	/* Each queue before the ones its last jobs may push to. */
@@ -311,6 +338,7 @@ void agent_destroy(struct agent *a)
 	gpu_destroy(a->gpu); /* after the plans (their mappings); unpins the pool */
 	pool_destroy(a->pool);
 	catalog_destroy(a->cat);
+	owners_free(a);
 	pthread_mutex_destroy(&a->mu);
 	free(a);
 }

@@ -58,6 +58,13 @@
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
 #define AGENT_SCANS 32 /* jobs whose last clean-up time is remembered */
 
+/* [limits]: what one user (uid) may hold at once; root is not limited. */
+struct agent_limits {
+	unsigned connections, sessions, plans, regions, watchers;
+	uint64_t tensors, region_bytes;
+	uint64_t watch_bytes; /* queued for one Watch stream before it is cut */
+};
+
 struct agent_config {
 	const char *root;
 	const char *listen;
@@ -83,9 +90,16 @@ struct agent_config {
 	const char *metrics_listen; /* "127.0.0.1:9464"; NULL: no metrics endpoint */
 	const char *socket_group;   /* group name for the socket; NULL: leave it */
 	const char *config_path;    /* the config file read, or NULL */
+	const char *admin_group;    /* [agent] admin_group; NULL: none */
+	long admin_gid;             /* its gid, or -1 */
+	unsigned umask;             /* applied to every file and directory the agent makes */
+	struct agent_limits lim;
 };
 
 struct catalog;
+struct cred;
+struct owner;
+struct usage;
 
 /* A job's last clean-up of abandoned steps (gc.c). */
 struct gc_scan {
@@ -121,7 +135,50 @@ struct agent {
 	bool stopping;
 	uint64_t gc_removed; /* checkpoints removed by retention since start */
 	struct gc_scan scans[AGENT_SCANS]; /* gc.c: when each job's steps were last looked at */
+	struct owner *owners; /* access.c: jobs' owners as read from the root */
+	size_t nowners;
+	struct usage *usage; /* access.c: what each uid holds */
+	size_t nusage;
+	struct cred *cred; /* the credentials socket (cred.h) */
 };
+
+/* ---- who may do what (access.c) ---------------------------------------- */
+
+enum access_want {
+	ACCESS_READ,   /* list, show, status, watch, verify */
+	ACCESS_MANAGE, /* delete, pin, unpin */
+	ACCESS_OWN,    /* plans, saves, restores, commits */
+};
+
+enum use_kind {
+	USE_SESSIONS,
+	USE_PLANS,
+	USE_TENSORS,
+	USE_REGIONS,
+	USE_REGION_BYTES,
+	USE_WATCHERS,
+	USE_NKINDS
+};
+
+/* Under mu: 0, or -EACCES with why in err. */
+int access_job(struct agent *a, const struct peer *p, const char *job, enum access_want w,
+               char *err);
+bool access_may_read(struct agent *a, const struct peer *p, const char *job);
+/* Not under mu: whether the caller may; if not, the call is failed (PERMISSION_DENIED). */
+bool access_check(struct agent *a, struct rpc *c, const char *what, const char *job,
+                  enum access_want w);
+/* Under mu: the owner known in memory: 0; -ENOENT: none; -EAGAIN: not looked up yet. */
+int owner_lookup(struct agent *a, const char *job, uint32_t *uid);
+void owner_note(struct agent *a, const char *job, bool found, uint32_t uid);
+/* Not under mu (reads the root): the job's owner into memory. */
+int owner_load(struct agent *a, const char *job, char *err);
+/* At start: the owners of every job in the root. */
+int owners_load_all(struct agent *a, char *err);
+void owners_free(struct agent *a);
+/* Under mu: -EAGAIN naming the limit and its key when uid would hold too much. */
+int usage_charge(struct agent *a, uid_t uid, enum use_kind k, uint64_t n, char *err);
+void usage_release(struct agent *a, uid_t uid, enum use_kind k, uint64_t n);
+uint64_t usage_held(struct agent *a, uid_t uid, enum use_kind k);
 
 /* ---- sessions and regions (session.c) -------------------------------- */
 
@@ -132,6 +189,7 @@ struct session {
 	struct rpc *stream; /* the Attach call; NULL once the client left */
 	char client[64];
 	uint32_t pid;
+	struct peer who; /* the credentials it attached with */
 	struct list regions;
 	struct list plans;
 };
@@ -142,6 +200,7 @@ struct region {
 	int kind;
 	struct ipc_shm shm;
 	unsigned refs; /* 1 while registered, + 1 per plan using it */
+	uid_t uid;     /* charged to */
 };
 
 void rpc_attach(struct rpc *c, ProtobufCMessage *req, void *ctx);
@@ -149,6 +208,8 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_drop_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu. */
 struct session *session_find(struct agent *a, uint64_t id);
+/* The caller's own session (another user's is refused): NULL with why in err. */
+struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *err);
 struct region *region_find(struct session *s, uint64_t id);
 void region_put(struct region *r);
 
@@ -210,12 +271,15 @@ struct plan {
 	unsigned active;    /* captures and restores using its regions now */
 	unsigned restoring; /* restores writing its regions: saves must wait */
 	bool dropped;
+	uid_t uid; /* its user's (limits) */
 };
 
 void rpc_create_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_drop_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu. */
 struct plan *plan_find(struct agent *a, uint64_t id);
+/* The caller's own plan: another user's is as good as none. */
+struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id);
 void plan_drop(struct agent *a, struct plan *p);
 void plan_get(struct plan *p);
 void plan_put(struct agent *a, struct plan *p);

@@ -185,6 +185,8 @@ void catalog_sync_job(struct agent *a, const char *job)
 	size_t n = 0, ne, ngone = 0;
 	int64_t *gone;
 
+	if (owner_load(a, job, err))
+		log_msg(LOG_WARNING, "job %s: %s", job, err);
 	if (a->store->ops->list_steps(a->store, job, &steps, &n, err)) {
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
 		return;

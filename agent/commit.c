@@ -890,6 +890,8 @@ void rpc_commit(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, rc, "commit: %s", err);
 		goto out;
 	}
+	if (!access_check(a, c, "commit", req->job, ACCESS_OWN))
+		goto out;
 	op = calloc(1, sizeof(*op));
 	if (!op) {
 		rpc_fail(c, -ENOMEM, "commit: out of memory");

@@ -76,7 +76,7 @@ static const struct choice policies[] = {
 };
 
 static const char *const sections[] = {"agent",   "storage", "staging", "jobs",
-                                       "metrics", "cluster", NULL};
+                                       "metrics", "cluster", "limits",  NULL};
 
 static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LISTEN] = {"agent", "listen", "listen", "unix:PATH",
@@ -124,6 +124,35 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                           "uncommitted steps older than LATEST and S seconds are removed "
                           "(default 3600)",
                           K_NUMBER, 0, 86400 * 365, .def = 3600},
+    [CS_ADMIN_GROUP] = {"agent", "admin_group", "admin-group", "GROUP",
+                        "operators' group: they see, verify, delete and pin every job "
+                        "(default: none; root always may)",
+                        K_GROUP},
+    [CS_UMASK] = {"agent", "umask", "umask", "MASK",
+                  "masks the modes of checkpoint files and directories (default 027: "
+                  "0640/0750)",
+                  K_MODE, .def = 027},
+    [CS_LIM_CONNECTIONS] = {"limits", "connections_per_user", "max-connections", "N",
+                            "clients connected at once, per user (default 128)", K_NUMBER, 1,
+                            4096, .def = 128},
+    [CS_LIM_SESSIONS] = {"limits", "sessions_per_user", "max-sessions", "N",
+                         "trainer sessions per user (default 64)", K_NUMBER, 1, 4096, .def = 64},
+    [CS_LIM_PLANS] = {"limits", "plans_per_user", "max-plans", "N",
+                      "plans per user (default 256)", K_NUMBER, 1, 65536, .def = 256},
+    [CS_LIM_TENSORS] = {"limits", "tensors_per_user", "max-tensors", "N",
+                        "tensors in all of a user's plans (default 262144)", K_NUMBER, 1,
+                        1 << 24, .def = 262144},
+    [CS_LIM_REGIONS] = {"limits", "regions_per_user", "max-regions", "N",
+                        "host regions per user (default 4096)", K_NUMBER, 1, 1 << 20,
+                        .def = 4096},
+    [CS_LIM_REGION_MB] = {"limits", "region_mb_per_user", "max-region-mb", "N",
+                          "MiB of host regions per user (default 0: the node's memory)",
+                          K_NUMBER, 0, 1ll << 32},
+    [CS_LIM_WATCHERS] = {"limits", "watchers_per_user", "max-watchers", "N",
+                         "Watch streams per user (default 16)", K_NUMBER, 1, 4096, .def = 16},
+    [CS_LIM_WATCH_KB] = {"limits", "watch_buffer_kb", "watch-buffer-kb", "N",
+                         "KiB queued for a Watch stream before it is cut (default 256)",
+                         K_NUMBER, 4, 1 << 20, .def = 256},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -660,9 +689,9 @@ static void origin(const struct config *c, int s, char *buf, size_t len)
 		snprintf(buf, len, "default");
 }
 
-static int resolve_group(struct config *c, long *gid, char *err)
+static int resolve_group(struct config *c, enum config_setting cs, long *gid, char *err)
 {
-	const char *name = c->str[CS_SOCKET_GROUP];
+	const char *name = c->str[cs];
 	struct group gr, *res = NULL;
 	char where[PATH_MAX + 32], *buf = NULL, *more;
 	size_t len = 4096;
@@ -685,11 +714,11 @@ static int resolve_group(struct config *c, long *gid, char *err)
 	free(buf);
 	if (*gid >= 0)
 		return 0;
-	origin(c, CS_SOCKET_GROUP, where, sizeof(where));
-	if (c->from[CS_SOCKET_GROUP] == CONFIG_FILE)
-		return ipc_errf(err, -ENOENT, "%s: [agent] socket_group = '%s': %s", where, name,
-		                rc ? strerror(rc) : "no such group");
-	return ipc_errf(err, -ENOENT, "--socket-group '%s': %s", name,
+	origin(c, cs, where, sizeof(where));
+	if (c->from[cs] == CONFIG_FILE)
+		return ipc_errf(err, -ENOENT, "%s: [agent] %s = '%s': %s", where, settings[cs].key,
+		                name, rc ? strerror(rc) : "no such group");
+	return ipc_errf(err, -ENOENT, "--%s '%s': %s", settings[cs].flag, name,
 	                rc ? strerror(rc) : "no such group");
 }
 
@@ -723,7 +752,9 @@ int config_finish(struct config *c, char *err)
 	int rc;
 
 	memset(a, 0, sizeof(*a));
-	rc = resolve_group(c, &a->socket_gid, err);
+	rc = resolve_group(c, CS_SOCKET_GROUP, &a->socket_gid, err);
+	if (!rc)
+		rc = resolve_group(c, CS_ADMIN_GROUP, &a->admin_gid, err);
 	if (!rc)
 		rc = default_node(c, err);
 	if (rc)
@@ -757,6 +788,18 @@ int config_finish(struct config *c, char *err)
 		                n[CS_ABANDON_AFTER], n[CS_COMMIT_DEADLINE]);
 	a->direct = n[CS_DIRECT] != 0;
 	a->lock_pool = n[CS_LOCK] != 0;
+	a->admin_group = c->str[CS_ADMIN_GROUP];
+	a->umask = (unsigned)n[CS_UMASK];
+	a->lim.connections = (unsigned)n[CS_LIM_CONNECTIONS];
+	a->lim.sessions = (unsigned)n[CS_LIM_SESSIONS];
+	a->lim.plans = (unsigned)n[CS_LIM_PLANS];
+	a->lim.tensors = (uint64_t)n[CS_LIM_TENSORS];
+	a->lim.regions = (unsigned)n[CS_LIM_REGIONS];
+	a->lim.region_bytes = (uint64_t)n[CS_LIM_REGION_MB] << 20;
+	if (!a->lim.region_bytes) /* the node's memory: more cannot be registered anyway */
+		a->lim.region_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	a->lim.watchers = (unsigned)n[CS_LIM_WATCHERS];
+	a->lim.watch_bytes = (uint64_t)n[CS_LIM_WATCH_KB] << 10;
 	a->config_path = c->path;
 	return 0;
 }
@@ -818,6 +861,7 @@ static void print_setting(const struct config *c, int s, FILE *f)
 	else
 		snprintf(line, sizeof(line), "; %s = (not set%s)", settings[s].key,
 		         s == CS_METRICS_LISTEN ? ": no metrics endpoint"
+		         : s == CS_ADMIN_GROUP  ? ": only root manages other users' jobs"
 		                                : ": the socket keeps the agent's group");
 	if (s == CS_NODE && c->from[s] == CONFIG_DEFAULT)
 		snprintf(from, sizeof(from), "default: the host name");

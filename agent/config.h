@@ -5,12 +5,15 @@
  * the same rules (ranges, names) wherever it comes from, and remembered with
  * where it came from, for `ckptd --check-config`.
  *
- *   [agent]    listen, socket_mode (octal), socket_group, log_level
+ *   [agent]    listen, socket_mode (octal), socket_group, log_level, admin_group,
+ *              umask (octal)
  *   [storage]  root, io_engine (auto|io_uring|pwrite), queue_depth
  *   [staging]  size_mb
  *   [jobs]     backpressure (block|skip), keep_last, keep_every
  *   [metrics]  listen (HOST:PORT; absent: no metrics endpoint)
  *   [cluster]  node (default: the host name), commit_deadline, abandon_after
+ *   [limits]   per user: connections, sessions, plans, tensors, regions,
+ *              region_mb, watchers; watch_buffer_kb per Watch stream
  *
  * Unknown sections and keys, bad values, keys set twice, malformed lines and
  * an unreadable file are errors naming the file, the line and the key.
@@ -45,6 +48,16 @@ enum config_setting {
 	CS_NODE,
 	CS_COMMIT_DEADLINE,
 	CS_ABANDON_AFTER,
+	CS_ADMIN_GROUP,
+	CS_UMASK,
+	CS_LIM_CONNECTIONS,
+	CS_LIM_SESSIONS,
+	CS_LIM_PLANS,
+	CS_LIM_TENSORS,
+	CS_LIM_REGIONS,
+	CS_LIM_REGION_MB,
+	CS_LIM_WATCHERS,
+	CS_LIM_WATCH_KB,
 	/* flags only */
 	CS_CHUNK_MB,
 	CS_CAPTURE_THREADS,

@@ -347,6 +347,8 @@ void rpc_gc(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, rc, "gc: %s", err);
 		goto out;
 	}
+	if (!access_check(a, c, "gc", req->job, ACCESS_MANAGE))
+		goto out;
 	op = gc_op_new(a, c, req->job, gc_run);
 	if (!op) {
 		rpc_fail(c, -ENOMEM, "gc: out of memory");
@@ -416,6 +418,8 @@ void rpc_pin(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, rc, "%s: %s", what, err);
 		goto out;
 	}
+	if (!access_check(a, c, what, req->job, ACCESS_MANAGE))
+		goto out;
 	op = gc_op_new(a, c, req->job, pin_run);
 	if (!op) {
 		rpc_fail(c, -ENOMEM, "%s: out of memory", what);

@@ -19,8 +19,9 @@
 
 /* ---- status ----------------------------------------------------------- */
 
-static size_t in_flight(struct agent *a, const char *job, Ckpt__V1__CheckpointSummary **v,
-			Ckpt__V1__CheckpointSummary ***pv, char (**notes)[96]);
+static size_t in_flight(struct agent *a, const struct peer *who, const char *job,
+			Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
+			char (**notes)[96]);
 
 void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
@@ -83,7 +84,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.sessions = a->nsessions;
 	rep.plans = a->nplans;
 	rep.saves_in_flight = a->inflight;
-	rep.n_in_flight = in_flight(a, NULL, &flight, &pflight, &notes);
+	rep.n_in_flight = in_flight(a, rpc_peer(c), NULL, &flight, &pflight, &notes);
 	rep.in_flight = pflight;
 	rpc_reply(c, &rep.base);
 	pthread_mutex_unlock(&a->mu);
@@ -157,9 +158,10 @@ static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *
 	s->reason = note;
 }
 
-/* Under mu: the checkpoints in flight (of job; NULL: all), malloc'd arrays. */
-static size_t in_flight(struct agent *a, const char *job, Ckpt__V1__CheckpointSummary **v,
-			Ckpt__V1__CheckpointSummary ***pv, char (**notes)[96])
+/* Under mu: the checkpoints in flight (of job; NULL: all who may read), malloc'd arrays. */
+static size_t in_flight(struct agent *a, const struct peer *who, const char *job,
+			Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
+			char (**notes)[96])
 {
 	struct list *pos;
 	size_t n = 0, k = 0;
@@ -174,7 +176,8 @@ static size_t in_flight(struct agent *a, const char *job, Ckpt__V1__CheckpointSu
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)))
+		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)) ||
+		    !access_may_read(a, who, cp->job))
 			continue;
 		summary_from_cp(cp, &(*v)[k], (*notes)[k], sizeof((*notes)[k]));
 		(*pv)[k] = &(*v)[k];
@@ -199,9 +202,11 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, -EINVAL, "list: %s", err);
 		goto out;
 	}
+	if (job && !access_check(a, c, "list", job, ACCESS_READ))
+		goto out;
 	pthread_mutex_lock(&a->mu);
 	ncat = catalog_list(a->cat, job, &e);
-	nf = in_flight(a, job, &f, &pf, &notes);
+	nf = in_flight(a, rpc_peer(c), job, &f, &pf, &notes);
 	v = calloc(ncat + 1, sizeof(*v));
 	pv = calloc(ncat + nf + 1, sizeof(*pv));
 	if (!e || !v || !pv || !f || !pf || !notes) {
@@ -212,6 +217,8 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	for (size_t i = 0; i < ncat; i++) {
 		bool latest = i + 1 == ncat || strcmp(e[i + 1]->job, e[i]->job) != 0;
 
+		if (!access_may_read(a, rpc_peer(c), e[i]->job))
+			continue; /* a whole job at a time: its LATEST stays right */
 		summary_from_entry(e[i], latest, &v[k]);
 		pv[k] = &v[k];
 		k++;
@@ -321,7 +328,7 @@ static void delete_run(struct work *w)
 }
 
 static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
-			   int64_t step, void (*fn)(struct work *))
+			   int64_t step, enum access_want want, void (*fn)(struct work *))
 {
 	struct job_step_op *op;
 	char err[IPC_ERRLEN];
@@ -334,6 +341,8 @@ static void queue_job_step(struct rpc *c, struct agent *a, const char *what, con
 		rpc_fail(c, rc, "%s: %s", what, err);
 		return;
 	}
+	if (!access_check(a, c, what, job, want))
+		return;
 	op = calloc(1, sizeof(*op));
 	if (!op) {
 		rpc_fail(c, -ENOMEM, "%s: out of memory", what);
@@ -351,7 +360,7 @@ void rpc_show(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__ShowRequest *req = (Ckpt__V1__ShowRequest *)m;
 
-	queue_job_step(c, ctx, "show", req->job, req->step, show_run);
+	queue_job_step(c, ctx, "show", req->job, req->step, ACCESS_READ, show_run);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
@@ -359,7 +368,7 @@ void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__DeleteRequest *req = (Ckpt__V1__DeleteRequest *)m;
 
-	queue_job_step(c, ctx, "delete", req->job, req->step, delete_run);
+	queue_job_step(c, ctx, "delete", req->job, req->step, ACCESS_MANAGE, delete_run);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
@@ -370,6 +379,7 @@ struct watcher {
 	struct agent *a;
 	struct rpc *stream;
 	char job[IPC_MAX_JOB + 1]; /* "" for every job */
+	struct peer who;           /* sees only the jobs it may read */
 };
 
 void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
@@ -380,7 +390,8 @@ void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
 	{
 		struct watcher *w = container_of(pos, struct watcher, link);
 
-		if (!w->job[0] || strcmp(w->job, info->job) == 0)
+		if ((!w->job[0] || strcmp(w->job, info->job) == 0) &&
+		    access_may_read(a, &w->who, info->job))
 			rpc_stream_send(w->stream, &info->base);
 	}
 }
@@ -418,6 +429,7 @@ static void on_watch_close(struct rpc *c, void *ctx)
 
 	pthread_mutex_lock(&a->mu);
 	list_del(&w->link);
+	usage_release(a, w->who.uid, USE_WATCHERS, 1);
 	pthread_mutex_unlock(&a->mu);
 	rpc_release(c);
 	free(w);
@@ -428,13 +440,15 @@ void rpc_watch(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__WatchRequest *req = (Ckpt__V1__WatchRequest *)m;
 	struct agent *a = ctx;
 	struct watcher *w;
-	char err[IPC_ERRLEN];
+	char err[IPC_ERRLEN], cut[160];
 	struct list *pos;
 
 	if (req->job && *req->job && ipc_check_job(req->job, err)) {
 		rpc_fail(c, -EINVAL, "watch: %s", err);
 		goto out;
 	}
+	if (req->job && *req->job && !access_check(a, c, "watch", req->job, ACCESS_READ))
+		goto out;
 	w = calloc(1, sizeof(*w));
 	if (!w) {
 		rpc_fail(c, -ENOMEM, "watch: out of memory");
@@ -442,17 +456,30 @@ void rpc_watch(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	w->a = a;
 	w->stream = c;
+	w->who = *rpc_peer(c);
 	snprintf(w->job, sizeof(w->job), "%s", req->job ? req->job : "");
+	snprintf(cut, sizeof(cut),
+		 "this watcher fell behind: more than %llu KiB waited for it ([limits] "
+		 "watch_buffer_kb); watch again to resume from the current state",
+		 (unsigned long long)(a->cfg.lim.watch_bytes >> 10));
 	pthread_mutex_lock(&a->mu);
+	if (usage_charge(a, w->who.uid, USE_WATCHERS, 1, err)) {
+		pthread_mutex_unlock(&a->mu);
+		free(w);
+		rpc_fail(c, -EAGAIN, "watch: %s", err);
+		goto out;
+	}
 	list_add_tail(&a->watchers, &w->link);
 	rpc_stream_hold(c, on_watch_close, w);
+	rpc_stream_limit(c, a->cfg.lim.watch_bytes, cut);
 	/* First what is in flight now, then every change. */
 	list_for_each(pos, &a->saves)
 	{
 		struct save *s = container_of(pos, struct save, link);
 		Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
 
-		if (ipc_state_final(s->state) || (w->job[0] && strcmp(w->job, s->job)))
+		if (ipc_state_final(s->state) || (w->job[0] && strcmp(w->job, s->job)) ||
+		    !access_may_read(a, &w->who, s->job))
 			continue;
 		save_info(s, &info);
 		rpc_stream_send(c, &info.base);

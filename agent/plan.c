@@ -33,6 +33,13 @@ struct plan *plan_find(struct agent *a, uint64_t id)
 	return NULL;
 }
 
+struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id)
+{
+	struct plan *p = plan_find(a, id);
+
+	return p && p->uid == rpc_peer(c)->uid ? p : NULL;
+}
+
 void plan_get(struct plan *p)
 {
 	p->refs++;
@@ -111,6 +118,8 @@ void plan_drop(struct agent *a, struct plan *p)
 		return;
 	p->dropped = true;
 	a->nplans--;
+	usage_release(a, p->uid, USE_PLANS, 1);
+	usage_release(a, p->uid, USE_TENSORS, p->n);
 	list_del(&p->link);
 	list_del(&p->slink);
 	p->sess = NULL;
@@ -380,8 +389,16 @@ static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
 	return 0;
 }
 
-static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, struct plan **out,
-		      char *err)
+/* Why session_of refused. */
+static int sess_errno(struct agent *a, struct rpc *c, uint64_t id)
+{
+	struct session *s = session_find(a, id);
+
+	return s && s->who.uid != rpc_peer(c)->uid ? -EACCES : -ENOENT;
+}
+
+static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
+		      struct plan **out, char *err)
 {
 	struct ipc_tensor *v = NULL;
 	struct region_lookup l;
@@ -389,10 +406,9 @@ static int plan_build(struct agent *a, const Ckpt__V1__CreatePlanRequest *req, s
 	struct plan *p;
 	int rc;
 
-	sess = session_find(a, req->session_id);
+	sess = session_of(a, c, req->session_id, err);
 	if (!sess)
-		return ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
-				(unsigned long long)req->session_id);
+		return sess_errno(a, c, req->session_id);
 	if (a->nplans >= MAX_PLANS)
 		return ipc_errf(err, -EAGAIN, "the agent holds %u plans, its limit", a->nplans);
 	rc = ipc_tensors_from_request(req, &v, err);
@@ -433,13 +449,95 @@ out:
 	return rc;
 }
 
+/* Under mu: the plan charged to its user, listed, and published. */
+static int plan_add(struct agent *a, struct rpc *c, struct plan *p, char *err)
+{
+	uid_t uid = rpc_peer(c)->uid;
+	int rc = usage_charge(a, uid, USE_PLANS, 1, err);
+
+	if (!rc && (rc = usage_charge(a, uid, USE_TENSORS, p->n, err)))
+		usage_release(a, uid, USE_PLANS, 1);
+	if (rc)
+		return rc;
+	p->uid = uid;
+	p->id = ipc_random_id();
+	list_add_tail(&a->plans, &p->link);
+	list_add_tail(&p->sess->plans, &p->slink);
+	a->nplans++;
+	/* the other nodes of the job learn from the plans file where this rank is */
+	plans_publish(a, p->job, p->run);
+	return 0;
+}
+
+/* The plan, once the job's owner is known to allow the caller; replies. */
+static void create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req)
+{
+	Ckpt__V1__CreatePlanReply rep = CKPT__V1__CREATE_PLAN_REPLY__INIT;
+	char err[IPC_ERRLEN];
+	struct plan *p = NULL;
+	int rc;
+
+	pthread_mutex_lock(&a->mu);
+	rc = access_job(a, rpc_peer(c), req->job, ACCESS_OWN, err);
+	if (!rc && (rc = plan_build(a, c, req, &p, err)) == 0)
+		rc = plan_add(a, c, p, err);
+	if (rc) {
+		if (p)
+			plan_free(a, p);
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
+		return;
+	}
+	rep.plan_id = p->id;
+	rep.shard_bytes = p->shard_bytes;
+	rep.header_bytes = p->header_len;
+	rep.run = p->run;
+	rep.node = (char *)a->cfg.node;
+	pthread_mutex_unlock(&a->mu);
+	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s, uid %u): %zu tensors, %llu bytes",
+		p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
+		(unsigned long long)p->shard_bytes);
+	rpc_reply(c, &rep.base);
+}
+
+/* A plan of a job whose owner is not known here yet: found or recorded first. */
+struct owner_claim {
+	struct work w;
+	struct agent *a;
+	struct rpc *c;
+	Ckpt__V1__CreatePlanRequest *req;
+};
+
+/* Commit thread: the owner read from the root, or the caller recorded as it. */
+static void claim_run(struct work *w)
+{
+	struct owner_claim *oc = container_of(w, struct owner_claim, w);
+	struct agent *a = oc->a;
+	char err[IPC_ERRLEN];
+	uint32_t owner = 0;
+	int rc = store_owner_claim(a->store, oc->req->job, (uint32_t)rpc_peer(oc->c)->uid, &owner,
+				   err);
+
+	if (rc) {
+		rpc_fail(oc->c, rc, "plan for job %s: its owner cannot be recorded: %s", oc->req->job,
+			 err);
+	} else {
+		pthread_mutex_lock(&a->mu);
+		owner_note(a, oc->req->job, true, owner);
+		pthread_mutex_unlock(&a->mu);
+		create_plan(a, oc->c, oc->req);
+	}
+	protobuf_c_message_free_unpacked(&oc->req->base, NULL);
+	free(oc);
+}
+
 void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__CreatePlanRequest *req = (Ckpt__V1__CreatePlanRequest *)m;
-	Ckpt__V1__CreatePlanReply rep = CKPT__V1__CREATE_PLAN_REPLY__INIT;
 	struct agent *a = ctx;
+	struct owner_claim *oc;
 	char err[IPC_ERRLEN];
-	struct plan *p = NULL;
+	uint32_t owner;
 	int rc;
 
 	rc = ipc_check_job(req->job, err);
@@ -454,29 +552,21 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		goto out;
 	}
 	pthread_mutex_lock(&a->mu);
-	rc = plan_build(a, req, &p, err);
-	if (rc) {
-		if (p)
-			plan_free(a, p);
-		pthread_mutex_unlock(&a->mu);
-		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
+	rc = owner_lookup(a, req->job, &owner);
+	pthread_mutex_unlock(&a->mu);
+	if (rc == 0) {
+		create_plan(a, c, req);
 		goto out;
 	}
-	p->id = ipc_random_id();
-	list_add_tail(&a->plans, &p->link);
-	list_add_tail(&p->sess->plans, &p->slink);
-	a->nplans++;
-	rep.plan_id = p->id;
-	rep.shard_bytes = p->shard_bytes;
-	rep.header_bytes = p->header_len;
-	rep.run = p->run;
-	rep.node = (char *)a->cfg.node;
-	/* the other nodes of the job learn from the plans file where this rank is */
-	plans_publish(a, p->job, p->run);
-	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s): %zu tensors, %llu bytes", p->job,
-		p->rank, p->world, p->run, p->n, (unsigned long long)p->shard_bytes);
-	rpc_reply(c, &rep.base);
+	/* The disk decides who owns a job seen first now (maybe on another node). */
+	oc = calloc(1, sizeof(*oc));
+	if (!oc) {
+		rpc_fail(c, -ENOMEM, "out of memory");
+		goto out;
+	}
+	*oc = (struct owner_claim){.w.fn = claim_run, .a = a, .c = c, .req = req};
+	workq_push(a->commit, &oc->w);
+	return;
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -489,7 +579,7 @@ void rpc_drop_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	struct plan *p;
 
 	pthread_mutex_lock(&a->mu);
-	p = plan_find(a, req->plan_id);
+	p = plan_of(a, c, req->plan_id);
 	if (p)
 		plan_drop(a, p);
 	pthread_mutex_unlock(&a->mu);

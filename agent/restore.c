@@ -515,13 +515,13 @@ static void restore_run(struct work *w)
 }
 
 /* Under mu: which step, marked as being read so nobody deletes it meanwhile. */
-static int restore_prepare(struct agent *a, const Ckpt__V1__RestoreRequest *req,
+static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__RestoreRequest *req,
 			   struct restore *rs, char *err)
 {
 	struct cat_entry *e;
 	struct plan *p;
 
-	p = plan_find(a, req->plan_id);
+	p = plan_of(a, c, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 				(unsigned long long)req->plan_id);
@@ -573,7 +573,7 @@ void rpc_restore(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rs->call = c;
 	rs->t_start = ipc_mono_ns();
 	pthread_mutex_lock(&a->mu);
-	rc = restore_prepare(a, req, rs, err);
+	rc = restore_prepare(a, c, req, rs, err);
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
 		free(rs);
@@ -740,6 +740,8 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, rc, "verify: %s", err);
 		goto out;
 	}
+	if (!access_check(a, c, "verify", req->job, ACCESS_READ))
+		goto out;
 	v = calloc(1, sizeof(*v));
 	if (!v) {
 		rpc_fail(c, -ENOMEM, "out of memory");

@@ -685,7 +685,8 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 }
 
 /* Under mu: the checks that need the agent's state; creates and queues the save. */
-static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct save **out,
+static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
+		      struct save **out,
 		      char *err)
 {
 	struct checkpoint *cp;
@@ -693,7 +694,7 @@ static int save_start(struct agent *a, const Ckpt__V1__SaveRequest *req, struct 
 	struct save *s;
 	int rc;
 
-	p = plan_find(a, req->plan_id);
+	p = plan_of(a, c, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 				(unsigned long long)req->plan_id);
@@ -796,7 +797,7 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		goto out;
 	}
 	pthread_mutex_lock(&a->mu);
-	rc = save_start(a, req, &s, err);
+	rc = save_start(a, c, req, &s, err);
 	if (!rc) {
 		rep.save_id = s->id;
 		rep.state = s->state;
@@ -828,7 +829,7 @@ void rpc_get_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	{
 		struct save *s = container_of(pos, struct save, link);
 
-		if (s->id == req->save_id) {
+		if (s->id == req->save_id && access_may_read(a, rpc_peer(c), s->job)) {
 			save_info(s, &info);
 			rpc_reply(c, &info.base);
 			found = true;

@@ -42,6 +42,7 @@ struct tag {
 
 struct outmsg {
 	grpc_byte_buffer *bb;
+	size_t len;
 	struct outmsg *next;
 };
 
@@ -62,9 +63,12 @@ struct rpc {
 	int end_status;
 	struct outmsg *head, *tail;
 	unsigned queued;
+	size_t queued_bytes, max_bytes; /* max_bytes 0: only STREAM_MAX_QUEUED */
+	char *cut_msg; /* the status a reader falling past max_bytes gets */
 	rpc_close_fn on_close;
 	void *ctx;
 	int refs;
+	struct peer peer; /* who called, from the call's token */
 };
 
 struct server {
@@ -72,6 +76,7 @@ struct server {
 	grpc_completion_queue *cq;
 	void *methods[IPC_NMETHODS];
 	rpc_handler_fn handlers[IPC_NMETHODS];
+	int (*identify)(void *ctx, const char *hex, size_t len, struct peer *p);
 	void (*tick)(void *ctx);
 	void *ctx;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -109,6 +114,7 @@ static void rpc_free(struct rpc *c)
 		grpc_byte_buffer_destroy(c->reply);
 	grpc_slice_unref(c->details);
 	grpc_metadata_array_destroy(&c->md);
+	free(c->cut_msg);
 	if (c->method == IPC_NMETHODS)
 		grpc_call_details_destroy(&c->details_in);
 	if (c->call)
@@ -167,6 +173,26 @@ static int request_call(struct server *s, enum ipc_method m)
 	return 0;
 }
 
+/* The peer the call's token stands for, into c->peer; whether there is one. */
+static bool identify(struct rpc *c)
+{
+	struct server *s = c->srv;
+
+	for (size_t i = 0; s->identify && i < c->md.count; i++) {
+		const grpc_metadata *m = &c->md.metadata[i];
+
+		if (grpc_slice_str_cmp(m->key, IPC_CRED_META) == 0)
+			return s->identify(s->ctx, (const char *)GRPC_SLICE_START_PTR(m->value),
+					   GRPC_SLICE_LENGTH(m->value), &c->peer) == 0;
+	}
+	return false;
+}
+
+const struct peer *rpc_peer(const struct rpc *c)
+{
+	return &c->peer;
+}
+
 static void on_new(struct rpc *c, bool ok)
 {
 	struct server *s = c->srv;
@@ -184,6 +210,13 @@ static void on_new(struct rpc *c, bool ok)
 		finish_unary(c, GRPC_STATUS_UNIMPLEMENTED, "ckpt.v1 has no such method");
 		log_msg(LOG_DEBUG, "call to unknown method %.128s refused", path);
 		gpr_free(path);
+		return;
+	}
+	if (!identify(c) && c->method != IPC_STATUS) {
+		rpc_fail(c, -EACCES,
+			 "%s: the call carries no credentials: connect to the agent's socket "
+			 "PATH%s first and send its token as '%s' metadata (libckpt and ckptctl do)",
+			 ipc_methods[c->method].path, IPC_CRED_SUFFIX, IPC_CRED_META);
 		return;
 	}
 	req = ipc_unpack(ipc_methods[c->method].request, c->payload);
@@ -313,6 +346,15 @@ void rpc_stream_hold(struct rpc *c, rpc_close_fn close_fn, void *ctx)
 	}
 }
 
+void rpc_stream_limit(struct rpc *c, size_t bytes, const char *cut_msg)
+{
+	pthread_mutex_lock(&c->srv->mu);
+	c->max_bytes = bytes;
+	free(c->cut_msg);
+	c->cut_msg = cut_msg ? strdup(cut_msg) : NULL;
+	pthread_mutex_unlock(&c->srv->mu);
+}
+
 int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 {
 	struct outmsg *m;
@@ -323,17 +365,23 @@ int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 		rc = -EPIPE;
 		goto out;
 	}
-	if (c->queued >= STREAM_MAX_QUEUED) {
-		/* Cancelled, the close callback tells the owner, who cleans up. */
-		grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
-					     "this stream's reader fell too far behind", NULL);
-		rc = -ENOBUFS;
-		goto out;
-	}
 	m = calloc(1, sizeof(*m));
 	if (!m || !(m->bb = ipc_pack(msg))) {
 		free(m);
 		rc = -ENOMEM;
+		goto out;
+	}
+	m->len = grpc_byte_buffer_length(m->bb);
+	if (c->queued >= STREAM_MAX_QUEUED ||
+	    (c->max_bytes && c->queued_bytes + m->len > c->max_bytes)) {
+		/* Cancelled, the close callback tells the owner, who cleans up. */
+		grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+					     c->cut_msg ? c->cut_msg
+							: "this stream's reader fell too far behind",
+					     NULL);
+		grpc_byte_buffer_destroy(m->bb);
+		free(m);
+		rc = -ENOBUFS;
 		goto out;
 	}
 	if (c->tail)
@@ -342,6 +390,7 @@ int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 		c->head = m;
 	c->tail = m;
 	c->queued++;
+	c->queued_bytes += m->len;
 	stream_kick(c);
 out:
 	pthread_mutex_unlock(&c->srv->mu);
@@ -359,6 +408,7 @@ static void on_send(struct rpc *c, bool ok)
 		if (!c->head)
 			c->tail = NULL;
 		c->queued--;
+		c->queued_bytes -= m->len;
 		grpc_byte_buffer_destroy(m->bb);
 		free(m);
 	}
@@ -495,6 +545,7 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 	pthread_mutex_init(&s->mu, NULL);
 	memcpy(s->handlers, o->handlers, sizeof(s->handlers));
 	s->tick = o->tick;
+	s->identify = o->identify;
 	s->ctx = o->ctx;
 	grpc_init();
 	s->gs = grpc_server_create(&cargs, NULL);

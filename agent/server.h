@@ -20,6 +20,7 @@
 #include <stdbool.h>
 
 #include "ipc.h"
+#include "peer.h"
 
 struct server;
 struct rpc;
@@ -35,6 +36,11 @@ struct server_opts {
 	unsigned socket_mode; /* chmod of the socket; 0: leave it */
 	long socket_gid;      /* chown group of the socket; < 0: leave it */
 	rpc_handler_fn handlers[IPC_NMETHODS];
+	/*
+	 * The peer a call's token (its IPC_CRED_META metadata) stands for: 0, or
+	 * -EACCES. A call without one reaches only Status; NULL: nobody is known.
+	 */
+	int (*identify)(void *ctx, const char *hex, size_t len, struct peer *p);
 	void *ctx;
 };
 
@@ -50,6 +56,8 @@ void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx),
 void server_destroy(struct server *s);
 
 enum ipc_method rpc_method(const struct rpc *c);
+/* Who called (peer.known false: no credentials; only Status gets that far). */
+const struct peer *rpc_peer(const struct rpc *c);
 
 /* Unary: the reply, or the failure (negative errno, or -EINVAL etc.) with a message. */
 void rpc_reply(struct rpc *c, const ProtobufCMessage *reply);
@@ -57,7 +65,12 @@ void rpc_fail(struct rpc *c, int err, const char *fmt, ...) __attribute__((forma
 
 /* Streaming: keep the call open; on_close runs (control thread) if the client leaves. */
 void rpc_stream_hold(struct rpc *c, rpc_close_fn on_close, void *ctx);
-/* Queues a message; -EPIPE once the stream has ended. */
+/*
+ * A held stream whose unsent messages would pass `bytes` is cut with
+ * RESOURCE_EXHAUSTED and cut_msg (copied), as if its reader had left.
+ */
+void rpc_stream_limit(struct rpc *c, size_t bytes, const char *cut_msg);
+/* Queues a message; -EPIPE once the stream has ended, -ENOBUFS when it is cut. */
 int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg);
 /* Ends the stream from our side (status OK, or err with a message) and releases it. */
 void rpc_stream_end(struct rpc *c, int err, const char *msg);

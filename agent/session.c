@@ -10,11 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent.h"
+#include "cred.h"
 
 #define MAX_SESSIONS 4096
-#define MAX_REGIONS_PER_SESSION 65536
 
 struct session *session_find(struct agent *a, uint64_t id)
 {
@@ -44,6 +45,15 @@ struct region *region_find(struct session *s, uint64_t id)
 	return NULL;
 }
 
+/* Under mu: a region leaves its session (plans using it keep it mapped). */
+static void region_unregister(struct agent *a, struct region *r)
+{
+	list_del(&r->link);
+	usage_release(a, r->uid, USE_REGIONS, 1);
+	usage_release(a, r->uid, USE_REGION_BYTES, r->shm.size);
+	region_put(r);
+}
+
 void region_put(struct region *r)
 {
 	if (--r->refs)
@@ -70,14 +80,10 @@ static void session_end(struct agent *a, struct session *s)
 	list_for_each_safe(pos, tmp, &s->plans) plan_drop(a, container_of(pos, struct plan, slink));
 	save_forget_session(a, s);
 	list_for_each_safe(pos, tmp, &s->regions)
-	{
-		struct region *r = container_of(pos, struct region, link);
-
-		list_del(&r->link);
-		region_put(r);
-	}
+		region_unregister(a, container_of(pos, struct region, link));
 	list_del(&s->link);
 	a->nsessions--;
+	usage_release(a, s->who.uid, USE_SESSIONS, 1);
 	log_msg(LOG_INFO, "client %s (pid %u) left: %u plans and %u regions released", s->client,
 		s->pid, nplans, nregions);
 	free(s);
@@ -100,6 +106,7 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__AttachRequest *req = (Ckpt__V1__AttachRequest *)m;
 	Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;
 	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
 	struct session *s;
 
 	pthread_mutex_lock(&a->mu);
@@ -111,13 +118,20 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 			rpc_fail(c, -EAGAIN, "the agent has %u clients, its limit", a->nsessions);
 		goto out;
 	}
+	if (usage_charge(a, rpc_peer(c)->uid, USE_SESSIONS, 1, err)) {
+		pthread_mutex_unlock(&a->mu);
+		rpc_fail(c, -EAGAIN, "attach: %s", err);
+		goto out;
+	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
+		usage_release(a, rpc_peer(c)->uid, USE_SESSIONS, 1);
 		pthread_mutex_unlock(&a->mu);
 		rpc_fail(c, -ENOMEM, "out of memory for a session");
 		goto out;
 	}
 	s->a = a;
+	s->who = *rpc_peer(c);
 	s->id = ipc_random_id();
 	s->stream = c;
 	s->pid = req->pid;
@@ -133,9 +147,27 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	ev.session_id = s->id;
 	rpc_stream_send(c, &ev.base);
 	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_INFO, "client %s (pid %u) attached", s->client, s->pid);
+	log_msg(LOG_INFO, "client %s (pid %u, uid %u) attached", s->client, s->pid,
+		(unsigned)s->who.uid);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* Under mu: the caller's session, refused when it is another user's. */
+struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *err)
+{
+	struct session *s = session_find(a, id);
+
+	if (!s) {
+		ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
+			 (unsigned long long)id);
+		return NULL;
+	}
+	if (s->who.uid != rpc_peer(c)->uid) {
+		ipc_errf(err, -EACCES, "session %llu is another user's", (unsigned long long)id);
+		return NULL;
+	}
+	return s;
 }
 
 void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
@@ -143,39 +175,53 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__RegisterRegionRequest *req = (Ckpt__V1__RegisterRegionRequest *)m;
 	Ckpt__V1__RegisterRegionReply rep = CKPT__V1__REGISTER_REGION_REPLY__INIT;
 	struct agent *a = ctx;
+	const struct peer *who = rpc_peer(c);
 	char err[IPC_ERRLEN];
 	struct session *s;
 	struct region *r;
-	int rc;
+	uint64_t said = 0;
+	int rc, fd;
 
+	fd = cred_take_fd(a->cred, who, req->ticket, &said);
+	if (fd < 0) {
+		rpc_fail(c, -ENOENT,
+			 "no region under ticket %llu on this client's credentials connection "
+			 "(send it there first)",
+			 (unsigned long long)req->ticket);
+		goto out;
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
+		close(fd);
 		rpc_fail(c, -ENOMEM, "out of memory for a region");
 		goto out;
 	}
-	/* Opening and mapping are quick system calls, no disk: fine on this thread. */
-	rc = ipc_shm_open(req->shm_name, req->secret.data, req->secret.len, req->size, &r->shm, err);
+	/* Checking and mapping are quick system calls, no disk: fine on this thread. */
+	rc = said == req->size ? ipc_shm_map(fd, req->size, &r->shm, err)
+			       : (close(fd), ipc_errf(err, -EINVAL, "region of %llu bytes, sent as %llu",
+						      (unsigned long long)req->size,
+						      (unsigned long long)said));
 	if (rc) {
 		free(r);
 		rpc_fail(c, rc, "%s", err);
 		goto out;
 	}
 	pthread_mutex_lock(&a->mu);
-	s = session_find(a, req->session_id);
-	if (!s || count(&s->regions) >= MAX_REGIONS_PER_SESSION) {
+	s = session_of(a, c, req->session_id, err);
+	rc = s ? usage_charge(a, who->uid, USE_REGIONS, 1, err) : -ENOENT;
+	if (!rc && (rc = usage_charge(a, who->uid, USE_REGION_BYTES, r->shm.size, err)))
+		usage_release(a, who->uid, USE_REGIONS, 1);
+	if (rc) {
 		pthread_mutex_unlock(&a->mu);
 		ipc_shm_unmap(&r->shm);
 		free(r);
-		if (s)
-			rpc_fail(c, -EAGAIN, "session has %d regions, the limit", MAX_REGIONS_PER_SESSION);
-		else
-			rpc_fail(c, -ENOENT, "no session %llu: attach first (or the agent restarted)",
-				 (unsigned long long)req->session_id);
+		rpc_fail(c, s ? -EAGAIN : -ENOENT, "%s", err);
 		goto out;
 	}
 	r->id = ipc_random_id();
 	r->kind = CKPT__V1__REGION_KIND__REGION_HOST;
 	r->refs = 1;
+	r->uid = who->uid;
 	list_add_tail(&s->regions, &r->link);
 	rep.region_id = r->id;
 	pthread_mutex_unlock(&a->mu);
@@ -194,13 +240,10 @@ void rpc_drop_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 
 	pthread_mutex_lock(&a->mu);
 	s = session_find(a, req->session_id);
-	if (s)
+	if (s && s->who.uid == rpc_peer(c)->uid)
 		r = region_find(s, req->region_id);
-	if (r) {
-		/* Plans still using it keep it mapped until they are dropped. */
-		list_del(&r->link);
-		region_put(r);
-	}
+	if (r) /* plans still using it keep it mapped until they are dropped */
+		region_unregister(a, r);
 	pthread_mutex_unlock(&a->mu);
 	if (r)
 		rpc_reply(c, &rep.base);

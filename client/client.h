@@ -18,7 +18,7 @@
 /* A host region from ckpt_host_alloc. */
 struct cl_alloc {
 	struct cl_alloc *next;
-	struct ipc_shm shm; /* name already unlinked */
+	struct ipc_shm shm; /* its descriptor closed once the agent has it */
 	uint64_t region_id;
 };
 
@@ -62,7 +62,12 @@ struct ckpt_client {
 	unsigned nearly;
 	struct cl_alloc *allocs;
 	struct ckpt_plan *plans;
-	long shm_gid; /* group to share regions with, or -1 */
+	/* the credentials socket (cred.c) */
+	int cred_sock;
+	char token[IPC_TOKEN_HEX + 1]; /* "" until the hello */
+	grpc_metadata cred_md;         /* the token, sent with every call */
+	pthread_mutex_t cred_mu;       /* one region hand-over at a time */
+	uint32_t cred_seq;
 };
 
 struct ckpt_save {
@@ -125,6 +130,14 @@ gpr_timespec cl_deadline(int timeout_ms);
 /* A call's failed status as negative errno, its message kept for ckpt_last_error. */
 int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, grpc_slice details,
 	      const char *errstr);
+
+/* The credentials socket: connect and read the token; 0 or negative errno. */
+int cl_cred_connect(struct ckpt_client *c);
+void cl_cred_close(struct ckpt_client *c);
+/* A call's SEND_INITIAL_METADATA op: the token. */
+void cl_metadata(struct ckpt_client *c, grpc_op *op);
+/* Hands a region's descriptor to the agent; its ticket for RegisterRegion. */
+int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *ticket);
 
 /* Records a failure's message for ckpt_last_error; returns err. */
 int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)

@@ -148,6 +148,7 @@ static int attach(struct ckpt_client *c)
 					    NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	cl_metadata(c, &ops[0]);
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = c->sreq;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -193,16 +194,6 @@ static int attach(struct ckpt_client *c)
 
 /* ---- connect / disconnect -------------------------------------------- */
 
-/* An agent running as another user reaches our regions through its socket's group. */
-static long share_gid(const char *endpoint)
-{
-	struct stat st;
-
-	if (strncmp(endpoint, "unix:", 5) != 0 || stat(endpoint + 5, &st))
-		return -1;
-	return st.st_uid != geteuid() ? (long)st.st_gid : -1;
-}
-
 static void client_free(struct ckpt_client *c)
 {
 	grpc_event ev;
@@ -235,6 +226,7 @@ static void client_free(struct ckpt_client *c)
 	grpc_slice_unref(c->sdetails);
 	if (c->ch)
 		grpc_channel_destroy(c->ch);
+	cl_cred_close(c); /* the agent forgets our token: after the last call */
 	/*
 	 * CUDA plans the user still holds: their fences open (no agent moves them
 	 * now), then their pages are unregistered before they go.
@@ -257,6 +249,7 @@ static void client_free(struct ckpt_client *c)
 	for (struct ckpt_plan *p = c->plans; p; p = p->next)
 		p->c = NULL;
 	pthread_mutex_destroy(&c->mu);
+	pthread_mutex_destroy(&c->cred_mu);
 	pthread_cond_destroy(&c->cv);
 	pthread_cond_destroy(&c->idle);
 	free(c);
@@ -284,14 +277,22 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 	if (!c)
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_init(&c->cred_mu, NULL);
+	c->cred_sock = -1;
 	pthread_cond_init(&c->cv, NULL);
 	pthread_cond_init(&c->idle, NULL);
 	grpc_metadata_array_init(&c->smd);
 	grpc_metadata_array_init(&c->strail);
 	c->sdetails = grpc_empty_slice();
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
-	c->shm_gid = share_gid(endpoint);
 	grpc_init();
+	rc = cl_cred_connect(c);
+	if (rc) {
+		if (session) /* ckpt_connect has no client to ask ckpt_last_error of */
+			fprintf(stderr, "libckpt: %s\n", c->last_error);
+		client_free(c);
+		return rc;
+	}
 	creds = grpc_insecure_credentials_create();
 	c->ch = grpc_channel_create(c->endpoint, creds, &cargs);
 	grpc_channel_credentials_release(creds);

@@ -32,20 +32,21 @@ int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return cl_fail(c, -ENOMEM, "out of memory");
-	rc = ipc_shm_create(bytes, c->shm_gid, &a->shm, err);
+	rc = ipc_shm_create(bytes, &a->shm, err);
 	if (rc) {
 		free(a);
 		return cl_fail(c, rc, "ckpt_host_alloc(%zu): %s", bytes, err);
 	}
-	req.session_id = c->session_id;
-	req.shm_name = a->shm.name;
-	req.secret.data = a->shm.secret;
-	req.secret.len = sizeof(a->shm.secret);
-	req.size = a->shm.size;
-	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
-		     CL_DEFAULT_TIMEOUT_MS);
-	/* Mapped by the agent now (or refused): the name has done its job either way. */
-	ipc_shm_unlink(a->shm.name);
+	rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &req.ticket);
+	/* The agent has its own descriptor now (or refused): ours has done its job. */
+	close(a->shm.fd);
+	a->shm.fd = -1;
+	if (!rc) {
+		req.session_id = c->session_id;
+		req.size = a->shm.size;
+		rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
+			     CL_DEFAULT_TIMEOUT_MS);
+	}
 	if (rc) {
 		ipc_shm_unmap(&a->shm);
 		free(a);

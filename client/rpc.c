@@ -90,6 +90,7 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 					cl_deadline(timeout_ms), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	cl_metadata(c, &ops[0]);
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = out;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -189,6 +190,7 @@ int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMess
 					   gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	cl_metadata(c, &ops[0]);
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = bb;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

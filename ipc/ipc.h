@@ -105,38 +105,78 @@ int ipc_check_tensors(const struct ipc_tensor *t, size_t n, ipc_region_size_fn r
 int ipc_tensors_from_request(const Ckpt__V1__CreatePlanRequest *req, struct ipc_tensor **out,
                              char *err);
 
-/* ---- host shared-memory regions --------------------------------------- */
+/* ---- host regions ------------------------------------------------------ */
 
-#define IPC_SHM_HEADER 4096u
-#define IPC_SHM_SECRET 32u
-#define IPC_SHM_NAME_MAX 96
-
+/*
+ * A host region is a sealed memfd: sized once, its pages allocated up front,
+ * sealed against shrinking and growing, and handed to the agent as a file
+ * descriptor over the credentials socket (never as a name anyone could open).
+ */
 struct ipc_shm {
-	char name[IPC_SHM_NAME_MAX]; /* "/ckpt.<pid>.<n>.<hex>" */
-	uint8_t secret[IPC_SHM_SECRET];
-	void *base; /* mapping, header page first */
-	void *data; /* base + IPC_SHM_HEADER: what the user gets */
-	uint64_t size; /* usable bytes */
+	int fd;        /* client: open until the agent has it; agent: -1 */
+	void *data;    /* the mapping */
+	uint64_t size; /* bytes, a page multiple */
 };
 
 /*
- * Client: creates a region of `size` usable bytes (rounded up to pages),
- * mode 0600 (0660 and group `gid` when gid >= 0, for an agent running as
- * another user of that group), maps it, and writes the header page with a
- * random secret. The name stays until ipc_shm_unlink.
+ * Client: a region of `size` bytes (rounded up to pages), every page
+ * allocated now (-ENOMEM/-ENOSPC here, not a fault later) and sealed.
  */
-int ipc_shm_create(uint64_t size, long gid, struct ipc_shm *out, char *err);
+int ipc_shm_create(uint64_t size, struct ipc_shm *out, char *err);
+/*
+ * Agent: maps a region a client handed over, after checking it is one: a
+ * regular memory file of exactly `size` bytes, sealed against shrinking and
+ * growing, every page allocated. Takes the descriptor (closes it).
+ */
+int ipc_shm_map(int fd, uint64_t size, struct ipc_shm *out, char *err);
+/* Unmaps and closes; twice is harmless. */
+void ipc_shm_unmap(struct ipc_shm *shm);
+
+/* ---- the credentials socket --------------------------------------------- */
 
 /*
- * Agent: opens a region a client names, refusing names that are not ours,
- * objects that are not regular, sizes that disagree and a secret that does
- * not match (whoever names a region must have been able to read it).
+ * Beside the gRPC socket PATH, a SOCK_SEQPACKET socket PATH.cred (gRPC can
+ * carry neither a caller's identity nor file descriptors). On connect the
+ * agent learns the caller's uid, gid and groups from the kernel
+ * (SO_PEERCRED, SO_PEERGROUPS) and answers with a hello holding a random
+ * token; the client sends the token, hex, as the metadata IPC_CRED_META of
+ * every gRPC call, and the agent acts for that uid while the connection
+ * stays open. Host regions travel on it as SCM_RIGHTS, each answered with a
+ * ticket that RegisterRegion then names.
  */
-int ipc_shm_open(const char *name, const uint8_t *secret, size_t secret_len, uint64_t size,
-                 struct ipc_shm *out, char *err);
+#define IPC_CRED_SUFFIX ".cred"
+#define IPC_CRED_META "ckpt-cred"
+#define IPC_TOKEN_BYTES 16
+#define IPC_TOKEN_HEX (2 * IPC_TOKEN_BYTES)
+#define IPC_CRED_MAGIC "CKPTCRD1"
+#define IPC_CRED_MSG 200
 
-void ipc_shm_unmap(struct ipc_shm *shm);
-int ipc_shm_unlink(const char *name);
+enum { IPC_CRED_HELLO = 1, IPC_CRED_FD = 2, IPC_CRED_ACK = 3 };
+
+struct ipc_cred_msg {
+	char magic[8];
+	uint32_t op;
+	uint32_t seq;    /* FD: the client's number, echoed in its ACK */
+	int32_t status;  /* HELLO, ACK: 0, or a negative errno with message */
+	uint32_t pad;
+	uint64_t size;   /* FD: the region's bytes */
+	uint64_t ticket; /* ACK: what RegisterRegion names */
+	uint8_t token[IPC_TOKEN_BYTES]; /* HELLO */
+	char message[IPC_CRED_MSG];
+};
+
+/* "unix:PATH" -> "PATH.cred"; -ENAMETOOLONG / -EINVAL. */
+int ipc_cred_path(const char *endpoint, char *buf, size_t len);
+/* One message, with a descriptor when fd >= 0. 0 or negative errno. */
+int ipc_cred_send(int sock, const struct ipc_cred_msg *m, int fd);
+/*
+ * One message within timeout_ms (< 0: no limit); a descriptor that came with
+ * it into *fd (else -1). 0, -ETIMEDOUT, -ECONNRESET at the end, -EPROTO.
+ */
+int ipc_cred_recv(int sock, struct ipc_cred_msg *m, int *fd, int timeout_ms);
+/* A token as 32 lowercase hex digits and back (-EINVAL). */
+void ipc_token_hex(const uint8_t *token, char *hex);
+int ipc_token_parse(const char *hex, size_t len, uint8_t *token);
 
 /* ---- wire ------------------------------------------------------------- */
 

@@ -270,6 +270,71 @@ int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *
 	return 0;
 }
 
+/* ---- the owner ---------------------------------------------------------- */
+
+/* "<uid>\n": digits only, a uid that fits (never -1). */
+static int owner_parse(const char *buf, size_t len, uint32_t *uid)
+{
+	uint64_t v = 0;
+
+	if (len > 0 && buf[len - 1] == '\n')
+		len--;
+	if (len == 0 || len > 10)
+		return -EBADMSG;
+	for (size_t i = 0; i < len; i++) {
+		if (buf[i] < '0' || buf[i] > '9')
+			return -EBADMSG;
+		v = v * 10 + (uint64_t)(buf[i] - '0');
+	}
+	if (v >= UINT32_MAX)
+		return -EBADMSG;
+	*uid = (uint32_t)v;
+	return 0;
+}
+
+int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err)
+{
+	char key[STORE_KEY_MAX], *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
+	store_key(key, sizeof(key), job, -1, "OWNER");
+	rc = s->ops->obj_get(s, key, LATEST_MAX, &buf, &len, err);
+	if (rc == -ENOENT)
+		return ipc_errf(err, rc, "job '%s' has no owner recorded", job);
+	if (rc == -EFBIG)
+		rc = -EBADMSG;
+	if (!rc)
+		rc = owner_parse(buf, len, uid);
+	free(buf);
+	if (rc == -EBADMSG)
+		return ipc_errf(err, rc, "%s is not a uid: only root may use the job until it is "
+					 "repaired",
+				key);
+	return rc;
+}
+
+int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner,
+		      char *err)
+{
+	char key[STORE_KEY_MAX], text[16];
+	int n = snprintf(text, sizeof(text), "%u\n", uid), rc;
+
+	rc = store_owner_get(s, job, owner, err);
+	if (rc != -ENOENT)
+		return rc;
+	store_key(key, sizeof(key), job, -1, "OWNER");
+	/* Create-once: of two first planners (two nodes) one wins, the other reads it. */
+	rc = s->ops->obj_put(s, key, text, (size_t)n, OBJ_CREATE, err);
+	if (rc == -EEXIST)
+		return store_owner_get(s, job, owner, err);
+	if (!rc)
+		*owner = uid;
+	return rc;
+}
+
 /* ---- LATEST ------------------------------------------------------------ */
 
 int store_latest_get(struct storage *s, const char *job, int64_t *step, char *err)

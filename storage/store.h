@@ -61,6 +61,15 @@ int store_latest_get(struct storage *s, const char *job, int64_t *step, char *er
  */
 int store_latest_advance(struct storage *s, const char *job, int64_t step, char *err);
 
+/*
+ * The job's owner (<job>/OWNER: the uid that first planned it, written
+ * once): 0 and *uid; -ENOENT when none is recorded; -EBADMSG unreadable.
+ */
+int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err);
+/* Records uid as the owner unless one is; *owner: whoever owns it now. */
+int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner,
+                      char *err);
+
 /* Whether (job, step) has a manifest (a stat, no read). */
 bool store_committed(struct storage *s, const char *job, int64_t step);
 /* Pins (or unpins) a committed checkpoint durably; -ENOENT when it is not committed. */

@@ -3,6 +3,8 @@
  * with a libcheck assertion that says what did not happen.
  */
 #include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -359,9 +361,38 @@ void h_model_free(struct h_model *m)
 
 /* ---- below libckpt ---------------------------------------------------- */
 
+int h_cred_token(const struct agent_proc *a, char *hex)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct ipc_cred_msg m;
+	int sock, fd;
+
+	ck_assert_int_eq(ipc_cred_path(a->endpoint, sa.sun_path, sizeof(sa.sun_path)), 0);
+	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(sock, 0);
+	ck_assert_msg(connect(sock, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
+		      sa.sun_path, strerror(errno));
+	ck_assert_int_eq(ipc_cred_recv(sock, &m, &fd, 10000), 0);
+	ck_assert_int_eq(fd, -1);
+	ck_assert_int_eq((int)m.op, IPC_CRED_HELLO);
+	ck_assert_msg(m.status == 0, "refused: %s", m.message);
+	ipc_token_hex(m.token, hex);
+	return sock;
+}
+
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
 	       char *msg, size_t msglen)
 {
+	return h_raw_call_as(a, method, buf, len, msg, msglen, true);
+}
+
+int h_raw_call_as(const struct agent_proc *a, const char *method, const void *buf, size_t len,
+		  char *msg, size_t msglen, bool with_token)
+{
+	char token[IPC_TOKEN_HEX + 1] = "";
+	int sock = with_token ? h_cred_token(a, token) : -1;
+	grpc_metadata md = {.key = grpc_slice_from_static_string(IPC_CRED_META),
+			    .value = grpc_slice_from_static_string(token)};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 	grpc_slice payload = grpc_slice_from_copied_buffer(buf, len);
 	grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&payload, 1), *in = NULL;
@@ -384,6 +415,8 @@ int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, 
 	grpc_metadata_array_init(&tmd);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[0].data.send_initial_metadata.count = with_token ? 1 : 0;
+	ops[0].data.send_initial_metadata.metadata = with_token ? &md : NULL;
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = out;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -413,6 +446,8 @@ int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, 
 	grpc_channel_destroy(ch);
 	grpc_channel_credentials_release(creds);
 	grpc_shutdown();
+	if (sock >= 0)
+		close(sock);
 	return st;
 }
 

@@ -53,6 +53,15 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
  */
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
 	       char *msg, size_t msglen);
+/* The same with or without a token (without: as an anonymous gRPC client). */
+int h_raw_call_as(const struct agent_proc *a, const char *method, const void *buf, size_t len,
+		  char *msg, size_t msglen, bool with_token);
+/*
+ * Connects to the agent's credentials socket and reads its hello: the
+ * token (hex) into hex[IPC_TOKEN_HEX + 1]; returns the socket (close it to
+ * end the token's life).
+ */
+int h_cred_token(const struct agent_proc *a, char *hex);
 /*
  * Polls `ckptctl --json list job` until step has `state` (or timeout_ms);
  * whether it did. "IN_FLIGHT" matches any state short of COMMITTED/FAILED.

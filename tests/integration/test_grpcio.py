@@ -5,7 +5,11 @@ calls Status and List with nothing of ckptd's but ipc/ckpt.proto.
 ckpt_pb2.py is generated here, with `protoc --python_out`, into a temporary
 directory; the calls are made with channel.unary_unary on the method paths,
 against a real agent started by the test (agentproc.py), with a checkpoint
-made by ckpt_fixture so that List has something to list. Also checked: a bad
+made by ckpt_fixture so that List has something to list. Like any client it
+first reads a token from the agent's credentials socket (PATH.cred, a
+SOCK_SEQPACKET socket: the agent learns the caller's uid from the kernel)
+and sends it as 'ckpt-cred' metadata; without one, Status still answers and
+List is refused with PERMISSION_DENIED. Also checked: a bad
 request gets INVALID_ARGUMENT with a message a person can act on, and a
 method the service does not have gets UNIMPLEMENTED.
 
@@ -16,10 +20,13 @@ Run it with /usr/bin/python3, where Debian's python3-grpcio lives.
 
 import json
 import os
+import socket
+import struct
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -77,6 +84,22 @@ def generate(proto, out):
     return ckpt_pb2
 
 
+def cred_token(endpoint):
+    """Connects to PATH.cred and reads the hello: (socket, token hex).
+
+    The hello is struct ipc_cred_msg (ipc/ipc.h): magic[8], op, seq, status,
+    pad (u32 each), size, ticket (u64 each), token[16], message[200].
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(endpoint[len("unix:"):] + ".cred")
+    s.settimeout(10)
+    msg = s.recv(1024)
+    check(len(msg) == 256 and msg[:8] == b"CKPTCRD1", f"hello of {len(msg)} bytes")
+    op, _, status = struct.unpack_from("<IIi", msg, 8)
+    check(op == 1 and status == 0, f"hello op {op} status {status}")
+    return s, msg[40:56].hex()
+
+
 def unary(channel, method, req_type, rep_type):
     return channel.unary_unary(f"/ckpt.v1.Ckpt/{method}",
                                request_serializer=req_type.SerializeToString,
@@ -125,7 +148,15 @@ def run(agent, ckptctl, fixture, pb):
                             capture_output=True, text=True, timeout=300)
         check(fx.returncode == 0, f"ckpt_fixture: {fx.stderr}")
         lst = unary(channel, "List", pb.ListRequest, pb.ListReply)
-        rep = lst(pb.ListRequest(job=JOB), timeout=30)
+        try:
+            lst(pb.ListRequest(job=JOB), timeout=30)
+            fail("List without credentials was answered")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.PERMISSION_DENIED, f"code {e.code()}")
+            check(".cred" in e.details(), f"details {e.details()!r}")
+        sock, token = cred_token(agent.endpoint)
+        md = (("ckpt-cred", token),)
+        rep = lst(pb.ListRequest(job=JOB), timeout=30, metadata=md)
         check(len(rep.checkpoints) == 1, f"List: {rep}")
         c = rep.checkpoints[0]
         check(c.job == JOB and c.step == STEP, f"List: {c}")
@@ -138,7 +169,7 @@ def run(agent, ckptctl, fixture, pb):
 
         # refusals are gRPC statuses with a message
         try:
-            lst(pb.ListRequest(job="../etc"), timeout=30)
+            lst(pb.ListRequest(job="../etc"), timeout=30, metadata=md)
             fail("List of job '../etc' was answered")
         except grpc.RpcError as e:
             check(e.code() == grpc.StatusCode.INVALID_ARGUMENT, f"code {e.code()}")
@@ -151,6 +182,17 @@ def run(agent, ckptctl, fixture, pb):
             fail("a method ckpt.v1 does not have was answered")
         except grpc.RpcError as e:
             check(e.code() == grpc.StatusCode.UNIMPLEMENTED, f"code {e.code()}")
+        # the token dies with its connection (as soon as the agent has seen it close)
+        sock.close()
+        for _ in range(100):
+            try:
+                lst(pb.ListRequest(job=JOB), timeout=30, metadata=md)
+                time.sleep(0.05)
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.PERMISSION_DENIED, f"code {e.code()}")
+                break
+        else:
+            fail("List with the token of a closed connection was still answered after 5 s")
 
 
 if __name__ == "__main__":

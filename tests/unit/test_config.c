@@ -105,8 +105,20 @@ START_TEST(test_every_key)
 	         "[cluster]\n" /* 20 */
 	         "node = gpu-017.rack3\n" /* 21 */
 	         "commit_deadline = 30\n" /* 22 */
-	         "abandon_after = 7200\n", /* 23 */
-	         grp);
+	         "abandon_after = 7200\n" /* 23 */
+	         "[agent]\n" /* 24 */
+	         "admin_group = %s\n" /* 25 */
+	         "umask = 077\n" /* 26 */
+	         "[limits]\n" /* 27 */
+	         "connections_per_user = 10\n" /* 28 */
+	         "sessions_per_user = 11\n" /* 29 */
+	         "plans_per_user = 12\n" /* 30 */
+	         "tensors_per_user = 13\n" /* 31 */
+	         "regions_per_user = 14\n" /* 32 */
+	         "region_mb_per_user = 15\n" /* 33 */
+	         "watchers_per_user = 16\n" /* 34 */
+	         "watch_buffer_kb = 17\n", /* 35 */
+	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
 	ck_assert_str_eq(c.cfg.listen, "unix:/tmp/x/ckptd.sock");
@@ -126,10 +138,21 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.commit_deadline_s, 30);
 	ck_assert_uint_eq(c.cfg.abandon_after_s, 7200);
 	ck_assert_str_eq(c.cfg.config_path, path);
+	ck_assert_int_eq(c.cfg.admin_gid, (long)gid);
+	ck_assert_uint_eq(c.cfg.umask, 077);
+	ck_assert_uint_eq(c.cfg.lim.connections, 10);
+	ck_assert_uint_eq(c.cfg.lim.sessions, 11);
+	ck_assert_uint_eq(c.cfg.lim.plans, 12);
+	ck_assert_uint_eq(c.cfg.lim.tensors, 13);
+	ck_assert_uint_eq(c.cfg.lim.regions, 14);
+	ck_assert_uint_eq(c.cfg.lim.region_bytes, 15ull << 20);
+	ck_assert_uint_eq(c.cfg.lim.watchers, 16);
+	ck_assert_uint_eq(c.cfg.lim.watch_bytes, 17ull << 10);
 	/* where each came from: the file, at its line */
 	{
-		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10, 11, 13,
-		                                            15, 16, 17, 19, 21, 22, 23};
+		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10, 11, 13, 15,
+		                                            16, 17, 19, 21, 22, 23, 25, 26, 28,
+		                                            29, 30, 31, 32, 33, 34, 35};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -634,7 +657,12 @@ START_TEST(test_check_config_prints)
 		                                   "log_level",   "root",        "io_engine",
 		                                   "queue_depth", "size_mb",     "backpressure",
 		                                   "keep_last",   "keep_every",  "listen",
-		                                   "node",        "commit_deadline", "abandon_after"};
+		                                   "node",        "commit_deadline", "abandon_after",
+		                                   "admin_group", "umask", "connections_per_user",
+		                                   "sessions_per_user", "plans_per_user",
+		                                   "tensors_per_user", "regions_per_user",
+		                                   "region_mb_per_user", "watchers_per_user",
+		                                   "watch_buffer_kb"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);

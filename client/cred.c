@@ -1,0 +1,94 @@
+/*
+ * The client's end of the credentials socket (ipc.h): connect, read the
+ * hello's token (the agent learnt our uid from the kernel), send the token
+ * with every call, and hand host regions over as descriptors.
+ *
+ * Any thread; region hand-overs one at a time (c->cred_mu).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define CRED_TIMEOUT_MS 10000
+
+int cl_cred_connect(struct ckpt_client *c)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct ipc_cred_msg m;
+	int fd, rc;
+
+	rc = ipc_cred_path(c->endpoint, sa.sun_path, sizeof(sa.sun_path));
+	if (rc)
+		return cl_fail(c, rc, "endpoint %s: only unix:PATH endpoints are supported",
+			       c->endpoint);
+	c->cred_sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (c->cred_sock < 0)
+		return cl_fail(c, -errno, "socket: %s", strerror(errno));
+	if (connect(c->cred_sock, (struct sockaddr *)&sa, sizeof(sa)))
+		return cl_fail(c, errno == ENOENT || errno == ECONNREFUSED ? -ECONNREFUSED : -errno,
+			       "no ckptd answers at %s: %s (is it running, and new enough to have "
+			       "its credentials socket?)",
+			       sa.sun_path, strerror(errno));
+	rc = ipc_cred_recv(c->cred_sock, &m, &fd, CRED_TIMEOUT_MS);
+	if (fd >= 0)
+		close(fd);
+	if (rc == -ETIMEDOUT)
+		return cl_fail(c, rc, "ckptd at %s did not answer within %d s", sa.sun_path,
+			       CRED_TIMEOUT_MS / 1000);
+	if (rc || m.op != IPC_CRED_HELLO)
+		return cl_fail(c, rc ? rc : -EPROTO, "%s: not a ckptd credentials socket (%s)",
+			       sa.sun_path, rc ? strerror(-rc) : "unexpected message");
+	if (m.status < 0)
+		return cl_fail(c, m.status, "ckptd refused: %s", m.message);
+	ipc_token_hex(m.token, c->token);
+	c->cred_md.key = grpc_slice_from_static_string(IPC_CRED_META);
+	c->cred_md.value = grpc_slice_from_copied_string(c->token);
+	return 0;
+}
+
+void cl_cred_close(struct ckpt_client *c)
+{
+	if (c->cred_sock >= 0)
+		close(c->cred_sock);
+	c->cred_sock = -1;
+	grpc_slice_unref(c->cred_md.key);
+	grpc_slice_unref(c->cred_md.value);
+	memset(&c->cred_md, 0, sizeof(c->cred_md));
+}
+
+void cl_metadata(struct ckpt_client *c, grpc_op *op)
+{
+	op->data.send_initial_metadata.count = c->token[0] ? 1 : 0;
+	op->data.send_initial_metadata.metadata = c->token[0] ? &c->cred_md : NULL;
+}
+
+int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *ticket)
+{
+	struct ipc_cred_msg m = {.op = IPC_CRED_FD, .size = size}, in;
+	int rc, extra;
+
+	memcpy(m.magic, IPC_CRED_MAGIC, 8);
+	pthread_mutex_lock(&c->cred_mu);
+	m.seq = ++c->cred_seq;
+	rc = ipc_cred_send(c->cred_sock, &m, fd);
+	while (!rc) {
+		rc = ipc_cred_recv(c->cred_sock, &in, &extra, CRED_TIMEOUT_MS);
+		if (extra >= 0)
+			close(extra);
+		if (!rc && in.op == IPC_CRED_ACK && in.seq == m.seq)
+			break;
+	}
+	pthread_mutex_unlock(&c->cred_mu);
+	if (rc)
+		return cl_fail(c, rc == -ECONNRESET ? -ENOTCONN : rc,
+			       "handing a host region to ckptd: %s", strerror(-rc));
+	if (in.status < 0)
+		return cl_fail(c, in.status, "ckptd refused a host region: %s", in.message);
+	*ticket = in.ticket;
+	return 0;
+}
