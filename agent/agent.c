@@ -13,6 +13,7 @@
 
 #include "agent.h"
 #include "cred.h"
+#include "safecopy.h"
 #include "notify.h"
 
 #define STOP_GRACE_NS (120LL * 1000000000) /* saves in flight get this long at stop */
@@ -189,6 +190,10 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	log_config(cfg);
 	/* Checkpoints are the job's user's: not for every account on the machine. */
 	umask(cfg->umask);
+	/* A fault in trainer memory fails that copy, not the agent. */
+	rc = safecopy_init(err);
+	if (rc)
+		return rc;
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return ipc_errf(err, -ENOMEM, "out of memory");

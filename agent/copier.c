@@ -23,6 +23,7 @@ struct job {
 	char *dst;
 	unsigned nparts;
 	atomic_uint next; /* the next part to claim */
+	atomic_int err;   /* the first part that failed */
 	unsigned inside;  /* helpers working on it (under mu) */
 };
 
@@ -54,7 +55,10 @@ static void drain(struct job *j)
 			return;
 		from = (uint64_t)i * j->part;
 		n = j->len - from < j->part ? j->len - from : j->part;
-		j->fn(j->src, j->off + from, j->dst + from, n);
+		int rc = j->fn(j->src, j->off + from, j->dst + from, n), none = 0;
+
+		if (rc)
+			atomic_compare_exchange_strong(&j->err, &none, rc);
 	}
 }
 
@@ -157,8 +161,8 @@ unsigned copier_helpers(const struct copier *c)
 	return c ? c->nthreads : 0;
 }
 
-void copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
-		uint64_t len, uint64_t min_part)
+int copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
+	       uint64_t len, uint64_t min_part)
 {
 	struct job j = {.fn = fn, .src = src, .off = off, .len = len, .dst = dst};
 	unsigned parts = c ? 2 * (c->nthreads + 1) : 1;
@@ -170,6 +174,7 @@ void copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, v
 	j.part = (len + parts - 1) / parts;
 	j.nparts = j.part ? (unsigned)((len + j.part - 1) / j.part) : 0;
 	atomic_init(&j.next, 0);
+	atomic_init(&j.err, 0);
 	if (c && j.nparts > 1) {
 		pthread_mutex_lock(&c->mu);
 		if (!c->job) { /* helpers free: they join this copy */
@@ -182,10 +187,11 @@ void copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, v
 	}
 	drain(&j);
 	if (!shared)
-		return;
+		return atomic_load(&j.err);
 	pthread_mutex_lock(&c->mu);
 	c->job = NULL; /* no helper joins from now on */
 	while (j.inside)
 		pthread_cond_wait(&c->left, &c->mu);
 	pthread_mutex_unlock(&c->mu);
+	return atomic_load(&j.err);
 }

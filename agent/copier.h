@@ -17,14 +17,17 @@
 
 struct copier;
 
-/* Copies [off, off + len) of an image into dst: the part's worth of work. */
-typedef void (*copier_fn)(const void *src, uint64_t off, void *dst, uint64_t len);
+/* Copies [off, off + len) of an image into dst: the part's worth of work; 0 or -errno. */
+typedef int (*copier_fn)(const void *src, uint64_t off, void *dst, uint64_t len);
 
 /* helpers: threads besides the caller (0: the caller always copies alone). */
 int copier_create(unsigned helpers, struct copier **out, char *err);
 void copier_destroy(struct copier *c);
-/* fn over [off, off + len) into dst, split into parts of at least min_part bytes. */
-void copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
+/*
+ * fn over [off, off + len) into dst, split into parts of at least min_part
+ * bytes; the first part's error (every part is still run), or 0.
+ */
+int copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
 		uint64_t len, uint64_t min_part);
 unsigned copier_helpers(const struct copier *c);
 

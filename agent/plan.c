@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "agent.h"
+#include "safecopy.h"
 
 #define MAX_PLANS 65536
 
@@ -636,8 +637,12 @@ int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len
 			                   (const char *)t->dptr + (off - t->begin), n, true, err);
 			if (rc)
 				return rc;
-		} else {
-			memcpy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n);
+		} else if (safe_copy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n)) {
+			return err ? ipc_errf(err, -EFAULT,
+					      "tensor '%s': its host memory faulted under the copy "
+					      "(SIGBUS): the region was taken away",
+					      t->name)
+				   : -EFAULT;
 		}
 		d += n;
 		off += n;

@@ -23,6 +23,7 @@
 #include <xxhash.h>
 
 #include "agent.h"
+#include "safecopy.h"
 
 #define ALIGN 4096u
 #define READ_AHEAD 8u      /* windows in flight per reader */
@@ -154,8 +155,13 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 				r->copy_err = rc;
 				problem(r, rc, "tensor '%s': %s", e->tensor, why);
 			}
-		} else if (e->dst) {
-			memcpy(e->dst + (from - e->begin), buf + (from - a0), to - from);
+		} else if (e->dst && safe_copy(e->dst + (from - e->begin), buf + (from - a0), to - from) &&
+			   !r->copy_err) {
+			r->copy_err = -EFAULT;
+			problem(r, -EFAULT,
+				"tensor '%s': the trainer's host memory faulted under the copy (SIGBUS): "
+				"its region was taken away",
+				e->tensor);
 		}
 		r->bytes += to - from;
 		if (e->end > b0)

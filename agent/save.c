@@ -342,9 +342,9 @@ static void chunk_written(struct io_req *r)
 /* ---- the capture worker ----------------------------------------------- */
 
 /* A part of a chunk's copy (copier.h): header and tensor bytes of the plan. */
-static void image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
+static int image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
 {
-	plan_queue_image(plan, off, dst, len, NULL); /* host plans: nothing can fail */
+	return plan_queue_image(plan, off, dst, len, NULL); /* host plans: only a fault */
 }
 
 /* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
@@ -379,7 +379,7 @@ static uint64_t chunk_fill(const struct save *s, unsigned k, uint64_t cb)
 }
 
 /* Host memory: each chunk copied (split across the copier's threads), then written. */
-static int capture_chunks(struct save *s)
+static int capture_chunks(struct save *s, char *why)
 {
 	struct agent *a = s->a;
 	const uint64_t cb = pool_chunk_bytes(a->pool);
@@ -390,8 +390,15 @@ static int capture_chunks(struct save *s)
 		if (!c)
 			return -ECANCELED;
 		/* the trainer's stall is this copy: split across the copier's threads */
-		copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
-		           chunk_fill(s, k, cb), 1u << 20);
+		if (copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
+			       chunk_fill(s, k, cb), 1u << 20)) {
+			pool_give(&s->resv, c);
+			return ipc_errf(why, -EFAULT,
+					"the trainer's host memory faulted under the copy (SIGBUS) "
+					"in bytes %llu..%llu of the shard: its region was taken away",
+					(unsigned long long)k * cb,
+					(unsigned long long)(k * cb + chunk_fill(s, k, cb)));
+		}
 		submit_chunk(s, c, (uint64_t)k * cb, chunk_fill(s, k, cb));
 	}
 	return 0;
@@ -603,7 +610,7 @@ static void save_capture(struct work *w)
 		rc = capture_setup(s, why);
 		t2 = ipc_mono_ns();
 		if (!rc)
-			rc = capture_chunks(s);
+			rc = capture_chunks(s, why);
 	}
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,

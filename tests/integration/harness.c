@@ -391,8 +391,19 @@ int h_raw_call_as(const struct agent_proc *a, const char *method, const void *bu
 {
 	char token[IPC_TOKEN_HEX + 1] = "";
 	int sock = with_token ? h_cred_token(a, token) : -1;
+	int st = h_raw_call_token(a, with_token ? token : NULL, method, buf, len, msg, msglen);
+
+	if (sock >= 0)
+		close(sock);
+	return st;
+}
+
+int h_raw_call_token(const struct agent_proc *a, const char *token, const char *method,
+		     const void *buf, size_t len, char *msg, size_t msglen)
+{
+	bool with_token = token != NULL;
 	grpc_metadata md = {.key = grpc_slice_from_static_string(IPC_CRED_META),
-			    .value = grpc_slice_from_static_string(token)};
+			    .value = grpc_slice_from_static_string(token ? token : "")};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 	grpc_slice payload = grpc_slice_from_copied_buffer(buf, len);
 	grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&payload, 1), *in = NULL;
@@ -446,8 +457,6 @@ int h_raw_call_as(const struct agent_proc *a, const char *method, const void *bu
 	grpc_channel_destroy(ch);
 	grpc_channel_credentials_release(creds);
 	grpc_shutdown();
-	if (sock >= 0)
-		close(sock);
 	return st;
 }
 

@@ -53,6 +53,9 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
  */
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
 	       char *msg, size_t msglen);
+/* The same with a given token (NULL: none). */
+int h_raw_call_token(const struct agent_proc *a, const char *token, const char *method,
+		     const void *buf, size_t len, char *msg, size_t msglen);
 /* The same with or without a token (without: as an anonymous gRPC client). */
 int h_raw_call_as(const struct agent_proc *a, const char *method, const void *buf, size_t len,
 		  char *msg, size_t msglen, bool with_token);

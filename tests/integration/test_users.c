@@ -1,0 +1,180 @@
+/*
+ * A second user on the node, against a real agent run by root: refused on
+ * every operation on another user's job (plans, list, show, verify, delete,
+ * pin, unpin, gc, commit), the job not even listed to it; a member of the
+ * admin group lists and deletes it; ownership survives a restart. Needs
+ * root and useradd (test users ckpttest-*): skipped (77) otherwise.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+
+/* ---- a second user ------------------------------------------------------ */
+
+#define U_OWNER "ckpttest-own"
+#define U_OTHER "ckpttest-oth"
+#define U_OPS "ckpttest-ops"
+#define G_ADMIN "ckpttest-adm"
+
+static bool ensure_users(void)
+{
+	static const char *const users[] = {U_OWNER, U_OTHER, U_OPS};
+
+	if (geteuid() != 0 || system("command -v useradd >/dev/null 2>&1") != 0)
+		return false;
+	if (!getgrnam(G_ADMIN) && system("groupadd -f " G_ADMIN) != 0)
+		return false;
+	for (size_t i = 0; i < 3; i++) {
+		char cmd[256];
+
+		if (getpwnam(users[i]))
+			continue;
+		snprintf(cmd, sizeof(cmd), "useradd -M -N -s /usr/sbin/nologin %s%s", users[i],
+			 strcmp(users[i], U_OPS) == 0 ? " -G " G_ADMIN : "");
+		if (system(cmd) != 0)
+			return false;
+	}
+	return getpwnam(U_OWNER) && getpwnam(U_OTHER) && getpwnam(U_OPS);
+}
+
+/* In a child: becomes `user` (with its groups). */
+static void become(const char *user)
+{
+	struct passwd *pw = getpwnam(user);
+
+	ck_assert_ptr_nonnull(pw);
+	ck_assert_int_eq(initgroups(user, pw->pw_gid), 0);
+	ck_assert_int_eq(setgid(pw->pw_gid), 0);
+	ck_assert_int_eq(setuid(pw->pw_uid), 0);
+}
+
+/* ckptctl as `user`; its exit code, its output into out. */
+static int ctl_as(const struct agent_proc *a, const char *user, char *out, size_t len,
+		  const char *args)
+{
+	char cmd[1024];
+	FILE *f;
+	size_t n;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "runuser -u %s -- %s --endpoint %s %s 2>&1", user, CKPTCTL_BIN,
+		 a->endpoint, args);
+	f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	n = fread(out, 1, len - 1, f);
+	out[n] = '\0';
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A trainer as `user`: plans job "priv" and saves step; exits 0, or 10 + what failed. */
+static int trainer_as(const struct agent_proc *a, const char *user, int64_t step, bool expect_ok)
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckpt_client *c;
+		struct ckpt_plan *p;
+		static int64_t shape[1] = {4096};
+		struct ckpt_tensor t = {.name = "w", .dtype = CKPT_U8, .ndim = 1, .shape = shape};
+		void *mem;
+		int rc;
+
+		become(user);
+		if (ckpt_connect(a->endpoint, &c))
+			_exit(11);
+		if (ckpt_host_alloc(c, 4096, &mem))
+			_exit(12);
+		t.data = mem;
+		rc = ckpt_plan_create(c, "priv", 0, 1, &t, 1, &p);
+		if (!expect_ok) {
+			fprintf(stderr, "plan as %s: %s\n", user, ckpt_last_error(c));
+			_exit(rc == -EACCES && strstr(ckpt_last_error(c), "another user") ? 0 : 13);
+		}
+		if (rc)
+			_exit(14);
+		{
+			struct ckpt_save *s;
+
+			if (ckpt_save(p, step, NULL, &s) || ckpt_save_wait(s, CKPT_COMMITTED, 60000))
+				_exit(15);
+			ckpt_save_release(s);
+		}
+		ckpt_disconnect(c);
+		_exit(0);
+	}
+	return h_reap(pid);
+}
+
+START_TEST(other_users_refused)
+{
+	struct agent_proc a;
+	char out[8192];
+	const char *denied[] = {"list priv",	"show priv 1",	"verify priv 1", "delete priv 1",
+				"pin priv 1",	"unpin priv 1", "gc priv",	 "commit --finish priv 1"};
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --socket-mode 0666 --admin-group " G_ADMIN);
+	ck_assert_int_eq(chmod(a.dir, 0755), 0); /* under /tmp: everyone reaches the socket */
+	ck_assert_msg(ctl_as(&a, U_OTHER, out, sizeof(out), "status") == 0,
+		      "another user cannot reach the socket: %s", out);
+	ck_assert_int_eq(trainer_as(&a, U_OWNER, 1, true), 0);
+	/* another user: refused on each operation, and the job not listed to it */
+	ck_assert_int_eq(trainer_as(&a, U_OTHER, 2, false), 0);
+	for (size_t i = 0; i < sizeof(denied) / sizeof(*denied); i++) {
+		ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), denied[i]), 1);
+		ck_assert_msg(strstr(out, "another user") || strstr(out, "ermission"), "%s: %s",
+			      denied[i], out);
+	}
+	ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), "--json list"), 0);
+	ck_assert_msg(!strstr(out, "priv"), "another user's list: %s", out);
+	/* the owner sees it; the admin group lists and deletes it */
+	ck_assert_int_eq(ctl_as(&a, U_OWNER, out, sizeof(out), "--json list priv"), 0);
+	ck_assert_msg(strstr(out, "\"step\": 1"), "%s", out);
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "--json list"), 0);
+	ck_assert_msg(strstr(out, "priv"), "admin's list: %s", out);
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "delete priv 1"), 0);
+	ck_assert_int_eq(ctl_as(&a, U_OWNER, out, sizeof(out), "--json list priv"), 0);
+	ck_assert_msg(!strstr(out, "\"step\": 1"), "deleted, still listed: %s", out);
+	/* ownership survives a restart: still refused */
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_restart(&a);
+	ck_assert_int_eq(trainer_as(&a, U_OTHER, 3, false), 0);
+	ck_assert_int_eq(trainer_as(&a, U_OWNER, 3, true), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("users");
+	TCase *tc = tcase_create("agent");
+	SRunner *sr;
+	int failed;
+
+	if (!ensure_users()) {
+		fprintf(stderr, "skipped: cannot create test users (not root, or no useradd)\n");
+		return 77;
+	}
+	/* Where every user can reach the agent's socket (the build tree may be private). */
+	setenv("CK_TMPDIR", "/tmp", 1);
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, other_users_refused);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
