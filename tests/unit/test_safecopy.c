@@ -65,7 +65,12 @@ START_TEST(unguarded_fault_still_kills)
 		_exit(0);
 	}
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+#ifdef __SANITIZE_THREAD__
+	/* TSan reports the signal itself and exits: dead either way */
+	ck_assert_msg(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "status %#x", st);
+#else
 	ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "status %#x", st);
+#endif
 }
 END_TEST
 
