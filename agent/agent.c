@@ -127,7 +127,7 @@ static void tell_systemd(struct agent *a)
 
 /* The control thread, once a second. */
 /* Region descriptors a client may have sent and not yet registered. */
-#define CRED_FDS_PER_CONN 64
+#define CRED_FDS_PER_CONN 8
 
 static int identify(void *ctx, const char *hex, size_t len, struct peer *p)
 {

@@ -130,6 +130,7 @@ struct agent {
 	struct list pubs; /* struct plans_pub: jobs whose plans file is to be (re)written */
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
+	unsigned nregions; /* host regions registered, all sessions */
 	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;

@@ -390,34 +390,40 @@ static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
 	return 0;
 }
 
-/* Why session_of refused. */
-static int sess_errno(struct agent *a, struct rpc *c, uint64_t id)
+/*
+ * Under mu: what can be checked of a request without building the plan:
+ * the caller's session, the limit, its tensors against its regions. The
+ * session and the tensors (malloc'd) into *sess and *v.
+ */
+static int request_check(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
+			 struct session **sess, struct ipc_tensor **v, char *err)
 {
-	struct session *s = session_find(a, id);
+	struct region_lookup l;
+	int rc;
 
-	return s && s->who.uid != rpc_peer(c)->uid ? -EACCES : -ENOENT;
+	*v = NULL;
+	*sess = session_of(a, c, req->session_id, err);
+	if (!*sess)
+		return -ENOENT;
+	if (a->nplans >= MAX_PLANS)
+		return ipc_errf(err, -EAGAIN, "the agent holds %u plans, its limit", a->nplans);
+	rc = ipc_tensors_from_request(req, v, err);
+	if (rc)
+		return rc;
+	l.sess = *sess;
+	l.req = req;
+	return ipc_check_tensors(*v, req->n_tensors, region_size, &l, err);
 }
 
 static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
 		      struct plan **out, char *err)
 {
 	struct ipc_tensor *v = NULL;
-	struct region_lookup l;
 	struct session *sess;
 	struct plan *p;
 	int rc;
 
-	sess = session_of(a, c, req->session_id, err);
-	if (!sess)
-		return sess_errno(a, c, req->session_id);
-	if (a->nplans >= MAX_PLANS)
-		return ipc_errf(err, -EAGAIN, "the agent holds %u plans, its limit", a->nplans);
-	rc = ipc_tensors_from_request(req, &v, err);
-	if (rc)
-		return rc;
-	l.sess = sess;
-	l.req = req;
-	rc = ipc_check_tensors(v, req->n_tensors, region_size, &l, err);
+	rc = request_check(a, c, req, &sess, &v, err);
 	if (rc)
 		goto out;
 	p = calloc(1, sizeof(*p));
@@ -501,6 +507,18 @@ static void create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequ
 	rpc_reply(c, &rep.base);
 }
 
+/* Any thread: whether the root holds any step of job. */
+static bool job_has_steps(struct agent *a, const char *job)
+{
+	struct storage_step *steps = NULL;
+	char err[IPC_ERRLEN];
+	size_t n = 0;
+	int rc = a->store->ops->list_steps(a->store, job, &steps, &n, err);
+
+	free(steps);
+	return rc == 0 && n > 0;
+}
+
 /* A plan of a job whose owner is not known here yet: found or recorded first. */
 struct owner_claim {
 	struct work w;
@@ -515,13 +533,23 @@ static void claim_run(struct work *w)
 	struct owner_claim *oc = container_of(w, struct owner_claim, w);
 	struct agent *a = oc->a;
 	char err[IPC_ERRLEN];
+	const struct peer *who = rpc_peer(oc->c);
 	uint32_t owner = 0;
-	int rc = store_owner_claim(a->store, oc->req->job, (uint32_t)rpc_peer(oc->c)->uid, &owner,
-				   err);
+	int rc = store_owner_get(a->store, oc->req->job, &owner, err);
 
+	/*
+	 * Nobody owns it yet. A job that already holds steps was made before
+	 * owners were recorded: not for the first user who names it.
+	 */
+	if (rc == -ENOENT && !who->super && job_has_steps(a, oc->req->job))
+		rc = ipc_errf(err, -EACCES,
+			      "it holds checkpoints but no owner is recorded: root assigns it (echo "
+			      "UID > %s/%s/OWNER)",
+			      a->cfg.root, oc->req->job);
+	else if (rc == -ENOENT)
+		rc = store_owner_claim(a->store, oc->req->job, (uint32_t)who->uid, &owner, err);
 	if (rc) {
-		rpc_fail(oc->c, rc, "plan for job %s: its owner cannot be recorded: %s", oc->req->job,
-			 err);
+		rpc_fail(oc->c, rc, "plan for job %s: %s", oc->req->job, err);
 	} else {
 		pthread_mutex_lock(&a->mu);
 		owner_note(a, oc->req->job, true, owner);
@@ -554,6 +582,19 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	pthread_mutex_lock(&a->mu);
 	rc = owner_lookup(a, req->job, &owner);
+	if (rc) { /* the whole request checked before any owner is recorded for it */
+		struct session *sess;
+		struct ipc_tensor *v;
+
+		rc = request_check(a, c, req, &sess, &v, err);
+		free(v);
+		if (rc) {
+			pthread_mutex_unlock(&a->mu);
+			rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
+			goto out;
+		}
+		rc = 1;
+	}
 	pthread_mutex_unlock(&a->mu);
 	if (rc == 0) {
 		create_plan(a, c, req);

@@ -16,6 +16,8 @@
 #include "cred.h"
 
 #define MAX_SESSIONS 4096
+/* Each region is a mapping: well under vm.max_map_count (65530) for all users together. */
+#define MAX_REGIONS 32768
 
 struct session *session_find(struct agent *a, uint64_t id)
 {
@@ -49,6 +51,7 @@ struct region *region_find(struct session *s, uint64_t id)
 static void region_unregister(struct agent *a, struct region *r)
 {
 	list_del(&r->link);
+	a->nregions--;
 	usage_release(a, r->uid, USE_REGIONS, 1);
 	usage_release(a, r->uid, USE_REGION_BYTES, r->shm.size);
 	region_put(r);
@@ -163,8 +166,9 @@ struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *er
 			 (unsigned long long)id);
 		return NULL;
 	}
-	if (s->who.uid != rpc_peer(c)->uid) {
-		ipc_errf(err, -EACCES, "session %llu is another user's", (unsigned long long)id);
+	if (s->who.uid != rpc_peer(c)->uid) { /* another user's: as good as none */
+		ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
+			 (unsigned long long)id);
 		return NULL;
 	}
 	return s;
@@ -209,6 +213,11 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	pthread_mutex_lock(&a->mu);
 	s = session_of(a, c, req->session_id, err);
 	rc = s ? usage_charge(a, who->uid, USE_REGIONS, 1, err) : -ENOENT;
+	if (!rc && a->nregions >= MAX_REGIONS) {
+		usage_release(a, who->uid, USE_REGIONS, 1);
+		rc = ipc_errf(err, -EAGAIN, "the agent maps %u regions, its limit for all users",
+			      a->nregions);
+	}
 	if (!rc && (rc = usage_charge(a, who->uid, USE_REGION_BYTES, r->shm.size, err)))
 		usage_release(a, who->uid, USE_REGIONS, 1);
 	if (rc) {
@@ -222,6 +231,7 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	r->kind = CKPT__V1__REGION_KIND__REGION_HOST;
 	r->refs = 1;
 	r->uid = who->uid;
+	a->nregions++;
 	list_add_tail(&s->regions, &r->link);
 	rep.region_id = r->id;
 	pthread_mutex_unlock(&a->mu);

@@ -257,6 +257,27 @@ START_TEST(anonymous_reaches_status_only)
 }
 END_TEST
 
+/* A request that cannot make a plan claims no job for its sender. */
+START_TEST(failed_plan_claims_nothing)
+{
+	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
+	struct agent_proc a;
+	uint8_t buf[256];
+	char msg[1024], path[600];
+
+	h_agent_start(&a, NULL);
+	req.session_id = 12345; /* no such session */
+	req.job = "squat";
+	req.world = 1;
+	ck_assert_int_eq(h_raw_call(&a, ipc_methods[IPC_CREATE_PLAN].path, buf,
+				    ckpt__v1__create_plan_request__pack(&req, buf), msg, sizeof(msg)),
+			 GRPC_STATUS_NOT_FOUND);
+	h_path(&a, path, sizeof(path), "squat/OWNER");
+	ck_assert_msg(!h_exists(path), "a refused plan recorded an owner");
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* Shards were 0644 in 0755 directories: readable by every account. */
 START_TEST(files_not_for_everyone)
 {
@@ -367,6 +388,7 @@ int main(void)
 	tcase_add_test(tc, bad_regions_refused);
 	tcase_add_test(tc, anonymous_reaches_status_only);
 	tcase_add_test(tc, files_not_for_everyone);
+	tcase_add_test(tc, failed_plan_claims_nothing);
 	tcase_add_test(tc, limits_per_user);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
