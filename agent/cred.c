@@ -61,6 +61,7 @@ struct cred {
 	struct conn *conns[CRED_MAX_CONNS];
 	unsigned nconns;
 	uint64_t next_conn;
+	int64_t pause_until; /* the thread's: no accept before (monotonic ns) */
 };
 
 static bool in_groups(const gid_t *g, int n, long gid)
@@ -142,8 +143,12 @@ static void on_accept(struct cred *c)
 	unsigned same = 0, slot = CRED_MAX_CONNS;
 	int sock = accept4(c->lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
-	if (sock < 0)
+	if (sock < 0) {
+		/* Out of descriptors: the listener stays readable; look again later, not at once. */
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+			c->pause_until = ipc_mono_ns() + 100 * 1000000ll;
 		return;
+	}
 	if (peer_of(c, sock, &p)) {
 		close(sock);
 		return;
@@ -255,17 +260,18 @@ static void *cred_thread(void *arg)
 		goto out;
 	}
 	for (;;) {
+		int64_t wait = c->pause_until - ipc_mono_ns();
 		nfds_t n = 2;
 
 		p[0] = (struct pollfd){c->stopfd, POLLIN, 0};
-		p[1] = (struct pollfd){c->lsock, POLLIN, 0};
+		p[1] = (struct pollfd){wait > 0 ? -1 : c->lsock, POLLIN, 0};
 		/* Only this thread changes the table's entries: reading them unlocked is safe. */
 		for (unsigned i = 0; i < CRED_MAX_CONNS; i++)
 			if (c->conns[i]) {
 				idx[n] = i;
 				p[n++] = (struct pollfd){c->conns[i]->sock, POLLIN, 0};
 			}
-		if (poll(p, n, -1) < 0) {
+		if (poll(p, n, wait > 0 ? (int)(wait / 1000000) + 1 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			log_msg(LOG_ERR, "credentials socket: poll: %s", strerror(errno));
