@@ -50,6 +50,11 @@ static int posix_ftruncate(int fd, off_t len)
 	return ftruncate(fd, len) < 0 ? -errno : 0;
 }
 
+static int posix_reserve(int fd, off_t len)
+{
+	return fallocate(fd, 0, 0, len) < 0 ? -errno : 0;
+}
+
 static int posix_renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
 {
 	return renameat(olddirfd, oldpath, newdirfd, newpath) < 0 ? -errno : 0;
@@ -88,6 +93,7 @@ const struct fsops fsops_posix = {
     .pread = posix_pread,
     .fsync = posix_fsync,
     .ftruncate = posix_ftruncate,
+    .fallocate = posix_reserve,
     .renameat = posix_renameat,
     .rename_noreplace = posix_rename_noreplace,
     .linkat = posix_linkat,

@@ -19,6 +19,8 @@ struct fsops {
 	ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
 	int (*fsync)(int fd);
 	int (*ftruncate)(int fd, off_t len);
+	/* blocks reserved for [0, len): -EOPNOTSUPP where the filesystem cannot */
+	int (*fallocate)(int fd, off_t len);
 	int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
 	/* rename that never replaces: -EEXIST; -EINVAL where unknown (NFS) */
 	int (*rename_noreplace)(int dirfd, const char *from, const char *to);

