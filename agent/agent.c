@@ -38,6 +38,12 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
     [IPC_COMMIT] = rpc_commit,
 };
 
+/* A fault put in by a test build's CKPT_FAULTS (storage/faults.c): said in the log. */
+static void fault_note(const char *line)
+{
+	log_msg(LOG_WARNING, "%s", line);
+}
+
 static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
@@ -53,6 +59,10 @@ static int start_storage(struct agent *a, char *err)
 	unsigned n;
 	int rc;
 
+	/* fsops_posix, unless a test build was given faults to put in */
+	rc = fsops_from_env(&lo.ops, &io.ops, fault_note, err);
+	if (rc)
+		return rc;
 	rc = ioeng_create(&io, &a->io, err);
 	if (rc)
 		return rc;

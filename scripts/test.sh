@@ -3,8 +3,10 @@
 # Debian packages, makes the Python virtual environment the safetensors test
 # uses, then builds three ways (plain, ASan+UBSan, TSan) and runs ctest in
 # each, and once more without CUDA (as where no toolkit exists: it must build,
-# and the unit tests and a round trip must pass). Tests that cannot run here
-# (no GPU, no io_uring) report skipped.
+# and the unit tests and a round trip must pass). The first three are built
+# with fault injection (CKPT_FAULTS, storage/faults.c) for test_faults; the
+# nocuda one, like an install, without. Tests that cannot run here (no GPU,
+# no io_uring) report skipped.
 #   scripts/test.sh [plain|asan|tsan|nocuda]...   (default: all four)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,16 +21,17 @@ jobs=$(nproc)
 builds=("$@")
 ((${#builds[@]})) || builds=(plain asan tsan nocuda)
 for b in "${builds[@]}"; do
-	cuda=ON tests=.
+	cuda=ON tests=. faults=ON
 	case $b in
 	plain) dir=build san= ;;
 	asan) dir=build-asan san=address,undefined ;;
 	tsan) dir=build-tsan san=thread ;;
-	nocuda) dir=build-nocuda san= cuda=OFF tests='unit/|test_roundtrip|test_badreq' ;;
+	nocuda) dir=build-nocuda san= cuda=OFF faults=OFF tests='unit/|test_roundtrip|test_badreq' ;;
 	*) echo "test.sh: unknown build '$b' (plain, asan, tsan, nocuda)" >&2; exit 2 ;;
 	esac
 	echo "== $b build ($dir)"
-	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" >/dev/null
+	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
+		-DCKPT_FAULT_INJECTION="$faults" >/dev/null
 	cmake --build "$dir" -j "$jobs" >/dev/null
 	(cd "$dir" && ctest --output-on-failure --timeout 900 -R "$tests")
 done

@@ -39,4 +39,19 @@ struct fsops {
 
 extern const struct fsops fsops_posix;
 
+/* ---- fault injection (faults.c; tests only) ---------------------------- */
+
+/*
+ * The tables a ckptd uses: *sync for the backend's calls, *async for the I/O
+ * engine's. Without CKPT_FAULTS in the environment, both are &fsops_posix.
+ * In a build made with -DCKPT_FAULT_INJECTION=ON, CKPT_FAULTS is a plan of
+ * faults (its grammar is at the top of faults.c) put in around fsops_posix,
+ * and note(line) is told each fault as it is put in. A plan that does not
+ * parse, or CKPT_FAULTS set in a build without fault injection: -EINVAL,
+ * and err (IPC_ERRLEN bytes) says why. Once, at start-up, before any other
+ * thread uses the tables.
+ */
+int fsops_from_env(const struct fsops **sync, const struct fsops **async,
+                   void (*note)(const char *line), char *err);
+
 #endif /* CKPT_STORAGE_FSOPS_H */
