@@ -51,6 +51,12 @@ static void spawn(struct agent_proc *a)
 	pid = fork();
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
+		char *eq = strchr(a->env, '=');
+
+		if (eq) { /* a copy of the parent's: ours to cut */
+			*eq = '\0';
+			setenv(a->env, eq + 1, 1);
+		}
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 		_exit(127);
 	}
@@ -116,7 +122,16 @@ void h_agent_start_node(struct agent_proc *a, const char *root, const char *node
 
 void h_agent_start(struct agent_proc *a, const char *args)
 {
+	h_agent_start_env(a, args, NULL);
+}
+
+void h_agent_start_env(struct agent_proc *a, const char *args, const char *env)
+{
 	make_dir(a);
+	if (env)
+		ck_assert_msg(strlen(env) < sizeof(a->env) && strchr(env, '='),
+			      "'%s' is no NAME=value of at most %zu bytes", env, sizeof(a->env) - 1);
+	snprintf(a->env, sizeof(a->env), "%s", env ? env : "");
 	snprintf(a->root, sizeof(a->root), "%s/root", a->dir);
 	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
 	snprintf(a->log, sizeof(a->log), "%s/agent.log", a->dir);

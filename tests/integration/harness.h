@@ -21,10 +21,16 @@ struct agent_proc {
 	char log[320];      /* <dir>/agent.log */
 	char args[512];     /* extra flags given at start */
 	char node[72];      /* its --node, or "" (the host name) */
+	char env[8192];     /* "NAME=value" added to its environment, or "" */
 };
 
 /* Makes the directory and starts ckptd with `args` (may be NULL); waits until it serves. */
 void h_agent_start(struct agent_proc *a, const char *args);
+/*
+ * h_agent_start with `env` ("NAME=value", e.g. a CKPT_FAULTS plan) in its
+ * environment; restarts keep it (clear a->env first to restart without).
+ */
+void h_agent_start_env(struct agent_proc *a, const char *args, const char *env);
 /*
  * Starts ckptd as node `node` on `root`, a directory other agents share
  * (one node each, the many nodes of a job on one machine); its socket and
