@@ -823,12 +823,18 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 	if (!rc && deadline_ns && ipc_now_ns() > first_part_ns(v, n) + deadline_ns) {
 		size_t k = first_part_of(v, n);
 
-		snprintf(problem, IPC_ERRLEN,
-		         "node %s's part was written %.0f s ago by its clock, past the commit "
-		         "deadline (%lld s): not committed (a node that gave up may have removed "
-		         "its files; are the nodes' clocks in step?)",
-		         v[k]->node, (double)(ipc_now_ns() - v[k]->time_unix_ns) / 1e9,
-		         (long long)(deadline_ns / 1000000000));
+		/*
+		 * Where an earlier try failed (a full disk, an I/O error on the
+		 * manifest), that failure is why the deadline passed: it stays
+		 * what the step's reason says.
+		 */
+		if (!problem[0])
+			snprintf(problem, IPC_ERRLEN,
+			         "node %s's part was written %.0f s ago by its clock, past the "
+			         "commit deadline (%lld s): not committed (a node that gave up "
+			         "may have removed its files; are the nodes' clocks in step?)",
+			         v[k]->node, (double)(ipc_now_ns() - v[k]->time_unix_ns) / 1e9,
+			         (long long)(deadline_ns / 1000000000));
 		manifest_free(m);
 		return;
 	}

@@ -315,7 +315,17 @@ static const struct fcase commit_cases[] = {
     /* once: the next poll finds the part there, whole */
     PASS("fsync:EIO:path=" STEP2 "/parts", "fsync"),
     /* the manifest */
+    FAIL("pwrite:ENOSPC:path=" STEP2 "/*manifest.json*:count=inf", "pwrite", "manifest.json",
+         "No space left"),
     PASS("pwrite:short:path=" STEP2 "/*manifest.json*:count=3", "pwrite"),
+    FAIL("fsync:EIO:path=" STEP2 "/*manifest.json.tmp:count=inf", "fsync", "manifest.json",
+         "fsync of"),
+    FAIL("linkat:EIO:path=" STEP2 "/manifest.json:count=inf", "linkat", "manifest.json",
+         "Input/output error"),
+    /* no links here: a rename that never replaces, which fails too */
+    FAIL("linkat:EPERM:path=" STEP2 "/manifest.json:count=inf;rename_noreplace:ENOSPC:path=" STEP2
+         "/manifest.json:count=inf",
+         "rename_noreplace", "manifest.json", "No space left"),
     /* LATEST is a hint: the commit stands, LATEST stays behind until the next */
     PASS_LATEST_STAYS("renameat:EIO:path={J}/LATEST:after=1", "renameat"),
     PASS_LATEST_STAYS("pwrite:ENOSPC:path={J}/*LATEST.tmp:after=1", "pwrite"),
