@@ -69,6 +69,7 @@ struct commit {
 	bool *seen;            /* [roster->nnodes]: there (a stat is enough) */
 	uint64_t *bad;         /* [roster->nnodes]: the size of a part that did not parse; 0 */
 	char problem[IPC_ERRLEN]; /* the last thing wrong with a part or plans file */
+	bool unsynced; /* this node's put of the manifest failed after it was visible */
 };
 
 /* ---- rosters ----------------------------------------------------------- */
@@ -732,6 +733,19 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 		r->state = COMMIT_FAILED;
 		return 1;
 	}
+	/*
+	 * Made visible by this node's put, which then failed (the fsync of its
+	 * directory): until that fsync succeeds a crash may lose it, and no
+	 * trainer is told COMMITTED. Tried at each poll; the deadline ends it.
+	 */
+	if (c->unsynced) {
+		if (store_sync_manifest(s, own->job, c->step, msg)) {
+			snprintf(c->problem, sizeof(c->problem), "%s", msg);
+			manifest_free(m);
+			return 0;
+		}
+		c->unsynced = false;
+	}
 	r->state = COMMIT_COMMITTED;
 	r->manifest = m;
 	/*
@@ -802,14 +816,16 @@ static int64_t first_part_ns(struct part *const *v, size_t n)
  * it), or something may pass (problem says what). deadline_ns: no manifest
  * later than that many ns after the first part (every node counts its
  * deadline from its own part, no earlier: none has given up before it);
- * 0: none (by hand).
+ * 0: none (by hand). Returns true when the put failed after the manifest
+ * became visible (problem says how): it is there, not known durable.
  */
-static void write_manifest(struct committer *cm, struct part *const *v, size_t n,
+static bool write_manifest(struct committer *cm, struct part *const *v, size_t n,
                            int64_t deadline_ns, struct commit_result *r, char *problem)
 {
 	struct storage *s = cm->o.store;
 	char msg[IPC_ERRLEN];
 	struct manifest *m = NULL;
+	bool unsynced = false;
 	int rc;
 
 	r->state = COMMIT_WAITING;
@@ -817,7 +833,7 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 	if (rc) {
 		r->state = COMMIT_FAILED;
 		snprintf(r->reason, sizeof(r->reason), "the parts do not merge: %s", msg);
-		return;
+		return false;
 	}
 	rc = check_shards(cm, m, msg);
 	if (!rc && deadline_ns && ipc_now_ns() > first_part_ns(v, n) + deadline_ns) {
@@ -836,20 +852,20 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 			         v[k]->node, (double)(ipc_now_ns() - v[k]->time_unix_ns) / 1e9,
 			         (long long)(deadline_ns / 1000000000));
 		manifest_free(m);
-		return;
+		return false;
 	}
 	if (!rc)
 		rc = store_put_manifest(s, m, msg);
 	if (rc && rc != -EEXIST) {
-		/* the link may have happened before the error: then it is committed */
-		if (store_committed(s, m->job, m->step))
+		/* the link may have happened before the error: then it is there */
+		unsynced = store_committed(s, m->job, m->step);
+		snprintf(problem, IPC_ERRLEN, "%s", msg);
+		if (unsynced)
 			rc = -EEXIST;
-		else
-			snprintf(problem, IPC_ERRLEN, "%s", msg);
 	}
 	if (rc) { /* EEXIST: written by someone (the caller reads it back) */
 		manifest_free(m);
-		return;
+		return unsynced;
 	}
 	r->state = COMMIT_COMMITTED;
 	r->wrote = true;
@@ -859,6 +875,7 @@ static void write_manifest(struct committer *cm, struct part *const *v, size_t n
 	if (store_latest_advance(s, m->job, m->step, msg))
 		snprintf(r->reason, sizeof(r->reason), "committed, but LATEST was not moved: %s",
 		         msg);
+	return false;
 }
 
 /* ---- polling ----------------------------------------------------------- */
@@ -968,8 +985,9 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		roster_drop(c); /* built again at the next poll */
 	} else if (rc == 0 && committing && roster_complete(c->roster) &&
 	           in == c->roster->nnodes) {
-		write_manifest(c->cm, c->parts, c->roster->nnodes, c->cm->o.deadline_ns, r,
-		               c->problem);
+		if (write_manifest(c->cm, c->parts, c->roster->nnodes, c->cm->o.deadline_ns, r,
+		                   c->problem))
+			c->unsynced = true; /* find_manifest makes it durable first */
 		if (r->state != COMMIT_WAITING || find_manifest(c, r))
 			return;
 	}
@@ -1084,7 +1102,10 @@ int commit_finish(struct committer *cm, const char *job, int64_t step, struct co
 		              step, why, problems[0] ? "; " : "", problems);
 	else {
 		why[0] = '\0';
-		write_manifest(cm, sel, k, 0, r, why);
+		/* there after a failed put: committed once it is durable */
+		if (write_manifest(cm, sel, k, 0, r, why) &&
+		    store_sync_manifest(cm->o.store, job, step, why) == 0)
+			why[0] = '\0';
 		if (r->state == COMMIT_WAITING && why[0]) {
 			rc = ipc_errf(err, -EIO, "job %s step %" PRId64 ": %s", job, step, why);
 		} else if (r->state == COMMIT_WAITING) { /* someone else was faster */

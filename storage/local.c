@@ -726,6 +726,7 @@ static const struct storage_ops local_ops = {
     .obj_get = local_obj_get,
     .obj_stat = local_obj_stat,
     .obj_delete = local_obj_delete,
+    .obj_sync = local_obj_sync,
     .obj_list = local_obj_list,
     .list_jobs = local_list_jobs,
     .list_steps = local_list_steps,

@@ -116,6 +116,7 @@ int local_obj_get(struct storage *s, const char *key, size_t max, char **buf, si
                   char *err);
 int local_obj_stat(struct storage *s, const char *key, uint64_t *size, char *err);
 int local_obj_delete(struct storage *s, const char *key, char *err);
+int local_obj_sync(struct storage *s, const char *key, char *err);
 int local_obj_list(struct storage *s, const char *dir, char ***names, size_t *n, char *err);
 
 /* ---- local_scan.c: walking the tree; listing, removal, clean-up -------- */

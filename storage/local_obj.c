@@ -295,6 +295,27 @@ int local_obj_delete(struct storage *s, const char *key, char *err)
 	return 0;
 }
 
+/*
+ * The directory's fsync once more, for an object a put made visible before
+ * that fsync failed: until it succeeds, a crash may lose the name.
+ */
+int local_obj_sync(struct storage *s, const char *key, char *err)
+{
+	struct local *l = to_local(s);
+	struct key k;
+	int dirfd, rc;
+
+	rc = dirfd = open_key(l, key, &k, false, err);
+	if (rc < 0)
+		return rc;
+	rc = l->ops->fsync(dirfd);
+	close(dirfd);
+	if (rc < 0)
+		return ipc_errf(err, rc, "fsync of the directory of %s failed: %s: check the disk",
+		                k.path, strerror(-rc));
+	return 0;
+}
+
 static int cmp_name(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);

@@ -123,6 +123,12 @@ struct storage_ops {
 	/* Removed durably; -ENOENT if it was not there. */
 	int (*obj_delete)(struct storage *s, const char *key, char *err);
 	/*
+	 * Makes an object that is there durable under its key, again: for a
+	 * put that failed after the object became visible (the fsync of its
+	 * directory). NULL: a backend whose objects are durable once visible.
+	 */
+	int (*obj_sync)(struct storage *s, const char *key, char *err);
+	/*
 	 * Names of the objects directly under `dir` ("<job>/plans"), malloc'd
 	 * array of malloc'd names, sorted; for discovery only: no decision rests
 	 * on a listing.

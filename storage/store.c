@@ -106,6 +106,16 @@ int store_put_manifest(struct storage *s, const struct manifest *m, char *err)
 	return rc;
 }
 
+int store_sync_manifest(struct storage *s, const char *job, int64_t step, char *err)
+{
+	char key[STORE_KEY_MAX];
+
+	if (!s->ops->obj_sync)
+		return 0; /* durable once visible */
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	return s->ops->obj_sync(s, key, err);
+}
+
 /* ---- parts ------------------------------------------------------------- */
 
 int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,

@@ -70,6 +70,11 @@ int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err
 int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner,
                       char *err);
 
+/*
+ * Makes the manifest of (job, step), which is there, durable under its name
+ * (store_put_manifest failed after it became visible).
+ */
+int store_sync_manifest(struct storage *s, const char *job, int64_t step, char *err);
 /* Whether (job, step) has a manifest (a stat, no read). */
 bool store_committed(struct storage *s, const char *job, int64_t step);
 /* Pins (or unpins) a committed checkpoint durably; -ENOENT when it is not committed. */

@@ -34,6 +34,7 @@
 enum outcome {
 	FAILS,      /* step 2 FAILED, its reason naming the failure */
 	COMMITS,    /* step 2 COMMITTED all the same (retried, or the commit stands) */
+	FAILS_KEPT, /* FAILED, but its manifest is there, whole: committed after a restart */
 };
 
 struct fcase {
@@ -266,6 +267,7 @@ static void run_cases(const char *prefix, const struct fcase *v, size_t n)
 #define FAIL(rules, op, n1, n2) {rules, FAILS, {n1, n2}, op, false}
 #define PASS(rules, op) {rules, COMMITS, {NULL, NULL}, op, false}
 #define PASS_LATEST_STAYS(rules, op) {rules, COMMITS, {NULL, NULL}, op, true}
+#define FAIL_KEPT(rules, op, n1, n2) {rules, FAILS_KEPT, {n1, n2}, op, false}
 
 static const struct fcase save_cases[] = {
     FAIL("mkdirat:EDQUOT:path=" STEP2, "mkdirat", "cannot create directory", "quota"),
@@ -326,6 +328,15 @@ static const struct fcase commit_cases[] = {
     FAIL("linkat:EPERM:path=" STEP2 "/manifest.json:count=inf;rename_noreplace:ENOSPC:path=" STEP2
          "/manifest.json:count=inf",
          "rename_noreplace", "manifest.json", "No space left"),
+    /*
+     * The step directory's fsync after the link (the first fsync of it made
+     * the parts directory durable): once, it is done again and the step
+     * commits; for good, no trainer is told COMMITTED, as a crash could
+     * lose the name. The manifest stays (another node may have seen it).
+     */
+    PASS("fsync:EIO:path=" STEP2 ":after=1", "fsync"),
+    FAIL_KEPT("fsync:EIO:path=" STEP2 ":after=1:count=inf", "fsync", "manifest.json",
+              "fsync of the directory"),
     /* LATEST is a hint: the commit stands, LATEST stays behind until the next */
     PASS_LATEST_STAYS("renameat:EIO:path={J}/LATEST:after=1", "renameat"),
     PASS_LATEST_STAYS("pwrite:ENOSPC:path={J}/*LATEST.tmp:after=1", "pwrite"),
