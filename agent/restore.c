@@ -208,7 +208,12 @@ static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t la
 	return true;
 }
 
-/* Reads the extents ext[first, last) of one file, READ_AHEAD windows in flight. */
+/*
+ * Reads the extents ext[first, last) of one file, READ_AHEAD windows in
+ * flight. consume() takes the windows in file order, each where the last
+ * ended: after one that failed, or came back short before the end of the
+ * file (the file shrank under us), the rest of the file is only waited for.
+ */
 static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t *xs)
 {
 	struct window win[READ_AHEAD];
@@ -216,24 +221,34 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 	unsigned depth = r->resv.held < READ_AHEAD ? r->resv.held : READ_AHEAD;
 	size_t gi = first, ei = first; /* next extent to read ahead for / to consume */
 	uint64_t pos = 0;              /* next file byte not yet asked for */
+	bool failed = false, ended = false; /* a window failed / the file ended early */
+	uint64_t end_at = 0;                /* ended: where */
 
 	for (;;) {
-		while (tail - head < depth && !atomic_load(&r->abort) &&
+		while (tail - head < depth && !atomic_load(&r->abort) && !failed && !ended &&
 		       read_ahead(r, &win[tail % READ_AHEAD], &gi, last, &pos))
 			tail++;
 		if (head == tail)
 			break;
 		struct window *w = &win[head++ % READ_AHEAD];
+		int64_t got;
 
 		pthread_mutex_lock(&r->mu);
 		while (!w->done)
 			pthread_cond_wait(&r->cv, &r->mu);
 		pthread_mutex_unlock(&r->mu);
-		if (w->c->req.res < 0)
+		got = w->c->req.res;
+		if (failed || ended) {
+			/* past a gap: nothing more of this file is taken */
+		} else if (got < 0) {
+			failed = true;
 			problem(r, -EIO, "reading %s at byte %" PRIu64 ": %s", r->path, w->off,
-				strerror((int)-w->c->req.res));
-		else if (r->collect || !atomic_load(&r->abort))
-			consume(r, w, (uint64_t)w->c->req.res, &ei, last, xs);
+				strerror((int)-got));
+		} else if (r->collect || !atomic_load(&r->abort)) {
+			consume(r, w, (uint64_t)got, &ei, last, xs);
+			end_at = w->off + (uint64_t)got;
+			ended = (uint64_t)got < w->c->req.len && end_at < r->size;
+		}
 		if (r->lane) { /* the GPU copies out of this window land before it is reused */
 			char why[IPC_ERRLEN];
 
@@ -245,7 +260,11 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		}
 		pool_give(&r->resv, w->c);
 	}
-	if (ei < last && !atomic_load(&r->abort))
+	if (ei < last && !failed && ended && !atomic_load(&r->abort))
+		problem(r, -EBADMSG, "tensor '%s' in %s: the file ends before its bytes (at byte %"
+			PRIu64 ", %" PRIu64 " bytes long when opened: changed since?)",
+			r->ext[ei].tensor, r->path, end_at, r->size);
+	else if (ei < last && !failed && !atomic_load(&r->abort))
 		problem(r, -EBADMSG, "tensor '%s' in %s: the file ends before its bytes (%" PRIu64
 			" bytes long)", r->ext[ei].tensor, r->path, r->size);
 }

@@ -542,9 +542,12 @@ END_TEST
 
 static const char read_plan[] =
     "CKPT_FAULTS=io_read:EIO:path=*/rs/step-000000000001/rank-*"
+    ";io_read:EIO:path=*/rs/step-000000000002/rank-*:after=1"
+    ";io_read:short=0:path=*/rs/step-000000000003/rank-*"
     ";io_read:short:path=*/rs/step-000000000004/rank-*:count=4"
     ";openat:EIO:path=*/rs/step-000000000005/rank-*:after=1"
-    ";pread:EIO:path=*/rs/step-000000000006/manifest.json";
+    ";pread:EIO:path=*/rs/step-000000000006/manifest.json"
+    ";io_read:short=0:path=*/rs/step-000000000007/rank-*";
 
 /* A restore refused with err, its message saying n1 and n2; then it succeeds. */
 static void refused_once(struct job *j, int64_t step, int err, const char *n1, const char *n2)
@@ -565,6 +568,8 @@ START_TEST(read_faults)
 	struct agent_proc a;
 	struct ckpt_client *c;
 	struct job j;
+	char out[16384];
+	int rc;
 
 	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1", read_plan);
 	c = connect_to(&a);
@@ -573,6 +578,13 @@ START_TEST(read_faults)
 
 	/* a read error: refused, naming the file; nothing changed on disk */
 	refused_once(&j, 1, -EIO, "Input/output error", "rank-");
+	/* verify: refused too (CORRUPT is for bytes, this says the error) */
+	rc = h_ctl(&a, out, sizeof(out), "verify rs 2");
+	ck_assert_msg(rc != 0 && strstr(out, "Input/output error") && strstr(out, "rank-"),
+		      "verify rs 2 (%d): %s", rc, out);
+	verifies(&a, "rs", 2);
+	/* a read that meets the end of the file early: the bytes are not all there */
+	refused_once(&j, 3, -EBADMSG, "ends before", "rank-");
 	/* short reads are requeued: the restore is whole */
 	job_restores(&j, 4);
 	ck_assert(fault_logged(&a, "io_read", "step-000000000004"));
@@ -580,9 +592,11 @@ START_TEST(read_faults)
 	refused_once(&j, 5, -EIO, "cannot open shard", "Input/output error");
 	/* the manifest cannot be read */
 	refused_once(&j, 6, -EIO, "manifest.json", "Input/output error");
+	/* verify of a file that reads short */
+	rc = h_ctl(&a, out, sizeof(out), "verify rs 7");
+	ck_assert_msg(rc != 0 && strstr(out, "ends before"), "verify rs 7 (%d): %s", rc, out);
+	verifies(&a, "rs", 7);
 	for (int k = 1; k <= 7; k++) {
-		if (k == 2 || k == 3 || k == 7)
-			continue;
 		char dir[32];
 
 		snprintf(dir, sizeof(dir), "rs/step-%012d", k);
