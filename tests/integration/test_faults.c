@@ -419,14 +419,14 @@ static bool has_trash(const struct agent_proc *a, const char *job)
 
 /*
  * Each job's faults: rm0 the rename out of sight, rm1 moving LATEST off the
- * step, rm2 the fsync after the rename (the fourth fsync of the job's
- * directory: plans/ made, LATEST of steps 1 and 2, then the removal's),
+ * step, rm2 the fsync after the rename (the fifth fsync of the job's
+ * directory: OWNER and plans/ made, LATEST of steps 1 and 2, then the removal's),
  * rm3 deleting the files once out of sight, gc0 the GC's rename of step 1.
  */
 static const char removal_plan[] =
     "CKPT_FAULTS=renameat:EIO:path=*/rm0/step-000000000001"
     ";renameat:ENOSPC:path=*/rm1/LATEST:after=2"
-    ";fsync:EIO:path=*/rm2:after=3"
+    ";fsync:EIO:path=*/rm2:after=4"
     ";unlinkat:EIO:path=*/rm3/.trash.step-000000000001.*/rank-*"
     ";renameat:EIO:path=*/gc0/step-000000000001";
 
