@@ -27,6 +27,8 @@
  *                  or rename, fsync the directory), get, stat, delete, list
  *   local_scan.c   walking the tree: list_jobs, list_steps, remove (out of
  *                  sight first), clean-up (what may go, and what may not)
+ *   local_root.c   the root and this node's lock in it, made and opened at
+ *                  start
  *
  * Everything goes through the root's descriptor, one path component at a
  * time with O_NOFOLLOW, and through the fsops table (tests inject faults).
@@ -43,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -737,53 +738,6 @@ static const struct storage_ops local_ops = {
 };
 
 /*
- * mkdir -p, each new directory made durable in its parent: a root that
- * vanishes in a crash takes every checkpoint in it along.
- */
-static int make_root(struct local *l, const char *root, char *err)
-{
-	char p[PATH_MAX];
-	size_t n = strlen(root);
-	struct stat st;
-	int rc, fd;
-
-	if (n >= sizeof(p))
-		return ipc_errf(err, -ENAMETOOLONG, "storage root '%.64s...' is too long", root);
-	memcpy(p, root, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		char c = p[i], *slash;
-
-		if ((c != '/' && c != '\0') || p[i - 1] == '/')
-			continue;
-		p[i] = '\0';
-		rc = l->ops->mkdirat(AT_FDCWD, p, 0755);
-		if (rc < 0 && rc != -EEXIST && !(stat(p, &st) == 0 && S_ISDIR(st.st_mode)))
-			return ipc_errf(err, rc, "cannot create the storage root %s (at %s): %s",
-			                root, p, strerror(-rc));
-		if (rc == 0) {
-			slash = strrchr(p, '/');
-			if (slash == p)
-				fd = l->ops->openat(AT_FDCWD, "/", DIR_FLAGS & ~O_NOFOLLOW, 0);
-			else if (slash) {
-				*slash = '\0';
-				fd = l->ops->openat(AT_FDCWD, p, DIR_FLAGS & ~O_NOFOLLOW, 0);
-				*slash = '/';
-			} else {
-				fd = l->ops->openat(AT_FDCWD, ".", DIR_FLAGS & ~O_NOFOLLOW, 0);
-			}
-			rc = fd < 0 ? fd : l->ops->fsync(fd);
-			if (fd >= 0)
-				close(fd);
-			if (rc < 0)
-				return ipc_errf(err, rc, "fsync of the parent of %s failed: %s", p,
-				                strerror(-rc));
-		}
-		p[i] = c;
-	}
-	return 0;
-}
-
-/*
  * Finds out at start-up whether the filesystem takes O_DIRECT, for the
  * status line. Not fatal otherwise: a read-only root still lists and
  * verifies; shard_create finds out (and says) again.
@@ -800,35 +754,6 @@ static void probe_direct(struct local *l)
 		close(fd);
 		l->ops->unlinkat(l->rootfd, name, 0);
 	}
-}
-
-/*
- * One agent per node name on a root: a second would take the first's files
- * in flight for its own dead ones. A lock on ".node.<node>.lock" in the root
- * says so, held as long as the backend lives (a killed agent's goes with
- * it). Where the filesystem has no locks, nothing is checked.
- */
-static int lock_node(struct local *l, char *err)
-{
-	char name[IPC_MAX_JOB + 16];
-	struct stat st;
-	int rc;
-
-	snprintf(name, sizeof(name), ".node.%s.lock", l->node);
-	/* O_RDWR: over NFS, flock is a POSIX lock, and an exclusive one needs a writer */
-	rc = l->nodefd = local_open_regular(l, l->rootfd, name, O_RDWR | O_CREAT, 0644, &st);
-	if (rc < 0)
-		return ipc_errf(err, rc, "cannot open %s/%s: %s", l->root, name, strerror(-rc));
-	if (flock(l->nodefd, LOCK_EX | LOCK_NB) == 0)
-		return 0;
-	rc = -errno;
-	if (rc != -EWOULDBLOCK)
-		return 0; /* ENOLCK, EOPNOTSUPP: no locks here */
-	local_close_fd(&l->nodefd);
-	return ipc_errf(err, -EBUSY,
-	                "another agent runs as node %s on %s (it holds %s/%s): each agent needs "
-	                "a node name of its own (--node)",
-	                l->node, l->root, l->root, name);
 }
 
 int local_create(const struct local_opts *o, struct storage **out, char *err)
@@ -856,15 +781,7 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 		rc = ipc_errf(err, -ENOMEM, "out of memory creating the local backend");
 		goto fail;
 	}
-	rc = make_root(l, o->root, err);
-	if (rc < 0)
-		goto fail;
-	rc = l->rootfd = l->ops->openat(AT_FDCWD, o->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-	if (rc < 0) {
-		ipc_errf(err, rc, "cannot open the storage root %s: %s", o->root, strerror(-rc));
-		goto fail;
-	}
-	rc = lock_node(l, err);
+	rc = local_root_open(l, o->root, err);
 	if (rc < 0)
 		goto fail;
 	l->direct = o->direct;

@@ -1,10 +1,10 @@
 /*
  * local.h: private to the local backend (local.c, local_obj.c,
- * local_scan.c); nothing outside storage/ includes it. The backend object,
- * the on-disk names, and the helpers of local.c the other two use (they
- * never call each other). The public calls (local_create, local_direct) are
- * in storage.h; the layout, callers and threads are described at the top
- * of local.c.
+ * local_scan.c, local_root.c); nothing outside storage/ includes it. The
+ * backend object, the on-disk names, and the helpers of local.c the others
+ * use (local_obj.c and local_scan.c never call each other). The public
+ * calls (local_create, local_direct) are in storage.h; the layout, callers
+ * and threads are described at the top of local.c.
  *
  * Conventions of every helper here: 0 or a descriptor on success, negative
  * errno on failure; those taking `err` fill it in (ipc_errf) with what
@@ -107,6 +107,11 @@ bool local_maybe_regular_at(int fd, const char *name);
  */
 void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len);
 bool local_is_tmp(const struct local *l, const char *name, bool *own);
+
+/* ---- local_root.c: the root and the node's lock ----------------------- */
+
+/* At start: makes the root if missing, opens it, takes the node's lock in it. */
+int local_root_open(struct local *l, const char *root, char *err);
 
 /* ---- local_obj.c: small objects by key -------------------------------- */
 

@@ -168,6 +168,14 @@ int local_create(const struct local_opts *o, struct storage **out, char *err);
 /* Whether shard files are opened with O_DIRECT, and why not. */
 bool local_direct(const struct storage *s, const char **why);
 
+/*
+ * Lock files that name their holder (pidlock.c): an exclusive flock on the
+ * open file fd, then this process's pid written into it. 0: held until fd
+ * is closed; -EBUSY: another process holds it, *holder its pid (0: not
+ * known); else flock's error (-ENOLCK, -EOPNOTSUPP: no locks there).
+ */
+int pidlock_take(int fd, long *holder);
+
 static inline void storage_destroy(struct storage *s)
 {
 	if (s)

@@ -769,8 +769,15 @@ START_TEST(test_one_agent_per_node)
 	struct local_opts other = {.root = root, .node = "n1", .ops = &rec_ops};
 	struct storage *b = NULL;
 
+	char pid[32];
+
 	ck_assert_int_eq(local_create(&same, &b, err), -EBUSY);
 	ck_assert_msg(strstr(err, "another agent runs as node n0"), "%s", err);
+	/* The holder wrote its pid into the lock, and the refusal names it. */
+	snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	ck_assert_str_eq(slurp(at(".node.n0.lock")), pid);
+	snprintf(pid, sizeof(pid), "ckptd pid %d (lock ", (int)getpid());
+	ck_assert_msg(strstr(err, pid), "%s", err);
 	ck_assert_ptr_null(b);
 	ck_assert_msg(local_create(&other, &b, err) == 0, "%s", err);
 	storage_destroy(b);
