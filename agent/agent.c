@@ -6,6 +6,8 @@
  */
 #include <errno.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +189,48 @@ static void log_config(const struct agent_config *c)
 		c->lock_pool ? "yes" : "no");
 }
 
+/*
+ * One agent per socket: "<socket>.lock" next to it, locked and naming this
+ * process before anything else is done, and held until the agent is freed
+ * (after its socket is removed). A second agent on the socket stops here,
+ * before it has touched the socket, the root or any file of the first.
+ */
+static int lock_socket(struct agent *a, char *err)
+{
+	const char *sock = a->cfg.listen + 5;
+	char path[PATH_MAX], who[48] = "another ckptd";
+	long holder;
+	int rc;
+
+	if (strncmp(a->cfg.listen, "unix:", 5) != 0 || !*sock)
+		return 0; /* server_create says what is wrong with the address */
+	if (snprintf(path, sizeof(path), "%s.lock", sock) >= (int)sizeof(path))
+		return ipc_errf(err, -ENAMETOOLONG, "socket path %s is too long", sock);
+	a->sock_lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (a->sock_lock < 0)
+		return ipc_errf(err, -errno,
+		                "cannot open the socket's lock file %s: %s (does its directory "
+		                "exist and is it writable?)",
+		                path, strerror(errno));
+	rc = pidlock_take(a->sock_lock, &holder);
+	if (rc == -EBUSY) {
+		close(a->sock_lock);
+		a->sock_lock = -1;
+		if (holder > 0)
+			snprintf(who, sizeof(who), "ckptd pid %ld", holder);
+		return ipc_errf(err, -EADDRINUSE,
+		                "socket %s is served by %s (lock %s): stop that agent first, or "
+		                "give this one another --listen",
+		                sock, who, path);
+	}
+	if (rc)
+		log_msg(LOG_NOTICE,
+		        "no lock on %s (%s): a second agent on %s is refused only while the first "
+		        "answers on it",
+		        path, strerror(-rc), sock);
+	return 0;
+}
+
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 {
 	struct server_opts so = {.listen = cfg->listen,
@@ -208,6 +252,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	if (!a)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	a->cfg = *cfg;
+	a->sock_lock = -1;
 	a->started_mono = ipc_mono_ns();
 	pthread_mutex_init(&a->mu, NULL);
 	list_init(&a->sessions);
@@ -216,6 +261,9 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->ckpts);
 	list_init(&a->watchers);
 	list_init(&a->pubs);
+	rc = lock_socket(a, err);
+	if (rc)
+		goto fail;
 	rc = gpu_create(&a->gpu, err);
 	if (rc)
 		goto fail;
@@ -354,6 +402,8 @@ void agent_destroy(struct agent *a)
 	pool_destroy(a->pool);
 	catalog_destroy(a->cat);
 	owners_free(a);
+	if (a->sock_lock >= 0)
+		close(a->sock_lock); /* last: the socket is gone; another agent may have it */
 	pthread_mutex_destroy(&a->mu);
 	free(a);
 }

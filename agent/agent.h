@@ -120,6 +120,7 @@ struct agent {
 	int64_t started_mono;
 	struct storage_recovery recovered;
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
+	int sock_lock; /* "<socket>.lock", held for the agent's life (-1: none) */
 
 	pthread_mutex_t mu; /* everything below */
 	struct list sessions;

@@ -80,6 +80,9 @@ struct server {
 	void (*tick)(void *ctx);
 	void *ctx;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	bool bound; /* the socket at path is ours (sock_dev, sock_ino): removed at the end */
+	dev_t sock_dev;
+	ino_t sock_ino;
 	pthread_mutex_t mu;
 	int live; /* calls not yet freed, requested ones included */
 	bool shutdown_done;
@@ -455,8 +458,10 @@ static void on_close(struct rpc *c, bool ok)
 /* ---- the server ------------------------------------------------------- */
 
 /*
- * A socket file left by an agent that died would make bind fail. Remove it
- * only if nobody answers on it: a second agent must not steal a live one's.
+ * A socket file left by an agent that died would make bind fail. The agent
+ * holds the socket's lock file by now (agent.c), so no live agent owns this
+ * one; still, remove it only if nobody answers on it (a filesystem without
+ * locks): a second agent must not steal a live one's.
  */
 static int clear_stale_socket(const char *path, char *err)
 {
@@ -485,6 +490,7 @@ static int clear_stale_socket(const char *path, char *err)
 static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 {
 	grpc_server_credentials *creds;
+	struct stat st;
 	int rc;
 
 	if (strncmp(o->listen, "unix:", 5) != 0 || !o->listen[5])
@@ -505,6 +511,11 @@ static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 				"cannot listen on %s (does its directory exist and is it "
 				"writable?)",
 				o->listen);
+	if (lstat(s->path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+		s->bound = true;
+		s->sock_dev = st.st_dev;
+		s->sock_ino = st.st_ino;
+	}
 	return 0;
 }
 
@@ -628,13 +639,17 @@ void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx),
 
 void server_destroy(struct server *s)
 {
+	struct stat st;
+
 	if (!s)
 		return;
 	if (s->gs)
 		grpc_server_destroy(s->gs);
 	if (s->cq)
 		grpc_completion_queue_destroy(s->cq);
-	if (s->path[0])
+	/* Only the socket this server bound: never one it was refused on, nor a newer one. */
+	if (s->bound && lstat(s->path, &st) == 0 && st.st_dev == s->sock_dev &&
+	    st.st_ino == s->sock_ino)
 		unlink(s->path);
 	grpc_shutdown();
 	pthread_mutex_destroy(&s->mu);

@@ -52,7 +52,7 @@ int server_create(const struct server_opts *o, struct server **out, char *err);
  * caller's work is done (polled as the queue keeps turning; NULL: at once).
  */
 void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx), void *ctx);
-/* After server_run: frees everything, removes the socket. NULL is fine. */
+/* After server_run: frees everything, removes the socket it bound. NULL is fine. */
 void server_destroy(struct server *s);
 
 enum ipc_method rpc_method(const struct rpc *c);
