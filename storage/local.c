@@ -27,11 +27,11 @@
  *                  or rename, fsync the directory), get, stat, delete, list
  *   local_scan.c   walking the tree: list_jobs, list_steps, remove (out of
  *                  sight first), clean-up (what may go, and what may not)
- *   local_root.c   the root and this node's lock in it, made and opened at
- *                  start
+ *   local_root.c   the root and this node's lock in it: made and opened at
+ *                  start, checked later, opened again if made anew
  *
- * Everything goes through the root's descriptor, one path component at a
- * time with O_NOFOLLOW, and through the fsops table (tests inject faults).
+ * Everything goes through the root's descriptor (never closed while the
+ * backend lives; local_root.c), one path component at a time with O_NOFOLLOW, and through the fsops table (tests inject faults).
  * What is read back (names, objects) is treated as hostile: no symlink is
  * followed, no read is unbounded, no FIFO can block an open.
  */
@@ -709,6 +709,7 @@ static void local_destroy(struct storage *s)
 	free(l->root);
 	free(l->node);
 	pthread_mutex_destroy(&l->lock);
+	pthread_mutex_destroy(&l->root_mu);
 	free(l);
 }
 
@@ -734,6 +735,7 @@ static const struct storage_ops local_ops = {
     .step_tidy = local_step_tidy,
     .remove = local_remove,
     .cleanup = local_cleanup,
+    .root_check = local_root_check,
     .destroy = local_destroy,
 };
 
@@ -775,6 +777,7 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 	l->ops = o->ops ? o->ops : &fsops_posix;
 	l->io = o->io;
 	pthread_mutex_init(&l->lock, NULL);
+	pthread_mutex_init(&l->root_mu, NULL);
 	l->root = strdup(o->root);
 	l->node = strdup(o->node);
 	if (!l->root || !l->node) {

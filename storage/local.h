@@ -40,10 +40,13 @@ struct local {
 	struct storage base; /* first: a struct storage * is a struct local * */
 	const struct fsops *ops;
 	struct ioeng *io;
-	int rootfd;
+	int rootfd; /* the root; what it refers to changes only by dup3 (local_root.c) */
 	int nodefd; /* the node's lock file, held while this backend lives */
 	char *root;
 	char *node;
+	pthread_mutex_t root_mu; /* local_root_check: one at a time; root_dev, root_ino */
+	dev_t root_dev;
+	ino_t root_ino; /* the directory rootfd refers to */
 	pthread_mutex_t lock; /* direct, direct_why, trash_seq */
 	bool direct;
 	const char *direct_why; /* a constant, or refused_why once written */
@@ -112,6 +115,8 @@ bool local_is_tmp(const struct local *l, const char *name, bool *own);
 
 /* At start: makes the root if missing, opens it, takes the node's lock in it. */
 int local_root_open(struct local *l, const char *root, char *err);
+/* storage_ops.root_check. */
+int local_root_check(struct storage *s, bool *reopened, char *err);
 
 /* ---- local_obj.c: small objects by key -------------------------------- */
 

@@ -5,8 +5,9 @@
  * never removed: unlinking a lock file lets a third process lock a new file
  * under the name while a second still holds the old one.
  *
- * Callers: local_root.c (the node's lock in the root, at start) and the
- * agent (its socket's lock, at start). Any thread; no state.
+ * Callers: local_root.c (the node's lock in the root, at start and when a
+ * root made anew is opened again) and the agent (its socket's lock, at
+ * start). Any thread; no state.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -148,6 +148,16 @@ struct storage_ops {
 	/* Clean-up of one job (latest: its LATEST, -1 if none) under pol's rules. */
 	int (*cleanup)(struct storage *s, const char *job, int64_t latest,
 	               const struct storage_cleanup *pol, struct storage_recovery *rec, char *err);
+	/*
+	 * Whether the root is still usable: there, the same directory as the
+	 * one opened, writable, and this node's lock on it still held. A root
+	 * made anew under its name is opened again and the node's lock taken
+	 * in it (*reopened: what was listed before is gone). 0: usable;
+	 * -ENOENT, -ESTALE, -ENOTDIR: missing; -EBUSY: another agent holds
+	 * this node's lock there; else not writable (-EACCES, -EROFS ...).
+	 * NULL: the backend cannot tell (taken as usable).
+	 */
+	int (*root_check)(struct storage *s, bool *reopened, char *err);
 	void (*destroy)(struct storage *s);
 };
 

@@ -787,6 +787,48 @@ START_TEST(test_one_agent_per_node)
 }
 END_TEST
 
+/*
+ * The root removed under a live backend: missing. Made again: opened again,
+ * the node's lock taken in it, and objects go there. Not writable, and the
+ * lock file removed from under it: said, and the lock taken again.
+ */
+START_TEST(test_root_check)
+{
+	struct local_opts same = {.root = root, .node = "n0", .ops = &rec_ops};
+	struct storage *b = NULL;
+	char cmd[1200];
+	bool reopened = true;
+
+	ck_assert_msg(st->ops->root_check(st, &reopened, err) == 0, "%s", err);
+	ck_assert(!reopened);
+	ck_assert_uint_eq(count_dot(root, "\\.n0~"), 0); /* the probe is gone */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(st->ops->root_check(st, &reopened, err), -ENOENT);
+	ck_assert_msg(strstr(err, root) && strstr(err, "is missing"), "%s", err);
+	ck_assert_int_lt(st->ops->obj_put(st, "job/x", "1", 1, OBJ_CREATE, err), 0);
+
+	ck_assert_int_eq(mkdir(root, 0755), 0);
+	ck_assert_msg(st->ops->root_check(st, &reopened, err) == 0, "%s", err);
+	ck_assert(reopened);
+	ck_assert_msg(st->ops->obj_put(st, "job/x", "1", 1, OBJ_CREATE, err) == 0, "%s", err);
+	ck_assert_str_eq(slurp(at("job/x")), "1");
+	ck_assert_int_eq(local_create(&same, &b, err), -EBUSY); /* the lock is in the new root */
+	ck_assert_msg(st->ops->root_check(st, &reopened, err) == 0 && !reopened, "%s", err);
+
+	rec_fail("openat", ".n0~*", 1, -EROFS);
+	ck_assert_int_eq(st->ops->root_check(st, &reopened, err), -EROFS);
+	ck_assert_msg(strstr(err, "is not writable"), "%s", err);
+	rec_reset();
+
+	ck_assert_int_eq(unlink(at(".node.n0.lock")), 0);
+	ck_assert_msg(st->ops->root_check(st, &reopened, err) == 0, "%s", err);
+	ck_assert(exists(at(".node.n0.lock")));
+	ck_assert_int_eq(local_create(&same, &b, err), -EBUSY);
+	ck_assert_ptr_null(b);
+}
+END_TEST
+
 /* ---- the write and read path through a real engine -------------------- */
 
 struct save {
@@ -1464,6 +1506,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_remove);
 	tcase_add_test(tc, test_pin);
 	tcase_add_test(tc, test_one_agent_per_node);
+	tcase_add_test(tc, test_root_check);
 	tcase_add_test(tc, test_cleanup);
 	tcase_add_test(tc, test_cleanup_latest);
 	tcase_add_test(tc, test_list_ignores_junk);
