@@ -115,8 +115,10 @@ static void tell_systemd(struct agent *a)
 	unsigned clients, inflight;
 	unsigned long long committed, failed;
 	bool stopping;
+	int root;
 
 	pthread_mutex_lock(&a->mu);
+	root = a->root.state;
 	clients = a->nsessions;
 	inflight = a->inflight;
 	committed = a->finals[CKPT__V1__STATE__STATE_COMMITTED];
@@ -125,6 +127,10 @@ static void tell_systemd(struct agent *a)
 	pthread_mutex_unlock(&a->mu);
 	if (stopping)
 		notify_status("stopping: %u save%s in flight", inflight, inflight == 1 ? "" : "s");
+	else if (root != ROOT_OK)
+		notify_status("serving %s, but the storage root %s is %s: saves fail (ckptctl status "
+		              "says why)",
+		              a->cfg.listen, a->cfg.root, root_state_name(root));
 	else if (failed)
 		notify_status("serving %s: %u client%s, %u save%s in flight, %llu committed, "
 		              "%llu failed",
@@ -271,6 +277,9 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	rc = start_storage(a, err);
 	if (rc)
 		goto fail;
+	rc = root_watch_start(a, err);
+	if (rc)
+		goto fail;
 	{
 		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 		unsigned helpers = cfg->copy_threads >= 0 ? (unsigned)cfg->copy_threads
@@ -392,6 +401,7 @@ void agent_destroy(struct agent *a)
 	/* Each queue before the ones its last jobs may push to. */
 	workq_destroy(a->capture);
 	workq_destroy(a->hasher);
+	root_watch_stop(a); /* after the captures (they check it), before the commit queue */
 	workq_destroy(a->commit);
 	workq_destroy(a->maint);
 	copier_destroy(a->copier);

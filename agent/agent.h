@@ -10,6 +10,7 @@
  *              published; `ckptctl commit --finish`
  *   restore.c  restore and verify: shard -> staging -> checksum -> regions
  *   catalog.c  the committed checkpoints, as found on disk at start and since
+ *   root.c     the storage root's health: checked, opened again, followed
  *   ops.c      status, list, show, delete, watch
  *   gc.c       retention (GC after each commit and on request) and pins,
  *              deciding through retention.c
@@ -100,6 +101,16 @@ struct catalog;
 struct cred;
 struct owner;
 struct usage;
+struct root_watch;
+
+/* The storage root's health (root.c), under agent.mu. */
+enum { ROOT_OK, ROOT_MISSING, ROOT_UNWRITABLE };
+
+struct root_health {
+	int state;              /* ROOT_* */
+	int64_t since_unix_ns;  /* when it came to be */
+	char error[IPC_ERRLEN]; /* why not ROOT_OK: what failed, on which path */
+};
 
 /* A job's last clean-up of abandoned steps (gc.c). */
 struct gc_scan {
@@ -142,6 +153,8 @@ struct agent {
 	struct usage *usage; /* access.c: what each uid holds */
 	size_t nusage;
 	struct cred *cred; /* the credentials socket (cred.h) */
+	struct root_health root;
+	struct root_watch *rootw; /* root.c's */
 };
 
 /* ---- who may do what (access.c) ---------------------------------------- */
@@ -458,6 +471,8 @@ struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step)
 /* The newest step of job strictly below `below` (INT64_MAX: the newest). */
 struct cat_entry *catalog_newest(struct catalog *c, const char *job, int64_t below);
 void catalog_remove(struct catalog *c, const char *job, int64_t step);
+/* Removes every entry no restore or verify reads now: the root holding them is gone. */
+size_t catalog_drop_unread(struct catalog *c);
 /* Entries of job (NULL: all), oldest first; *out malloc'd array of pointers. */
 size_t catalog_list(struct catalog *c, const char *job, struct cat_entry ***out);
 
@@ -492,6 +507,22 @@ void gc_queue(struct agent *a, const char *job);
 void gc_queue_sync(struct agent *a, const char *job);
 void rpc_gc(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_pin(struct rpc *c, ProtobufCMessage *req, void *ctx);
+
+/* ---- the storage root's health (root.c) ------------------------------ */
+
+/* Starts the root's checks (the root was opened at start: ROOT_OK). */
+int root_watch_start(struct agent *a, char *err);
+void root_watch_stop(struct agent *a);
+/* Checks the root now, on a thread that may wait for the disk; 0: usable. No lock held. */
+int root_check_now(struct agent *a, bool *reopened, char *err);
+/*
+ * A shard could not be created (rc): if the root may be why, it is checked
+ * now. True: it is usable now and may not have been (made anew and open
+ * again): create once more. Else err says what is wrong with the root,
+ * when something is. No lock held.
+ */
+bool root_after_failure(struct agent *a, int rc, char *err);
+const char *root_state_name(int state);
 
 /* ---- the agent (agent.c) --------------------------------------------- */
 

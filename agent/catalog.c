@@ -79,6 +79,17 @@ int catalog_add(struct catalog *c, const struct cat_entry *e)
 	return 0;
 }
 
+size_t catalog_drop_unread(struct catalog *c)
+{
+	size_t k = 0, n = c->n;
+
+	for (size_t i = 0; i < c->n; i++)
+		if (c->v[i].readers)
+			c->v[k++] = c->v[i];
+	c->n = k;
+	return n - k;
+}
+
 struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step)
 {
 	size_t i = lower_bound(c, job, step);
@@ -184,10 +195,12 @@ void catalog_sync_job(struct agent *a, const char *job)
 	char err[IPC_ERRLEN];
 	size_t n = 0, ne, ngone = 0;
 	int64_t *gone;
+	int rc;
 
 	if (owner_load(a, job, err))
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
-	if (a->store->ops->list_steps(a->store, job, &steps, &n, err)) {
+	rc = a->store->ops->list_steps(a->store, job, &steps, &n, err);
+	if (rc && rc != -ENOENT) { /* -ENOENT: the job's directory is gone, and its steps */
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
 		return;
 	}

@@ -3,8 +3,8 @@
  * change state (save_set_state calls metrics_on_save under agent.mu; the
  * restore worker calls metrics_on_restore), and at scrape time the agent's
  * counters: the I/O engine's (atomics), the pool's (its mutex) and, under
- * agent.mu for a few loads, saves by final state, saves in flight, sessions
- * and plans. The text is formatted after every lock is let go.
+ * agent.mu for a few loads, saves by final state, saves in flight, sessions,
+ * plans and the storage root's state. The text is formatted after every lock is let go.
  *
  * libmicrohttpd runs the listening socket on its own thread, one request at
  * a time; the socket is bound here, so that it is exactly HOST:PORT and a
@@ -136,6 +136,7 @@ struct snapshot {
 	uint64_t restores_ok, restores_failed, restored_bytes, parts_missing;
 	uint64_t finals[8];
 	unsigned inflight, sessions, plans;
+	bool root_ok;
 	struct ioeng_stats io;
 	struct pool_stats pool;
 };
@@ -149,6 +150,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->inflight = a->inflight;
 	s->sessions = a->nsessions;
 	s->plans = a->nplans;
+	s->root_ok = a->root.state == ROOT_OK;
 	pthread_mutex_unlock(&a->mu);
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
 	memcpy(s->h, m->h, sizeof(s->h));
@@ -244,6 +246,10 @@ static void render(struct metrics *m, FILE *f)
 	put(f, "ckptd_saves_in_flight", "gauge", "Saves not yet in a final state.", s.inflight);
 	put(f, "ckptd_sessions", "gauge", "Clients attached.", s.sessions);
 	put(f, "ckptd_plans", "gauge", "Plans registered.", s.plans);
+	put(f, "ckptd_root_available", "gauge",
+	    "1 while the storage root is there, the same directory and writable; 0 while saves "
+	    "fail for want of it (ckptctl status says why).",
+	    s.root_ok);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len,

@@ -70,6 +70,9 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.keep_every = a->cfg.keep_every;
 	pthread_mutex_lock(&a->mu);
 	rep.gc_removed = a->gc_removed;
+	rep.root_state = (char *)root_state_name(a->root.state);
+	rep.root_since_unix_ns = a->root.since_unix_ns;
+	rep.root_error = a->root.error;
 	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
 		if (!ipc_state_final(s))
 			continue;

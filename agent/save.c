@@ -521,6 +521,10 @@ static int capture_setup(struct save *s, char *why)
 	}
 	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
 					 s->file, &s->shard, err);
+	/* The root made anew since it was last looked at: open again now; once more. */
+	if (rc && root_after_failure(a, rc, err))
+		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank,
+						 p->shard_bytes, s->file, &s->shard, err);
 	if (rc)
 		snprintf(why, IPC_ERRLEN, "%s", err);
 	return rc;

@@ -148,6 +148,9 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	                              (int)r->abandon_after, "kept_at_start",
 	                              (int)r->kept_at_start));
 	json_object_set_new(j, "in_flight", flight);
+	json_object_set_new(j, "root_state",
+	                    json_pack("{s:s, s:I, s:s}", "state", r->root_state, "since_unix_ns",
+	                              (json_int_t)r->root_since_unix_ns, "error", r->root_error));
 	return j;
 }
 
@@ -161,7 +164,13 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	printf("%-12s %s\n", "endpoint", endpoint);
 	printf("%-12s %s (commit deadline %u s; uncommitted steps abandoned after %u s)\n",
 	       "node", r->node, r->commit_deadline, r->abandon_after);
-	printf("%-12s %s\n", "root", r->root);
+	if (!*r->root_state || strcmp(r->root_state, "ok") == 0) {
+		printf("%-12s %s\n", "root", r->root);
+	} else {
+		ctl_human_time(r->root_since_unix_ns, a, sizeof(a));
+		printf("%-12s %s: %s since %s UTC: %s\n", "root", r->root, r->root_state, a,
+		       r->root_error);
+	}
 	printf("%-12s %s (%s)\n", "I/O", r->io_engine, r->io_detail);
 	ctl_human_bytes(r->pool_bytes, a, sizeof(a));
 	ctl_human_bytes(r->pool_used_bytes, b, sizeof(b));

@@ -1,22 +1,37 @@
 /*
  * The agent's life on a node, with real agents: one agent per socket and
  * one per (root, node name), a second refused with the first's pid and
- * without touching the first's socket, lock or files.
+ * without touching the first's socket, lock or files; and a storage root
+ * removed while the agent runs, then made again: status and /metrics say
+ * so, the list follows the root, saves fail naming the root and then
+ * resume without a restart.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <check.h>
+#include <jansson.h>
 
 #include "harness.h"
 
 #ifndef CKPTD_BIN
 #error "CKPTD_BIN must name the agent binary"
 #endif
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+	nanosleep(&ts, NULL);
+}
 
 static struct ckpt_client *connect_to(const struct agent_proc *a)
 {
@@ -149,6 +164,179 @@ START_TEST(second_agent_same_node)
 }
 END_TEST
 
+/* ---- a root that disappears and comes back ---------------------------- */
+
+/* `ckptctl --json status`'s root_state.state ("" if it has none). */
+static void root_state(const struct agent_proc *a, char *state, size_t len, char *error,
+                       size_t elen)
+{
+	static char out[1 << 16];
+	json_t *j, *r;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json status"), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j != NULL, "not JSON: %s", out);
+	r = json_object_get(j, "root_state");
+	snprintf(state, len, "%s", r ? json_string_value(json_object_get(r, "state")) : "");
+	snprintf(error, elen, "%s", r ? json_string_value(json_object_get(r, "error")) : "");
+	json_decref(j);
+}
+
+/* Polls status until the root's state is `want` (the agent checks every few seconds). */
+static void wait_root_state(const struct agent_proc *a, const char *want, char *error,
+                            size_t elen)
+{
+	char state[32] = "";
+
+	for (int i = 0; i < 300; i++) {
+		root_state(a, state, sizeof(state), error, elen);
+		if (strcmp(state, want) == 0)
+			return;
+		sleep_ms(100);
+	}
+	ck_abort_msg("ckptctl status: root state '%s' after 30 s, not '%s'", state, want);
+}
+
+/* The steps `ckptctl --json list job` shows, committed or not. */
+static size_t listed(const struct agent_proc *a, const char *job, long long *steps, size_t max)
+{
+	static char out[1 << 16];
+	size_t n = 0, i;
+	json_t *j, *v;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json list %s", job), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j != NULL, "not JSON: %s", out);
+	json_array_foreach(json_object_get(j, "checkpoints"), i, v) {
+		if (n < max)
+			steps[n++] = (long long)json_integer_value(json_object_get(v, "step"));
+	}
+	json_decref(j);
+	return n;
+}
+
+static unsigned free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* Whether GET /metrics has the line `line`. */
+static bool metrics_has(unsigned port, const char *line)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port),
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	static char buf[1 << 18];
+	char req[128];
+	size_t len = 0;
+	ssize_t n;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+	              "connect to 127.0.0.1:%u: %s", port, strerror(errno));
+	snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\n\r\n");
+	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while ((n = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+		len += (size_t)n;
+	close(fd);
+	buf[len] = '\0';
+	return strstr(buf, line) != NULL;
+}
+
+/* A save of step that fails; its reason into why. */
+static void save_fails(struct ckpt_plan *p, int64_t step, char *why, size_t len)
+{
+	struct ckpt_save *s;
+
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) != 0, "step %lld committed",
+	              (long long)step);
+	ck_assert_int_eq(ckpt_save_state(s), CKPT_FAILED);
+	snprintf(why, len, "%s", ckpt_save_reason(s));
+	ckpt_save_release(s);
+}
+
+START_TEST(root_removed_and_made_again)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	struct h_model m;
+	char args[128], err[1024], why[1024], path[512], cmd[700];
+	long long steps[8];
+	unsigned port = free_port();
+	size_t n;
+
+	snprintf(args, sizeof(args),
+	         "--staging-mb 16 --chunk-mb 1 --node n0 --metrics-listen 127.0.0.1:%u", port);
+	h_agent_start(&a, args);
+	c = connect_to(&a);
+	h_model_make(&m, c, 3, 30011);
+	ck_assert_int_eq(ckpt_plan_create(c, "gone", 0, 1, m.t, m.n, &p), 0);
+	for (int64_t step = 1; step <= 2; step++) {
+		ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+		ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "%s",
+		              ckpt_save_reason(s));
+		ckpt_save_release(s);
+	}
+	ck_assert_uint_eq(listed(&a, "gone", steps, 8), 2);
+	ck_assert(metrics_has(port, "\nckptd_root_available 1\n"));
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", a.root);
+	ck_assert_int_eq(system(cmd), 0);
+	wait_root_state(&a, "missing", err, sizeof(err));
+	ck_assert_msg(strstr(err, a.root), "status does not name the root: %s", err);
+	n = listed(&a, "gone", steps, 8);
+	ck_assert_msg(n == 0, "list shows %zu steps of a root that is gone (first: %lld)", n,
+	              steps[0]);
+	ck_assert(metrics_has(port, "\nckptd_root_available 0\n"));
+	save_fails(p, 3, why, sizeof(why));
+	ck_assert_msg(strstr(why, a.root) && strstr(why, "missing"),
+	              "the failed save's reason does not say the root is missing: %s", why);
+
+	/* Back: the agent finds it by itself, and saves commit again; no restart. */
+	ck_assert_int_eq(mkdir(a.root, 0755), 0);
+	wait_root_state(&a, "ok", err, sizeof(err));
+	ck_assert_int_eq(ckpt_save(p, 4, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step 4 after the root came "
+	              "back: %s", ckpt_save_reason(s));
+	ckpt_save_release(s);
+	n = listed(&a, "gone", steps, 8);
+	ck_assert_msg(n == 1 && steps[0] == 4, "list after the root came back: %zu steps", n);
+	ck_assert(metrics_has(port, "\nckptd_root_available 1\n"));
+	/* This node's plans file, lost with the root, is published again. */
+	h_path(&a, path, sizeof(path), "gone/plans/n0.json");
+	for (int i = 0; i < 300 && !h_exists(path); i++)
+		sleep_ms(100);
+	ck_assert_msg(h_exists(path), "%s was not published again", path);
+
+	/* Removed and made again between two checks: the next save finds the new one. */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir '%s'", a.root, a.root);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(ckpt_save(p, 5, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step 5 in a root made "
+	              "anew: %s", ckpt_save_reason(s));
+	ckpt_save_release(s);
+	n = listed(&a, "gone", steps, 8);
+	ck_assert_msg(n == 1 && steps[0] == 5, "list after the root was replaced: %zu steps", n);
+	ck_assert_int_eq(h_ctl(&a, why, sizeof(why), "verify gone 5"), 0);
+
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("lifecycle");
@@ -157,6 +345,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, second_agent_same_socket);
 	tcase_add_test(tc, second_agent_same_node);
+	tcase_add_test(tc, root_removed_and_made_again);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,0 +1,232 @@
+/*
+ * The storage root's health: whether saves can go there now, since when,
+ * and why not (ckptctl status, /metrics' ckptd_root_available, the log).
+ * The check is the backend's (root_check: the root still there, the same
+ * directory, writable, this node's lock on it held; a root made anew under
+ * its name is opened again). It runs every few seconds on a thread of its
+ * own (ckpt-root: a verify or a GC on maint must not hold it up), and at
+ * once on a capture worker when a save's shard cannot be created.
+ *
+ * What a change does:
+ *   -> missing           every committed checkpoint not being read leaves
+ *                        the catalog: there is nothing of the root to list
+ *   -> ok, or opened     the catalog of every job is synced from the root,
+ *      again             and this node's plans files are published again
+ *                        (a root made anew has none, and the many-nodes
+ *                        commit needs them)
+ * An unwritable root still lists and restores what it holds.
+ *
+ * Threads: root_check_now on the root thread or a capture worker, one at a
+ * time (check_mu, taken before agent.mu); the state is under agent.mu; the
+ * resync runs on the root thread, the plans files on the commit thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+#define CHECK_OK_NS (5LL * 1000000000)  /* between checks of a root that is fine */
+#define CHECK_BAD_NS (1LL * 1000000000) /* of one that is not: saves resume soon after */
+
+struct root_watch {
+	struct agent *a;
+	struct workq *q;
+	struct work check, sync;
+	pthread_mutex_t check_mu; /* one check at a time, state changes in order */
+	/* under agent.mu */
+	bool stale;       /* the catalog and plans files are to follow the root once it is ok */
+	bool sync_queued; /* sync_run is queued or running */
+};
+
+const char *root_state_name(int state)
+{
+	switch (state) {
+	case ROOT_OK:
+		return "ok";
+	case ROOT_MISSING:
+		return "missing";
+	default:
+		return "unwritable";
+	}
+}
+
+static int state_of(int rc)
+{
+	if (rc == 0)
+		return ROOT_OK;
+	return rc == -ENOENT || rc == -ESTALE || rc == -ENOTDIR ? ROOT_MISSING : ROOT_UNWRITABLE;
+}
+
+/* Under mu: what the root's state becomes (rc: the check's); what follows is done or queued. */
+static void set_state(struct agent *a, int rc, bool reopened, const char *err)
+{
+	struct root_health *h = &a->root;
+	struct root_watch *w = a->rootw;
+	int state = state_of(rc), was = h->state;
+	size_t dropped = 0;
+
+	snprintf(h->error, sizeof(h->error), "%s", rc ? err : "");
+	if (state != was)
+		h->since_unix_ns = ipc_now_ns();
+	h->state = state;
+	/* What was listed lived in a directory that is gone. */
+	if (reopened || (state == ROOT_MISSING && was != ROOT_MISSING))
+		dropped = catalog_drop_unread(a->cat);
+	if (reopened || state == ROOT_MISSING)
+		w->stale = true;
+	if (state != ROOT_OK && was == ROOT_OK)
+		log_msg(LOG_ERR, "%s; %zu committed checkpoints no longer listed", err, dropped);
+	else if (state == ROOT_OK && (was != ROOT_OK || reopened))
+		log_msg(LOG_NOTICE, "storage root %s is usable again%s: saves resume", a->cfg.root,
+		        reopened ? " (a new directory, opened again)" : "");
+	if (state == ROOT_OK && w->stale && !w->sync_queued) {
+		w->stale = false;
+		w->sync_queued = true;
+		workq_push(w->q, &w->sync);
+	}
+}
+
+int root_check_now(struct agent *a, bool *reopened, char *err)
+{
+	struct root_watch *w = a->rootw;
+	int rc;
+
+	*reopened = false;
+	if (!w || !a->store->ops->root_check)
+		return 0;
+	pthread_mutex_lock(&w->check_mu);
+	rc = a->store->ops->root_check(a->store, reopened, err);
+	pthread_mutex_lock(&a->mu);
+	set_state(a, rc, *reopened, err);
+	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&w->check_mu);
+	return rc;
+}
+
+bool root_after_failure(struct agent *a, int rc, char *err)
+{
+	char why[IPC_ERRLEN];
+	bool reopened;
+	int now;
+
+	if (rc != -ENOENT && rc != -ESTALE && rc != -ENOTDIR && rc != -EACCES && rc != -EPERM &&
+	    rc != -EROFS && rc != -EIO)
+		return false; /* not the root's doing */
+	now = root_check_now(a, &reopened, why);
+	if (now)
+		snprintf(err, IPC_ERRLEN, "%s", why); /* names the root, and what to do */
+	/*
+	 * Usable now: opened again by this check, or by the periodic one since
+	 * the shard's directory was looked for in the old one (nothing was made).
+	 */
+	return now == 0 && (reopened || rc == -ENOENT || rc == -ESTALE);
+}
+
+/* Root thread: every few seconds. */
+static void check_run(struct work *wk)
+{
+	struct root_watch *w = container_of(wk, struct root_watch, check);
+	char err[IPC_ERRLEN];
+	bool reopened;
+	int rc = root_check_now(w->a, &reopened, err);
+
+	workq_push_at(w->q, &w->check, ipc_mono_ns() + (rc ? CHECK_BAD_NS : CHECK_OK_NS));
+}
+
+/* Jobs the catalog lists, and jobs the root holds: each named once (malloc'd). */
+static size_t jobs_to_sync(struct agent *a, char ***out)
+{
+	char **listed = NULL, **v, err[IPC_ERRLEN];
+	struct cat_entry **e = NULL;
+	size_t nl = 0, ne, n = 0;
+
+	if (a->store->ops->list_jobs(a->store, &listed, &nl, err))
+		log_msg(LOG_WARNING, "storage root back, but its jobs cannot be listed: %s", err);
+	pthread_mutex_lock(&a->mu);
+	ne = catalog_list(a->cat, NULL, &e);
+	v = calloc(nl + ne + 1, sizeof(*v));
+	for (size_t i = 0; v && i < ne; i++)
+		if (n == 0 || strcmp(v[n - 1], e[i]->job)) /* the catalog is sorted by job */
+			v[n++] = strdup(e[i]->job);
+	pthread_mutex_unlock(&a->mu);
+	free(e);
+	for (size_t i = 0; i < nl; i++) {
+		bool known = false;
+
+		for (size_t j = 0; v && j < n && !known; j++)
+			known = v[j] && strcmp(v[j], listed[i]) == 0;
+		if (v && !known)
+			v[n++] = listed[i];
+		else
+			free(listed[i]);
+	}
+	free(listed);
+	*out = v;
+	return v ? n : 0;
+}
+
+/* Root thread: the root is back (or new): the catalog and the plans files follow it. */
+static void sync_run(struct work *wk)
+{
+	struct root_watch *w = container_of(wk, struct root_watch, sync);
+	struct agent *a = w->a;
+	struct list *pos;
+	char **jobs;
+	size_t n;
+
+	pthread_mutex_lock(&a->mu);
+	w->sync_queued = false;
+	pthread_mutex_unlock(&a->mu);
+	n = jobs_to_sync(a, &jobs);
+	for (size_t i = 0; i < n; i++) {
+		if (jobs[i])
+			catalog_sync_job(a, jobs[i]);
+		free(jobs[i]);
+	}
+	free(jobs);
+	/* What a root made anew lacks: this node's plans files (written if they differ). */
+	pthread_mutex_lock(&a->mu);
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped)
+			plans_publish(a, p->job, p->run);
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+int root_watch_start(struct agent *a, char *err)
+{
+	struct root_watch *w = calloc(1, sizeof(*w));
+	int rc;
+
+	if (!w)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	w->a = a;
+	w->check.fn = check_run;
+	w->sync.fn = sync_run;
+	pthread_mutex_init(&w->check_mu, NULL);
+	a->rootw = w;
+	a->root.state = ROOT_OK; /* opened and locked at start */
+	a->root.since_unix_ns = ipc_now_ns();
+	rc = workq_create("ckpt-root", 1, &w->q, err);
+	if (rc)
+		return rc;
+	workq_push_at(w->q, &w->check, ipc_mono_ns() + CHECK_OK_NS);
+	return 0;
+}
+
+void root_watch_stop(struct agent *a)
+{
+	struct root_watch *w = a->rootw;
+
+	if (!w)
+		return;
+	workq_destroy(w->q); /* a check waiting for its time is dropped */
+	pthread_mutex_destroy(&w->check_mu);
+	free(w);
+	a->rootw = NULL;
+}
