@@ -167,6 +167,8 @@ static size_t jobs_to_sync(struct agent *a, char ***out)
 	return v ? n : 0;
 }
 
+static void owners_follow(struct agent *a);
+
 /* Root thread: the root is back (or new): the catalog and the plans files follow it. */
 static void sync_run(struct work *wk)
 {
@@ -196,6 +198,58 @@ static void sync_run(struct work *wk)
 			plans_publish(a, p->job, p->run);
 	}
 	pthread_mutex_unlock(&a->mu);
+	owners_follow(a);
+}
+
+/*
+ * Root thread: the owners of the jobs this node plans, recorded again where
+ * the root lost them (a root made anew): a job saved into must never be
+ * left for the first user who names it after a restart.
+ */
+static void owners_follow(struct agent *a)
+{
+	struct list *pos;
+	struct {
+		char job[IPC_MAX_JOB + 1];
+		uint32_t uid;
+	} *v = NULL;
+	size_t n = 0, cap = 0;
+	char err[IPC_ERRLEN];
+
+	pthread_mutex_lock(&a->mu);
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (p->dropped)
+			continue;
+		if (n == cap) {
+			void *m = realloc(v, (cap = cap ? 2 * cap : 8) * sizeof(*v));
+
+			if (!m)
+				break;
+			v = m;
+		}
+		snprintf(v[n].job, sizeof(v[n].job), "%s", p->job);
+		v[n++].uid = (uint32_t)p->uid;
+	}
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t owner;
+
+		/* memory may still say who owns it; the disk is what a restart reads */
+		if (store_owner_get(a->store, v[i].job, &owner, err) != -ENOENT)
+			continue;
+		if (store_owner_claim(a->store, v[i].job, v[i].uid, &owner, err)) {
+			log_msg(LOG_WARNING, "job %s: its owner cannot be recorded again: %s",
+				v[i].job, err);
+			continue;
+		}
+		pthread_mutex_lock(&a->mu);
+		owner_note(a, v[i].job, true, owner);
+		pthread_mutex_unlock(&a->mu);
+	}
+	free(v);
 }
 
 int root_watch_start(struct agent *a, char *err)

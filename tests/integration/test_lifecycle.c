@@ -318,6 +318,11 @@ START_TEST(root_removed_and_made_again)
 	for (int i = 0; i < 300 && !h_exists(path); i++)
 		sleep_ms(100);
 	ck_assert_msg(h_exists(path), "%s was not published again", path);
+	/* and the job's owner, lost with it, is recorded again */
+	h_path(&a, path, sizeof(path), "gone/OWNER");
+	for (int i = 0; i < 300 && !h_exists(path); i++)
+		sleep_ms(100);
+	ck_assert_msg(h_exists(path), "%s was not recorded again", path);
 
 	/* Removed and made again between two checks: the next save finds the new one. */
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir '%s'", a.root, a.root);
