@@ -147,6 +147,13 @@ static void tell_systemd(struct agent *a)
 /* Region descriptors a client may have sent and not yet registered. */
 #define CRED_FDS_PER_CONN 8
 
+static void adopt(void *ctx, int fd)
+{
+	struct agent *a = ctx;
+
+	server_adopt(a->srv, fd);
+}
+
 static int identify(void *ctx, const char *hex, size_t len, struct peer *p)
 {
 	struct agent *a = ctx;
@@ -317,6 +324,9 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	co.admin_gid = cfg->admin_gid;
 	co.conns_per_user = cfg->lim.connections;
 	co.fds_per_conn = CRED_FDS_PER_CONN;
+	co.grpc_lfd = server_listen_fd(a->srv);
+	co.adopt = adopt;
+	co.adopt_ctx = a;
 	rc = cred_create(&co, &a->cred, err);
 	if (rc)
 		goto fail;

@@ -45,6 +45,7 @@ struct held_fd {
 };
 
 struct conn {
+	bool grpc; /* a gRPC connection: sock is our duplicate, watched for its end */
 	int sock;
 	struct peer who;
 	uint8_t token[IPC_TOKEN_BYTES];
@@ -134,14 +135,17 @@ static void drop_conn(struct cred *c, unsigned i)
 	conn_free(k);
 }
 
-/* A new connection: who it is, within the limits, then its hello. */
-static void on_accept(struct cred *c)
+/*
+ * A new connection on the credentials socket (grpc false) or the gRPC one:
+ * who it is, within the limits; then its hello, or gRPC has it.
+ */
+static void on_accept(struct cred *c, int lsock, bool grpc)
 {
 	struct ipc_cred_msg m = {.op = IPC_CRED_HELLO};
 	struct conn *k;
 	struct peer p;
 	unsigned same = 0, slot = CRED_MAX_CONNS;
-	int sock = accept4(c->lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	int sock = accept4(lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), watch = -1;
 
 	if (sock < 0) {
 		/* Out of descriptors: the listener stays readable; look again later, not at once. */
@@ -163,15 +167,24 @@ static void on_accept(struct cred *c)
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (same >= c->o.conns_per_user) {
-		refuse(sock, -EAGAIN,
-		       "uid %u has %u connections to this agent, its limit ([limits] "
-		       "connections_per_user)",
-		       (unsigned)p.uid, same);
+	if (same >= c->o.conns_per_user || slot == CRED_MAX_CONNS) {
+		if (!grpc && slot == CRED_MAX_CONNS)
+			refuse(sock, -EAGAIN, "the agent has %d connections, its limit", CRED_MAX_CONNS);
+		else if (!grpc)
+			refuse(sock, -EAGAIN,
+			       "uid %u has %u connections to this agent, its limit ([limits] "
+			       "connections_per_user)",
+			       (unsigned)p.uid, same);
+		else
+			close(sock); /* gRPC has no way to say why: the log does */
+		log_msg(LOG_NOTICE, "a %s connection of uid %u (pid %d) refused: %u held, limit %u "
+				    "([limits] connections_per_user)",
+			grpc ? "gRPC" : "credentials", (unsigned)p.uid, (int)p.pid, same,
+			c->o.conns_per_user);
 		return;
 	}
-	if (slot == CRED_MAX_CONNS) {
-		refuse(sock, -EAGAIN, "the agent has %d connections, its limit", CRED_MAX_CONNS);
+	if (grpc && (watch = fcntl(sock, F_DUPFD_CLOEXEC, 0)) < 0) {
+		close(sock);
 		return;
 	}
 	k = calloc(1, sizeof(*k));
@@ -181,22 +194,32 @@ static void on_accept(struct cred *c)
 		if (k)
 			free(k->fds);
 		free(k);
-		refuse(sock, -ENOMEM, "the agent is out of memory");
+		if (watch >= 0)
+			close(watch);
+		if (grpc)
+			close(sock);
+		else
+			refuse(sock, -ENOMEM, "the agent is out of memory");
 		return;
 	}
 	for (unsigned i = 0; i < c->o.fds_per_conn; i++)
 		k->fds[i].fd = -1;
 	k->fds[c->o.fds_per_conn].fd = -2; /* the end */
-	k->sock = sock;
+	k->grpc = grpc;
+	k->sock = grpc ? watch : sock;
 	k->who = p;
-	memcpy(m.magic, IPC_CRED_MAGIC, 8);
-	memcpy(m.token, k->token, sizeof(m.token));
 	/* Listed before the hello: the client's first call may come at once. */
 	pthread_mutex_lock(&c->mu);
 	k->who.conn = ++c->next_conn;
 	c->conns[slot] = k;
 	c->nconns++;
 	pthread_mutex_unlock(&c->mu);
+	if (grpc) {
+		c->o.adopt(c->o.adopt_ctx, sock); /* gRPC's now; ours watches for its end */
+		return;
+	}
+	memcpy(m.magic, IPC_CRED_MAGIC, 8);
+	memcpy(m.token, k->token, sizeof(m.token));
 	if (ipc_cred_send(sock, &m, -1))
 		drop_conn(c, slot);
 }
@@ -234,7 +257,11 @@ static void on_fd(struct cred *c, struct conn *k, const struct ipc_cred_msg *in,
 static bool on_readable(struct cred *c, struct conn *k)
 {
 	struct ipc_cred_msg in;
-	int fd, rc = ipc_cred_recv(k->sock, &in, &fd, 0);
+	int fd, rc;
+
+	if (k->grpc) /* its end: the peer or gRPC closed it */
+		return false;
+	rc = ipc_cred_recv(k->sock, &in, &fd, 0);
 
 	if (rc == -ETIMEDOUT || rc == -EAGAIN)
 		return true;
@@ -252,8 +279,8 @@ static bool on_readable(struct cred *c, struct conn *k)
 static void *cred_thread(void *arg)
 {
 	struct cred *c = arg;
-	struct pollfd *p = calloc(CRED_MAX_CONNS + 2, sizeof(*p));
-	unsigned *idx = calloc(CRED_MAX_CONNS + 2, sizeof(*idx));
+	struct pollfd *p = calloc(CRED_MAX_CONNS + 3, sizeof(*p));
+	unsigned *idx = calloc(CRED_MAX_CONNS + 3, sizeof(*idx));
 
 	if (!p || !idx) {
 		log_msg(LOG_ERR, "credentials socket: out of memory: nobody can connect");
@@ -261,15 +288,19 @@ static void *cred_thread(void *arg)
 	}
 	for (;;) {
 		int64_t wait = c->pause_until - ipc_mono_ns();
-		nfds_t n = 2;
+		nfds_t n = 3;
 
 		p[0] = (struct pollfd){c->stopfd, POLLIN, 0};
 		p[1] = (struct pollfd){wait > 0 ? -1 : c->lsock, POLLIN, 0};
+		p[2] = (struct pollfd){wait > 0 ? -1 : c->o.grpc_lfd, POLLIN, 0};
 		/* Only this thread changes the table's entries: reading them unlocked is safe. */
 		for (unsigned i = 0; i < CRED_MAX_CONNS; i++)
 			if (c->conns[i]) {
+				/* a gRPC connection's bytes are gRPC's: only its end is ours */
+				short ev = c->conns[i]->grpc ? POLLRDHUP : POLLIN;
+
 				idx[n] = i;
-				p[n++] = (struct pollfd){c->conns[i]->sock, POLLIN, 0};
+				p[n++] = (struct pollfd){c->conns[i]->sock, ev, 0};
 			}
 		if (poll(p, n, wait > 0 ? (int)(wait / 1000000) + 1 : -1) < 0) {
 			if (errno == EINTR)
@@ -279,11 +310,13 @@ static void *cred_thread(void *arg)
 		}
 		if (p[0].revents)
 			break;
-		for (nfds_t j = 2; j < n; j++)
+		for (nfds_t j = 3; j < n; j++)
 			if (p[j].revents && !on_readable(c, c->conns[idx[j]]))
 				drop_conn(c, idx[j]);
 		if (p[1].revents & POLLIN)
-			on_accept(c);
+			on_accept(c, c->lsock, false);
+		if (p[2].revents & POLLIN)
+			on_accept(c, c->o.grpc_lfd, true);
 	}
 out:
 	free(p);
@@ -397,7 +430,7 @@ int cred_identify(struct cred *c, const char *hex, size_t len, struct peer *p)
 		return -EACCES;
 	pthread_mutex_lock(&c->mu);
 	for (unsigned i = 0; i < CRED_MAX_CONNS; i++)
-		if (c->conns[i] && token_eq(c->conns[i]->token, token)) {
+		if (c->conns[i] && !c->conns[i]->grpc && token_eq(c->conns[i]->token, token)) {
 			*p = c->conns[i]->who;
 			rc = 0;
 			break;
@@ -414,7 +447,7 @@ int cred_take_fd(struct cred *c, const struct peer *p, uint64_t ticket, uint64_t
 	for (unsigned i = 0; i < CRED_MAX_CONNS && fd == -ENOENT; i++) {
 		struct conn *k = c->conns[i];
 
-		if (!k || k->who.conn != p->conn)
+		if (!k || k->grpc || k->who.conn != p->conn)
 			continue;
 		for (unsigned j = 0; j < c->o.fds_per_conn; j++)
 			if (k->fds[j].fd >= 0 && k->fds[j].ticket == ticket) {

@@ -3,6 +3,8 @@
  * kernel, and the host regions it hands over as file descriptors. One
  * thread of its own accepts connections, answers each with a token, and
  * keeps the descriptors a client sends until RegisterRegion claims them.
+ * It accepts the gRPC socket's connections too, so that no user holds more
+ * than [limits] connections_per_user of either kind.
  *
  * Locks: its own mutex, taken after the agent's (never calls out under it).
  */
@@ -23,6 +25,13 @@ struct cred_opts {
 	long admin_gid;            /* [agent] admin_group; < 0: none */
 	unsigned conns_per_user;   /* [limits] connections_per_user */
 	unsigned fds_per_conn;     /* descriptors sent and not yet claimed */
+	/*
+	 * The gRPC socket's listener: its connections are accepted here too,
+	 * counted per uid with these, and handed to adopt (server_adopt).
+	 */
+	int grpc_lfd;
+	void (*adopt)(void *ctx, int fd);
+	void *adopt_ctx;
 };
 
 int cred_create(const struct cred_opts *o, struct cred **out, char *err);

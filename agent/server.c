@@ -23,6 +23,7 @@
 #include <pthread.h>
 
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -81,6 +82,9 @@ struct server {
 	void *ctx;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	bool bound; /* the socket at path is ours (sock_dev, sock_ino): removed at the end */
+	int lfd;    /* its listener, accepted from by server_adopt's caller */
+	grpc_server_credentials *creds;
+	bool closing; /* under mu: shutting down, no more connections adopted */
 	dev_t sock_dev;
 	ino_t sock_ino;
 	pthread_mutex_t mu;
@@ -489,7 +493,6 @@ static int clear_stale_socket(const char *path, char *err)
 
 static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 {
-	grpc_server_credentials *creds;
 	struct stat st;
 	int rc;
 
@@ -503,14 +506,26 @@ static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 	rc = clear_stale_socket(s->path, err);
 	if (rc)
 		return rc;
-	creds = grpc_insecure_server_credentials_create();
-	rc = grpc_server_add_http2_port(s->gs, o->listen, creds);
-	grpc_server_credentials_release(creds);
-	if (rc == 0)
-		return ipc_errf(err, -EADDRNOTAVAIL,
-				"cannot listen on %s (does its directory exist and is it "
-				"writable?)",
-				o->listen);
+	/*
+	 * Our own listener, not gRPC's: connections are accepted by the
+	 * credentials thread, which knows each one's uid and holds every user
+	 * to [limits] connections_per_user (gRPC would take them all, and
+	 * stop accepting for good once out of descriptors), then hands them
+	 * to gRPC (server_adopt).
+	 */
+	{
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", s->path);
+		s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (s->lfd < 0)
+			return ipc_errf(err, -errno, "socket: %s", strerror(errno));
+		if (bind(s->lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(s->lfd, 512))
+			return ipc_errf(err, -errno,
+					"cannot listen on %s: %s (does its directory exist and is it "
+					"writable?)",
+					o->listen, strerror(errno));
+	}
 	if (lstat(s->path, &st) == 0 && S_ISSOCK(st.st_mode)) {
 		s->bound = true;
 		s->sock_dev = st.st_dev;
@@ -554,12 +569,14 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 	if (!s)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	pthread_mutex_init(&s->mu, NULL);
+	s->lfd = -1;
 	memcpy(s->handlers, o->handlers, sizeof(s->handlers));
 	s->tick = o->tick;
 	s->identify = o->identify;
 	s->ctx = o->ctx;
 	grpc_init();
 	s->gs = grpc_server_create(&cargs, NULL);
+	s->creds = grpc_insecure_server_credentials_create();
 	s->cq = grpc_completion_queue_create_for_next(NULL);
 	grpc_server_register_completion_queue(s->gs, s->cq, NULL);
 	for (int m = 0; m < IPC_NMETHODS; m++)
@@ -620,6 +637,9 @@ void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx),
 		}
 		if (!stopping && atomic_load(stop)) {
 			stopping = true;
+			pthread_mutex_lock(&s->mu);
+			s->closing = true;
+			pthread_mutex_unlock(&s->mu);
 			grpc_server_shutdown_and_notify(s->gs, s->cq, &s->t_shutdown);
 			grpc_server_cancel_all_calls(s->gs);
 		}
@@ -637,6 +657,21 @@ void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx),
 	}
 }
 
+int server_listen_fd(const struct server *s)
+{
+	return s->lfd;
+}
+
+void server_adopt(struct server *s, int fd)
+{
+	pthread_mutex_lock(&s->mu);
+	if (s->closing)
+		close(fd);
+	else
+		grpc_server_add_channel_from_fd(s->gs, fd, s->creds);
+	pthread_mutex_unlock(&s->mu);
+}
+
 void server_destroy(struct server *s)
 {
 	struct stat st;
@@ -647,6 +682,10 @@ void server_destroy(struct server *s)
 		grpc_server_destroy(s->gs);
 	if (s->cq)
 		grpc_completion_queue_destroy(s->cq);
+	if (s->creds)
+		grpc_server_credentials_release(s->creds);
+	if (s->lfd >= 0)
+		close(s->lfd);
 	/* Only the socket this server bound: never one it was refused on, nor a newer one. */
 	if (s->bound && lstat(s->path, &st) == 0 && st.st_dev == s->sock_dev &&
 	    st.st_ino == s->sock_ino)

@@ -52,6 +52,13 @@ int server_create(const struct server_opts *o, struct server **out, char *err);
  * caller's work is done (polled as the queue keeps turning; NULL: at once).
  */
 void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx), void *ctx);
+/*
+ * The socket's listening descriptor: whoever accepts from it (the
+ * credentials thread) hands each connection to server_adopt, which gives
+ * it to gRPC (or closes it once the server is stopping). Any thread.
+ */
+int server_listen_fd(const struct server *s);
+void server_adopt(struct server *s, int fd);
 /* After server_run: frees everything, removes the socket it bound. NULL is fine. */
 void server_destroy(struct server *s);
 

@@ -15,6 +15,9 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -278,6 +281,91 @@ START_TEST(failed_plan_claims_nothing)
 }
 END_TEST
 
+/* Idle connections to the gRPC socket, n of them (as fds into v). */
+static int flood(const struct agent_proc *a, int *v, int n)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int k = 0;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", a->endpoint + 5);
+	for (; k < n; k++) {
+		v[k] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		ck_assert_int_ge(v[k], 0);
+		if (connect(v[k], (struct sockaddr *)&sa, sizeof(sa))) {
+			close(v[k]);
+			break; /* the backlog is full: enough */
+		}
+	}
+	return k;
+}
+
+static int fd_count(pid_t pid)
+{
+	char path[64], cmd[128];
+	FILE *f;
+	int n = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	snprintf(cmd, sizeof(cmd), "ls %s | wc -l", path);
+	f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(fscanf(f, "%d", &n), 1);
+	pclose(f);
+	return n;
+}
+
+/*
+ * Idle connections used to take the agent's descriptors until gRPC stopped
+ * accepting for good. A user holds at most connections_per_user; an agent
+ * out of descriptors accepts again once they are back.
+ */
+START_TEST(connection_flood)
+{
+	struct agent_proc a;
+	struct rlimit old, low;
+	char out[4096];
+	static int v[600];
+	int n, before;
+
+	/* a user: at most 8 connections, whatever it opens */
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --max-connections 8");
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "status"), 0);
+	before = fd_count(a.pid);
+	n = flood(&a, v, 200);
+	ck_assert_int_ge(n, 50);
+	for (int i = 0; i < 50 && !h_log_has(&a, "connections_per_user"); i++)
+		usleep(100000);
+	ck_assert_msg(h_log_has(&a, "connections_per_user"), "no connection was refused");
+	ck_assert_msg(fd_count(a.pid) <= before + 2 * 8 + 4, "the agent holds %d descriptors",
+		      fd_count(a.pid));
+	while (n--)
+		close(v[n]);
+	for (int i = 0; i < 50 && h_ctl(&a, out, sizeof(out), "status"); i++)
+		usleep(100000);
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0, "%s", out);
+	h_agent_cleanup(&a);
+
+	/* an agent out of descriptors (a low limit, many connections) serves again after */
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+	low = old;
+	low.rlim_cur = 256;
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --max-connections 4096");
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+	n = flood(&a, v, 600);
+	ck_assert_int_ge(n, 300);
+	usleep(500000);
+	ck_assert_int_eq(kill(a.pid, 0), 0);
+	while (n--)
+		close(v[n]);
+	for (int i = 0; i < 100 && h_ctl(&a, out, sizeof(out), "status"); i++)
+		usleep(100000);
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0,
+		      "the agent does not answer after running out of descriptors: %s", out);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* Shards were 0644 in 0755 directories: readable by every account. */
 START_TEST(files_not_for_everyone)
 {
@@ -389,6 +477,7 @@ int main(void)
 	tcase_add_test(tc, anonymous_reaches_status_only);
 	tcase_add_test(tc, files_not_for_everyone);
 	tcase_add_test(tc, failed_plan_claims_nothing);
+	tcase_add_test(tc, connection_flood);
 	tcase_add_test(tc, limits_per_user);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
