@@ -354,22 +354,22 @@ static void submit_chunk(struct save *s, struct pool_chunk *c, uint64_t off, uin
 	uint64_t len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
 
 	memset((char *)c->buf + fill, 0, len - fill);
-		c->fill = fill;
-		c->owner = s;
-		c->req = (struct io_req){.op = IO_WRITE,
-					 .buf = c->buf,
-					 .len = len,
-					 .off = off,
-					 .buf_index = (int)c->index,
-					 .done = chunk_written,
-					 .ctx = c};
-		c->hash.fn = chunk_hash;
-		atomic_store(&c->busy, 2); /* the write and the checksums */
-		atomic_fetch_add(&s->stages, 1);
-		atomic_fetch_add(&s->bytes_captured, fill);
-		a->store->ops->shard_write(s->shard, &c->req);
-		workq_push(a->hasher, &c->hash);
-	}
+	c->fill = fill;
+	c->owner = s;
+	c->req = (struct io_req){.op = IO_WRITE,
+				 .buf = c->buf,
+				 .len = len,
+				 .off = off,
+				 .buf_index = (int)c->index,
+				 .done = chunk_written,
+				 .ctx = c};
+	c->hash.fn = chunk_hash;
+	atomic_store(&c->busy, 2); /* the write and the checksums */
+	atomic_fetch_add(&s->stages, 1);
+	atomic_fetch_add(&s->bytes_captured, fill);
+	a->store->ops->shard_write(s->shard, &c->req);
+	workq_push(a->hasher, &c->hash);
+}
 
 static uint64_t chunk_fill(const struct save *s, unsigned k, uint64_t cb)
 {
