@@ -132,6 +132,7 @@ struct agent {
 	struct storage_recovery recovered;
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
 	int sock_lock; /* "<socket>.lock", held for the agent's life (-1: none) */
+	atomic_uint_fast64_t captured_bytes; /* copied from trainers into staging, since start */
 
 	pthread_mutex_t mu; /* everything below */
 	struct list sessions;
@@ -143,6 +144,7 @@ struct agent {
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
 	unsigned nregions; /* host regions registered, all sessions */
+	unsigned nckpts; /* checkpoints held (the list ckpts): in flight, or failed and kept */
 	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;

@@ -58,6 +58,7 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 	cp->state = CKPT__V1__STATE__STATE_QUEUED;
 	cp->t_first = ipc_mono_ns();
 	list_add_tail(&a->ckpts, &cp->link);
+	a->nckpts++;
 	*out = cp;
 	return 0;
 }
@@ -92,6 +93,7 @@ void cp_free(struct agent *a, struct checkpoint *cp)
 		if (cp->rank[r])
 			save_detach(a, cp->rank[r]);
 	list_del(&cp->link);
+	a->nckpts--;
 	commit_destroy(cp->commit); /* memory only: no I/O under the lock */
 	free_texts(&cp->parts_done, &cp->nparts_done);
 	free_texts(&cp->parts_missing, &cp->nparts_missing);

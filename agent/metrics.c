@@ -135,7 +135,8 @@ struct snapshot {
 	struct hist h[NHIST];
 	uint64_t restores_ok, restores_failed, restored_bytes, parts_missing;
 	uint64_t finals[8];
-	unsigned inflight, sessions, plans;
+	unsigned inflight, sessions, plans, ckpts;
+	uint64_t captured;
 	bool root_ok;
 	struct ioeng_stats io;
 	struct pool_stats pool;
@@ -151,7 +152,9 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->sessions = a->nsessions;
 	s->plans = a->nplans;
 	s->root_ok = a->root.state == ROOT_OK;
+	s->ckpts = a->nckpts;
 	pthread_mutex_unlock(&a->mu);
+	s->captured = atomic_load(&a->captured_bytes);
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
 	memcpy(s->h, m->h, sizeof(s->h));
 	s->restores_ok = m->restores_ok;
@@ -228,6 +231,8 @@ static void render(struct metrics *m, FILE *f)
 	    (double)s.parts_missing);
 	put(f, "ckptd_restored_bytes_total", "counter", "Tensor bytes restored into trainers.",
 	    (double)s.restored_bytes);
+	put(f, "ckptd_captured_bytes_total", "counter",
+	    "Bytes copied from trainers' memory into the staging pool.", (double)s.captured);
 	put(f, "ckptd_written_bytes_total", "counter", "Bytes written to shard files.",
 	    (double)s.io.bytes_written);
 	put(f, "ckptd_read_bytes_total", "counter", "Bytes read from shard files.",
@@ -244,6 +249,9 @@ static void render(struct metrics *m, FILE *f)
 	put(f, "ckptd_pool_waits_total", "counter",
 	    "Reservations that had to wait for room in the pool.", (double)p->waits);
 	put(f, "ckptd_saves_in_flight", "gauge", "Saves not yet in a final state.", s.inflight);
+	put(f, "ckptd_checkpoints_held", "gauge",
+	    "Checkpoints (steps) held in memory: in flight, or failed and not yet let go.",
+	    s.ckpts);
 	put(f, "ckptd_sessions", "gauge", "Clients attached.", s.sessions);
 	put(f, "ckptd_plans", "gauge", "Plans registered.", s.plans);
 	put(f, "ckptd_root_available", "gauge",

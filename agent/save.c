@@ -399,6 +399,7 @@ static int capture_chunks(struct save *s, char *why)
 					(unsigned long long)k * cb,
 					(unsigned long long)(k * cb + chunk_fill(s, k, cb)));
 		}
+		atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k, cb));
 		submit_chunk(s, c, (uint64_t)k * cb, chunk_fill(s, k, cb));
 	}
 	return 0;
@@ -465,14 +466,17 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);
-		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why)))
+		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
+			atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k - 1, cb));
 			submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
+		}
 		if (!rc) {
 			prev = c;
 			c = NULL;
 		}
 	}
 	if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
+		atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k - 1, cb));
 		submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
 		prev = NULL;
 	}
@@ -749,11 +753,8 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 				p->job, (long long)req->step, a->cfg.node, p->rank);
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
-		if (cp->nsaved == 0) { /* new and empty: nobody else knows it */
-			list_del(&cp->link);
-			free(cp->rank);
-			free(cp);
-		}
+		if (cp->nsaved == 0) /* new and empty: nobody else knows it */
+			cp_free(a, cp);
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
 	if (p->gpu) { /* room checked above: this cannot fail */

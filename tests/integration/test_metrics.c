@@ -270,6 +270,11 @@ static void check_after_save(const struct scrape *sc, off_t shard)
 	ck_assert_msg(get(sc, "ckptd_written_bytes_total") >= (double)shard,
 	              "written %g < shard %lld", get(sc, "ckptd_written_bytes_total"),
 	              (long long)shard);
+	/* each byte of the shard copied once from the trainer (one save) */
+	ck_assert_msg(get(sc, "ckptd_captured_bytes_total") == (double)shard,
+	              "captured %g, shard %lld", get(sc, "ckptd_captured_bytes_total"),
+	              (long long)shard);
+	ck_assert(get(sc, "ckptd_checkpoints_held") == 0); /* committed: let go */
 	ck_assert(get(sc, "ckptd_pool_bytes") == 64.0 * 1024 * 1024);
 	ck_assert(get(sc, "ckptd_pool_used_bytes") <= get(sc, "ckptd_pool_bytes"));
 	ck_assert(get(sc, "ckptd_saves_in_flight") == 0);
