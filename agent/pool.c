@@ -464,10 +464,16 @@ struct pool_chunk *pool_take(struct pool_resv *r, const atomic_bool *abort)
 	struct pool_chunk *c = NULL;
 
 	pthread_mutex_lock(&p->mu);
-	while (r->credits == 0) {
-		/* Released (by an abort path on another thread): nothing will come. */
+	for (;;) {
+		/*
+		 * Aborted: nothing more is copied, whatever credits are left (the
+		 * caller releases them). Released (by an abort path on another
+		 * thread): nothing will come.
+		 */
 		if (aborted(abort) || !r->active)
 			goto unlock;
+		if (r->credits)
+			break;
 		pthread_cond_wait(&p->chunk, &p->mu);
 	}
 	c = p->free_list;

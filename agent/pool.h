@@ -85,7 +85,10 @@ uint64_t pool_chunk_bytes(const struct pool *p);
  */
 int pool_reserve(struct pool *p, struct pool_resv *r, unsigned n, bool wait,
                  const atomic_bool *abort);
-/* A chunk of the reservation; waits for one to come back; NULL if aborted. */
+/*
+ * A chunk of the reservation; waits for one to come back. NULL once aborted,
+ * even with credits left: an aborted capture copies nothing more.
+ */
 struct pool_chunk *pool_take(struct pool_resv *r, const atomic_bool *abort);
 /* Gives a chunk back: to its reservation if still active, else to the pool. */
 void pool_give(struct pool_resv *r, struct pool_chunk *c);

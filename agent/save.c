@@ -19,6 +19,12 @@
  * that fits in the pool reserves all its chunks at once, so its capture never
  * waits for the disk; a larger one streams through the whole pool.
  *
+ * An abort (trainer gone before CAPTURED, its checkpoint failed, the agent
+ * stopping at its limit) is looked at before each chunk's copy, before its
+ * write is handed over and as the I/O thread is about to send it: an aborted
+ * save copies and writes at most the chunk in hand, and every chunk it is
+ * not writing goes back to the pool as soon as its capture returns.
+ *
  * `stages` counts what is still running (the capture, each chunk in flight,
  * the final fsync); whoever brings it to zero moves the save on.
  */
@@ -299,7 +305,8 @@ static void chunk_hash(struct work *w)
 	const char *buf = c->buf;
 	size_t i = s->hash_next;
 
-	for (; i < p->n; i++) {
+	/* Aborted: its checksums will never be used. */
+	for (; i < p->n && !atomic_load(&s->abort); i++) {
 		const struct plan_tensor *t = &p->t[i];
 		uint64_t from, to;
 
@@ -323,7 +330,21 @@ static void chunk_hash(struct work *w)
 	chunk_put(c);
 }
 
-/* The I/O thread: the chunk is on disk (or not). */
+/*
+ * The I/O thread, as the write is about to go out: a save aborted since its
+ * chunk was queued writes nothing more. A length of 0 makes the engine end
+ * the request at once, without I/O (ioeng.h).
+ */
+static void chunk_prep(struct io_req *r)
+{
+	struct pool_chunk *c = r->ctx;
+	struct save *s = c->owner;
+
+	if (atomic_load(&s->abort))
+		r->len = 0;
+}
+
+/* The I/O thread: the chunk is on disk (or not, or skipped by chunk_prep). */
 static void chunk_written(struct io_req *r)
 {
 	struct pool_chunk *c = r->ctx;
@@ -333,7 +354,7 @@ static void chunk_written(struct io_req *r)
 		if (!s->io_err)
 			s->io_err = (int)r->res;
 		atomic_store(&s->abort, true);
-	} else {
+	} else if (r->len) {
 		atomic_fetch_add(&s->bytes_written, c->fill);
 	}
 	chunk_put(c);
@@ -361,6 +382,7 @@ static void submit_chunk(struct save *s, struct pool_chunk *c, uint64_t off, uin
 				 .len = len,
 				 .off = off,
 				 .buf_index = (int)c->index,
+				 .prep = chunk_prep,
 				 .done = chunk_written,
 				 .ctx = c};
 	c->hash.fn = chunk_hash;
@@ -400,6 +422,10 @@ static int capture_chunks(struct save *s, char *why)
 					(unsigned long long)(k * cb + chunk_fill(s, k, cb)));
 		}
 		atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k, cb));
+		if (atomic_load(&s->abort)) { /* aborted during the copy: not written */
+			pool_give(&s->resv, c);
+			return -ECANCELED;
+		}
 		submit_chunk(s, c, (uint64_t)k * cb, chunk_fill(s, k, cb));
 	}
 	return 0;
@@ -466,6 +492,8 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);
+		if (!rc && atomic_load(&s->abort)) /* nothing more is written */
+			rc = -ECANCELED;
 		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
 			atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k - 1, cb));
 			submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
@@ -623,9 +651,18 @@ static void save_capture(struct work *w)
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,
 		"capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
-		"%.2f ms copying %llu bytes",
+		"%.2f ms copying %llu of %llu bytes",
 		s->job, (long long)s->step, s->rank, (double)(t1 - s->t_queued) / 1e6,
-		(double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6, (unsigned long long)s->bytes_total);
+		(double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6,
+		(unsigned long long)atomic_load(&s->bytes_captured),
+		(unsigned long long)s->bytes_total);
+	/*
+	 * The capture takes no more chunks: the credits it has not spent go
+	 * back to the pool now, and each chunk in flight as its write ends
+	 * (an aborted save's at once: chunk_prep skips their writes).
+	 */
+	if (s->resv.pool)
+		pool_release(&s->resv);
 	pthread_mutex_lock(&a->mu);
 	if (rc == -EAGAIN && !atomic_load(&s->abort)) {
 		atomic_store(&s->abort, true);

@@ -749,6 +749,10 @@ START_TEST(test_abort_take)
 
 	pool_give(&r, c);
 	ck_assert_uint_eq(r.credits, 1);
+	/* aborted with a credit left: nothing more is taken (the copies stop) */
+	ck_assert_ptr_null(pool_take(&r, &stop));
+	ck_assert_uint_eq(r.credits, 1);
+	ck_assert_uint_eq(stats(p).in_use, 0);
 	c = pool_take(&r, NULL);
 	ck_assert_ptr_nonnull(c);
 

@@ -1,0 +1,232 @@
+/*
+ * Saves that end early, read from the agent's own counters (/metrics): a
+ * trainer SIGKILLed before CAPTURED stops the copies within a chunk or two
+ * and the next trainer's save commits; a failed step missing a rank that
+ * never comes is let go of; a save still writing when the agent is told to
+ * stop commits before it exits.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+	nanosleep(&ts, NULL);
+}
+
+/* ---- /metrics ------------------------------------------------------------ */
+
+/* A port nobody listens on now: bound to port 0, read back, closed. */
+static unsigned free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind: %s",
+	              strerror(errno));
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* The value of the sample `name` (with its labels, as written) in a scrape of port. */
+static double metric(unsigned port, const char *name)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port),
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {10, 0};
+	static char buf[1 << 18];
+	char req[128], want[160], *at;
+	size_t len = 0;
+	ssize_t n;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+	              "connect to the metrics port %u: %s", port, strerror(errno));
+	snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while ((n = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+		len += (size_t)n;
+	close(fd);
+	buf[len] = '\0';
+	snprintf(want, sizeof(want), "\n%s ", name);
+	at = strstr(buf, want);
+	ck_assert_msg(at, "no sample %s in the scrape", name);
+	return strtod(at + strlen(want), NULL);
+}
+
+/* Polls until the sample `name` is at least (or, !above, at most) v; whether it got there. */
+static bool metric_reaches(unsigned port, const char *name, double v, bool above, int timeout_ms)
+{
+	for (int waited = 0; waited <= timeout_ms; waited += 20) {
+		double now = metric(port, name);
+
+		if (above ? now >= v : now <= v)
+			return true;
+		sleep_ms(20);
+	}
+	return false;
+}
+
+static void start_with_metrics(struct agent_proc *a, unsigned *port, const char *args)
+{
+	char all[400];
+
+	*port = free_port();
+	snprintf(all, sizeof(all), "%s --metrics-listen 127.0.0.1:%u", args, *port);
+	h_agent_start(a, all);
+}
+
+/* ---- trainers in their own processes ------------------------------------- */
+
+/* One U8 tensor of mb MiB filled with `step`, and its plan for (job, rank 0 of 1). */
+static int blob_plan(struct ckpt_client *c, const char *job, long step, long mb,
+                     struct ckpt_plan **p)
+{
+	int64_t shape[1] = {mb << 20};
+	struct ckpt_tensor t = {"blob", CKPT_U8, 1, shape, NULL, NULL, NULL};
+
+	if (ckpt_host_alloc(c, (size_t)shape[0], &t.data))
+		return fprintf(stderr, "trainer: %s\n", ckpt_last_error(c)), 10;
+	memset(t.data, (int)step, (size_t)shape[0]);
+	if (ckpt_plan_create(c, job, 0, 1, &t, 1, p))
+		return fprintf(stderr, "trainer: %s\n", ckpt_last_error(c)), 11;
+	return 0;
+}
+
+/*
+ * A trainer saving `step` of mb MiB: "commit" waits for COMMITTED (exit 0);
+ * "two-die" saves job-a and then job-b, mb MiB each (both ready before the
+ * first save), drops job-b's plan as soon as its save is queued, and dies.
+ */
+static int trainer_main(const char *endpoint, const char *job, long step, long mb,
+                        const char *mode)
+{
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s;
+	char name[64];
+
+	if (ckpt_connect(endpoint, &c))
+		return 10;
+	if (strcmp(mode, "two-die") == 0) {
+		for (int i = 0; i < 2; i++) {
+			snprintf(name, sizeof(name), "%s-%c", job, 'a' + i);
+			if (blob_plan(c, name, step, mb, &p[i]))
+				return 11;
+		}
+		if (ckpt_save(p[0], step, NULL, &s) || ckpt_save(p[1], step, NULL, &s))
+			return fprintf(stderr, "trainer: %s\n", ckpt_last_error(c)), 12;
+		raise(SIGKILL);
+	}
+	if (blob_plan(c, job, step, mb, &p[0]) || ckpt_save(p[0], step, NULL, &s))
+		return 12;
+	if (ckpt_save_wait(s, CKPT_COMMITTED, 120000))
+		return fprintf(stderr, "trainer: %s\n", ckpt_save_reason(s)), 13;
+	ckpt_disconnect(c);
+	return 0;
+}
+
+static pid_t trainer(const struct agent_proc *a, const char *job, long step, long mb,
+                     const char *mode)
+{
+	char s[32], m[32];
+	pid_t pid;
+
+	snprintf(s, sizeof(s), "%ld", step);
+	snprintf(m, sizeof(m), "%ld", mb);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		execl("/proc/self/exe", "test_abort", "--trainer", a->endpoint, job, s, m, mode,
+		      (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* ---- the tests ------------------------------------------------------------ */
+
+/*
+ * 1 GiB in two saves of 512 MiB, each of which fits in the staging pool (all
+ * its chunks reserved at once: no wait for room, where an abort was always
+ * seen), copied one after the other by a single capture worker without
+ * helpers. While the first is being copied the trainer drops the second's
+ * plan (its save aborted before its copy begins) and dies (the first aborted
+ * too, if the agent sees it before that copy ends). The second copies at most
+ * a chunk or two, and the agent writes no more than it copied.
+ */
+START_TEST(abort_stops_copies)
+{
+	const double half = 512 * MIB;
+	struct agent_proc a;
+	double captured, written;
+	unsigned port;
+
+	start_with_metrics(&a, &port,
+	                   "--staging-mb 1088 --chunk-mb 1 --capture-threads 1 --copy-threads 0 "
+	                   "--queue-depth 1 --no-lock");
+	ck_assert_int_eq(h_reap(trainer(&a, "doomed", 1, 512, "two-die")), 128 + SIGKILL);
+	ck_assert_msg(metric_reaches(port, "ckptd_saves_in_flight", 0, false, 120000),
+	              "the dead trainer's saves did not end");
+	ck_assert(metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
+	ck_assert(h_log_has(&a, "doomed-b step 1 rank 0 FAILED") &&
+	          h_log_has(&a, "before its save was CAPTURED"));
+	ck_assert_msg(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 60000),
+	              "the steps were not let go");
+	captured = metric(port, "ckptd_captured_bytes_total");
+	written = metric(port, "ckptd_written_bytes_total");
+	ck_assert_msg(captured <= half + 2 * MIB,
+	              "%g MiB copied of the two saves' 1024: the copies went on after the abort",
+	              captured / MIB);
+	ck_assert_msg(written <= captured, "%g MiB written, %g MiB copied", written / MIB,
+	              captured / MIB);
+	ck_assert(metric(port, "ckptd_pool_used_bytes") == 0);
+	/* the next trainer's save of the job commits */
+	ck_assert_int_eq(h_reap(trainer(&a, "doomed-b", 2, 8, "commit")), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s;
+	TCase *tc;
+	SRunner *sr;
+	int failed;
+
+	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
+		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
+	s = suite_create("abort");
+	tc = tcase_create("agent");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, abort_stops_copies);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
