@@ -343,7 +343,11 @@ struct checkpoint {
 	bool part_written; /* this node's part is in the root: a manifest may name its files */
 	int64_t backoff;   /* before the part: the wait for every rank to be claimed */
 	bool cleaning, cleaned; /* failed: removal of this node's files queued, done */
-	bool superseded;        /* failed, and a newer step committed: no save comes for it */
+	/*
+	 * Failed, and none of its missing ranks is waited for any more (a newer
+	 * step committed, or its deadline passed): let go once nothing runs.
+	 */
+	bool retired;
 	char abort[IPC_ERRLEN]; /* why to stop committing ("" while it goes on) */
 	struct commit *commit; /* the commit thread's alone */
 	/* the last poll's view, for list, status and watch */
@@ -368,7 +372,10 @@ void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason);
  * rank cannot commit; failed ones waiting for it need not wait.
  */
 void cp_rank_gone(struct agent *a, const char *job, const char *run, int rank);
-/* Under mu: fails steps that have waited for missing ranks longer than the timeout. */
+/*
+ * Under mu: fails steps that have waited for missing ranks longer than the
+ * timeout; failed ones past it wait for no rank any more (let go once idle).
+ */
 void cp_expire(struct agent *a, int64_t now_mono);
 /* Under mu: whether any checkpoint still has I/O running or queued work. */
 bool cp_any_busy(struct agent *a);

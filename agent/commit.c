@@ -34,8 +34,12 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 	list_for_each(pos, &a->ckpts)
 	{
 		cp = container_of(pos, struct checkpoint, link);
-		/* another run's save of the step (a run that died) goes its own way */
-		if (cp->step == step && strcmp(cp->job, job) == 0 && strcmp(cp->run, run) == 0) {
+		/*
+		 * Another run's save of the step (a run that died) goes its own
+		 * way; a retired failure waits for nobody: a save now starts anew.
+		 */
+		if (cp->step == step && strcmp(cp->job, job) == 0 && strcmp(cp->run, run) == 0 &&
+		    !cp->retired) {
 			if (cp->world != world)
 				return ipc_errf(err, -EINVAL,
 						"job %s step %lld is being saved with world %d, this "
@@ -79,8 +83,12 @@ void cp_release(struct agent *a, struct checkpoint *cp)
 	if (cp->state == CKPT__V1__STATE__STATE_QUEUED || cp->nrunning || cp->committing)
 		return;
 	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
-		/* Kept while this node's ranks may still arrive, so they learn it failed at once. */
-		if (!cp->cleaned || (!cp->superseded && !local_all_saved(a, cp)))
+		/*
+		 * Kept while this node's ranks may still arrive, so they learn it
+		 * failed at once; not past its deadline (cp_expire): a rank that
+		 * never comes must not keep it, and its saves, for ever.
+		 */
+		if (!cp->cleaned || (!cp->retired && !local_all_saved(a, cp)))
 			return;
 	}
 	cp_free(a, cp);
@@ -238,13 +246,20 @@ void cp_expire(struct agent *a, int64_t now)
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
+		if (now - cp->t_first < limit)
+			continue;
+		/* Failed, and its ranks had their time: those still missing are not waited for. */
+		if (cp->state == CKPT__V1__STATE__STATE_FAILED && !cp->retired) {
+			cp->retired = true;
+			cp_release(a, cp);
+			continue;
+		}
 		/*
 		 * A rank of this node that never saved the step. (Saves that are
 		 * only slow are waited for; once committing, the commit's own
 		 * deadline for the other nodes' parts applies.)
 		 */
-		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing ||
-		    now - cp->t_first < limit)
+		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing)
 			continue;
 		unsaved(a, cp, ranks, sizeof(ranks));
 		if (!ranks[0])
@@ -548,7 +563,7 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 				 (long long)done->step);
 			cp_fail(a, cp, why);
 		} else if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
-			cp->superseded = true; /* nobody else is coming */
+			cp->retired = true; /* nobody else is coming */
 			cp_release(a, cp);
 		}
 	}

@@ -2,7 +2,7 @@
  * Saves that end early, read from the agent's own counters (/metrics): a
  * trainer SIGKILLed before CAPTURED stops the copies within a chunk or two
  * and the next trainer's save commits; a failed step missing a rank that
- * never comes is let go of; a save still writing when the agent is told to
+ * never comes is let go of (ckptd_checkpoints_held back to 0); a save still writing when the agent is told to
  * stop commits before it exits.
  */
 #include <arpa/inet.h>
@@ -210,6 +210,58 @@ START_TEST(abort_stops_copies)
 }
 END_TEST
 
+/*
+ * A step of a world of 2 on this node where rank 1 never saves: it fails at
+ * the commit deadline, and is let go of (with its save) instead of being
+ * held for a rank 1 that never comes; the next step, saved by both, commits.
+ */
+START_TEST(failed_step_let_go)
+{
+	int64_t shape[1] = {100003};
+	char name[2][16];
+	struct ckpt_tensor t[2];
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s[2];
+	unsigned port;
+	void *mem;
+
+	start_with_metrics(&a, &port, "--staging-mb 64 --chunk-mb 1 --commit-deadline 2");
+	ck_assert_int_eq(ckpt_connect(a.endpoint, &c), 0);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * (size_t)shape[0], &mem), 0);
+	for (int r = 0; r < 2; r++) {
+		snprintf(name[r], sizeof(name[r]), "rank%d.w", r);
+		t[r] = (struct ckpt_tensor){name[r], CKPT_U8, 1, shape, (char *)mem + r * shape[0],
+		                            NULL, NULL};
+		ck_assert_msg(ckpt_plan_create(c, "half", r, 2, &t[r], 1, &p[r]) == 0, "%s",
+		              ckpt_last_error(c));
+	}
+	ck_assert_int_eq(ckpt_save(p[0], 1, NULL, &s[0]), 0);
+	ck_assert_int_eq(ckpt_save_wait(s[0], CKPT_COMMITTED, 60000), -EIO);
+	ck_assert_msg(strstr(ckpt_save_reason(s[0]), "no save from rank 1"), "%s",
+	              ckpt_save_reason(s[0]));
+	ckpt_save_release(s[0]);
+	ck_assert_msg(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 30000),
+	              "the failed step is still held (%g), waiting for a rank 1 that never "
+	              "saves it",
+	              metric(port, "ckptd_checkpoints_held"));
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ckpt_save(p[r], 2, NULL, &s[r]), 0);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0, "rank %d: %s", r,
+		              ckpt_save_reason(s[r]));
+		ckpt_save_release(s[r]);
+	}
+	ck_assert(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 30000));
+	for (int r = 0; r < 2; r++)
+		ckpt_plan_destroy(p[r]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -223,6 +275,7 @@ int main(int argc, char **argv)
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, abort_stops_copies);
+	tcase_add_test(tc, failed_step_let_go);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
