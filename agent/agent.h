@@ -345,7 +345,8 @@ struct checkpoint {
 	bool cleaning, cleaned; /* failed: removal of this node's files queued, done */
 	/*
 	 * Failed, and none of its missing ranks is waited for any more (a newer
-	 * step committed, or its deadline passed): let go once nothing runs.
+	 * step committed, its deadline passed, or a rank saves the step again):
+	 * cp_get passes it over; let go once nothing of it runs.
 	 */
 	bool retired;
 	char abort[IPC_ERRLEN]; /* why to stop committing ("" while it goes on) */

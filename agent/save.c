@@ -736,6 +736,21 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	return s;
 }
 
+/*
+ * Under mu: a save of cp's step by this rank, whose earlier one ended in a
+ * failed checkpoint: the step starts anew (a new attempt, in a file of its
+ * own; the failed one's files go with it). Not where this node's part was
+ * written: a commit elsewhere may still use that attempt.
+ */
+static bool retry_of_failed(const struct checkpoint *cp, int rank)
+{
+	const struct save *s = cp->rank[rank];
+
+	return s && cp->state == CKPT__V1__STATE__STATE_FAILED && !cp->part_built &&
+	       (s->state == CKPT__V1__STATE__STATE_FAILED ||
+	        s->state == CKPT__V1__STATE__STATE_SKIPPED);
+}
+
 /* Under mu: the checks that need the agent's state; creates and queues the save. */
 static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
 		      struct save **out,
@@ -776,6 +791,11 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		                "job %s rank %d: %d saves of this plan not yet captured", p->job,
 		                p->rank, FENCE_WINDOW);
 	rc = cp_get(a, p->job, req->step, p->world, p->run, &cp, err);
+	if (!rc && retry_of_failed(cp, p->rank)) {
+		cp->retired = true; /* passed over from now on, let go once its files are gone */
+		cp_release(a, cp);
+		rc = cp_get(a, p->job, req->step, p->world, p->run, &cp, err);
+	}
 	if (rc)
 		return rc;
 	if (cp->rank[p->rank])

@@ -4,6 +4,7 @@
  * saved again at once; a wait with a timeout returns within about that
  * timeout even when the agent does not answer (SIGSTOP).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -85,6 +86,84 @@ START_TEST(save_right_after_restore)
 }
 END_TEST
 
+/* Files in dir whose name starts with prefix. */
+static int count_files(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	ck_assert_msg(d, "%s: %s", dir, strerror(errno));
+	while ((e = readdir(d)))
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	closedir(d);
+	return n;
+}
+
+/*
+ * World 2 on this node: rank 0 saves step 5, rank 1's plan is dropped
+ * before it saves it, so step 5 FAILS. Rank 1 comes back, and both save
+ * step 5 again at once: taken (not "already saved (FAILED)"), committed from
+ * the new attempt's files; the failed attempt's file goes.
+ */
+START_TEST(failed_step_saved_again_at_once)
+{
+	int64_t shape[1] = {300007};
+	struct ckpt_tensor t[2];
+	char name[2][16], dir[512], out[4096];
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s[2];
+	uint8_t *mem;
+	int rc;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1");
+	c = connect_to(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * (size_t)shape[0], (void **)&mem), 0);
+	for (int r = 0; r < 2; r++) {
+		snprintf(name[r], sizeof(name[r]), "rank%d.w", r);
+		t[r] = (struct ckpt_tensor){name[r], CKPT_U8, 1, shape, mem + r * shape[0], NULL,
+		                            NULL};
+		ck_assert_msg(ckpt_plan_create(c, "again", r, 2, &t[r], 1, &p[r]) == 0, "%s",
+		              ckpt_last_error(c));
+	}
+	memset(mem, 1, 2 * (size_t)shape[0]);
+	ck_assert_int_eq(ckpt_save(p[0], 5, NULL, &s[0]), 0);
+	ck_assert_int_eq(ckpt_save_wait(s[0], CKPT_DURABLE, 60000), 0);
+	ckpt_plan_destroy(p[1]); /* rank 1 leaves before saving step 5: it fails */
+	ck_assert_int_eq(ckpt_save_wait(s[0], CKPT_COMMITTED, 60000), -EIO);
+	ckpt_save_release(s[0]);
+	ck_assert_msg(ckpt_plan_create(c, "again", 1, 2, &t[1], 1, &p[1]) == 0, "%s",
+	              ckpt_last_error(c));
+	memset(mem, 2, 2 * (size_t)shape[0]);
+	for (int r = 0; r < 2; r++) {
+		rc = ckpt_save(p[r], 5, NULL, &s[r]);
+		ck_assert_msg(rc == 0, "rank %d's save of step 5 again: %s", r, ckpt_last_error(c));
+	}
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0, "rank %d: %s", r,
+		              ckpt_save_reason(s[r]));
+		ckpt_save_release(s[r]);
+	}
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify again 5"), 0);
+	memset(mem, 0, 2 * (size_t)shape[0]);
+	ck_assert_int_eq(ckpt_restore(p[0], 5, NULL, NULL), 0);
+	ck_assert_int_eq(mem[0], 2); /* the new attempt's bytes */
+	/* one shard of each rank left: the failed attempt's is removed */
+	h_path(&a, dir, sizeof(dir), "again/step-%012d", 5);
+	for (int i = 0; i < 100 && count_files(dir, "rank-00000.") > 1; i++)
+		usleep(50000);
+	ck_assert_int_eq(count_files(dir, "rank-00000."), 1);
+	ck_assert_int_eq(count_files(dir, "rank-00001."), 1);
+	for (int r = 0; r < 2; r++)
+		ckpt_plan_destroy(p[r]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("retry");
@@ -94,6 +173,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, save_right_after_restore);
+	tcase_add_test(tc, failed_step_saved_again_at_once);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
