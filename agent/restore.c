@@ -36,6 +36,7 @@ struct extent {
 	bool device; /* dst is GPU memory: copied on the plan's lane */
 	uint64_t xxh3;
 	bool nosum;          /* a shard header, checked by parsing */
+	bool *whole;         /* set once every byte of it is in dst (verify's headers) */
 	const char *tensor;
 };
 
@@ -166,6 +167,8 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 		r->bytes += to - from;
 		if (e->end > b0)
 			return; /* goes on in the next window */
+		if (e->whole)
+			*e->whole = true;
 		sum = XXH3_64bits_digest(xs);
 		if (!e->nosum && sum != e->xxh3)
 			problem(r, -EBADMSG,
@@ -626,8 +629,13 @@ struct verify {
 	int64_t step;
 };
 
-/* Each rank's safetensors header against the manifest. */
-static void check_headers(struct reader *r, const struct manifest *m, char **hdr)
+/*
+ * Each rank's safetensors header against the manifest: those read whole. A
+ * header that could not be read (no file, too short, a read error) was
+ * reported as such; its buffer holds nothing to parse.
+ */
+static void check_headers(struct reader *r, const struct manifest *m, char **hdr,
+			  const bool *whole)
 {
 	for (size_t k = 0; k < m->nranks; k++) {
 		const struct manifest_rank *mr = &m->ranks[k];
@@ -635,7 +643,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 		char err[IPC_ERRLEN];
 		size_t nchunks = 0;
 
-		if (!hdr[k])
+		if (!hdr[k] || !whole[k])
 			continue;
 		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->file, r->path,
 					     sizeof(r->path));
@@ -673,7 +681,8 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 	}
 }
 
-static int verify_extents(struct reader *r, const struct manifest *m, char **hdr)
+/* Each rank's header into hdr[k] (whole[k] once all of it was read), and every chunk. */
+static int verify_extents(struct reader *r, const struct manifest *m, char **hdr, bool *whole)
 {
 	for (size_t k = 0; k < m->nranks; k++) {
 		if (m->ranks[k].header_bytes > ST_MAX_HEADER + 8 ||
@@ -684,6 +693,7 @@ static int verify_extents(struct reader *r, const struct manifest *m, char **hdr
 						 .end = m->ranks[k].header_bytes,
 						 .dst = hdr[k],
 						 .nosum = true,
+						 .whole = &whole[k],
 						 .tensor = "(header)"};
 	}
 	for (size_t i = 0; i < m->ntensors; i++)
@@ -719,6 +729,7 @@ static void verify_run(struct work *w)
 	struct agent *a = v->a;
 	struct manifest *m = NULL;
 	char err[IPC_ERRLEN], **hdr = NULL;
+	bool *whole = NULL;
 	size_t n = 0;
 	struct reader r;
 	struct cat_entry *e;
@@ -728,23 +739,26 @@ static void verify_run(struct work *w)
 		for (size_t i = 0; i < m->ntensors; i++)
 			n += m->tensors[i].nchunks;
 		hdr = calloc(m->nranks, sizeof(*hdr));
+		whole = calloc(m->nranks ? m->nranks : 1, sizeof(*whole));
 	}
-	if (reader_init(&r, a, v->job, v->step, n + (m ? m->nranks : 0)) || (m && !hdr)) {
+	if (reader_init(&r, a, v->job, v->step, n + (m ? m->nranks : 0)) ||
+	    (m && (!hdr || !whole))) {
 		rpc_fail(v->call, -ENOMEM, "verify: out of memory");
 		goto out;
 	}
 	r.collect = true;
 	if (!m)
 		problem(&r, -EBADMSG, "%s", err);
-	else if (verify_extents(&r, m, hdr) || reader_run(&r, m, 2))
+	else if (verify_extents(&r, m, hdr, whole) || reader_run(&r, m, 2))
 		problem(&r, -ENOMEM, "verify: out of memory or interrupted");
 	else
-		check_headers(&r, m, hdr);
+		check_headers(&r, m, hdr, whole);
 	verify_reply(v, &r, m);
 out:
 	for (size_t k = 0; hdr && k < m->nranks; k++)
 		free(hdr[k]);
 	free(hdr);
+	free(whole);
 	manifest_free(m);
 	reader_free(&r);
 	pthread_mutex_lock(&a->mu);

@@ -137,10 +137,13 @@ START_TEST(truncated_shard)
 	ck_assert_int_eq(truncate(shard, 5000), 0);
 	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -EBADMSG);
 	ck_assert_msg(strstr(ckpt_last_error(c), "5000 bytes"), "%s", ckpt_last_error(c));
+	/* the file's length, and nothing of a header that was never read */
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
+	ck_assert_msg(strstr(out, "5000 bytes") && !strstr(out, "header"), "%s", out);
 	ck_assert_int_eq(unlink(shard), 0);
 	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -ENOENT);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
+	ck_assert_msg(strstr(out, strrchr(shard, '/') + 1) && !strstr(out, "header"), "%s", out);
 	ckpt_plan_destroy(p);
 	h_model_free(&m);
 	ckpt_disconnect(c);
