@@ -2,7 +2,9 @@
  * The agent as a whole: start-up in dependency order (I/O engine, staging
  * pool, storage and its recovery, catalog, workers, then the socket last, so
  * nobody is served before everything is ready), the run, and an orderly stop
- * that lets captured saves reach COMMITTED before the process exits.
+ * that lets captured saves reach COMMITTED before the process exits: as long
+ * as they take, saying what is left every few seconds, or up to
+ * [agent] stop_timeout, after which they FAIL with the reason.
  */
 #include <errno.h>
 #include <sys/stat.h>
@@ -18,7 +20,8 @@
 #include "safecopy.h"
 #include "notify.h"
 
-#define STOP_GRACE_NS (120LL * 1000000000) /* saves in flight get this long at stop */
+#define STOP_REPORT_NS (5LL * 1000000000) /* at stop, what is left is logged this often */
+#define STOP_REPORT_SAVES 4                 /* naming at most this many saves */
 
 static const rpc_handler_fn handlers[IPC_NMETHODS] = {
 	[IPC_ATTACH] = rpc_attach,
@@ -126,7 +129,7 @@ static void tell_systemd(struct agent *a)
 	stopping = a->stopping;
 	pthread_mutex_unlock(&a->mu);
 	if (stopping)
-		notify_status("stopping: %u save%s in flight", inflight, inflight == 1 ? "" : "s");
+		; /* the stop says what is left itself (stop_progress) */
 	else if (root != ROOT_OK)
 		notify_status("serving %s, but the storage root %s is %s: saves fail (ckptctl status "
 		              "says why)",
@@ -188,8 +191,8 @@ static void log_config(const struct agent_config *c)
 	log_msg(LOG_INFO,
 		"configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
 		"root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
-		"keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u; "
-		"chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
+		"keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u "
+		"stop_timeout=%u; chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
 		c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
 		c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
 		c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
@@ -197,7 +200,8 @@ static void log_config(const struct agent_config *c)
 		c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
 		c->keep_last, (long long)c->keep_every,
 		c->metrics_listen ? c->metrics_listen : "off", c->node, c->commit_deadline_s,
-		c->abandon_after_s, (unsigned long long)c->chunk_mb, c->capture_threads, copy,
+		c->abandon_after_s, c->stop_timeout_s, (unsigned long long)c->chunk_mb,
+		c->capture_threads, copy,
 		c->direct ? "yes" : "no",
 		c->lock_pool ? "yes" : "no");
 }
@@ -339,36 +343,113 @@ fail:
 
 struct stop_state {
 	struct agent *a;
-	int64_t since;
+	int64_t since, next_report;
 	bool aborted;
 };
 
+static double mib(uint64_t bytes)
+{
+	return (double)bytes / (1024.0 * 1024.0);
+}
+
+/* Under mu: bytes of this node's saves of cp not yet written. */
+static uint64_t cp_left(const struct checkpoint *cp)
+{
+	uint64_t left = 0;
+
+	for (int r = 0; r < cp->world; r++) {
+		const struct save *s = cp->rank[r];
+
+		if (s && !ipc_state_final(s->state))
+			left += s->bytes_total - atomic_load(&s->bytes_written);
+	}
+	return left;
+}
+
+/* Under mu: which saves the stop waits for, and the bytes each has left. */
+static void stop_progress(struct agent *a, int64_t waited_ns)
+{
+	char text[640] = "";
+	uint64_t left = 0;
+	unsigned n = 0;
+	struct list *pos;
+	size_t o = 0;
+
+	list_for_each(pos, &a->saves)
+	{
+		const struct save *s = container_of(pos, struct save, link);
+		uint64_t l;
+
+		if (ipc_state_final(s->state))
+			continue;
+		l = s->bytes_total - atomic_load(&s->bytes_written);
+		left += l;
+		if (n++ < STOP_REPORT_SAVES && o < sizeof(text))
+			o += (size_t)snprintf(text + o, sizeof(text) - o,
+			                      "%sjob %s step %lld rank %d (%s): %.1f of %.1f MiB left",
+			                      n > 1 ? "; " : "", s->job, (long long)s->step, s->rank,
+			                      ipc_state_name(s->state), mib(l), mib(s->bytes_total));
+	}
+	if (n > STOP_REPORT_SAVES && o < sizeof(text))
+		snprintf(text + o, sizeof(text) - o, "; and %u more", n - STOP_REPORT_SAVES);
+	log_msg(LOG_NOTICE, "stopping for %lld s: %u save%s in flight, %.1f MiB left to write%s%s",
+	        (long long)(waited_ns / 1000000000), n, n == 1 ? "" : "s", mib(left), n ? ": " : "",
+	        text);
+	notify_status("stopping: %u save%s in flight, %.1f MiB left to write", n, n == 1 ? "" : "s",
+	              mib(left));
+}
+
+/* Under mu: stop_timeout has passed; every checkpoint still in flight fails, saying so. */
+static void stop_abort(struct agent *a, int64_t waited_ns)
+{
+	char why[IPC_ERRLEN];
+	struct list *pos;
+
+	log_msg(LOG_WARNING, "stopping: %u saves still in flight after %lld s (stop_timeout): "
+	                     "they fail",
+	        a->inflight, (long long)(waited_ns / 1000000000));
+	list_for_each(pos, &a->ckpts)
+	{
+		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		snprintf(why, sizeof(why),
+		         "the agent stopped after %lld s (stop_timeout) with %.1f MiB of this node's "
+		         "saves of it left to write",
+		         (long long)(waited_ns / 1000000000), mib(cp_left(cp)));
+		cp_fail(a, cp, why);
+	}
+}
+
 /*
- * Polled by the server once it has stopped taking calls: whether everything
- * in flight has finished. Saves past CAPTURED get STOP_GRACE_NS to commit;
- * then they are failed (and their files removed) rather than left half done.
+ * Polled by the server once it has stopped taking calls (every 100 ms):
+ * whether everything in flight has finished. Saves past CAPTURED are
+ * written to the end, saying every STOP_REPORT_NS what is left; with
+ * stop_timeout set, those still in flight then fail (their files removed)
+ * rather than being left half done or dropped unsaid.
  */
 static bool drained(void *ctx)
 {
 	struct stop_state *st = ctx;
 	struct agent *a = st->a;
-	struct list *pos;
+	int64_t now = ipc_mono_ns();
 	bool idle;
 
 	pthread_mutex_lock(&a->mu);
 	if (!st->since) {
-		st->since = ipc_mono_ns();
+		st->since = now;
+		st->next_report = now + STOP_REPORT_NS;
 		a->stopping = true;
 		log_msg(LOG_INFO, "stopping: %u saves in flight", a->inflight);
 		notify_stopping("stopping: %u save%s in flight", a->inflight,
 		                a->inflight == 1 ? "" : "s");
 	}
-	if (!st->aborted && ipc_mono_ns() - st->since > STOP_GRACE_NS) {
+	if (!st->aborted && a->cfg.stop_timeout_s && a->inflight &&
+	    now - st->since >= (int64_t)a->cfg.stop_timeout_s * 1000000000) {
 		st->aborted = true;
-		log_msg(LOG_WARNING, "stopping: %u saves still in flight after %lld s: aborting them",
-			a->inflight, STOP_GRACE_NS / 1000000000);
-		list_for_each(pos, &a->ckpts)
-			cp_fail(a, container_of(pos, struct checkpoint, link), "the agent stopped");
+		stop_abort(a, now - st->since);
+	} else if (now >= st->next_report && a->inflight) {
+		st->next_report = now + STOP_REPORT_NS;
+		stop_progress(a, now - st->since);
 	}
 	/* Failed saves may still have writes in flight, and cleanups queued. */
 	idle = a->inflight == 0 && !cp_any_busy(a);
@@ -379,7 +460,7 @@ static bool drained(void *ctx)
 
 void agent_run(struct agent *a, atomic_bool *stop)
 {
-	struct stop_state st = {a, 0, false};
+	struct stop_state st = {a, 0, 0, false};
 
 	log_msg(LOG_INFO, "serving %s (root %s, staging %llu MiB, %s)", a->cfg.listen, a->cfg.root,
 		(unsigned long long)a->cfg.staging_mb, ioeng_detail(a->io));

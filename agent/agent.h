@@ -84,6 +84,7 @@ struct agent_config {
 	const char *node;           /* this node's name (DESIGN.md §2) */
 	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
 	unsigned abandon_after_s;   /* uncommitted steps older than LATEST and this are removed */
+	unsigned stop_timeout_s;    /* at stop, saves in flight get this long (0: as they need) */
 	/* retention, per job: keep the last keep_last committed checkpoints and
 	   every one whose step is a multiple of keep_every (0: none); 0/0 keeps all */
 	unsigned keep_last;

@@ -89,6 +89,10 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LOG_LEVEL] = {"agent", "log_level", "log-level", "L",
                       "error, warning, notice, info or debug (default info)", K_CHOICE,
                       .choices = levels, "error, warning, notice, info or debug", .def = LOG_INFO},
+    [CS_STOP_TIMEOUT] = {"agent", "stop_timeout", "stop-timeout", "S",
+                         "at stop, saves in flight get S seconds to finish, then FAIL (default "
+                         "0: as long as they take)",
+                         K_NUMBER, 0, 86400 * 7, .def = 0},
     [CS_ROOT] = {"storage", "root", "root", "DIR",
                  "where checkpoints live (default /var/lib/ckptd)", K_TEXT,
                  .def_str = "/var/lib/ckptd"},
@@ -777,6 +781,7 @@ int config_finish(struct config *c, char *err)
 	a->copy_threads = (int)n[CS_COPY_THREADS];
 	a->commit_deadline_s = (unsigned)n[CS_COMMIT_DEADLINE];
 	a->abandon_after_s = (unsigned)n[CS_ABANDON_AFTER];
+	a->stop_timeout_s = (unsigned)n[CS_STOP_TIMEOUT];
 	/*
 	 * A step is abandoned only once no agent can still commit it: every
 	 * commit ends by its deadline, counted from files in that step.

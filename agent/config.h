@@ -5,8 +5,8 @@
  * the same rules (ranges, names) wherever it comes from, and remembered with
  * where it came from, for `ckptd --check-config`.
  *
- *   [agent]    listen, socket_mode (octal), socket_group, log_level, admin_group,
- *              umask (octal)
+ *   [agent]    listen, socket_mode (octal), socket_group, log_level, stop_timeout,
+ *              admin_group, umask (octal)
  *   [storage]  root, io_engine (auto|io_uring|pwrite), queue_depth
  *   [staging]  size_mb
  *   [jobs]     backpressure (block|skip), keep_last, keep_every
@@ -37,6 +37,7 @@ enum config_setting {
 	CS_SOCKET_MODE,
 	CS_SOCKET_GROUP,
 	CS_LOG_LEVEL,
+	CS_STOP_TIMEOUT,
 	CS_ROOT,
 	CS_IO_ENGINE,
 	CS_QUEUE_DEPTH,

@@ -139,6 +139,8 @@ static int trainer_main(const char *endpoint, const char *job, long step, long m
 		}
 		if (ckpt_save(p[0], step, NULL, &s) || ckpt_save(p[1], step, NULL, &s))
 			return fprintf(stderr, "trainer: %s\n", ckpt_last_error(c)), 12;
+		/* job-b's save aborted before its copy begins: the drop returns after it */
+		ckpt_plan_destroy(p[1]);
 		raise(SIGKILL);
 	}
 	if (blob_plan(c, job, step, mb, &p[0]) || ckpt_save(p[0], step, NULL, &s))
@@ -262,6 +264,116 @@ START_TEST(failed_step_let_go)
 }
 END_TEST
 
+/* Waits up to timeout_s for the agent, told to stop, to exit; its exit code. */
+static int wait_exit(struct agent_proc *a, int timeout_s)
+{
+	int status;
+
+	for (int i = 0; i < timeout_s * 10; i++) {
+		if (waitpid(a->pid, &status, WNOHANG) == a->pid) {
+			a->pid = 0;
+			return h_exit_code(status);
+		}
+		sleep_ms(100);
+	}
+	ck_abort_msg("ckptd did not exit within %d s of SIGTERM", timeout_s);
+	return -1;
+}
+
+/* Polls the agent's log for needle, every millisecond, up to timeout_ms; whether it came. */
+static bool log_soon(const struct agent_proc *a, const char *needle, int timeout_ms)
+{
+	for (int waited = 0; waited <= timeout_ms; waited++) {
+		if (h_log_has(a, needle))
+			return true;
+		sleep_ms(1);
+	}
+	return false;
+}
+
+struct stopped {
+	bool committed; /* the log says so, and ckptctl verify after a restart agrees */
+	bool waited;    /* the stop logged what it waited for after the freeze */
+	bool cut;       /* the save FAILED at stop_timeout with bytes left to write */
+};
+
+/*
+ * A trainer's save of 1 GiB, one 1 MiB write at a time, CAPTURED with some
+ * of it still to write; SIGTERM, and once the stop has begun the agent is
+ * frozen (SIGSTOP) for freeze_ms: a disk that stalls, its writes standing
+ * still while its clock runs on.
+ */
+static struct stopped save_then_stop(const char *args, long step, int freeze_ms)
+{
+	int64_t shape[1] = {1024LL << 20};
+	struct ckpt_tensor t = {"blob", CKPT_U8, 1, shape, NULL, NULL, NULL};
+	struct stopped r = {false, false, false};
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	char out[8192], want[128];
+
+	h_agent_start(&a, args);
+	ck_assert_int_eq(ckpt_connect(a.endpoint, &c), 0);
+	ck_assert_int_eq(ckpt_host_alloc(c, (size_t)shape[0], &t.data), 0);
+	memset(t.data, 7, (size_t)shape[0]);
+	ck_assert_int_eq(ckpt_plan_create(c, "big", 0, 1, &t, 1, &p), 0);
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 120000), 0);
+	kill(a.pid, SIGTERM);
+	/* a call wakes the control thread, which then sees the signal at once */
+	h_raw_call(&a, "/ckpt.v1.Ckpt/Status", "", 0, out, sizeof(out));
+	ck_assert_msg(log_soon(&a, "stopping: ", 30000), "the stop never began (see %s)", a.log);
+	kill(a.pid, SIGSTOP);
+	sleep_ms(freeze_ms);
+	kill(a.pid, SIGCONT);
+	ck_assert_int_eq(wait_exit(&a, 600), 0);
+	snprintf(want, sizeof(want), "committed job big step %ld", step);
+	r.committed = h_log_has(&a, want);
+	r.waited = h_log_has(&a, "s: 1 save in flight, ");
+	r.cut = h_log_has(&a, "FAILED: checkpoint big step") &&
+	        h_log_has(&a, "(stop_timeout) with") && !h_log_has(&a, "with 0.0 MiB");
+	ckpt_save_release(s);
+	ckpt_plan_destroy(p);
+	ckpt_host_free(c, t.data);
+	ckpt_disconnect(c);
+	h_agent_restart(&a);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify big %ld", step), r.committed ? 0 : 1);
+	h_agent_cleanup(&a);
+	return r;
+}
+
+/*
+ * Frozen for 125 s once its stop began, the agent still writes the save to
+ * the end and commits it before it exits (it said what it waited for).
+ */
+START_TEST(stop_commits_captured_save)
+{
+	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 1 --queue-depth 1 --no-lock",
+	                                  1, 125000);
+
+	ck_assert_msg(r.committed, "the save past CAPTURED was not committed before the agent exited");
+	ck_assert_msg(r.waited, "the save was written before the stop began: nothing tested");
+}
+END_TEST
+
+/*
+ * The same with stop_timeout = 1 and a freeze of 1.5 s: the save still
+ * writing when the agent thaws is past the limit: it FAILS, logged with the
+ * reason and the bytes it had left, and is not committed.
+ */
+START_TEST(stop_timeout_fails_save)
+{
+	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 1 --queue-depth 1 --no-lock "
+	                                  "--stop-timeout 1",
+	                                  2, 1500);
+
+	ck_assert_msg(!r.committed, "a save still writing at stop_timeout was committed");
+	ck_assert_msg(r.cut, "the save cut short at stop is logged FAILED with what was left");
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -273,9 +385,11 @@ int main(int argc, char **argv)
 		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
 	s = suite_create("abort");
 	tc = tcase_create("agent");
-	tcase_set_timeout(tc, 300);
+	tcase_set_timeout(tc, 400); /* a stop frozen for 125 s */
 	tcase_add_test(tc, abort_stops_copies);
 	tcase_add_test(tc, failed_step_let_go);
+	tcase_add_test(tc, stop_commits_captured_save);
+	tcase_add_test(tc, stop_timeout_fails_save);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -89,7 +89,7 @@ START_TEST(test_every_key)
 	         "socket_mode = 0640\n" /* 4 */
 	         "socket_group = %s\n" /* 5 */
 	         "log_level = debug   ; inline comment\n" /* 6 */
-	         "\n" /* 7 */
+	         "stop_timeout = 300\n" /* 7 */
 	         "[storage]\n" /* 8 */
 	         "root = /srv/ckpt\n" /* 9 */
 	         "io_engine = pwrite\n" /* 10 */
@@ -137,6 +137,7 @@ START_TEST(test_every_key)
 	ck_assert_str_eq(c.cfg.node, "gpu-017.rack3");
 	ck_assert_uint_eq(c.cfg.commit_deadline_s, 30);
 	ck_assert_uint_eq(c.cfg.abandon_after_s, 7200);
+	ck_assert_uint_eq(c.cfg.stop_timeout_s, 300);
 	ck_assert_str_eq(c.cfg.config_path, path);
 	ck_assert_int_eq(c.cfg.admin_gid, (long)gid);
 	ck_assert_uint_eq(c.cfg.umask, 077);
@@ -150,9 +151,9 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.lim.watch_bytes, 17ull << 10);
 	/* where each came from: the file, at its line */
 	{
-		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  9,  10, 11, 13, 15,
-		                                            16, 17, 19, 21, 22, 23, 25, 26, 28,
-		                                            29, 30, 31, 32, 33, 34, 35};
+		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  7,  9,  10, 11, 13,
+		                                            15, 16, 17, 19, 21, 22, 23, 25, 26,
+		                                            28, 29, 30, 31, 32, 33, 34, 35};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -183,6 +184,7 @@ static void assert_defaults(const struct config *c)
 	ck_assert_int_eq(a->copy_threads, -1);
 	ck_assert_uint_eq(a->commit_deadline_s, 600);
 	ck_assert_uint_eq(a->abandon_after_s, 3600);
+	ck_assert_uint_eq(a->stop_timeout_s, 0); /* saves in flight finish, however long */
 	{
 		char host[256] = "";
 
@@ -654,7 +656,7 @@ START_TEST(test_check_config_prints)
 	ck_assert_msg(has_line(r.out, ";   --chunk-mb 8 ", "; default"), "%s", r.out);
 	for (int s = 0; s < CS_CHUNK_MB; s++) {
 		static const char *const keys[] = {"listen",      "socket_mode", "socket_group",
-		                                   "log_level",   "root",        "io_engine",
+		                                   "log_level",   "stop_timeout", "root", "io_engine",
 		                                   "queue_depth", "size_mb",     "backpressure",
 		                                   "keep_last",   "keep_every",  "listen",
 		                                   "node",        "commit_deadline", "abandon_after",
