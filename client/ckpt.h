@@ -99,6 +99,11 @@ void ckpt_disconnect(struct ckpt_client *c);
  * when the client disconnects or exits.
  */
 int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr);
+/*
+ * Unmaps the region and tells the agent, waiting at most 5 s for it (not at
+ * all once a call went unanswered: the agent then releases it when the
+ * client disconnects or exits).
+ */
 void ckpt_host_free(struct ckpt_client *c, void *ptr);
 
 /*
@@ -141,6 +146,10 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
                       const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
                       struct ckpt_plan **out);
 
+/*
+ * Drops the plan; its saves past CAPTURED still commit. Like ckpt_host_free
+ * it waits at most 5 s for the agent, not at all once a call went unanswered.
+ */
 void ckpt_plan_destroy(struct ckpt_plan *p);
 
 /* Shard bytes of this rank (the exact size of its safetensors file). */

@@ -68,6 +68,11 @@ struct ckpt_client {
 	grpc_metadata cred_md;         /* the token, sent with every call */
 	pthread_mutex_t cred_mu;       /* one region hand-over at a time */
 	uint32_t cred_seq;
+	/*
+	 * The last call got no answer within its deadline (the agent is stopped
+	 * or hung): calls that only tidy up are not made until one is answered.
+	 */
+	bool unanswered;
 };
 
 struct ckpt_save {
@@ -104,6 +109,13 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 
 #define CL_DEFAULT_TIMEOUT_MS 60000
 #define CL_NO_TIMEOUT (-1)
+/*
+ * Calls that only tidy up (DropPlan, DropRegion: the agent frees all of a
+ * session's plans and regions when it ends) wait this long, and not at all
+ * while the agent is not answering: a trainer whose wait timed out is not
+ * held another minute per call on its way out.
+ */
+#define CL_TIDY_TIMEOUT_MS 5000
 
 /* Connects; with session, also attaches (what ckpt_connect does). */
 int cl_open(const char *endpoint, bool session, struct ckpt_client **out);
@@ -116,6 +128,9 @@ const char *cl_endpoint(const struct ckpt_client *c);
  */
 int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
 	    ProtobufCMessage **reply, int timeout_ms);
+/* A call that only tidies up (CL_TIDY_TIMEOUT_MS); -ETIMEDOUT at once while unanswered. */
+int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
+		 ProtobufCMessage **reply);
 
 /* A server stream (Watch). */
 struct cl_stream;

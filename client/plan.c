@@ -82,7 +82,7 @@ void ckpt_host_free(struct ckpt_client *c, void *ptr)
 		return;
 	req.session_id = c->session_id;
 	req.region_id = a->region_id;
-	if (cl_call(c, IPC_DROP_REGION, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
+	if (cl_tidy_call(c, IPC_DROP_REGION, &req.base, &rep) == 0)
 		protobuf_c_message_free_unpacked(rep, NULL);
 	ipc_shm_unmap(&a->shm);
 	free(a);
@@ -452,8 +452,8 @@ int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world
  * A dropped CUDA plan's saves still capture (the agent keeps its memory open
  * until they end), and the trainer's streams may wait on its fence: the page
  * goes only once the agent has moved the word past every number it gave, or
- * is gone, or has not in CL_DEFAULT_TIMEOUT_MS (then the word is moved here,
- * and the log says so).
+ * is gone or not answering (its DropPlan went unanswered), or has not in
+ * CL_DEFAULT_TIMEOUT_MS (then the word is moved here, and the log says so).
  */
 static void wait_fence(struct ckpt_plan *p)
 {
@@ -465,7 +465,7 @@ static void wait_fence(struct ckpt_plan *p)
 	for (;;) {
 		pthread_mutex_lock(&c->mu);
 		last = p->last_seq;
-		gone = c->gone;
+		gone = c->gone || c->unanswered; /* an agent that does not answer moves nothing */
 		pthread_mutex_unlock(&c->mu);
 		if (gone || cl_gpu_passed(cl_gpu_fence_word(&p->gpu), last))
 			break;
@@ -490,7 +490,7 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 		return;
 	if (p->c) { /* else the client is gone, and the agent dropped the plan with it */
 		req.plan_id = p->id;
-		if (cl_call(p->c, IPC_DROP_PLAN, &req.base, &rep, CL_DEFAULT_TIMEOUT_MS) == 0)
+		if (cl_tidy_call(p->c, IPC_DROP_PLAN, &req.base, &rep) == 0)
 			protobuf_c_message_free_unpacked(rep, NULL);
 		if (p->cuda)
 			wait_fence(p);

@@ -112,6 +112,9 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 		rc = cl_fail(c, -EIO, "%s: the call failed", d->path);
 		goto out;
 	}
+	pthread_mutex_lock(&c->mu);
+	c->unanswered = st == GRPC_STATUS_DEADLINE_EXCEEDED;
+	pthread_mutex_unlock(&c->mu);
 	if (st != GRPC_STATUS_OK) {
 		rc = cl_status(c, d->path, st, details, errstr);
 		goto out;
@@ -132,6 +135,22 @@ out:
 	grpc_completion_queue_shutdown(cq);
 	grpc_completion_queue_destroy(cq);
 	return rc;
+}
+
+int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
+		 ProtobufCMessage **reply)
+{
+	bool skip;
+
+	pthread_mutex_lock(&c->mu);
+	skip = c->unanswered;
+	pthread_mutex_unlock(&c->mu);
+	*reply = NULL;
+	if (skip)
+		return cl_fail(c, -ETIMEDOUT, "%s: not sent: ckptd at %s did not answer the last "
+		                              "call in time",
+		               ipc_methods[m].path, c->endpoint);
+	return cl_call(c, m, req, reply, CL_TIDY_TIMEOUT_MS);
 }
 
 /* ---- server streams ---------------------------------------------------- */

@@ -164,6 +164,64 @@ START_TEST(failed_step_saved_again_at_once)
 }
 END_TEST
 
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/*
+ * The agent SIGSTOPped under a save in flight: a wait of T = 2 s returns
+ * -ETIMEDOUT within 3 T, and the trainer giving up (its plan and memory
+ * freed) is not held a minute per call on its way out: at most one tidy-up
+ * call's 5 s, the others not sent to an agent that does not answer. (Bounds
+ * on behaviour, far from the time it takes: minutes before.)
+ */
+START_TEST(waits_bounded_when_agent_stopped)
+{
+	const int T = 2000;
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	struct h_model m;
+	double t0, took;
+	int rc;
+
+	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
+	c = connect_to(&a);
+	h_model_make(&m, c, 4, 64 << 20); /* 256 MiB through a 16 MiB pool */
+	ck_assert_int_eq(ckpt_plan_create(c, "stalled", 0, 1, m.t, m.n, &p), 0);
+	ck_assert_int_eq(ckpt_save(p, 1, NULL, &s), 0);
+	ck_assert_int_eq(kill(a.pid, SIGSTOP), 0);
+	t0 = now_s();
+	rc = ckpt_save_wait(s, CKPT_COMMITTED, T);
+	took = now_s() - t0;
+	ck_assert_msg(rc == -ETIMEDOUT, "wait: %d (%s)", rc, ckpt_save_reason(s));
+	ck_assert_msg(took < 3 * T / 1000.0, "a wait of %d ms returned after %.1f s", T, took);
+	/* the trainer gives up */
+	t0 = now_s();
+	ckpt_save_release(s);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	took = now_s() - t0;
+	ck_assert_msg(took < 10, "giving up took %.1f s with the agent stopped", took);
+	ck_assert_int_eq(kill(a.pid, SIGCONT), 0);
+	ckpt_disconnect(c);
+	/* the agent goes on: a new trainer commits */
+	c = connect_to(&a);
+	h_model_make(&m, c, 2, 4099);
+	ck_assert_int_eq(ckpt_plan_create(c, "stalled", 0, 1, m.t, m.n, &p), 0);
+	commit(p, 2);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("retry");
@@ -174,6 +232,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, save_right_after_restore);
 	tcase_add_test(tc, failed_step_saved_again_at_once);
+	tcase_add_test(tc, waits_bounded_when_agent_stopped);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
