@@ -627,6 +627,7 @@ struct verify {
 	struct rpc *call;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step;
+	bool unlisted; /* not in the catalog when asked: look at the root first */
 };
 
 /*
@@ -735,6 +736,21 @@ static void verify_run(struct work *w)
 	struct cat_entry *e;
 
 	memset(&r, 0, sizeof(r));
+	if (v->unlisted) {
+		/* committed by another node after this one last looked (or restarted)? */
+		catalog_sync_job(a, v->job);
+		pthread_mutex_lock(&a->mu);
+		e = catalog_find(a->cat, v->job, v->step);
+		if (e)
+			e->readers++;
+		pthread_mutex_unlock(&a->mu);
+		if (!e) {
+			rpc_fail(v->call, -ENOENT, "job %s has no committed step %lld", v->job,
+				 (long long)v->step);
+			free(v);
+			return;
+		}
+	}
 	if (store_read_manifest(a->store, v->job, v->step, &m, err) == 0) {
 		for (size_t i = 0; i < m->ntensors; i++)
 			n += m->tensors[i].nchunks;
@@ -797,12 +813,7 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	if (e)
 		e->readers++;
 	pthread_mutex_unlock(&a->mu);
-	if (!e) {
-		free(v);
-		rpc_fail(c, -ENOENT, "job %s has no committed step %lld", req->job,
-			 (long long)req->step);
-		goto out;
-	}
+	v->unlisted = !e; /* the maint thread looks at the root for it */
 	v->a = a;
 	v->call = c;
 	snprintf(v->job, sizeof(v->job), "%s", req->job);

@@ -187,7 +187,18 @@ static void run_case(struct agent_proc *a, struct ckpt_client *c, const char *jo
 		listed(a, job, 2, st, sizeof(st));
 		ck_assert_msg(strcmp(st, "COMMITTED") != 0, "job %s: a failed step is listed "
 			      "COMMITTED", job);
-		ck_assert_int_ne(h_ctl(a, why, sizeof(why), "verify %s 2", job), 0);
+		{
+			/*
+			 * A manifest whose directory fsync failed stays (another node may
+			 * have read it: commit/README.md); whole, it verifies, as it would
+			 * after a restart. Any other failed step has nothing to verify.
+			 */
+			char mpath[600];
+
+			h_path(a, mpath, sizeof(mpath), "%s/step-%012d/manifest.json", job, 2);
+			if (!h_exists(mpath))
+				ck_assert_int_ne(h_ctl(a, why, sizeof(why), "verify %s 2", job), 0);
+		}
 	} else {
 		ck_assert_msg(s2 == CKPT_COMMITTED, "job %s (%s): step 2 is %s: %s", job,
 			      fc->rules, ckpt_state_name(s2), why);
