@@ -280,29 +280,15 @@ int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *
 	return 0;
 }
 
-/* ---- the owner ---------------------------------------------------------- */
+/* ---- small numbers: OWNER, LATEST ---------------------------------------- */
 
-/* "<uid>\n": digits only, a uid that fits (never -1). */
-static int owner_parse(const char *buf, size_t len, uint32_t *uid)
-{
-	uint64_t v = 0;
-
-	if (len > 0 && buf[len - 1] == '\n')
-		len--;
-	if (len == 0 || len > 10)
-		return -EBADMSG;
-	for (size_t i = 0; i < len; i++) {
-		if (buf[i] < '0' || buf[i] > '9')
-			return -EBADMSG;
-		v = v * 10 + (uint64_t)(buf[i] - '0');
-	}
-	if (v >= UINT32_MAX)
-		return -EBADMSG;
-	*uid = (uint32_t)v;
-	return 0;
-}
-
-int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err)
+/*
+ * <job>/<leaf> as "<digits>\n", at most `digits` of them: 0 and *v;
+ * -ENOENT (not there, said as `none`); -EBADMSG (not such a number, said
+ * with `what`); another error from the backend.
+ */
+static int job_number_get(struct storage *s, const char *job, const char *leaf, size_t digits,
+			  uint64_t *v, const char *none, const char *what, char *err)
 {
 	char key[STORE_KEY_MAX], *buf = NULL;
 	size_t len = 0;
@@ -310,19 +296,37 @@ int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err
 
 	if ((rc = ipc_check_job(job, err)))
 		return rc;
-	store_key(key, sizeof(key), job, -1, "OWNER");
+	store_key(key, sizeof(key), job, -1, leaf);
 	rc = s->ops->obj_get(s, key, LATEST_MAX, &buf, &len, err);
 	if (rc == -ENOENT)
-		return ipc_errf(err, rc, "job '%s' has no owner recorded", job);
-	if (rc == -EFBIG)
-		rc = -EBADMSG;
-	if (!rc)
-		rc = owner_parse(buf, len, uid);
+		return ipc_errf(err, rc, "job '%s' has %s", job, none);
+	if (rc && rc != -EFBIG)
+		return rc;
+	if (!rc && len > 0 && buf[len - 1] == '\n')
+		len--;
+	rc = !rc && len > 0 && len <= digits ? 0 : -EBADMSG;
+	*v = 0;
+	for (size_t i = 0; rc == 0 && i < len; i++) {
+		if (buf[i] < '0' || buf[i] > '9')
+			rc = -EBADMSG;
+		else
+			*v = *v * 10 + (uint64_t)(buf[i] - '0');
+	}
 	free(buf);
-	if (rc == -EBADMSG)
-		return ipc_errf(err, rc, "%s is not a uid: only root may use the job until it is "
-					 "repaired",
-				key);
+	return rc ? ipc_errf(err, rc, "%s is not %s", key, what) : 0;
+}
+
+int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err)
+{
+	uint64_t v;
+	int rc = job_number_get(s, job, "OWNER", 10, &v, "no owner recorded",
+				"a uid: only root may use the job until it is repaired", err);
+
+	if (!rc && v >= UINT32_MAX) /* (uid_t)-1 is nobody's */
+		rc = ipc_errf(err, -EBADMSG, "job '%s': OWNER %llu is not a uid", job,
+			      (unsigned long long)v);
+	if (!rc)
+		*uid = (uint32_t)v;
 	return rc;
 }
 
@@ -345,39 +349,17 @@ int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t
 	return rc;
 }
 
-/* ---- LATEST ------------------------------------------------------------ */
-
 int store_latest_get(struct storage *s, const char *job, int64_t *step, char *err)
 {
-	char key[STORE_KEY_MAX], *buf = NULL;
-	size_t len = 0, i;
-	int64_t v = 0;
-	int rc;
+	uint64_t v;
+	int rc = job_number_get(s, job, "LATEST", 12, &v, "no LATEST (nothing committed yet?)",
+				"a step number", err);
 
-	if ((rc = ipc_check_job(job, err)))
-		return rc;
-	store_key(key, sizeof(key), job, -1, "LATEST");
-	rc = s->ops->obj_get(s, key, LATEST_MAX, &buf, &len, err);
-	if (rc == -ENOENT)
-		return ipc_errf(err, rc, "job '%s' has no LATEST (nothing committed yet?)", job);
-	if (rc == -EFBIG)
-		rc = -EINVAL;
-	if (rc)
-		return rc == -EINVAL ? ipc_errf(err, rc, "%s is not a step number", key) : rc;
-	if (len > 0 && buf[len - 1] == '\n')
-		len--;
-	rc = len > 0 && len <= 12 ? 0 : -EINVAL;
-	for (i = 0; rc == 0 && i < len; i++) {
-		if (buf[i] < '0' || buf[i] > '9')
-			rc = -EINVAL;
-		else
-			v = v * 10 + (buf[i] - '0');
-	}
-	free(buf);
-	if (rc)
-		return ipc_errf(err, rc, "%s is not a step number", key);
-	*step = v;
-	return 0;
+	if (rc == -EBADMSG)
+		rc = -EINVAL; /* what callers of LATEST have always been told */
+	if (!rc)
+		*step = (int64_t)v;
+	return rc;
 }
 
 /* Under latest_mu. */
