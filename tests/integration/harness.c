@@ -376,6 +376,15 @@ void h_model_free(struct h_model *m)
 
 /* ---- below libckpt ---------------------------------------------------- */
 
+struct ckpt_client *h_connect(const struct agent_proc *a)
+{
+	struct ckpt_client *c;
+	int rc = ckpt_connect(a->endpoint, &c);
+
+	ck_assert_msg(rc == 0, "ckpt_connect %s: %s", a->endpoint, ckpt_strerror(rc));
+	return c;
+}
+
 int h_cred_token(const struct agent_proc *a, char *hex)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};

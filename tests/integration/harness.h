@@ -49,6 +49,9 @@ void h_agent_cleanup(struct agent_proc *a);
 /* Whether the agent's log contains `needle`. */
 bool h_log_has(const struct agent_proc *a, const char *needle);
 
+/* ckpt_connect to the agent, asserting it works. */
+struct ckpt_client *h_connect(const struct agent_proc *a);
+
 /* Runs ckptctl --endpoint <a> <args>; stdout+stderr into out; returns its exit status. */
 int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

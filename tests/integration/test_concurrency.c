@@ -19,15 +19,6 @@
 
 #include "harness.h"
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 /* A rank process: this program again with --rank (no gRPC state across fork). */
 static int rank_main(const char *endpoint, const char *job, int rank, int world, long step,
 		     const char *mode)
@@ -197,7 +188,7 @@ START_TEST(many_threads_one_client)
 	struct h_model m;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, N, 4000);
 	for (int i = 0; i < N; i++) {
 		char job[16];
@@ -248,7 +239,7 @@ START_TEST(disconnect_while_waiting)
 
 	/* a save that takes a while to commit: written 1 MiB at a time */
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 4, 12 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "dw", 0, 1, m.t, m.n, &p), 0);
 	ck_assert_int_eq(ckpt_save(p, 1, NULL, &w.s), 0);
@@ -308,7 +299,7 @@ START_TEST(save_during_restore_refused)
 	int rc;
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 4, 16 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "sr", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 1);

@@ -18,15 +18,6 @@
 
 #include "harness.h"
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 static void commit(struct ckpt_plan *p, int64_t step)
 {
 	struct ckpt_save *s;
@@ -67,7 +58,7 @@ START_TEST(corrupt_byte)
 	int rc;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 6, 200003);
 	ck_assert_int_eq(ckpt_plan_create(c, "cor", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 1);
@@ -128,7 +119,7 @@ START_TEST(truncated_shard)
 	char out[8192], shard[512];
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 3, 100003);
 	ck_assert_int_eq(ckpt_plan_create(c, "tr", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 3);
@@ -166,7 +157,7 @@ START_TEST(agent_killed_mid_save)
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
 	for (int k = 0; k < 3; k++) {
-		struct ckpt_client *c = connect_to(&a);
+		struct ckpt_client *c = h_connect(&a);
 		struct ckpt_plan *p;
 		struct ckpt_save *s;
 		struct h_model m;
@@ -203,7 +194,7 @@ START_TEST(agent_killed_mid_save)
 			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show kill %d", 10 * k + 2), 1);
 		}
 		/* LATEST loads, and is byte-exact for its step */
-		c = connect_to(&a);
+		c = h_connect(&a);
 		h_model_make(&m, c, 4, 10 << 20);
 		ck_assert_int_eq(ckpt_plan_create(c, "kill", 0, 1, m.t, m.n, &p), 0);
 		ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), 0);
@@ -353,7 +344,7 @@ START_TEST(skip_when_pool_full)
 	pid_t hog;
 
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1 --backpressure skip");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 2, 1 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "skipper", 0, 1, m.t, m.n, &p), 0);
 	for (long mb = 256, hstep = 1; mb <= 2048; mb *= 2, hstep++, step++) {

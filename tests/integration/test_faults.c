@@ -47,15 +47,6 @@ struct fcase {
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 /* Saves step; the state it ends in, and why (reason, len bytes). */
 static enum ckpt_state save_step(struct ckpt_plan *p, int64_t step, char *reason, size_t len)
 {
@@ -255,7 +246,7 @@ static void run_cases(const char *prefix, const struct fcase *v, size_t n)
 	plan_env(prefix, v, n, env, sizeof(env));
 	h_agent_start_env(&a, args, env);
 	ck_assert_msg(h_log_has(&a, "fault injection: "), "the agent took the plan");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	for (size_t k = 0; k < n; k++) {
 		char job[32];
 
@@ -451,7 +442,7 @@ START_TEST(removal_faults)
 
 	/* keep-last 3: no GC before a job's fourth commit */
 	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1 --keep-last 3", removal_plan);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	job_open(&j[0], c, "rm0", 300001);
 	job_open(&j[1], c, "rm1", 300001);
 	job_open(&j[2], c, "rm2", 300001);
@@ -583,7 +574,7 @@ START_TEST(read_faults)
 	int rc;
 
 	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1", read_plan);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	job_open(&j, c, "rs", 700001); /* three windows of 1 MiB */
 	job_commit(&j, 1, 7);
 

@@ -33,19 +33,10 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect %s: %s", a->endpoint, ckpt_strerror(rc));
-	return c;
-}
-
 /* A new client (a new connection to the socket) saves step of job: it commits. */
 static void save_commits(const struct agent_proc *a, const char *job, int64_t step)
 {
-	struct ckpt_client *c = connect_to(a);
+	struct ckpt_client *c = h_connect(a);
 	struct ckpt_plan *p;
 	struct ckpt_save *s;
 	struct h_model m;
@@ -279,7 +270,7 @@ START_TEST(root_removed_and_made_again)
 	snprintf(args, sizeof(args),
 	         "--staging-mb 16 --chunk-mb 1 --node n0 --metrics-listen 127.0.0.1:%u", port);
 	h_agent_start(&a, args);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 3, 30011);
 	ck_assert_int_eq(ckpt_plan_create(c, "gone", 0, 1, m.t, m.n, &p), 0);
 	for (int64_t step = 1; step <= 2; step++) {

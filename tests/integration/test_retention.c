@@ -23,15 +23,6 @@
 
 static char out[1 << 20];
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 static void commit(struct ckpt_plan *p, int64_t step)
 {
 	struct ckpt_save *s;
@@ -153,7 +144,7 @@ static int64_t latest_file(const struct agent_proc *a, const char *job)
 
 static void save_steps(const struct agent_proc *a, const char *job, int from, int to, size_t scale)
 {
-	struct ckpt_client *c = connect_to(a);
+	struct ckpt_client *c = h_connect(a);
 	struct ckpt_plan *p;
 	struct h_model m;
 
@@ -171,7 +162,7 @@ static void save_steps(const struct agent_proc *a, const char *job, int from, in
 /* LATEST loads, and holds the values saved at `step` (by save_steps with `scale`). */
 static void restore_latest(const struct agent_proc *a, const char *job, int64_t want, size_t scale)
 {
-	struct ckpt_client *c = connect_to(a);
+	struct ckpt_client *c = h_connect(a);
 	struct ckpt_plan *p;
 	struct h_model m;
 	int64_t step = -1;
@@ -394,7 +385,7 @@ START_TEST(restore_in_flight_is_kept)
 
 	/* two big checkpoints, then the policy that wants the older one gone */
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 8, 24 << 20); /* ~200 MiB: its restore takes a while */
 	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 1);
@@ -411,7 +402,7 @@ START_TEST(restore_in_flight_is_kept)
 	h_agent_restart(&a);
 	ck_assert_str_eq(listed(&a, "rs"), "1,2");
 
-	c = connect_to(&a);
+	c = h_connect(&a);
 	ck_assert_int_eq(cl_open(a.endpoint, false, &ctl), 0);
 	h_model_make(&m, c, 8, 24 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
@@ -512,7 +503,7 @@ struct ranks {
 
 static void ranks_make(struct ranks *x, const struct agent_proc *a, const char *job)
 {
-	x->c = connect_to(a);
+	x->c = h_connect(a);
 	for (int r = 0; r < KG_WORLD; r++) {
 		h_model_make(&x->m[r], x->c, 2, 64 << 10);
 		for (size_t i = 0; i < x->m[r].n; i++)

@@ -17,15 +17,6 @@
 
 #include "harness.h"
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 static void commit(struct ckpt_plan *p, int64_t step)
 {
 	struct ckpt_save *s;
@@ -52,7 +43,7 @@ START_TEST(save_right_after_restore)
 	int refused = 0;
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --keep-last 2");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 3, 4099);
 	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 1);
@@ -119,7 +110,7 @@ START_TEST(failed_step_saved_again_at_once)
 	int rc;
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	ck_assert_int_eq(ckpt_host_alloc(c, 2 * (size_t)shape[0], (void **)&mem), 0);
 	for (int r = 0; r < 2; r++) {
 		snprintf(name[r], sizeof(name[r]), "rank%d.w", r);
@@ -191,7 +182,7 @@ START_TEST(waits_bounded_when_agent_stopped)
 	int rc;
 
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 4, 64 << 20); /* 256 MiB through a 16 MiB pool */
 	ck_assert_int_eq(ckpt_plan_create(c, "stalled", 0, 1, m.t, m.n, &p), 0);
 	ck_assert_int_eq(ckpt_save(p, 1, NULL, &s), 0);
@@ -211,7 +202,7 @@ START_TEST(waits_bounded_when_agent_stopped)
 	ck_assert_int_eq(kill(a.pid, SIGCONT), 0);
 	ckpt_disconnect(c);
 	/* the agent goes on: a new trainer commits */
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 2, 4099);
 	ck_assert_int_eq(ckpt_plan_create(c, "stalled", 0, 1, m.t, m.n, &p), 0);
 	commit(p, 2);

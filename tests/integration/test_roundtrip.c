@@ -16,15 +16,6 @@
 
 #include "harness.h"
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect %s: %s", a->endpoint, ckpt_strerror(rc));
-	return c;
-}
-
 static void save_and_wait(struct ckpt_plan *p, int64_t step, const char *meta,
 			  enum ckpt_state until)
 {
@@ -50,7 +41,7 @@ START_TEST(roundtrip_odd_sizes)
 	int rc;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 13, 100003); /* 13 tensors, ~100 KB each, 8 dtypes, some empty */
 	for (size_t i = 0; i < m.n; i++)
 		ck_assert_msg(h_tensor_bytes(&m, i) % 4096 != 0 || h_tensor_bytes(&m, i) == 0,
@@ -111,7 +102,7 @@ START_TEST(rewrite_after_captured)
 
 	/* 1 write in flight of 1 MiB: persisting takes a while after CAPTURED */
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 6, 6 << 20); /* ~36 MiB: fits in the pool */
 	ck_assert_int_eq(ckpt_plan_create(c, "rw", 0, 1, m.t, m.n, &p), 0);
 	for (int k = 0; k < 3; k++) {
@@ -148,7 +139,7 @@ START_TEST(larger_than_pool)
 	char out[8192];
 
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1");
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 5, 9 << 20); /* ~45 MiB through a 16 MiB pool */
 	ck_assert_int_eq(ckpt_plan_create(c, "big", 0, 1, m.t, m.n, &p), 0);
 	ck_assert_uint_gt(ckpt_plan_bytes(p), 16u << 20);
@@ -289,7 +280,7 @@ START_TEST(latest_after_restart)
 	int64_t step = -1;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 4, 300001);
 	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
 	for (int k = 1; k <= 3; k++) {
@@ -301,7 +292,7 @@ START_TEST(latest_after_restart)
 	ckpt_disconnect(c);
 	ck_assert_int_eq(h_agent_stop(&a), 0);
 	h_agent_restart(&a);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	h_model_make(&m, c, 4, 300001);
 	ck_assert_int_eq(ckpt_plan_create(c, "rs", 0, 1, m.t, m.n, &p), 0);
 	h_model_fill(&m, 99);

@@ -28,15 +28,6 @@
 #include "client.h"
 #include "harness.h"
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect %s: %s", a->endpoint, ckpt_strerror(rc));
-	return c;
-}
-
 static void save_wait(struct ckpt_plan *p, int64_t step, enum ckpt_state until)
 {
 	struct ckpt_save *s;
@@ -101,7 +92,7 @@ START_TEST(region_cannot_shrink)
 	int fd;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	p = one_tensor(c, "shrink", &mem);
 	fd = open_mapping(mem);
 	if (fd >= 0) { /* needs CAP_SYS_ADMIN: as root (CI) */
@@ -137,7 +128,7 @@ START_TEST(regions_have_no_name)
 	ck_assert_int_ge(in, 0);
 	ck_assert_int_ge(inotify_add_watch(in, "/dev/shm", IN_CREATE), 0);
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	for (int i = 0; i < 20; i++)
 		ck_assert_int_eq(ckpt_host_alloc(c, 1 << 16, &mem[i]), 0);
 	while ((n = read(in, buf, sizeof(buf))) > 0)
@@ -183,7 +174,7 @@ START_TEST(bad_regions_refused)
 
 	(void)at;
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	sock = h_cred_token(&a, token);
 	reg.session_id = c->session_id;
 	reg.size = 1 << 20;
@@ -377,7 +368,7 @@ START_TEST(files_not_for_everyone)
 	void *mem;
 
 	h_agent_start(&a, NULL);
-	c = connect_to(&a);
+	c = h_connect(&a);
 	p = one_tensor(c, "modes", &mem);
 	save_wait(p, 1, CKPT_COMMITTED);
 	h_shard(&a, path, sizeof(path), "modes", 1, 0);
@@ -411,8 +402,8 @@ START_TEST(limits_per_user)
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --max-sessions 2 --max-watchers 1 "
 			  "--max-tensors 3 --max-connections 6");
-	c1 = connect_to(&a);
-	c2 = connect_to(&a);
+	c1 = h_connect(&a);
+	c2 = h_connect(&a);
 	rc = ckpt_connect(a.endpoint, &c3);
 	ck_assert_int_eq(rc, -EAGAIN);
 	ck_assert(h_log_has(&a, "attached") && !c3);

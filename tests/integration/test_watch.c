@@ -31,15 +31,6 @@
 
 static char out[1 << 20];
 
-static struct ckpt_client *connect_to(const struct agent_proc *a)
-{
-	struct ckpt_client *c;
-	int rc = ckpt_connect(a->endpoint, &c);
-
-	ck_assert_msg(rc == 0, "ckpt_connect: %s", ckpt_strerror(rc));
-	return c;
-}
-
 static int64_t mono_ms(void)
 {
 	struct timespec ts;
@@ -198,7 +189,7 @@ struct pair {
 
 static void pair_make(struct pair *x, const struct agent_proc *a, const char *job)
 {
-	x->c = connect_to(a);
+	x->c = h_connect(a);
 	for (int r = 0; r < 2; r++) {
 		int rc;
 
@@ -253,7 +244,7 @@ START_TEST(watch_lines_on_a_pipe)
 	          (const char *const[]){"progress", "job=wj step=1 rank=0/2 state=DURABLE", NULL});
 	/* another job's saves are not shown to a watch of wj */
 	{
-		struct ckpt_client *c = connect_to(&a);
+		struct ckpt_client *c = h_connect(&a);
 		struct ckpt_plan *p;
 		struct ckpt_save *s;
 		struct h_model m;
