@@ -147,6 +147,8 @@ static int trainer_main(const char *endpoint, const char *job, long step, long m
 		return 12;
 	if (ckpt_save_wait(s, CKPT_COMMITTED, 120000))
 		return fprintf(stderr, "trainer: %s\n", ckpt_save_reason(s)), 13;
+	ckpt_save_release(s);
+	ckpt_plan_destroy(p[0]); /* its memory goes with the client */
 	ckpt_disconnect(c);
 	return 0;
 }
