@@ -148,7 +148,9 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 
 /*
  * Drops the plan; its saves past CAPTURED still commit. Like ckpt_host_free
- * it waits at most 5 s for the agent, not at all once a call went unanswered.
+ * it waits at most 5 s for the agent's answer, not at all once a call went
+ * unanswered; a CUDA plan's then waits for its saves to be captured (its
+ * fence, see ckpt_save_fence), unless the agent is gone or not answering.
  */
 void ckpt_plan_destroy(struct ckpt_plan *p);
 
