@@ -20,7 +20,10 @@
  *           with it; for pwrite, pread, io_write and io_read also "short"
  *           (about half the bytes asked, in whole 4096-byte blocks beyond
  *           one, as O_DIRECT's) or "short=N" (at most N bytes; 0: a write
- *           that moves nothing, a read at the end of the file)
+ *           that moves nothing, a read at the end of the file); for io_write,
+ *           io_read and io_fsync also "slow=MS" (the result comes MS
+ *           milliseconds late, as it was: a slow disk, for tests that must
+ *           catch a save while it writes)
  *   path=G  only calls whose path matches the glob G (fnmatch(3), no flags:
  *           '*' crosses '/'): for a call on a descriptor, the path it was
  *           opened under (root-relative names joined to the root); for
@@ -116,6 +119,7 @@ struct rule {
 	const char *errname;
 	bool isshort;   /* else: a short transfer */
 	uint64_t limit; /* short=N: at most N bytes; UINT64_MAX: half */
+	unsigned slow_ms; /* slow=MS: the request's result comes MS later, as it was */
 	char glob[MAX_GLOB]; /* "" matches every path */
 	uint64_t after, count;
 	uint64_t seen, fired; /* under mu */
@@ -198,7 +202,9 @@ static const struct rule *decide(enum fop op, const char *path, const char *path
 		k = i;
 	}
 	if (hit) {
-		if (hit->isshort && hit->limit == UINT64_MAX)
+		if (hit->slow_ms)
+			snprintf(what, sizeof(what), "as it was, %u ms late", hit->slow_ms);
+		else if (hit->isshort && hit->limit == UINT64_MAX)
 			snprintf(what, sizeof(what), "short (half)");
 		else if (hit->isshort)
 			snprintf(what, sizeof(what), "short (at most %llu bytes)",
@@ -375,6 +381,10 @@ static int64_t f_io_result(const struct io_req *q, int64_t res)
 	r = decide_fd(op, q->fd);
 	if (!r)
 		return res;
+	if (r->slow_ms) {
+		usleep(r->slow_ms * 1000u);
+		return res;
+	}
 	return r->isshort ? (int64_t)short_len(r, (uint64_t)res) : -r->err;
 }
 
@@ -422,6 +432,18 @@ static bool transfers(enum fop op)
 
 static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 {
+	if (strncmp(s, "slow=", 5) == 0) {
+		uint64_t ms;
+
+		if (r->op != F_IO_WRITE && r->op != F_IO_READ && r->op != F_IO_FSYNC)
+			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' of %s: only io_write, "
+			                "io_read and io_fsync can be slow", k, s, op_names[r->op]);
+		if (parse_u64(s + 5, &ms) || ms == 0 || ms > 60000)
+			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' is not slow=MS "
+			                "(1..60000)", k, s);
+		r->slow_ms = (unsigned)ms;
+		return 0;
+	}
 	if (strcmp(s, "short") == 0 || strncmp(s, "short=", 6) == 0) {
 		if (!transfers(r->op))
 			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' of %s: only pwrite, "

@@ -305,6 +305,13 @@ struct stopped {
  * frozen (SIGSTOP) for freeze_ms: a disk that stalls, its writes standing
  * still while its clock runs on.
  */
+/*
+ * The save's writes are made slow (a fault plan: each 8 MiB write's result
+ * 50 ms late, 6.4 s for the 1 GiB), so the stop always comes while it
+ * writes, however fast the disk and however loaded the machine.
+ */
+#define SLOW_WRITES "CKPT_FAULTS=io_write:slow=50:path=*/big/*:count=inf"
+
 static struct stopped save_then_stop(const char *args, long step, int freeze_ms)
 {
 	int64_t shape[1] = {1024LL << 20};
@@ -316,7 +323,7 @@ static struct stopped save_then_stop(const char *args, long step, int freeze_ms)
 	struct ckpt_save *s;
 	char out[8192], want[128];
 
-	h_agent_start(&a, args);
+	h_agent_start_env(&a, args, SLOW_WRITES);
 	ck_assert_int_eq(ckpt_connect(a.endpoint, &c), 0);
 	ck_assert_int_eq(ckpt_host_alloc(c, (size_t)shape[0], &t.data), 0);
 	memset(t.data, 7, (size_t)shape[0]);
@@ -352,7 +359,7 @@ static struct stopped save_then_stop(const char *args, long step, int freeze_ms)
  */
 START_TEST(stop_commits_captured_save)
 {
-	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 1 --queue-depth 1 --no-lock",
+	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock",
 	                                  1, 125000);
 
 	ck_assert_msg(r.committed, "the save past CAPTURED was not committed before the agent exited");
@@ -367,7 +374,7 @@ END_TEST
  */
 START_TEST(stop_timeout_fails_save)
 {
-	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 1 --queue-depth 1 --no-lock "
+	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock "
 	                                  "--stop-timeout 1",
 	                                  2, 1500);
 
@@ -390,8 +397,12 @@ int main(int argc, char **argv)
 	tcase_set_timeout(tc, 400); /* a stop frozen for 125 s */
 	tcase_add_test(tc, abort_stops_copies);
 	tcase_add_test(tc, failed_step_let_go);
+#ifdef CKPT_FAULT_INJECTION /* the slow disk they need */
 	tcase_add_test(tc, stop_commits_captured_save);
 	tcase_add_test(tc, stop_timeout_fails_save);
+#else
+	fprintf(stderr, "note: ckptd built without fault injection: the stop tests are left out\n");
+#endif
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
