@@ -89,10 +89,21 @@ static const char *shown(const char *s, char *buf, size_t len)
 	return buf;
 }
 
+/* "'/'", "control character 0x0a" or "non-ASCII byte 0xc3", into buf. */
+static const char *char_shown(unsigned char ch, char *buf, size_t len)
+{
+	if (ch >= 0x20 && ch < 0x7f)
+		snprintf(buf, len, "'%c'", ch);
+	else
+		snprintf(buf, len, "%s 0x%02x",
+		         ch < 0x20 || ch == 0x7f ? "control character" : "non-ASCII byte", ch);
+	return buf;
+}
+
 /* [A-Za-z0-9._-]{1,64}, not "." or "..": `what` names the kind in messages. */
 static int check_name(const char *what, const char *name, char *err)
 {
-	char b[48];
+	char b[48], c[32];
 	size_t n;
 
 	if (!name || !*name)
@@ -107,10 +118,10 @@ static int check_name(const char *what, const char *name, char *err)
 		if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
 		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
 			return ipc_errf(err, -EINVAL,
-			                "%s name '%s' has '%c' at %zu: use letters, digits, '.', "
+			                "%s name '%s' has %s at byte %zu: use letters, digits, '.', "
 			                "'_' and '-' only",
 			                what, shown(name, b, sizeof(b)),
-			                ch >= 0x20 && ch < 0x7f ? ch : '?', i);
+			                char_shown((unsigned char)ch, c, sizeof(c)), i);
 	}
 	/* ".", "..", and what begins with '.': the agent's own files (temporaries, trash) */
 	if (name[0] == '.')
@@ -184,12 +195,13 @@ int ipc_check_tensor_name(const char *name, char *err)
 
 		if (l == 0 || i + l > n)
 			return ipc_errf(err, -EINVAL,
-			                "tensor name '%s' is not valid UTF-8 (byte %zu)",
-			                shown(name, b, sizeof(b)), i);
+			                "tensor name '%s' is not valid UTF-8 at byte %zu (0x%02x)",
+			                shown(name, b, sizeof(b)), i, p[0]);
 		if (l == 1 && (p[0] < 0x20 || p[0] == 0x7f))
 			return ipc_errf(err, -EINVAL,
-			                "tensor name '%s' has a control character at byte %zu",
-			                shown(name, b, sizeof(b)), i);
+			                "tensor name '%s' has control character 0x%02x at byte %zu: "
+			                "names may not hold NUL or control characters",
+			                shown(name, b, sizeof(b)), p[0], i);
 		i += l;
 	}
 	return 0;

@@ -323,10 +323,10 @@ static const struct bad bad_files[] = {
      "[metrics] listen = '127.0.0.1:http': expected a port"},
     {"[metrics]\nlisten = ::1:9464\n", 2, "an IPv6 address goes in brackets"},
     /* node names as job names: no '/', not '..', at most 64 characters */
-    {"[cluster]\nnode = a/b\n", 2, "[cluster] node = 'a/b': node name 'a/b' has '/' at 1"},
+    {"[cluster]\nnode = a/b\n", 2, "[cluster] node = 'a/b': node name 'a/b' has '/' at byte 1"},
     {"[cluster]\nnode = ..\n", 2, "node name '..' begins with '.'"},
     {"[cluster]\nnode = .hidden\n", 2, "node name '.hidden' begins with '.'"},
-    {"[cluster]\nnode = n 1\n", 2, "node name 'n 1' has ' ' at 1"},
+    {"[cluster]\nnode = n 1\n", 2, "node name 'n 1' has ' ' at byte 1"},
     {"[cluster]\nnode = "
      "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\n",
      2, "is longer than 64 characters"},
@@ -484,7 +484,7 @@ static const struct bad_flags bad_flags[] = {
     {{"--bogus"}, "unknown option '--bogus'"},
     {{"--root"}, "--root needs a value"},
     {{"--root", "/a", "extra"}, "unexpected argument 'extra'"},
-    {{"--node", "../n1"}, "--node '../n1': node name '../n1' has '/' at 2: use letters, digits, "
+    {{"--node", "../n1"}, "--node '../n1': node name '../n1' has '/' at byte 2: use letters, digits, "
                           "'.', '_' and '-' only"},
     {{"--node", ".."},
      "--node '..': node name '..' begins with '.': names beginning with '.' are the agent's "

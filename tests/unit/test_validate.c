@@ -28,6 +28,11 @@ START_TEST(job_names)
 	ck_assert_int_eq(ipc_check_job("../etc", err), -EINVAL);
 	ck_assert_int_eq(ipc_check_job("a b", err), -EINVAL);
 	ck_assert_int_eq(ipc_check_job("job\n", err), -EINVAL);
+	ck_assert_msg(strstr(err, "control character 0x0a at byte 3"), "says where: %s", err);
+	ck_assert_int_eq(ipc_check_job("ab/c", err), -EINVAL);
+	ck_assert_msg(strstr(err, "'/' at byte 2"), "says where: %s", err);
+	ck_assert_int_eq(ipc_check_run("r\xc3\xa9", err), -EINVAL);
+	ck_assert_msg(strstr(err, "non-ASCII byte 0xc3 at byte 1"), "says where: %s", err);
 	memset(long_name, 'x', sizeof(long_name) - 1);
 	long_name[IPC_MAX_JOB] = '\0';
 	ck_assert_int_eq(ipc_check_job(long_name, err), 0);
@@ -47,7 +52,11 @@ START_TEST(tensor_names)
 	ck_assert_int_eq(ipc_check_tensor_name("", err), -EINVAL);
 	ck_assert_int_eq(ipc_check_tensor_name("__metadata__", err), -EINVAL);
 	ck_assert_int_eq(ipc_check_tensor_name("a\tb", err), -EINVAL);
+	ck_assert_msg(strstr(err, "control character 0x09 at byte 1"), "says where: %s", err);
 	ck_assert_int_eq(ipc_check_tensor_name("a\x7f", err), -EINVAL);
+	ck_assert_msg(strstr(err, "control character 0x7f at byte 1"), "says where: %s", err);
+	ck_assert_int_eq(ipc_check_tensor_name("ab\xc3", err), -EINVAL);
+	ck_assert_msg(strstr(err, "not valid UTF-8 at byte 2"), "says where: %s", err);
 	ck_assert_int_eq(ipc_check_tensor_name("\xc3", err), -EINVAL);         /* truncated */
 	ck_assert_int_eq(ipc_check_tensor_name("\xc0\xaf", err), -EINVAL);     /* overlong */
 	ck_assert_int_eq(ipc_check_tensor_name("\xed\xa0\x80", err), -EINVAL); /* surrogate */
