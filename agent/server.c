@@ -204,6 +204,8 @@ static void on_new(struct rpc *c, bool ok)
 {
 	struct server *s = c->srv;
 	ProtobufCMessage *req;
+	char err[IPC_ERRLEN];
+	int rc;
 
 	if (!ok) { /* the server is shutting down */
 		rpc_free(c);
@@ -226,10 +228,10 @@ static void on_new(struct rpc *c, bool ok)
 			 ipc_methods[c->method].path, IPC_CRED_SUFFIX, IPC_CRED_META);
 		return;
 	}
-	req = ipc_unpack(ipc_methods[c->method].request, c->payload);
-	if (!req) {
-		rpc_fail(c, -EINVAL, "%s: the request is not a well-formed %s message",
-			 ipc_methods[c->method].path, ipc_methods[c->method].request->name);
+	/* strings with NUL or control characters are refused here, naming the field */
+	rc = ipc_decode(ipc_methods[c->method].request, c->payload, &req, err);
+	if (rc) {
+		rpc_fail(c, rc, "%s: %s", ipc_methods[c->method].path, err);
 		return;
 	}
 	s->handlers[c->method](c, req, s->ctx);

@@ -217,6 +217,24 @@ struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m);
 /* Unpacks a byte buffer; NULL if it is not a well-formed message of `d`. */
 ProtobufCMessage *ipc_unpack(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb);
 
+/*
+ * The agent's decode edge. protobuf-c would cut a string at its first NUL
+ * ("a\0b" arrives as "a"), so the wire bytes are read first: no string
+ * field of the message or of its sub-messages may hold NUL or a control
+ * character (0x00-0x1f, 0x7f), except that a JSON text field (name ending
+ * in "_json") may hold tab, LF and CR. -EINVAL naming the field and the
+ * byte, e.g. "CreatePlanRequest.tensors[3].name has a NUL at byte 1: ...",
+ * or saying the bytes are not a well-formed message. Bytes fields are not
+ * read.
+ */
+int ipc_check_strings(const ProtobufCMessageDescriptor *d, const void *buf, size_t len, char *err);
+/* ipc_check_strings, then unpacks into *out (free with protobuf_c_message_free_unpacked). */
+int ipc_decode_buf(const ProtobufCMessageDescriptor *d, const void *buf, size_t len,
+                   ProtobufCMessage **out, char *err);
+/* The same on the whole of a byte buffer (a missing one is -EINVAL). */
+int ipc_decode(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb,
+               ProtobufCMessage **out, char *err);
+
 /* grpc_status_code <-> negative errno, both ways, one table. */
 int ipc_status_to_errno(int status);
 int ipc_errno_to_status(int err);

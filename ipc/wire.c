@@ -1,8 +1,12 @@
 /*
- * The wire: protobuf-c messages in gRPC byte buffers, the method table, and
- * the one mapping between gRPC status codes and errno. Any thread.
+ * The wire: protobuf-c messages in gRPC byte buffers, the method table, the
+ * one mapping between gRPC status codes and errno, and the agent's decode
+ * edge (ipc_decode, called by its completion-queue thread for every request:
+ * strings with NUL or control characters are refused before unpacking).
+ * Any thread; no state.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -52,6 +56,212 @@ struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m)
 	bb = grpc_raw_byte_buffer_create(&s, 1);
 	grpc_slice_unref(s);
 	return bb;
+}
+
+/* ---- strings on the wire --------------------------------------------- */
+
+/*
+ * protobuf-c unpacks a string field into a C string, so "a\0b" would arrive
+ * as "a". The raw bytes are read first, field by field with the message's
+ * descriptor, into sub-messages: no string field may hold NUL or another
+ * control character (0x00-0x1f, 0x7f); a JSON text field (its name ends in
+ * "_json") may also hold JSON's whitespace (tab, LF, CR). Bytes fields are
+ * not text and are not read. Linear in the message, depth bounded.
+ */
+#define SCAN_MAX_DEPTH 16
+
+/* One field as the wire has it: tag at `at`, length-delimited value at [start, +len). */
+struct wire_field {
+	uint32_t num;
+	unsigned type;
+	size_t at, start, len;
+};
+
+/* The path to the first bad byte, filled on the way out of the recursion. */
+struct scan {
+	const ProtobufCFieldDescriptor *field[SCAN_MAX_DEPTH];
+	size_t index[SCAN_MAX_DEPTH];
+	size_t depth, offset;
+	uint8_t byte;
+};
+
+static int get_varint(const uint8_t *b, size_t len, size_t *pos, uint64_t *v)
+{
+	uint64_t x = 0;
+
+	for (unsigned i = 0; i < 10 && *pos < len; i++) {
+		uint8_t c = b[(*pos)++];
+
+		x |= (uint64_t)(c & 0x7f) << (7 * i);
+		if (!(c & 0x80)) {
+			*v = x;
+			return 0;
+		}
+	}
+	return -EBADMSG;
+}
+
+/* The field at b[*pos], *pos moved past it; -EBADMSG if it is not one. */
+static int next_field(const uint8_t *b, size_t len, size_t *pos, struct wire_field *f)
+{
+	uint64_t tag, n;
+
+	f->at = *pos;
+	if (get_varint(b, len, pos, &tag) || tag >> 3 == 0 || tag >> 3 > 0x1fffffff)
+		return -EBADMSG;
+	f->num = (uint32_t)(tag >> 3);
+	f->type = tag & 7;
+	if (f->type == PROTOBUF_C_WIRE_TYPE_VARINT)
+		return get_varint(b, len, pos, &n);
+	if (f->type == PROTOBUF_C_WIRE_TYPE_64BIT)
+		n = 8;
+	else if (f->type == PROTOBUF_C_WIRE_TYPE_32BIT)
+		n = 4;
+	else if (f->type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED || get_varint(b, len, pos, &n))
+		return -EBADMSG; /* groups (3, 4), 6, 7: protobuf-c refuses them too */
+	if (n > len - *pos)
+		return -EBADMSG;
+	f->start = *pos;
+	f->len = (size_t)n;
+	*pos += (size_t)n;
+	return 0;
+}
+
+/* The offset of the first byte s[0..n) may not hold; n if none. */
+static size_t bad_byte(const uint8_t *s, size_t n, bool json)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((s[i] < 0x20 || s[i] == 0x7f) &&
+		    !(json && (s[i] == '\t' || s[i] == '\n' || s[i] == '\r')))
+			return i;
+	return n;
+}
+
+static bool is_json(const ProtobufCFieldDescriptor *f)
+{
+	size_t n = strlen(f->name);
+
+	return n >= 5 && strcmp(f->name + n - 5, "_json") == 0;
+}
+
+/* How often field `num` occurs in b[0..end): the index of a repeated field's element at end. */
+static size_t occurrences(const uint8_t *b, size_t end, uint32_t num)
+{
+	struct wire_field f;
+	size_t pos = 0, k = 0;
+
+	while (pos < end && next_field(b, end, &pos, &f) == 0)
+		k += f.num == num;
+	return k;
+}
+
+/* 0; -EINVAL with s filled from `level` down; -EBADMSG if the bytes are no message. */
+static int scan_message(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t len,
+                        size_t level, struct scan *s)
+{
+	struct wire_field w;
+	size_t pos = 0;
+	int rc;
+
+	if (level >= SCAN_MAX_DEPTH)
+		return -EBADMSG;
+	while (pos < len) {
+		const ProtobufCFieldDescriptor *f;
+
+		if (next_field(b, len, &pos, &w))
+			return -EBADMSG;
+		f = protobuf_c_message_descriptor_get_field(d, w.num);
+		/* unknown fields, and wire types a string cannot have: protobuf-c judges them */
+		if (!f || w.type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+			continue;
+		if (f->type == PROTOBUF_C_TYPE_STRING) {
+			s->offset = bad_byte(b + w.start, w.len, is_json(f));
+			if (s->offset == w.len)
+				continue;
+			s->byte = b[w.start + s->offset];
+			s->depth = level + 1;
+			rc = -EINVAL;
+		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+			rc = scan_message(f->descriptor, b + w.start, w.len, level + 1, s);
+			if (rc == 0)
+				continue;
+			if (rc != -EINVAL)
+				return rc;
+		} else {
+			continue;
+		}
+		s->field[level] = f;
+		s->index[level] = occurrences(b, w.at, w.num);
+		return rc;
+	}
+	return 0;
+}
+
+/* "CreatePlanRequest.tensors[3].name has a NUL at byte 1: ..." */
+static int scan_error(const ProtobufCMessageDescriptor *d, const struct scan *s, char *err)
+{
+	char path[256], what[40];
+	size_t o = 0;
+
+	o += (size_t)snprintf(path, sizeof(path), "%s", d->short_name);
+	for (size_t i = 0; i < s->depth && o < sizeof(path); i++) {
+		o += (size_t)snprintf(path + o, sizeof(path) - o, ".%s", s->field[i]->name);
+		if (o < sizeof(path) && s->field[i]->label == PROTOBUF_C_LABEL_REPEATED)
+			o += (size_t)snprintf(path + o, sizeof(path) - o, "[%zu]", s->index[i]);
+	}
+	if (s->byte == 0)
+		snprintf(what, sizeof(what), "a NUL");
+	else
+		snprintf(what, sizeof(what), "control character 0x%02x", s->byte);
+	return ipc_errf(err, -EINVAL,
+	                "%s has %s at byte %zu: strings may not hold NUL or control characters "
+	                "(0x00-0x1f, 0x7f; JSON text may hold tab, LF and CR): remove it",
+	                path, what, s->offset);
+}
+
+int ipc_check_strings(const ProtobufCMessageDescriptor *d, const void *buf, size_t len, char *err)
+{
+	struct scan s = {.depth = 0};
+	int rc = scan_message(d, buf, len, 0, &s);
+
+	if (rc == -EINVAL)
+		return scan_error(d, &s, err);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "the request is not a well-formed %s message",
+		                d->name);
+	return 0;
+}
+
+int ipc_decode_buf(const ProtobufCMessageDescriptor *d, const void *buf, size_t len,
+                   ProtobufCMessage **out, char *err)
+{
+	int rc = ipc_check_strings(d, buf, len, err);
+
+	*out = NULL;
+	if (rc)
+		return rc;
+	*out = protobuf_c_message_unpack(d, NULL, len, buf);
+	if (!*out)
+		return ipc_errf(err, -EINVAL, "the request is not a well-formed %s message",
+		                d->name);
+	return 0;
+}
+
+int ipc_decode(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb,
+               ProtobufCMessage **out, char *err)
+{
+	grpc_byte_buffer_reader r;
+	grpc_slice s;
+	int rc;
+
+	*out = NULL;
+	if (!bb || !grpc_byte_buffer_reader_init(&r, bb))
+		return ipc_errf(err, -EINVAL, "the call carries no %s message", d->name);
+	s = grpc_byte_buffer_reader_readall(&r);
+	grpc_byte_buffer_reader_destroy(&r);
+	rc = ipc_decode_buf(d, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), out, err);
+	grpc_slice_unref(s);
+	return rc;
 }
 
 ProtobufCMessage *ipc_unpack(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb)

@@ -3,6 +3,7 @@
  * tried twice: through libckpt (which refuses before sending) and raw, past
  * libckpt, so the agent's own checks are what answer.
  */
+#define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,36 @@ static int raw(enum ipc_method meth, const ProtobufCMessage *req, char *msg, siz
 	return st;
 }
 
+/*
+ * req packed, with the '~' of the string `near` made a NUL: what protobuf-c
+ * on the agent would unpack as a shorter string ("a~b" -> "a").
+ */
+static int raw_nul(enum ipc_method meth, const ProtobufCMessage *req, const char *near, char *msg,
+		   size_t len)
+{
+	size_t n = protobuf_c_message_get_packed_size(req);
+	uint8_t *buf = malloc(n + 1);
+	char *at;
+	int st;
+
+	protobuf_c_message_pack(req, buf);
+	at = memmem(buf, n, near, strlen(near));
+	ck_assert_msg(at && strchr(near, '~'), "'%s' is in the request", near);
+	at[strchr(near, '~') - near] = '\0';
+	st = h_raw_call(&a, ipc_methods[meth].path, buf, n, msg, len);
+	free(buf);
+	return st;
+}
+
+#define EXPECT_NUL(meth, req, near, words)                                                         \
+	do {                                                                                       \
+		char msg_[1024];                                                                   \
+		int st_ = raw_nul(meth, &(req).base, near, msg_, sizeof(msg_));                    \
+		ck_assert_msg(st_ == GRPC_STATUS_INVALID_ARGUMENT, "status %d (%s), want %d", st_, \
+			      msg_, GRPC_STATUS_INVALID_ARGUMENT);                                 \
+		ck_assert_msg(strstr(msg_, words), "'%s' in: %s", words, msg_);                    \
+	} while (0)
+
 /* A plan request for the model, to spoil one field at a time. */
 static void plan_req(Ckpt__V1__CreatePlanRequest *r, Ckpt__V1__TensorSpec *specs,
 		     Ckpt__V1__TensorSpec **pv, uint64_t region)
@@ -209,6 +240,45 @@ START_TEST(agent_refuses_plans)
 	r.backpressure = 9;
 	EXPECT_RAW(IPC_CREATE_PLAN, r, GRPC_STATUS_INVALID_ARGUMENT, "backpressure");
 	free(longname);
+	still_serving();
+}
+END_TEST
+
+/*
+ * A NUL inside a name would cut it short once unpacked ("a\0b" saving as job
+ * "a"): the agent refuses the request, naming the field and the byte.
+ */
+START_TEST(agent_refuses_nul_in_names)
+{
+	Ckpt__V1__CreatePlanRequest r;
+	Ckpt__V1__TensorSpec specs[2], *pv[2];
+	Ckpt__V1__SaveRequest save = CKPT__V1__SAVE_REQUEST__INIT;
+	Ckpt__V1__VerifyRequest ver = CKPT__V1__VERIFY_REQUEST__INIT;
+	Ckpt__V1__ListRequest list = CKPT__V1__LIST_REQUEST__INIT;
+	uint64_t region = c->allocs->region_id;
+	struct ckpt_plan *p;
+
+	plan_req(&r, specs, pv, region);
+	r.job = "a~b";
+	EXPECT_NUL(IPC_CREATE_PLAN, r, "a~b", "CreatePlanRequest.job has a NUL at byte 1");
+	plan_req(&r, specs, pv, region);
+	specs[1].name = "b~c";
+	EXPECT_NUL(IPC_CREATE_PLAN, r, "b~c", "CreatePlanRequest.tensors[1].name has a NUL at byte 1");
+	plan_req(&r, specs, pv, region);
+	r.run = "r1~";
+	EXPECT_NUL(IPC_CREATE_PLAN, r, "r1~", "CreatePlanRequest.run has a NUL at byte 2");
+	/* meta that is JSON up to the NUL, garbage after */
+	ck_assert_int_eq(ckpt_plan_create(c, "nul", 0, 1, m.t, m.n, &p), 0);
+	save.plan_id = p->id;
+	save.step = 1;
+	save.meta_json = "{}~junk";
+	EXPECT_NUL(IPC_SAVE, save, "{}~junk", "SaveRequest.meta_json has a NUL at byte 2");
+	ckpt_plan_destroy(p);
+	ver.job = "~nul";
+	ver.step = 1;
+	EXPECT_NUL(IPC_VERIFY, ver, "~nul", "VerifyRequest.job has a NUL at byte 0");
+	list.job = "nul~";
+	EXPECT_NUL(IPC_LIST, list, "nul~", "ListRequest.job has a NUL at byte 3");
 	still_serving();
 }
 END_TEST
@@ -368,6 +438,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, client_refuses);
 	tcase_add_test(tc, agent_refuses_plans);
+	tcase_add_test(tc, agent_refuses_nul_in_names);
 	tcase_add_test(tc, agent_refuses_calls);
 	tcase_add_test(tc, oversized_message);
 	tcase_add_test(tc, ctl_usage_and_errors);
