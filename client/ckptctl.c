@@ -6,7 +6,8 @@
  *           unpin JOB STEP | gc JOB | commit --finish JOB STEP
  *
  * Tables for people, JSON (--json) for programs. Exit status: 0 ok, 1 the
- * operation failed (or verify found damage), 2 bad usage.
+ * operation failed (or verify found damage), 2 bad usage (a JOB or STEP the
+ * agent would refuse included: checked here by its rules, nothing sent).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -102,6 +103,20 @@ static int64_t parse_step(const char *s)
 		return -1;
 	}
 	return v;
+}
+
+/*
+ * A JOB argument, by the agent's own rules (ipc_check_job): false, and the
+ * message with the offending byte's offset, for one it would refuse.
+ */
+static bool job_ok(const char *job)
+{
+	char err[IPC_ERRLEN];
+
+	if (ipc_check_job(job, err) == 0)
+		return true;
+	fprintf(stderr, "ckptctl: %s\n", err);
+	return false;
 }
 
 /* ---- status ----------------------------------------------------------- */
@@ -303,6 +318,8 @@ static int cmd_list(struct ctl *x, int argc, char **argv)
 
 	if (argc > 1)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (argc && !job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argc ? argv[0] : "";
 	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -360,6 +377,8 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_SHOW, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -417,6 +436,8 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argv[0];
 	if (!x->json && isatty(STDERR_FILENO))
 		fprintf(stderr, "verifying %s step %" PRId64 " (reading every byte)...\n", req.job,
@@ -453,6 +474,8 @@ static int cmd_delete(struct ctl *x, int argc, char **argv)
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_DELETE, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -475,6 +498,8 @@ static int pin_or_unpin(struct ctl *x, int argc, char **argv, bool pinned)
 
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argv[0];
 	req.pinned = pinned;
 	rc = cl_call(x->c, IPC_PIN, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
@@ -547,6 +572,8 @@ static int cmd_gc(struct ctl *x, int argc, char **argv)
 
 	if (argc != 1)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[0]))
+		return EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_GC, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
 	if (rc)
@@ -572,6 +599,8 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 
 	if (argc != 3 || strcmp(argv[0], "--finish") != 0 || (req.step = parse_step(argv[2])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
+	if (!job_ok(argv[1]))
+		return EXIT_USAGE;
 	req.job = argv[1];
 	rc = cl_call(x->c, IPC_COMMIT, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
 	if (rc)

@@ -417,8 +417,15 @@ START_TEST(ctl_usage_and_errors)
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show onlyjob"), 2);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show job notastep"), 2);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify job -3"), 2);
-	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show 'a/b' 1"), 1);
-	ck_assert_msg(strstr(out, "'/'"), "%s", out);
+	/* a job name the agent would refuse: bad usage, said with the byte, nothing sent */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show 'a/b' 1"), 2);
+	ck_assert_msg(strstr(out, "'/' at byte 1"), "%s", out);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify \"$(printf 'ab\\tc')\" 1"), 2);
+	ck_assert_msg(strstr(out, "control character 0x09 at byte 2"), "%s", out);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "gc \"$(printf 'j\\033')\""), 2);
+	ck_assert_msg(strstr(out, "control character 0x1b at byte 1"), "%s", out);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "list 'x y'"), 2);
+	ck_assert_msg(strstr(out, "' ' at byte 1"), "%s", out);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show nojob 1"), 1);
 	ck_assert_msg(strstr(out, "nojob"), "%s", out);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete nojob 1"), 1);
