@@ -11,7 +11,9 @@ The same shape as ckpt.h:
     save.wait(ckpt.CAPTURED)                   # then train on
     step, meta = plan.restore(ckpt.LATEST)
 
-Failures raise ckpt.Error with the errno and the agent's message. The
+Failures raise ckpt.Error with the errno and the agent's message; names,
+meta and the endpoint holding NUL or control characters are refused with
+EINVAL before anything reaches C (ctypes would cut them at the NUL). The
 library is found through $CKPT_LIB, then libckpt.so.0 on the loader's path.
 numpy is only needed for Tensor(name, array) and HostMemory.ndarray.
 """
@@ -117,6 +119,21 @@ def _check(rc, client=None):
     raise Error(-rc, msg)
 
 
+def _c_text(what, text, json_text=False):
+    """text as bytes for a C string. ctypes would cut it at a NUL ("a\\0b"
+    reaching C as "a"), so NUL and the other control characters (0x00-0x1f,
+    0x7f) are refused here, as the agent refuses them; JSON text may hold
+    tab, LF and CR."""
+    b = text.encode() if isinstance(text, str) else bytes(text)
+    for i, ch in enumerate(b):
+        if (ch < 0x20 or ch == 0x7f) and not (json_text and ch in (9, 10, 13)):
+            shown = "a NUL" if ch == 0 else "control character 0x%02x" % ch
+            raise Error(_errno.EINVAL,
+                        "%s %r has %s at byte %d: NUL and control characters are "
+                        "not allowed, remove it" % (what, text[:64], shown, i))
+    return b
+
+
 class HostMemory:
     """Memory from ckpt_host_alloc: .address, .size, and views into it."""
 
@@ -201,7 +218,7 @@ class Plan:
         if meta is not None and not isinstance(meta, str):
             meta = json.dumps(meta)
         out = ctypes.c_void_p()
-        _check(_l().ckpt_save(self._p, step, meta.encode() if meta else None,
+        _check(_l().ckpt_save(self._p, step, _c_text("meta", meta, True) if meta else None,
                               ctypes.byref(out)), self._client._c)
         return Save(self._client, out)
 
@@ -225,7 +242,7 @@ class Plan:
 class Client:
     def __init__(self, endpoint=None):
         self._c = ctypes.c_void_p()
-        _check(_l().ckpt_connect(endpoint.encode() if endpoint else None,
+        _check(_l().ckpt_connect(_c_text("endpoint", endpoint) if endpoint else None,
                                  ctypes.byref(self._c)))
 
     def host_alloc(self, nbytes):
@@ -246,15 +263,16 @@ class Client:
                 gs = (ctypes.c_int64 * len(t.global_shape))(*t.global_shape)
                 go = (ctypes.c_int64 * len(t.global_offset or ()))(*(t.global_offset or ()))
                 keep += [gs, go]
-            name = t.name.encode()
+            name = _c_text("tensor name", t.name)
             keep.append(name)
             arr[i] = _Tensor(name, DTYPES[t.dtype], len(t.shape), shape, t.address,
                              ctypes.cast(gs, ctypes.POINTER(ctypes.c_int64)) if gs else None,
                              ctypes.cast(go, ctypes.POINTER(ctypes.c_int64)) if go else None)
         out = ctypes.c_void_p()
         opts = _PlanOpts(ctypes.sizeof(_PlanOpts), backpressure,
-                         run.encode() if run else None)
-        _check(_l().ckpt_plan_create_opts(self._c, job.encode(), rank, world, arr, len(tensors),
+                         _c_text("run name", run) if run else None)
+        job_b = _c_text("job name", job)
+        _check(_l().ckpt_plan_create_opts(self._c, job_b, rank, world, arr, len(tensors),
                                           ctypes.byref(opts), ctypes.byref(out)), self._c)
         return Plan(self, out, tensors)
 

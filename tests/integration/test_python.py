@@ -66,6 +66,15 @@ def main():
             expect_error(lambda: plan.save(3), errno.EEXIST, "already committed")
             expect_error(lambda: c.plan("a/b", 0, 1, [ckpt.Tensor("w", w)]),
                          errno.EINVAL, "'/'")
+            # ctypes would cut these at the NUL ("a\0b" saving as job "a"): refused first
+            expect_error(lambda: c.plan("a\0b", 0, 1, [ckpt.Tensor("w", w)]),
+                         errno.EINVAL, "job name 'a\\x00b' has a NUL at byte 1")
+            expect_error(lambda: c.plan("j", 0, 1, [ckpt.Tensor("w\0x", w)]),
+                         errno.EINVAL, "has a NUL at byte 1")
+            expect_error(lambda: c.plan("j", 0, 1, [ckpt.Tensor("w\x1bx", w)]),
+                         errno.EINVAL, "control character 0x1b at byte 1")
+            expect_error(lambda: plan.save(9, meta='{"a": 1}\0garbage'),
+                         errno.EINVAL, "a NUL at byte 8")
             stray = np.zeros(16, dtype=np.float32)  # not from host_alloc
             expect_error(lambda: c.plan("j", 0, 1, [ckpt.Tensor("x", stray)]),
                          errno.EINVAL, "neither from ckpt_host_alloc")
