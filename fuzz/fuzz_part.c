@@ -1,0 +1,82 @@
+/*
+ * fuzz_part: storage/part.c's parser, part_from_json, on what other nodes
+ * write to <root>/<job>/step-<step>/parts/<node>.json, and the merge of
+ * parts into a manifest (manifest_merge) that any agent of the job may run.
+ *
+ * One input holds up to four parts, separated by NUL bytes (JSON has none).
+ * Each part accepted must write back and read back the same, give each
+ * rank's tensors a signature; the parts that parse are merged, and a merged
+ * manifest must pass manifest_check, write, and read back.
+ */
+#include <string.h>
+
+#include "format.h"
+#include "fuzz.h"
+
+#define MAX_PARTS 4
+
+static void roundtrip(const struct part *p)
+{
+	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
+	struct part *p2 = NULL;
+	size_t len = 0, len2 = 0;
+	uint64_t sig;
+	int rc;
+
+	for (size_t i = 0; i < p->nranks; i++)
+		(void)tensors_signature(p->ranks[i].tensors, p->ranks[i].ntensors, &sig);
+	rc = part_to_json(p, &text, &len, err);
+	FUZZ_CHECK(rc == 0, "accepted, yet it cannot be written back: %s", err);
+	rc = part_from_json(text, len, &p2, err);
+	FUZZ_CHECK(rc == 0, "written back, it is refused: %s\n%.*s", err, (int)len, text);
+	rc = part_to_json(p2, &again, &len2, err);
+	FUZZ_CHECK(rc == 0, "read back, it cannot be written: %s", err);
+	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0, "written twice, not the same bytes");
+	free(again);
+	free(text);
+	part_free(p2);
+}
+
+static void merged(struct part *const *v, size_t n)
+{
+	char err[IPC_ERRLEN], *text = NULL;
+	struct manifest *m = NULL, *m2 = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (manifest_merge(v, n, &m, err))
+		return;
+	rc = manifest_check(m, err);
+	FUZZ_CHECK(rc == 0, "merged, yet manifest_check refuses it: %s", err);
+	rc = manifest_to_json(m, &text, &len, err);
+	FUZZ_CHECK(rc == 0, "merged, yet it cannot be written: %s", err);
+	rc = manifest_from_json(text, len, &m2, err);
+	FUZZ_CHECK(rc == 0, "merged and written, it is refused: %s\n%.*s", err, (int)len, text);
+	free(text);
+	manifest_free(m2);
+	manifest_free(m);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct part *v[MAX_PARTS];
+	const char *p = (const char *)data, *end = p + size;
+	char err[IPC_ERRLEN];
+	size_t n = 0;
+
+	while (n < MAX_PARTS && p <= end) {
+		const char *nul = memchr(p, '\0', (size_t)(end - p));
+		size_t len = (size_t)((nul ? nul : end) - p);
+
+		if (part_from_json(p, len, &v[n], err) == 0)
+			roundtrip(v[n++]);
+		if (!nul)
+			break;
+		p = nul + 1;
+	}
+	if (n)
+		merged(v, n);
+	while (n)
+		part_free(v[--n]);
+	return 0;
+}
