@@ -6,8 +6,10 @@
 # and the unit tests and a round trip must pass). The first three are built
 # with fault injection (CKPT_FAULTS, storage/faults.c) for test_faults; the
 # nocuda one, like an install, without. Tests that cannot run here (no GPU,
-# no io_uring) report skipped.
-#   scripts/test.sh [plain|asan|tsan|nocuda]...   (default: all four)
+# no io_uring) report skipped. Last, the fuzz stage: every parser's
+# libFuzzer target (fuzz/README.md), built with clang in build-fuzz, runs
+# CKPT_FUZZ_SECONDS (default 20) each and must not crash, leak or time out.
+#   scripts/test.sh [plain|asan|tsan|nocuda|fuzz]...   (default: all five)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --test
@@ -19,15 +21,19 @@ fi
 
 jobs=$(nproc)
 builds=("$@")
-((${#builds[@]})) || builds=(plain asan tsan nocuda)
+((${#builds[@]})) || builds=(plain asan tsan nocuda fuzz)
 for b in "${builds[@]}"; do
 	cuda=ON tests=. faults=ON
 	case $b in
+	fuzz)
+		scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-20}"
+		continue
+		;;
 	plain) dir=build san= ;;
 	asan) dir=build-asan san=address,undefined ;;
 	tsan) dir=build-tsan san=thread ;;
 	nocuda) dir=build-nocuda san= cuda=OFF faults=OFF tests='unit/|test_roundtrip|test_badreq' ;;
-	*) echo "test.sh: unknown build '$b' (plain, asan, tsan, nocuda)" >&2; exit 2 ;;
+	*) echo "test.sh: unknown build '$b' (plain, asan, tsan, nocuda, fuzz)" >&2; exit 2 ;;
 	esac
 	echo "== $b build ($dir)"
 	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
