@@ -12,6 +12,7 @@
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: manifest part plans safetensors config rpc
 #   CKPT_FUZZ_JOBS=N   N processes per target (libFuzzer -fork=N), default 1
+#   CKPT_FUZZ_FLAGS="-use_value_profile=1 ..."   more libFuzzer options
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,8 +52,10 @@ for t in "${targets[@]}"; do
 		-artifact_prefix="$crashes/")
 	case $t in
 	manifest | part | plans) opts+=(-dict=fuzz/manifest.dict) ;;
-	safetensors | config) opts+=(-dict=fuzz/$t.dict) ;;
+	safetensors | config) opts+=("-dict=fuzz/$t.dict") ;;
 	esac
+	# shellcheck disable=SC2206 # the flags are words
+	opts+=(${CKPT_FUZZ_FLAGS:-})
 	if ((${CKPT_FUZZ_JOBS:-1} > 1)); then
 		opts+=(-fork="$CKPT_FUZZ_JOBS")
 	fi
@@ -62,8 +65,9 @@ for t in "${targets[@]}"; do
 		echo "   ok: ${execs:-?} inputs run; corpus $(find "$corpus" -type f | wc -l) inputs"
 	else
 		tail -n 40 "$log"
-		echo "   FAILED: fuzz_$t (log: $log); the input: $(ls -t "$crashes" | head -1)"
-		echo "   replay: build-fuzz/fuzz/fuzz_$t $crashes/$(ls -t "$crashes" | head -1)"
+		input=$(grep -o "Test unit written to [^ ]*" "$log" | tail -1 | cut -d' ' -f5)
+		echo "   FAILED: fuzz_$t (log: $log)"
+		echo "   replay: build-fuzz/fuzz/fuzz_$t ${input:-$crashes/...}"
 		failed+=("$t")
 	fi
 done
