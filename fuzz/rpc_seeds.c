@@ -92,7 +92,6 @@ static int plans(const char *dir)
 
 static int the_rest(const char *dir)
 {
-	static uint8_t secret[IPC_SHM_SECRET] = {7, 7, 7};
 	Ckpt__V1__AttachRequest at = CKPT__V1__ATTACH_REQUEST__INIT;
 	Ckpt__V1__RegisterRegionRequest reg = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
 	Ckpt__V1__DropRegionRequest dr = CKPT__V1__DROP_REGION_REQUEST__INIT;
@@ -114,9 +113,7 @@ static int the_rest(const char *dir)
 	at.client = "demo_trainer";
 	at.pid = 4242;
 	reg.session_id = 42;
-	reg.shm_name = "/ckpt.4242.0.0123456789abcdef";
-	reg.secret.data = secret;
-	reg.secret.len = sizeof(secret);
+	reg.ticket = 0x0123456789abcdefull;
 	reg.size = 1 << 20;
 	dr.session_id = 42;
 	dr.region_id = 1;
