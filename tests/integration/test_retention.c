@@ -258,7 +258,9 @@ START_TEST(pins)
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "pin pj two"), 2);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "pin pj 1"), 1);
 	ck_assert_msg(strstr(out, "no committed step 1"), "%s", out);
-	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "pin ../x 1"), 1);
+	/* a job name the agent would refuse is bad usage, refused before anything is sent */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "pin ../x 1"), 2);
+	ck_assert_msg(strstr(out, "byte"), "%s", out);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete pj 2"), 1);
 	ck_assert_msg(strstr(out, "pinned"), "delete refuses a pinned step: %s", out);
 
