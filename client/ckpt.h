@@ -93,10 +93,11 @@ int ckpt_connect(const char *endpoint, struct ckpt_client **out);
 void ckpt_disconnect(struct ckpt_client *c);
 
 /*
- * Host memory the agent can read (save) and write (restore): a shared-memory
- * region, page-aligned, zero-filled. Tensors of a plan must lie inside such
- * regions (or be CUDA device pointers). The region is released when freed or
- * when the client disconnects or exits.
+ * Host memory the agent can read (save) and write (restore): a sealed memfd
+ * handed to the agent, page-aligned, zero-filled, every page allocated now
+ * (-ENOMEM/-ENOSPC here rather than a fault later). Tensors of a plan must
+ * lie inside such regions (or be CUDA device pointers). The region is
+ * released when freed or when the client disconnects or exits.
  */
 int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr);
 /*
