@@ -237,9 +237,10 @@ static void owners_follow(struct agent *a)
 	for (size_t i = 0; i < n; i++) {
 		uint32_t owner;
 
-		/* memory may still say who owns it; the disk is what a restart reads */
-		if (store_owner_get(a->store, v[i].job, &owner, err) != -ENOENT)
-			continue;
+		/*
+		 * Memory may still say who owns it; the disk is what a restart reads.
+		 * The claim writes nothing where an owner is recorded: it reads it.
+		 */
 		if (store_owner_claim(a->store, v[i].job, v[i].uid, &owner, err)) {
 			log_msg(LOG_WARNING, "job %s: its owner cannot be recorded again: %s",
 				v[i].job, err);

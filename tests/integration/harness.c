@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -375,6 +377,20 @@ void h_model_free(struct h_model *m)
 }
 
 /* ---- below libckpt ---------------------------------------------------- */
+
+unsigned h_free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind: %s",
+		      strerror(errno));
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
 
 struct ckpt_client *h_connect(const struct agent_proc *a)
 {

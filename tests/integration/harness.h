@@ -49,6 +49,8 @@ void h_agent_cleanup(struct agent_proc *a);
 /* Whether the agent's log contains `needle`. */
 bool h_log_has(const struct agent_proc *a, const char *needle);
 
+/* A loopback TCP port nobody listens on now: bound to port 0, read back, closed. */
+unsigned h_free_port(void);
 /* ckpt_connect to the agent, asserting it works. */
 struct ckpt_client *h_connect(const struct agent_proc *a);
 

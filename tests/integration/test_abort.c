@@ -33,21 +33,6 @@ static void sleep_ms(long ms)
 
 /* ---- /metrics ------------------------------------------------------------ */
 
-/* A port nobody listens on now: bound to port 0, read back, closed. */
-static unsigned free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind: %s",
-	              strerror(errno));
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* The value of the sample `name` (with its labels, as written) in a scrape of port. */
 static double metric(unsigned port, const char *name)
 {
@@ -94,7 +79,7 @@ static void start_with_metrics(struct agent_proc *a, unsigned *port, const char 
 {
 	char all[400];
 
-	*port = free_port();
+	*port = h_free_port();
 	snprintf(all, sizeof(all), "%s --metrics-listen 127.0.0.1:%u", args, *port);
 	h_agent_start(a, all);
 }

@@ -206,19 +206,6 @@ static size_t listed(const struct agent_proc *a, const char *job, long long *ste
 	return n;
 }
 
-static unsigned free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* Whether GET /metrics has the line `line`. */
 static bool metrics_has(unsigned port, const char *line)
 {
@@ -264,7 +251,7 @@ START_TEST(root_removed_and_made_again)
 	struct h_model m;
 	char args[128], err[1024], why[1024], path[512], cmd[700];
 	long long steps[8];
-	unsigned port = free_port();
+	unsigned port = h_free_port();
 	size_t n;
 
 	snprintf(args, sizeof(args),

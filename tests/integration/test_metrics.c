@@ -27,21 +27,6 @@
 
 #define MAX_SAMPLES 512
 
-/* A port nobody listens on now: bound to port 0, read back, closed. */
-static unsigned free_port(void)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind: %s",
-	              strerror(errno));
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 /* Connects to 127.0.0.1:port; the fd, or -errno. */
 static int dial(unsigned port)
 {
@@ -305,7 +290,7 @@ START_TEST(scrape_after_save)
 {
 	static struct scrape sc; /* big: not on the stack */
 	char args[128], path[512], *r;
-	unsigned port = free_port();
+	unsigned port = h_free_port();
 	struct agent_proc a;
 	struct ckpt_client *c;
 	struct ckpt_plan *p;
@@ -350,7 +335,7 @@ END_TEST
 
 START_TEST(absent_without_flag)
 {
-	unsigned port = free_port();
+	unsigned port = h_free_port();
 	struct agent_proc a;
 	int fd;
 
@@ -385,7 +370,7 @@ START_TEST(from_config_file)
 {
 	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
 	char conf[300], args[400], group[64], sock[400];
-	unsigned port = free_port();
+	unsigned port = h_free_port();
 	gid_t gid = other_group(group, sizeof(group));
 	struct scrape *sc = calloc(1, sizeof(*sc));
 	struct agent_proc a;
