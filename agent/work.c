@@ -27,7 +27,10 @@ struct workq {
 	struct work *timed; /* sorted by when */
 	unsigned busy; /* queued + timed + running */
 	bool stop;
-	unsigned nthreads;
+	unsigned nthreads, max; /* started; at most (elastic queues start more as jobs wait) */
+	unsigned limit;   /* jobs running at once, not counting those that said they wait */
+	unsigned running; /* jobs running and not waiting */
+	unsigned idle;    /* workers asleep on cv */
 	pthread_t *threads;
 	char name[16];
 };
@@ -58,7 +61,8 @@ static void *worker(void *arg)
 		}
 		if (!q->head && q->stop)
 			break;
-		if (!q->head) {
+		if (!q->head || q->running >= q->limit) {
+			q->idle++;
 			if (q->timed) {
 				struct timespec ts = {q->timed->when / 1000000000,
 				                      q->timed->when % 1000000000};
@@ -67,16 +71,21 @@ static void *worker(void *arg)
 			} else {
 				pthread_cond_wait(&q->cv, &q->mu);
 			}
+			q->idle--;
 			continue;
 		}
 		w = q->head;
 		q->head = w->next;
 		if (!q->head)
 			q->tail = NULL;
+		q->running++;
 		pthread_mutex_unlock(&q->mu);
 		w->fn(w);
 		pthread_mutex_lock(&q->mu);
+		q->running--;
 		q->busy--;
+		if (q->head) /* a worker held back by the limit may go now */
+			pthread_cond_signal(&q->cv);
 	}
 	pthread_mutex_unlock(&q->mu);
 	return NULL;
@@ -87,16 +96,16 @@ int workq_create(const char *name, unsigned threads, struct workq **out, char *e
 	return workq_create_nice(name, threads, 0, out, err);
 }
 
-int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err)
+static int start(struct workq *q, unsigned threads, unsigned max, int nice, const char *name,
+                 char *err)
 {
-	struct workq *q = calloc(1, sizeof(*q));
 	int rc;
 
-	if (!q || !(q->threads = calloc(threads, sizeof(pthread_t)))) {
-		free(q);
+	if (!(q->threads = calloc(max, sizeof(pthread_t))))
 		return ipc_errf(err, -ENOMEM, "out of memory for the %s workers", name);
-	}
 	q->nice = nice;
+	q->limit = threads;
+	q->max = max;
 	pthread_mutex_init(&q->mu, NULL);
 	{
 		pthread_condattr_t ca; /* timed waits on the monotonic clock: ipc_mono_ns */
@@ -109,14 +118,76 @@ int workq_create_nice(const char *name, unsigned threads, int nice, struct workq
 	snprintf(q->name, sizeof(q->name), "%s", name);
 	for (; q->nthreads < threads; q->nthreads++) {
 		rc = pthread_create(&q->threads[q->nthreads], NULL, worker, q);
-		if (rc) {
-			ipc_errf(err, -rc, "starting %s worker: %s", name, strerror(rc));
-			workq_destroy(q);
-			return -rc;
-		}
+		if (rc)
+			return ipc_errf(err, -rc, "starting %s worker: %s", name, strerror(rc));
+	}
+	return 0;
+}
+
+int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err)
+{
+	struct workq *q = calloc(1, sizeof(*q));
+	int rc;
+
+	if (!q)
+		return ipc_errf(err, -ENOMEM, "out of memory for the %s workers", name);
+	rc = start(q, threads, threads, nice, name, err);
+	if (rc) {
+		workq_destroy(q);
+		return rc;
 	}
 	*out = q;
 	return 0;
+}
+
+/*
+ * Under q->mu: a job is queued, it may run now (fewer than `limit` run),
+ * and no worker sleeps to take it (every one is in a job that waits): a new
+ * worker, up to `max` (best effort: without it the job waits for a worker
+ * to come free, as on a fixed queue).
+ */
+static void spare(struct workq *q)
+{
+	if (q->head && q->running < q->limit && !q->idle && q->nthreads < q->max && !q->stop &&
+	    pthread_create(&q->threads[q->nthreads], NULL, worker, q) == 0)
+		q->nthreads++;
+}
+
+int workq_create_elastic(const char *name, unsigned threads, unsigned max, struct workq **out,
+                         char *err)
+{
+	struct workq *q = calloc(1, sizeof(*q));
+	int rc;
+
+	if (!q)
+		return ipc_errf(err, -ENOMEM, "out of memory for the %s workers", name);
+	rc = start(q, threads, max > threads ? max : threads, 0, name, err);
+	if (rc) {
+		workq_destroy(q);
+		return rc;
+	}
+	*out = q;
+	return 0;
+}
+
+void workq_wait_begin(struct workq *q)
+{
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->mu);
+	q->running--;
+	spare(q);
+	pthread_cond_signal(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+void workq_wait_end(struct workq *q)
+{
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->mu);
+	q->running++;
+	pthread_mutex_unlock(&q->mu);
 }
 
 void workq_push(struct workq *q, struct work *w)
@@ -129,6 +200,7 @@ void workq_push(struct workq *q, struct work *w)
 		q->head = w;
 	q->tail = w;
 	q->busy++;
+	spare(q);
 	pthread_cond_signal(&q->cv);
 	pthread_mutex_unlock(&q->mu);
 }
@@ -163,6 +235,10 @@ void workq_destroy(struct workq *q)
 {
 	if (!q)
 		return;
+	if (!q->threads) { /* never started */
+		free(q);
+		return;
+	}
 	pthread_mutex_lock(&q->mu);
 	q->stop = true;
 	pthread_cond_broadcast(&q->cv);

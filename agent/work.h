@@ -22,6 +22,21 @@ struct workq;
 int workq_create(const char *name, unsigned threads, struct workq **out, char *err);
 /* The same, its threads at `nice` (higher: yield to busier work). */
 int workq_create_nice(const char *name, unsigned threads, int nice, struct workq **out, char *err);
+/*
+ * Workers whose jobs may wait long for something other than the CPU (a
+ * streaming save waiting for its staging chunks to be written, a restore
+ * for its reads): `threads` of them run jobs at once, and a job that says
+ * it waits (workq_wait_begin) lets another worker take the next job while
+ * it waits, up to `max` workers in all (started as they are needed).
+ */
+int workq_create_elastic(const char *name, unsigned threads, unsigned max, struct workq **out,
+                         char *err);
+/*
+ * From inside a job of q: the job now waits (for the disk, for chunks) and
+ * does not count against q's `threads` until workq_wait_end. NULL is fine.
+ */
+void workq_wait_begin(struct workq *q);
+void workq_wait_end(struct workq *q);
 /* Any thread. */
 void workq_push(struct workq *q, struct work *w);
 /*
