@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "agent.h"
+
+#define CAPTURE_MAX 64 /* capture workers in all, most of them waiting */
 #include "cred.h"
 #include "safecopy.h"
 #include "notify.h"
@@ -53,7 +55,9 @@ static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
 	/* Pinned for the GPUs too, by the first CUDA plan (gpu_pin). */
-	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool};
+	/* Each save or restore streaming is sure of a window of queue_depth chunks. */
+	struct pool_opts po = {a->cfg.staging_mb << 20, a->cfg.chunk_mb << 20, a->cfg.lock_pool,
+	                       a->cfg.queue_depth};
 	struct local_opts lo = {a->cfg.root, a->cfg.node, NULL, NULL, a->cfg.direct};
 	/* At start nothing of ours is in flight: this node's own leftovers are dead. */
 	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
@@ -301,10 +305,15 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 			goto fail;
 	}
 	/* A capture of GPU memory mostly waits for its copies: one worker per GPU at least. */
-	rc = workq_create("ckpt-capture",
-	                  cfg->capture_threads > gpu_count(a->gpu) ? cfg->capture_threads
-	                                                           : gpu_count(a->gpu),
-	                  &a->capture, err);
+	/*
+	 * capture_threads copy at once; a capture or restore waiting for its
+	 * chunks or the disk lets another start (several saves stream side by
+	 * side), up to CAPTURE_MAX workers.
+	 */
+	rc = workq_create_elastic("ckpt-capture",
+	                          cfg->capture_threads > gpu_count(a->gpu) ? cfg->capture_threads
+	                                                                   : gpu_count(a->gpu),
+	                          CAPTURE_MAX, &a->capture, err);
 	if (!rc)
 		rc = workq_create("ckpt-commit", 1, &a->commit, err);
 	if (!rc)

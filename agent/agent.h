@@ -146,7 +146,6 @@ struct agent {
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
 	unsigned nregions; /* host regions registered, all sessions */
 	unsigned nckpts; /* checkpoints held (the list ckpts): in flight, or failed and kept */
-	unsigned queued_chunks; /* wanted by saves queued but not yet holding the pool */
 	uint64_t finals[8]; /* finished saves by state */
 	bool stopping;
 	uint64_t gc_removed; /* checkpoints removed by retention since start */

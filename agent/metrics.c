@@ -244,8 +244,12 @@ static void render(struct metrics *m, FILE *f)
 	    (double)s.io.retries);
 	put(f, "ckptd_pool_bytes", "gauge", "Size of the staging pool.", (double)p->bytes);
 	put(f, "ckptd_pool_used_bytes", "gauge",
-	    "Staging pool bytes reserved by saves and restores.",
-	    (double)((uint64_t)(p->chunks - p->free_credits) * p->chunk_bytes));
+	    "Staging pool bytes holding data of saves and restores (copied, not yet written; "
+	    "read, not yet copied).",
+	    (double)((uint64_t)p->in_use * p->chunk_bytes));
+	put(f, "ckptd_pool_streams", "gauge",
+	    "Saves and restores streaming through the staging pool, each sure of a window.",
+	    p->active);
 	put(f, "ckptd_pool_waits_total", "counter",
 	    "Reservations that had to wait for room in the pool.", (double)p->waits);
 	put(f, "ckptd_saves_in_flight", "gauge", "Saves not yet in a final state.", s.inflight);

@@ -50,7 +50,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 					      : why && *why ? why : "buffered writes (--no-direct)");
 	rep.io_detail = io;
 	rep.pool_bytes = ps.bytes;
-	rep.pool_used_bytes = (uint64_t)(ps.chunks - ps.free_credits) * ps.chunk_bytes;
+	rep.pool_used_bytes = (uint64_t)ps.in_use * ps.chunk_bytes;
 	rep.chunk_bytes = ps.chunk_bytes;
 	rep.pool_locked = ps.locked;
 	rep.pool_registered = ioeng_registered(a->io);

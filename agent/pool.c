@@ -8,17 +8,23 @@
  *   pool_take                    a save's worker thread (capture)
  *   pool_give                    the I/O thread, once a chunk's write is done
  *
- * Accounting, all under p->mu. Every chunk is in exactly one of three
- * states: an unreserved credit (p->free_credits), a reserved credit not yet
- * spent (some active r->credits), or taken (p->in_use). So the free list
- * holds free_credits + the sum of all r->credits chunks, and a reservation
- * with a credit always finds a chunk on it.
+ * Accounting, all under p->mu. Every chunk is either on the free list
+ * (p->nfree) or taken (p->in_use), and then counted in the `held` of the
+ * reservation that took it. Reservations are on p->list, oldest first, from
+ * admission until they are released and every chunk they took is back.
+ *
+ * Who may take a free chunk (may_take): a reservation below its window
+ * (floor) always; above it, only out of the chunks that no other active
+ * window is still owed, and only if no older reservation waits for one.
+ * The windows sum to at most the pool (at most n / 2 active, each at most
+ * n / active), so every reservation gets its window back as its own chunks
+ * come back, whatever the others do.
  *
  * Waiting: reservers queue on a FIFO list of nodes on their own stacks and
- * sleep on p->room; only the head may take credits, so a large save is not
- * starved by a stream of small ones. Takers sleep on p->chunk until a give
- * returns a credit to their reservation. Both are broadcasts: the waiters
- * are a handful of saves, and each rechecks its own condition.
+ * sleep on p->room; only the head may be admitted, so a large save is not
+ * starved by a stream of small ones. Takers sleep on p->chunk until a give.
+ * Both are broadcasts: the waiters are a handful of saves and restores, and
+ * each rechecks its own condition.
  */
 #include <assert.h>
 #include <errno.h>
@@ -62,11 +68,14 @@ struct pool {
 	bool locked;
 	char detail[256];
 
+	unsigned window; /* pool_opts.window, at least 2 */
+
 	/* Under mu. */
 	struct pool_chunk *free_list;
-	unsigned free_credits, in_use, waiters;
+	unsigned nfree, in_use, waiters, active;
 	uint64_t waits;
-	struct waiter *head, *tail;
+	struct waiter *head, *tail;       /* reservations waiting to be admitted */
+	struct pool_resv *first, *last; /* admitted, or with chunks out; oldest first */
 };
 
 /* "2048 MiB", "12 KiB" or "100 bytes": whichever is exact. */
@@ -247,7 +256,7 @@ static void carve(struct pool *p)
 		c->next = p->free_list;
 		p->free_list = c;
 	}
-	p->free_credits = p->n;
+	p->nfree = p->n;
 }
 
 static void free_region(struct pool *p)
@@ -289,6 +298,7 @@ int pool_create(const struct pool_opts *o, struct pool **out, char *err)
 	}
 
 	p->n = n;
+	p->window = o->window > 2 ? o->window : 2;
 	p->chunk_bytes = o->chunk_bytes;
 	p->bytes = (uint64_t)n * o->chunk_bytes;
 	p->chunks = calloc(n, sizeof(*p->chunks));
@@ -374,8 +384,8 @@ void pool_get_stats(struct pool *p, struct pool_stats *out)
 	out->chunks = p->n;
 	out->locked = p->locked;
 	pthread_mutex_lock(&p->mu);
-	out->free_credits = p->free_credits;
 	out->in_use = p->in_use;
+	out->active = p->active;
 	out->waiters = p->waiters;
 	out->waits = p->waits;
 	pthread_mutex_unlock(&p->mu);
@@ -397,32 +407,110 @@ static void dequeue(struct pool *p, struct waiter *w)
 	p->waiters--;
 }
 
-static void grant(struct pool *p, struct pool_resv *r, unsigned n)
+static unsigned max_active(const struct pool *p)
 {
-	p->free_credits -= n;
-	r->credits = n;
-	r->held = n;
-	r->active = true;
+	return p->n / 2; /* each window at least 2 chunks; n >= 2 */
 }
 
-int pool_reserve(struct pool *p, struct pool_resv *r, unsigned n, bool wait,
-                 const atomic_bool *abort)
+/* The window of a reservation wanting `want` among `active` admitted ones. */
+static unsigned floor_of(const struct pool *p, unsigned want, unsigned active)
 {
-	struct waiter me = {.n = n};
+	unsigned share = p->n / (active ? active : 1);
+	unsigned f = p->window < share ? p->window : share;
+
+	if (f < 2)
+		f = 2;
+	return want < f ? want : f;
+}
+
+/* Chunks taken by reservations of groups other than `group`. */
+static unsigned held_by_others(const struct pool *p, const void *group)
+{
+	unsigned n = 0;
+
+	for (const struct pool_resv *s = p->first; s; s = s->next)
+		if (!group || s->group != group)
+			n += s->held;
+	return n;
+}
+
+/* Under mu: could a reservation be admitted now, without waiting? */
+static bool admissible(const struct pool *p, bool queued_head)
+{
+	if (p->active >= max_active(p))
+		return false;
+	if (p->head && !queued_head)
+		return false; /* nobody overtakes those waiting */
+	return true;
+}
+
+/* Under mu: and does it have a window now that other groups' chunks leave free? */
+static bool window_now(const struct pool *p, const void *group, unsigned want)
+{
+	return p->n - held_by_others(p, group) >= floor_of(p, want, p->active + 1);
+}
+
+static void link_resv(struct pool *p, struct pool_resv *r)
+{
+	r->prev = p->last;
+	r->next = NULL;
+	if (p->last)
+		p->last->next = r;
+	else
+		p->first = r;
+	p->last = r;
+	r->listed = true;
+}
+
+static void unlink_resv(struct pool *p, struct pool_resv *r)
+{
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		p->first = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	else
+		p->last = r->prev;
+	r->prev = r->next = NULL;
+	r->listed = false;
+}
+
+static void admit(struct pool *p, struct pool_resv *r)
+{
+	r->active = true;
+	p->active++;
+	link_resv(p, r);
+	/* the others' windows shrank: those above theirs take nothing more for now */
+}
+
+bool pool_may_admit(struct pool *p, const void *group, unsigned want)
+{
+	bool ok;
+
+	if (want == 0 || want > p->n)
+		return false;
+	pthread_mutex_lock(&p->mu);
+	ok = admissible(p, false) && window_now(p, group, want);
+	pthread_mutex_unlock(&p->mu);
+	return ok;
+}
+
+int pool_reserve(struct pool *p, struct pool_resv *r, unsigned want, const void *group, bool wait,
+                 const atomic_bool *abort, struct workq *q)
+{
+	struct waiter me = {.n = want};
+	bool waiting = false;
 	int rc = 0;
 
 	pthread_mutex_lock(&p->mu);
-	r->pool = p;
-	r->credits = 0;
-	r->held = 0;
-	r->active = false;
-	if (n == 0 || n > p->n) {
+	*r = (struct pool_resv){.pool = p, .group = group, .want = want};
+	if (want == 0 || want > p->n) {
 		rc = -EINVAL;
 		goto unlock;
 	}
-	/* Nobody in line: no one to overtake. */
-	if (!p->head && p->free_credits >= n) {
-		grant(p, r, n);
+	if (admissible(p, false) && (wait || window_now(p, group, want))) {
+		admit(p, r);
 		goto unlock;
 	}
 	if (!wait) {
@@ -436,7 +524,7 @@ int pool_reserve(struct pool *p, struct pool_resv *r, unsigned n, bool wait,
 	p->tail = &me;
 	p->waiters++;
 	p->waits++;
-	while (p->head != &me || p->free_credits < n) {
+	while (p->head != &me || !admissible(p, true)) {
 		if (aborted(abort)) {
 			bool was_head = p->head == &me;
 
@@ -447,44 +535,125 @@ int pool_reserve(struct pool *p, struct pool_resv *r, unsigned n, bool wait,
 			rc = -ECANCELED;
 			goto unlock;
 		}
+		if (!waiting) {
+			waiting = true;
+			pthread_mutex_unlock(&p->mu);
+			workq_wait_begin(q);
+			pthread_mutex_lock(&p->mu);
+			continue;
+		}
 		pthread_cond_wait(&p->room, &p->mu);
 	}
 	dequeue(p, &me);
-	grant(p, r, n);
+	admit(p, r);
 	if (p->head)
 		pthread_cond_broadcast(&p->room);
 unlock:
 	pthread_mutex_unlock(&p->mu);
+	if (waiting)
+		workq_wait_end(q);
 	return rc;
 }
 
-struct pool_chunk *pool_take(struct pool_resv *r, const atomic_bool *abort)
+unsigned pool_floor(struct pool_resv *r)
+{
+	struct pool *p = r->pool;
+	unsigned f;
+
+	pthread_mutex_lock(&p->mu);
+	f = floor_of(p, r->want, p->active);
+	pthread_mutex_unlock(&p->mu);
+	return f;
+}
+
+/* Under mu: may r take a free chunk now? */
+static bool may_take(const struct pool *p, const struct pool_resv *r)
+{
+	unsigned owed = 0;
+
+	if (!p->nfree || r->held >= r->want)
+		return false;
+	if (r->held < floor_of(p, r->want, p->active))
+		return true; /* its window */
+	for (const struct pool_resv *s = p->first; s; s = s->next) {
+		unsigned f;
+
+		if (s == r || !s->active)
+			continue;
+		f = floor_of(p, s->want, p->active);
+		if (s->held < f)
+			owed += f - s->held;
+	}
+	if (p->nfree <= owed)
+		return false;
+	for (const struct pool_resv *s = p->first; s && s != r; s = s->next)
+		if (s->active && s->taking && s->held < s->want)
+			return false; /* older, and waiting for one: it goes first */
+	return true;
+}
+
+static struct pool_chunk *take_one(struct pool *p, struct pool_resv *r)
+{
+	struct pool_chunk *c = p->free_list;
+
+	/* nfree counts the list (top of file) */
+	assert(c);
+	p->free_list = c->next;
+	c->next = NULL;
+	p->nfree--;
+	p->in_use++;
+	r->held++;
+	return c;
+}
+
+struct pool_chunk *pool_try_take(struct pool_resv *r)
 {
 	struct pool *p = r->pool;
 	struct pool_chunk *c = NULL;
 
 	pthread_mutex_lock(&p->mu);
+	if (r->active && may_take(p, r))
+		c = take_one(p, r);
+	pthread_mutex_unlock(&p->mu);
+	return c;
+}
+
+struct pool_chunk *pool_take(struct pool_resv *r, const atomic_bool *abort, struct workq *q)
+{
+	struct pool *p = r->pool;
+	struct pool_chunk *c = NULL;
+	bool waiting = false;
+
+	pthread_mutex_lock(&p->mu);
 	for (;;) {
 		/*
-		 * Aborted: nothing more is copied, whatever credits are left (the
-		 * caller releases them). Released (by an abort path on another
-		 * thread): nothing will come.
+		 * Aborted: nothing more is copied. Released (by an abort path
+		 * on another thread): nothing will come.
 		 */
 		if (aborted(abort) || !r->active)
-			goto unlock;
-		if (r->credits)
 			break;
+		if (may_take(p, r)) {
+			c = take_one(p, r);
+			break;
+		}
+		if (!waiting) {
+			waiting = true;
+			r->taking = true;
+			pthread_mutex_unlock(&p->mu);
+			workq_wait_begin(q);
+			pthread_mutex_lock(&p->mu);
+			continue;
+		}
 		pthread_cond_wait(&p->chunk, &p->mu);
 	}
-	c = p->free_list;
-	/* Each unspent credit stands for a chunk on the list (top of file). */
-	assert(c);
-	p->free_list = c->next;
-	c->next = NULL;
-	r->credits--;
-	p->in_use++;
-unlock:
+	if (waiting) {
+		r->taking = false;
+		/* younger ones may have been held back for us */
+		pthread_cond_broadcast(&p->chunk);
+	}
 	pthread_mutex_unlock(&p->mu);
+	if (waiting)
+		workq_wait_end(q);
 	return c;
 }
 
@@ -494,18 +663,15 @@ void pool_give(struct pool_resv *r, struct pool_chunk *c)
 
 	assert(c >= p->chunks && c < p->chunks + p->n);
 	pthread_mutex_lock(&p->mu);
-	assert(p->in_use > 0);
+	assert(p->in_use > 0 && r->held > 0);
 	c->next = p->free_list;
 	p->free_list = c;
+	p->nfree++;
 	p->in_use--;
-	if (r->active) {
-		r->credits++;
-		pthread_cond_broadcast(&p->chunk);
-	} else {
-		p->free_credits++;
-		if (p->head)
-			pthread_cond_broadcast(&p->room);
-	}
+	r->held--;
+	if (!r->active && !r->held && r->listed)
+		unlink_resv(p, r);
+	pthread_cond_broadcast(&p->chunk);
 	pthread_mutex_unlock(&p->mu);
 }
 
@@ -513,11 +679,15 @@ void pool_release(struct pool_resv *r)
 {
 	struct pool *p = r->pool;
 
+	if (!p)
+		return;
 	pthread_mutex_lock(&p->mu);
 	if (r->active) {
-		p->free_credits += r->credits;
-		r->credits = 0;
 		r->active = false;
+		p->active--;
+		if (!r->held)
+			unlink_resv(p, r);
+		/* windows grew, and one more may be admitted */
 		if (p->head)
 			pthread_cond_broadcast(&p->room);
 		pthread_cond_broadcast(&p->chunk); /* a take waiting on r gives up */

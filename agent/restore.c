@@ -54,6 +54,7 @@ struct reader {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct pool_resv resv;
+	struct workq *q; /* the queue it runs on (its waits for the disk let others run) */
 	atomic_bool abort;
 	struct gpu_lane *lane; /* a CUDA plan's: copies to GPU memory go there */
 	int copy_err; /* the first failed copy to the GPU */
@@ -115,6 +116,12 @@ static int cmp_extent(const void *x, const void *y)
 	return a->begin < b->begin ? -1 : a->begin > b->begin;
 }
 
+/* A part of a window's copy into the trainer's memory (copier.h). */
+static int copy_part(const void *src, uint64_t off, void *dst, uint64_t len)
+{
+	return safe_copy(dst, (const char *)src + off, len) ? -EFAULT : 0;
+}
+
 /* I/O thread: a window has arrived. */
 static void window_done(struct io_req *q)
 {
@@ -156,7 +163,9 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 				r->copy_err = rc;
 				problem(r, rc, "tensor '%s': %s", e->tensor, why);
 			}
-		} else if (e->dst && safe_copy(e->dst + (from - e->begin), buf + (from - a0), to - from) &&
+		} else if (e->dst &&
+			   copier_run(r->a->copier, copy_part, buf + (from - a0), 0,
+				      e->dst + (from - e->begin), to - from, 1u << 20) &&
 			   !r->copy_err) {
 			r->copy_err = -EFAULT;
 			problem(r, -EFAULT,
@@ -178,9 +187,13 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 	}
 }
 
-/* Asks for the next window an extent needs, at or after *pos; false if none. */
+/*
+ * Asks for the next window an extent needs, at or after *pos; false if none.
+ * may_wait false (windows of ours are in flight, and only we give them
+ * back): no chunk now is no window now.
+ */
 static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t last,
-		       uint64_t *pos)
+		       uint64_t *pos, bool may_wait)
 {
 	const uint64_t cb = pool_chunk_bytes(r->a->pool);
 	const uint64_t fend = (r->size + ALIGN - 1) / ALIGN * ALIGN;
@@ -194,7 +207,7 @@ static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t la
 	w->off = need / ALIGN * ALIGN; /* O_DIRECT: aligned offset, length and buffer */
 	if (w->off >= fend)
 		return false; /* past the end of the file: the caller says so */
-	w->c = pool_take(&r->resv, &r->abort);
+	w->c = may_wait ? pool_take(&r->resv, &r->abort, r->q) : pool_try_take(&r->resv);
 	if (!w->c)
 		return false;
 	w->r = r;
@@ -221,7 +234,7 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 {
 	struct window win[READ_AHEAD];
 	unsigned head = 0, tail = 0;
-	unsigned depth = r->resv.held < READ_AHEAD ? r->resv.held : READ_AHEAD;
+	unsigned depth = r->resv.want < READ_AHEAD ? r->resv.want : READ_AHEAD;
 	size_t gi = first, ei = first; /* next extent to read ahead for / to consume */
 	uint64_t pos = 0;              /* next file byte not yet asked for */
 	bool failed = false, ended = false; /* a window failed / the file ended early */
@@ -229,7 +242,7 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 
 	for (;;) {
 		while (tail - head < depth && !atomic_load(&r->abort) && !failed && !ended &&
-		       read_ahead(r, &win[tail % READ_AHEAD], &gi, last, &pos))
+		       read_ahead(r, &win[tail % READ_AHEAD], &gi, last, &pos, tail == head))
 			tail++;
 		if (head == tail)
 			break;
@@ -237,9 +250,17 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		int64_t got;
 
 		pthread_mutex_lock(&r->mu);
-		while (!w->done)
-			pthread_cond_wait(&r->cv, &r->mu);
-		pthread_mutex_unlock(&r->mu);
+		if (!w->done) {
+			pthread_mutex_unlock(&r->mu);
+			workq_wait_begin(r->q);
+			pthread_mutex_lock(&r->mu);
+			while (!w->done)
+				pthread_cond_wait(&r->cv, &r->mu);
+			pthread_mutex_unlock(&r->mu);
+			workq_wait_end(r->q);
+		} else {
+			pthread_mutex_unlock(&r->mu);
+		}
 		got = w->c->req.res;
 		if (failed || ended) {
 			/* past a gap: nothing more of this file is taken */
@@ -293,7 +314,7 @@ static int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
 	if (want > pool_nchunks(r->a->pool))
 		want = pool_nchunks(r->a->pool);
-	rc = pool_reserve(r->a->pool, &r->resv, want, true, &r->abort);
+	rc = pool_reserve(r->a->pool, &r->resv, want, r, true, &r->abort, r->q);
 	if (rc) {
 		XXH3_freeState(xs);
 		return rc;
@@ -408,6 +429,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	int rc;
 
 	rc = reader_init(&r, a, p->job, step, p->n);
+	r.q = a->capture;
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
 	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */

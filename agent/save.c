@@ -39,6 +39,8 @@
 #include "agent.h"
 
 #define ALIGN 4096u
+#define SKIP_REASON                                                                             \
+	"staging pool full (saves of other checkpoints still hold it) and the job's policy is skip"
 
 static uint64_t round_up(uint64_t n, uint64_t a)
 {
@@ -407,7 +409,7 @@ static int capture_chunks(struct save *s, char *why)
 	const uint64_t cb = pool_chunk_bytes(a->pool);
 
 	for (unsigned k = 0; k < s->nchunks; k++) {
-		struct pool_chunk *c = pool_take(&s->resv, &s->abort);
+		struct pool_chunk *c = pool_take(&s->resv, &s->abort, a->capture);
 
 		if (!c)
 			return -ECANCELED;
@@ -452,8 +454,11 @@ static int gpu_wait_trainer(struct save *s, char *why)
 	if (rc)
 		return rc; /* nothing queued */
 	rc = gpu_lane_mark(g->lane, 1, why);
-	if (!rc)
+	if (!rc) {
+		workq_wait_begin(s->a->capture); /* the trainer's GPU work: no CPU of ours */
 		rc = gpu_lane_wait(g->lane, 1, &s->abort, why);
+		workq_wait_end(s->a->capture);
+	}
 	if (rc) { /* the lane may hold a wait that never ends: never sync it */
 		char err[IPC_ERRLEN];
 
@@ -484,7 +489,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 	int rc;
 
 	for (k = 0, rc = 0; !rc && k < s->nchunks; k++) {
-		c = pool_take(&s->resv, &s->abort);
+		c = pool_take(&s->resv, &s->abort, a->capture);
 		if (!c) {
 			rc = -ECANCELED;
 			break;
@@ -520,14 +525,6 @@ static int capture_chunks_gpu(struct save *s, char *why)
 	return rc;
 }
 
-/* The save's chunks leave the count of those queued: held now, or never. */
-static void unqueue(struct save *s)
-{
-	pthread_mutex_lock(&s->a->mu);
-	s->a->queued_chunks -= s->want;
-	pthread_mutex_unlock(&s->a->mu);
-}
-
 static int capture_setup(struct save *s, char *why)
 {
 	struct agent *a = s->a;
@@ -536,12 +533,10 @@ static int capture_setup(struct save *s, char *why)
 	bool wait = p->backpressure != CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP;
 	int rc;
 
-	rc = pool_reserve(a->pool, &s->resv, s->want, wait, &s->abort);
-	unqueue(s);
+	/* the ranks of one checkpoint (s->cp) share the pool; they never skip each other */
+	rc = pool_reserve(a->pool, &s->resv, s->want, s->cp, wait, &s->abort, a->capture);
 	if (rc == -EAGAIN) {
-		snprintf(why, IPC_ERRLEN,
-			 "staging pool full (earlier saves still persisting) and the job's policy is "
-			 "skip");
+		snprintf(why, IPC_ERRLEN, "%s", SKIP_REASON);
 		return rc;
 	}
 	if (rc)
@@ -573,9 +568,7 @@ static int capture_gpu(struct save *s, char *why, int64_t *t2)
 
 	pthread_mutex_lock(&g->capture);
 	rc = atomic_load(&s->abort) ? -ECANCELED : gpu_wait_trainer(s, why);
-	if (rc)
-		unqueue(s);
-	else
+	if (!rc)
 		rc = capture_setup(s, why);
 	*t2 = ipc_mono_ns();
 	if (!rc)
@@ -584,13 +577,9 @@ static int capture_gpu(struct save *s, char *why, int64_t *t2)
 	return rc;
 }
 
-/*
- * Under mu: the capture job goes to the workers; its chunks count as taken
- * (pool_busy) from now until it reserves them (unqueue).
- */
+/* Under mu: the capture job goes to the workers. */
 static void push_capture(struct agent *a, struct save *s)
 {
-	a->queued_chunks += s->want;
 	workq_push(a->capture, &s->work);
 }
 
@@ -682,19 +671,6 @@ static void save_capture(struct work *w)
 }
 
 /* ---- the RPCs --------------------------------------------------------- */
-
-/*
- * Under mu: would a save of n chunks wait behind earlier ones right now?
- * Saves queued ahead of it (not yet holding their chunks) count as taken:
- * ranks of one step saved together fit if the pool holds them all.
- */
-static bool pool_busy(struct agent *a, unsigned n)
-{
-	struct pool_stats st;
-
-	pool_get_stats(a->pool, &st);
-	return st.waiters > 0 || st.free_credits < a->queued_chunks + n;
-}
 
 static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp,
 			     int64_t step)
@@ -833,11 +809,9 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		return 0; /* the caller answers, then lets the checkpoint go */
 	}
 	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
-	    pool_busy(a, s->want)) {
+	    !pool_may_admit(a->pool, cp, s->want)) {
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED,
-			       "staging pool full (earlier saves still persisting) and the job's "
-			       "policy is skip");
+		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SKIP_REASON);
 		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
 		return 0;
 	}

@@ -1,17 +1,28 @@
 /*
  * The staging pool (agent/pool.c): its memory (layout, alignment, huge
- * pages, locking and why not), option checks, and admission: no-wait
- * refusal, FIFO waiting, streaming through a small reservation, abort.
+ * pages, locking and why not), option checks, and admission by windows:
+ * a reservation holds at most `want` chunks, is sure of its window
+ * (pool_floor), and shares what is beyond the windows oldest first; at most
+ * n / 2 are active, more wait FIFO or are refused; "skip" reservations are
+ * refused when other groups' chunks leave them no window; chunks go back to
+ * the pool, not to the reservation; takes end on abort and on release.
  *
  * Threads stand in for saves and for the I/O thread; they record what
- * happened and the main thread asserts, after joining them. Where a test
- * must show that something is still blocked it waits a little and looks:
- * a wrong pool lets it through in microseconds, so 50 ms is plenty.
+ * happened and the main thread asserts, after joining them. A reservation
+ * that waits shows in the pool's stats (waiters). A take that waits is run
+ * as a job of a one-at-a-time elastic work queue: pool_take says it waits
+ * (workq_wait_begin) only once it has found no chunk for it, and only then
+ * does the queue run the next job, so a marker job queued behind it proves
+ * that the take returned or waits (take_start). Where a test must show that
+ * something is still blocked it waits a little and looks: a wrong pool lets
+ * it through in microseconds, so 50 ms is plenty.
  */
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +34,13 @@
 #include <unistd.h>
 
 #include "pool.h"
+#include "work.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
+
+/* Groups: the checkpoints reservations belong to. */
+static const char G1[] = "step 1", G2[] = "step 2", G3[] = "step 3";
 
 static void sleep_ms(long ms)
 {
@@ -44,6 +59,19 @@ static struct pool *make_pool(uint64_t bytes, uint64_t chunk, bool lock)
 
 	ck_assert_msg(rc == 0, "pool_create: %d: %s", rc, err);
 	ck_assert_ptr_nonnull(p);
+	return p;
+}
+
+/* n chunks of 4 KiB, each reservation sure of `window` of them. */
+static struct pool *make_wpool(unsigned n, unsigned window)
+{
+	struct pool_opts o = {.bytes = n * 4 * KiB, .chunk_bytes = 4 * KiB, .window = window};
+	char err[IPC_ERRLEN] = "";
+	struct pool *p = NULL;
+	int rc = pool_create(&o, &p, err);
+
+	ck_assert_msg(rc == 0, "pool_create: %d: %s", rc, err);
+	ck_assert_uint_eq(pool_nchunks(p), n);
 	return p;
 }
 
@@ -68,11 +96,23 @@ static bool wait_waiters(struct pool *p, unsigned waiters, atomic_bool *done)
 	return false;
 }
 
+/* Takes with pool_try_take until it says no; returns how many it took. */
+static unsigned take_all(struct pool_resv *r, struct pool_chunk **out, unsigned max)
+{
+	unsigned k = 0;
+	struct pool_chunk *c;
+
+	while (k < max && (c = pool_try_take(r)))
+		out[k++] = c;
+	return k;
+}
+
 /* ---- a save, waiting for its reservation on a thread ------------------ */
 
 struct resv_thread {
 	struct pool *p;
 	unsigned n;
+	const void *group;
 	struct pool_resv r;
 	atomic_bool abort;
 	atomic_bool done;
@@ -84,25 +124,134 @@ static void *resv_main(void *arg)
 {
 	struct resv_thread *rt = arg;
 
-	rt->rc = pool_reserve(rt->p, &rt->r, rt->n, true, &rt->abort);
+	rt->rc = pool_reserve(rt->p, &rt->r, rt->n, rt->group, true, &rt->abort, NULL);
 	atomic_store(&rt->done, true);
 	return NULL;
 }
 
-static void resv_start(struct resv_thread *rt, struct pool *p, unsigned n)
+static void resv_start(struct resv_thread *rt, struct pool *p, unsigned n, const void *group)
 {
 	rt->p = p;
 	rt->n = n;
+	rt->group = group;
 	rt->rc = 1;
 	atomic_init(&rt->abort, false);
 	atomic_init(&rt->done, false);
 	ck_assert_int_eq(pthread_create(&rt->t, NULL, resv_main, rt), 0);
 }
 
+/* Joins it, once it has returned (up to 10 s: a wrong pool fails, it does not hang). */
 static int resv_join(struct resv_thread *rt)
 {
+	for (int i = 0; i < 10000 && !atomic_load(&rt->done); i++)
+		sleep_ms(1);
+	ck_assert_msg(atomic_load(&rt->done), "a reservation still waits");
 	ck_assert_int_eq(pthread_join(rt->t, NULL), 0);
 	return rt->rc;
+}
+
+/* ---- a capture, waiting for a chunk as a job of a work queue ----------- */
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* One job at a time; a job that waits lets the next one run (work.h). */
+static struct workq *make_tq(void)
+{
+	char err[IPC_ERRLEN] = "";
+	struct workq *q = NULL;
+
+	ck_assert_msg(workq_create_elastic("tq", 1, 8, &q, err) == 0, "workq: %s", err);
+	return q;
+}
+
+struct take_job {
+	struct work w;
+	struct workq *q;
+	struct pool_resv *r;
+	atomic_bool abort;
+	atomic_bool done;
+	struct pool_chunk *c;
+};
+
+static void take_fn(struct work *w)
+{
+	struct take_job *j = container_of(w, struct take_job, w);
+
+	j->c = pool_take(j->r, &j->abort, j->q);
+	atomic_store(&j->done, true);
+}
+
+struct marker {
+	struct work w;
+	atomic_bool ran;
+};
+
+static void marker_fn(struct work *w)
+{
+	atomic_store(&container_of(w, struct marker, w)->ran, true);
+}
+
+/* Holds the queue's one running slot until opened. */
+struct gate {
+	struct work w;
+	atomic_bool open;
+};
+
+static void gate_fn(struct work *w)
+{
+	struct gate *g = container_of(w, struct gate, w);
+
+	while (!atomic_load(&g->open))
+		sleep_ms(1);
+}
+
+/*
+ * Starts a pool_take on r as a job of q, and returns once it has returned
+ * or waits (its pool_take found no chunk for it and said so). Behind a
+ * gate, so that a marker is queued before the take can run: the queue runs
+ * one job at a time and lets the next one (the marker) run only once the
+ * take finishes or says it waits.
+ */
+static void take_start(struct take_job *j, struct workq *q, struct pool_resv *r)
+{
+	struct gate g = {.w = {.fn = gate_fn}};
+	struct marker m = {.w = {.fn = marker_fn}};
+
+	atomic_init(&g.open, false);
+	atomic_init(&m.ran, false);
+	memset(&j->w, 0, sizeof(j->w));
+	j->w.fn = take_fn;
+	j->q = q;
+	j->r = r;
+	j->c = (struct pool_chunk *)r; /* must be overwritten */
+	atomic_init(&j->abort, false);
+	atomic_init(&j->done, false);
+	workq_push(q, &g.w);
+	workq_push(q, &j->w);
+	workq_push(q, &m.w);
+	atomic_store(&g.open, true);
+	for (int i = 0; i < 10000 && !atomic_load(&m.ran); i++)
+		sleep_ms(1);
+	/* (the workers are done with g and m once m has run) */
+	ck_assert_msg(atomic_load(&m.ran), "the take neither returned nor waited");
+}
+
+/* A take that must be waiting. */
+static void assert_waiting(struct take_job *j)
+{
+	ck_assert_msg(!atomic_load(&j->done), "the take did not wait");
+}
+
+/*
+ * Waits (up to 10 s) for a take job to return (after a give, an abort, a
+ * release: a job that has waited once no longer holds a marker back).
+ */
+static struct pool_chunk *take_join(struct take_job *j)
+{
+	for (int i = 0; i < 10000 && !atomic_load(&j->done); i++)
+		sleep_ms(1);
+	ck_assert_msg(atomic_load(&j->done), "the take is still waiting");
+	return j->c;
 }
 
 /* ---- creation --------------------------------------------------------- */
@@ -120,8 +269,8 @@ START_TEST(test_create_layout)
 	ck_assert_uint_eq(s.bytes, 32 * KiB);
 	ck_assert_uint_eq(s.chunk_bytes, 8 * KiB);
 	ck_assert_uint_eq(s.chunks, 4);
-	ck_assert_uint_eq(s.free_credits, 4);
 	ck_assert_uint_eq(s.in_use, 0);
+	ck_assert_uint_eq(s.active, 0);
 	ck_assert_uint_eq(s.waiters, 0);
 	ck_assert_uint_eq(s.waits, 0);
 	ck_assert(!s.locked);
@@ -268,9 +417,9 @@ START_TEST(test_create_lock_refused)
 			res.locked = stats(p).locked;
 			snprintf(res.detail, sizeof(res.detail), "%s", pool_detail(p));
 			/* And it works, unlocked. */
-			res.reserve = pool_reserve(p, &r, 4, false, NULL);
+			res.reserve = pool_reserve(p, &r, 4, NULL, false, NULL, NULL);
 			if (res.reserve == 0) {
-				struct pool_chunk *c = pool_take(&r, NULL);
+				struct pool_chunk *c = pool_take(&r, NULL, NULL);
 
 				res.took = c != NULL;
 				if (c) {
@@ -357,466 +506,1049 @@ START_TEST(test_create_huge_pages)
 }
 END_TEST
 
-/* ---- reservations ----------------------------------------------------- */
+/* ---- reservations: arguments, want, windows ---------------------------- */
 
-START_TEST(test_reserve_nowait_full)
+START_TEST(test_reserve_bad_args)
 {
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct pool_resv a, b, c, d;
+	struct pool *p = make_wpool(4, 2);
+	struct pool_resv a;
 
-	ck_assert_int_eq(pool_reserve(p, &a, 0, false, NULL), -EINVAL);
-	ck_assert_int_eq(pool_reserve(p, &a, 5, false, NULL), -EINVAL);
-	ck_assert_int_eq(pool_reserve(p, &a, 5, true, NULL), -EINVAL);
-	ck_assert_int_eq(stats(p).free_credits, 4);
-
-	ck_assert_int_eq(pool_reserve(p, &a, 3, false, NULL), 0);
-	ck_assert(a.active);
-	ck_assert_uint_eq(a.credits, 3);
-	ck_assert_uint_eq(a.held, 3);
-	ck_assert_uint_eq(stats(p).free_credits, 1);
-
-	ck_assert_int_eq(pool_reserve(p, &b, 2, false, NULL), -EAGAIN);
-	ck_assert(!b.active);
-	ck_assert_uint_eq(b.credits, 0);
-	ck_assert_uint_eq(stats(p).free_credits, 1);
-	ck_assert_int_eq(pool_reserve(p, &c, 1, false, NULL), 0);
-	ck_assert_int_eq(pool_reserve(p, &d, 1, false, NULL), -EAGAIN);
-	ck_assert_uint_eq(stats(p).free_credits, 0);
+	ck_assert_int_eq(pool_reserve(p, &a, 0, G1, false, NULL, NULL), -EINVAL);
+	ck_assert(!a.active);
+	ck_assert_int_eq(pool_reserve(p, &a, 0, G1, true, NULL, NULL), -EINVAL);
+	ck_assert_int_eq(pool_reserve(p, &a, 5, G1, false, NULL, NULL), -EINVAL);
+	ck_assert_int_eq(pool_reserve(p, &a, 5, G1, true, NULL, NULL), -EINVAL);
+	ck_assert(!a.active);
+	ck_assert(!a.listed);
+	ck_assert_ptr_null(pool_try_take(&a)); /* never admitted: takes nothing */
+	ck_assert_ptr_null(pool_take(&a, NULL, NULL));
+	pool_release(&a); /* harmless */
+	ck_assert(!pool_may_admit(p, G1, 0));
+	ck_assert(!pool_may_admit(p, G1, 5));
+	ck_assert(pool_may_admit(p, G1, 4));
+	ck_assert_uint_eq(stats(p).active, 0);
 	ck_assert_uint_eq(stats(p).waits, 0);
 
+	/* The whole pool is a valid want. */
+	ck_assert_int_eq(pool_reserve(p, &a, 4, G1, false, NULL, NULL), 0);
+	ck_assert(a.active);
+	ck_assert_uint_eq(a.want, 4);
+	ck_assert_uint_eq(a.held, 0);
+	ck_assert_uint_eq(stats(p).active, 1);
 	pool_release(&a);
-	ck_assert(!a.active);
-	ck_assert_uint_eq(stats(p).free_credits, 3);
-	pool_release(&a); /* twice: nothing more comes back */
-	ck_assert_uint_eq(stats(p).free_credits, 3);
-	pool_release(&c);
-	ck_assert_uint_eq(stats(p).free_credits, 4);
+	ck_assert_uint_eq(stats(p).active, 0);
 	pool_destroy(p);
 }
 END_TEST
 
-/* "skip" must not overtake a "block" save that came first. */
-START_TEST(test_reserve_nowait_behind_waiter)
+/* Alone, a reservation takes up to `want` (its window and the surplus), never more. */
+START_TEST(test_lone_takes_up_to_want)
 {
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct resv_thread t;
-	struct pool_resv a, b;
-
-	ck_assert_int_eq(pool_reserve(p, &a, 3, false, NULL), 0);
-	resv_start(&t, p, 2);
-	ck_assert(wait_waiters(p, 1, &t.done));
-	ck_assert_uint_eq(stats(p).free_credits, 1); /* 1 would fit ... */
-	ck_assert_int_eq(pool_reserve(p, &b, 1, false, NULL), -EAGAIN); /* ... but it waits */
-	ck_assert(!b.active);
-
-	pool_release(&a);
-	ck_assert_int_eq(resv_join(&t), 0);
-	ck_assert_uint_eq(t.r.credits, 2);
-	/* Nobody waits now: the same request goes through. */
-	ck_assert_int_eq(pool_reserve(p, &b, 1, false, NULL), 0);
-	pool_release(&b);
-	pool_release(&t.r);
-	ck_assert_uint_eq(stats(p).free_credits, 4);
-	pool_destroy(p);
-}
-END_TEST
-
-START_TEST(test_reserve_waits_for_release)
-{
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct resv_thread t;
+	struct pool *p = make_wpool(8, 2);
+	struct workq *q = make_tq();
+	struct pool_chunk *c[8];
+	struct take_job j;
 	struct pool_resv a;
-	struct pool_stats s;
+	bool seen[8] = {false};
 
-	ck_assert_int_eq(pool_reserve(p, &a, 4, false, NULL), 0);
-	resv_start(&t, p, 2);
-	ck_assert(wait_waiters(p, 1, &t.done));
+	ck_assert_int_eq(pool_reserve(p, &a, 6, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&a), 2);
+	ck_assert_uint_eq(take_all(&a, c, 8), 6); /* 2 of window, 4 of surplus */
+	for (unsigned i = 0; i < 6; i++) {
+		ck_assert(!seen[c[i]->index]);
+		seen[c[i]->index] = true;
+	}
+	ck_assert_uint_eq(a.held, 6);
+	ck_assert_uint_eq(stats(p).in_use, 6); /* 2 free, but not for a */
+	ck_assert_ptr_null(pool_try_take(&a));
+
+	/* A take at `want` waits for one of its own to come back. */
+	take_start(&j, q, &a);
+	assert_waiting(&j);
 	sleep_ms(50);
-	ck_assert(!atomic_load(&t.done));
-	s = stats(p);
-	ck_assert_uint_eq(s.waiters, 1);
-	ck_assert_uint_eq(s.waits, 1);
-
+	ck_assert(!atomic_load(&j.done));
+	pool_give(&a, c[5]);
+	c[5] = take_join(&j);
+	ck_assert_ptr_nonnull(c[5]);
+	ck_assert_uint_eq(a.held, 6);
+	ck_assert_uint_eq(stats(p).in_use, 6);
+	for (unsigned i = 0; i < 6; i++)
+		pool_give(&a, c[i]);
+	ck_assert_uint_eq(a.held, 0);
 	pool_release(&a);
-	ck_assert_int_eq(resv_join(&t), 0);
-	ck_assert(t.r.active);
-	ck_assert_uint_eq(t.r.credits, 2);
-	ck_assert_uint_eq(t.r.held, 2);
-	s = stats(p);
-	ck_assert_uint_eq(s.waiters, 0);
-	ck_assert_uint_eq(s.waits, 1);
-	ck_assert_uint_eq(s.free_credits, 2);
-	pool_release(&t.r);
+
+	/* Wanting the whole pool, it gets the whole pool. */
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&a, c, 8), 8);
+	ck_assert_ptr_null(pool_try_take(&a));
+	ck_assert_uint_eq(stats(p).in_use, 8);
+	for (unsigned i = 0; i < 8; i++)
+		pool_give(&a, c[i]);
+	pool_release(&a);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	ck_assert_uint_eq(stats(p).active, 0);
+	workq_destroy(q);
 	pool_destroy(p);
 }
 END_TEST
 
 /*
- * First come, first served: the second waiter's 1 chunk is free all along,
- * but it waits until the first, which needs 2, has been served.
+ * The younger is sure of its window however greedy the older one: whether
+ * the older takes after the younger came (it stops short of the younger's
+ * window) or had taken everything before (what it gives back goes to the
+ * younger's window first).
  */
-START_TEST(test_reserve_fifo)
+START_TEST(test_younger_gets_window)
 {
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct resv_thread t1, t2;
+	struct pool *p = make_wpool(8, 8); /* window 8: n / active decides */
+	struct workq *q = make_tq();
+	struct pool_chunk *ca[8], *cb[8];
 	struct pool_resv a, b;
+	struct take_job j;
 
-	ck_assert_int_eq(pool_reserve(p, &a, 1, false, NULL), 0);
-	ck_assert_int_eq(pool_reserve(p, &b, 2, false, NULL), 0);
-	resv_start(&t1, p, 2);
-	ck_assert(wait_waiters(p, 1, &t1.done));
-	resv_start(&t2, p, 1);
-	wait_waiters(p, 2, &t2.done);
-	sleep_ms(50);
-	ck_assert_msg(!atomic_load(&t2.done), "the second in line went first");
-	ck_assert_uint_eq(stats(p).free_credits, 1);
-	ck_assert_uint_eq(stats(p).waiters, 2);
-
-	pool_release(&a); /* 2 free: the first is served, and takes both */
-	ck_assert_int_eq(resv_join(&t1), 0);
-	sleep_ms(50);
-	ck_assert(!atomic_load(&t2.done));
-	ck_assert_uint_eq(stats(p).free_credits, 0);
-	ck_assert_uint_eq(stats(p).waiters, 1);
-
-	pool_release(&t1.r);
-	ck_assert_int_eq(resv_join(&t2), 0);
-	ck_assert_uint_eq(t2.r.credits, 1);
-	ck_assert_uint_eq(stats(p).waits, 2);
-	pool_release(&t2.r);
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&a), 8);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&a), 4);
+	ck_assert_uint_eq(pool_floor(&b), 4);
+	ck_assert_uint_eq(take_all(&a, ca, 8), 4); /* the rest is b's window */
+	ck_assert_uint_eq(take_all(&b, cb, 8), 4);
+	ck_assert_uint_eq(stats(p).in_use, 8);
+	for (unsigned i = 0; i < 4; i++) {
+		pool_give(&a, ca[i]);
+		pool_give(&b, cb[i]);
+	}
 	pool_release(&b);
-	ck_assert_uint_eq(stats(p).free_credits, 4);
-	pool_destroy(p);
-}
-END_TEST
 
-/* ---- streaming: a save larger than its reservation -------------------- */
-
-#define STREAM_CHUNKS 10
-
-struct io_thread {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct pool_chunk *q[STREAM_CHUNKS];
-	unsigned head, tail;
-	struct pool *p;
-	struct pool_resv *r;
-	/* results */
-	unsigned written, bad, max_in_use, free_credits_seen;
-};
-
-/* Stands in for the I/O thread: "writes" each chunk, then gives it back. */
-static void *io_main(void *arg)
-{
-	struct io_thread *io = arg;
-
-	for (unsigned i = 0; i < STREAM_CHUNKS; i++) {
-		struct pool_chunk *c;
-		struct pool_stats s;
-		const unsigned char *b;
-
-		pthread_mutex_lock(&io->mu);
-		while (io->head == io->tail)
-			pthread_cond_wait(&io->cv, &io->mu);
-		c = io->q[io->head++];
-		pthread_mutex_unlock(&io->mu);
-
-		b = c->buf;
-		for (uint64_t k = 0; k < c->fill; k++)
-			io->bad += b[k] != (unsigned char)(0xa0 + i);
-		/* A slow disk: the capture side has taken its next chunk meanwhile. */
-		sleep_ms(2);
-		pool_get_stats(io->p, &s);
-		if (s.in_use > io->max_in_use)
-			io->max_in_use = s.in_use;
-		io->free_credits_seen |= s.free_credits;
-		io->written++;
-		pool_give(io->r, c);
+	/* a alone takes all 8; b comes, and its takes wait for a's gives. */
+	ck_assert_uint_eq(take_all(&a, ca, 8), 8);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0); /* same group */
+	ck_assert_uint_eq(pool_floor(&b), 4);
+	ck_assert_ptr_null(pool_try_take(&b));
+	take_start(&j, q, &b);
+	assert_waiting(&j);
+	pool_give(&a, ca[7]);
+	/* a is above its window of 4 now: the chunk is b's, whoever asks first */
+	ck_assert_ptr_null(pool_try_take(&a));
+	cb[0] = take_join(&j);
+	ck_assert_ptr_eq(cb[0], ca[7]);
+	ck_assert_uint_eq(b.held, 1);
+	for (unsigned i = 6; i >= 4; i--) {
+		pool_give(&a, ca[i]);
+		ck_assert_ptr_null(pool_try_take(&a));
+		cb[7 - i] = pool_try_take(&b);
+		ck_assert_ptr_eq(cb[7 - i], ca[i]);
 	}
-	return NULL;
-}
+	ck_assert_uint_eq(a.held, 4);
+	ck_assert_uint_eq(b.held, 4);
+	/* And a's window is as sure: b, at its own, cannot take what a is owed. */
+	pool_give(&a, ca[3]);
+	ck_assert_ptr_null(pool_try_take(&b));
+	ca[3] = pool_try_take(&a);
+	ck_assert_ptr_nonnull(ca[3]);
 
-START_TEST(test_streaming_take_give)
-{
-	struct pool *p = make_pool(4 * 8 * KiB, 8 * KiB, false);
-	struct io_thread io = {.p = p};
-	struct pool_resv other, s;
-	pthread_t t;
-
-	/* Another save holds half the pool; ours gets the other half: 2 chunks for 10. */
-	ck_assert_int_eq(pool_reserve(p, &other, 2, false, NULL), 0);
-	ck_assert_int_eq(pool_reserve(p, &s, 2, false, NULL), 0);
-	ck_assert_uint_eq(stats(p).free_credits, 0);
-	io.r = &s;
-	pthread_mutex_init(&io.mu, NULL);
-	pthread_cond_init(&io.cv, NULL);
-	ck_assert_int_eq(pthread_create(&t, NULL, io_main, &io), 0);
-
-	for (unsigned i = 0; i < STREAM_CHUNKS; i++) {
-		struct pool_chunk *c = pool_take(&s, NULL);
-
-		ck_assert_ptr_nonnull(c);
-		c->fill = 8 * KiB;
-		memset(c->buf, 0xa0 + (int)i, c->fill);
-		pthread_mutex_lock(&io.mu);
-		io.q[io.tail++] = c;
-		pthread_cond_signal(&io.cv);
-		pthread_mutex_unlock(&io.mu);
+	for (unsigned i = 0; i < 4; i++) {
+		pool_give(&a, ca[i]);
+		pool_give(&b, cb[i]);
 	}
-	ck_assert_int_eq(pthread_join(t, NULL), 0);
-	ck_assert_uint_eq(io.written, STREAM_CHUNKS);
-	ck_assert_uint_eq(io.bad, 0);
-	/* Never more out than reserved, and the other save's chunks untouched. */
-	ck_assert_uint_eq(io.max_in_use, 2);
-	ck_assert_uint_eq(io.free_credits_seen, 0);
-	ck_assert_uint_eq(other.credits, 2);
-	ck_assert_uint_eq(s.credits, 2);
+	pool_release(&a);
+	pool_release(&b);
 	ck_assert_uint_eq(stats(p).in_use, 0);
-
-	pool_release(&s);
-	pool_release(&other);
-	ck_assert_uint_eq(stats(p).free_credits, 4);
-	pthread_cond_destroy(&io.cv);
-	pthread_mutex_destroy(&io.mu);
+	workq_destroy(q);
 	pool_destroy(p);
 }
 END_TEST
 
-struct take_thread {
-	struct pool_resv *r;
-	atomic_bool abort;
-	atomic_bool done;
-	struct pool_chunk *c;
-	pthread_t t;
-};
-
-static void *take_main(void *arg)
+/*
+ * Beyond the windows, the oldest that waits goes first: a younger one at
+ * its window may not take a surplus chunk while an older one waits in
+ * pool_take for it; it may when the older one is not waiting, or waits
+ * only because it holds its `want` already.
+ */
+START_TEST(test_age_priority)
 {
-	struct take_thread *tt = arg;
+	struct pool *p = make_wpool(8, 2);
+	struct workq *q = make_tq();
+	struct pool_chunk *ca[8], *cb[8];
+	struct pool_resv a, b;
+	struct take_job j;
+	unsigned na, nb;
 
-	tt->c = pool_take(tt->r, &tt->abort);
-	atomic_store(&tt->done, true);
-	return NULL;
-}
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	na = take_all(&a, ca, 8);
+	ck_assert_uint_eq(na, 6); /* all but b's window of 2 */
+	nb = take_all(&b, cb, 8);
+	ck_assert_uint_eq(nb, 2);
 
-static void take_start(struct take_thread *tt, struct pool_resv *r)
-{
-	tt->r = r;
-	tt->c = (struct pool_chunk *)r; /* must be overwritten */
-	atomic_init(&tt->abort, false);
-	atomic_init(&tt->done, false);
-	ck_assert_int_eq(pthread_create(&tt->t, NULL, take_main, tt), 0);
-}
+	/* Several rounds: a wrong pool would let b win most of them. */
+	for (int round = 0; round < 5; round++) {
+		take_start(&j, q, &a);
+		assert_waiting(&j);
+		pool_give(&a, ca[--na]); /* one surplus chunk free: a's, as it waits */
+		ck_assert_msg(!pool_try_take(&b), "round %d: b overtook the older a", round);
+		ca[na] = take_join(&j);
+		ck_assert_ptr_nonnull(ca[na]);
+		na++;
+		ck_assert_uint_eq(a.held, 6);
+		ck_assert_uint_eq(b.held, 2);
+	}
 
-/* A take with no credit left waits for a give to this reservation. */
-START_TEST(test_take_waits_for_give)
-{
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct pool_chunk *c1, *c2;
-	struct take_thread tt;
-	struct pool_resv r;
+	/* a not waiting: the surplus chunk goes to b, who asks. */
+	pool_give(&a, ca[--na]);
+	cb[nb] = pool_try_take(&b);
+	ck_assert_ptr_nonnull(cb[nb]);
+	nb++;
+	ck_assert_uint_eq(b.held, 3);
+	while (na)
+		pool_give(&a, ca[--na]);
+	while (nb)
+		pool_give(&b, cb[--nb]);
+	pool_release(&a);
+	pool_release(&b);
 
-	ck_assert_int_eq(pool_reserve(p, &r, 2, false, NULL), 0);
-	c1 = pool_take(&r, NULL);
-	c2 = pool_take(&r, NULL);
-	ck_assert_ptr_nonnull(c1);
-	ck_assert_ptr_nonnull(c2);
-	ck_assert_ptr_ne(c1, c2);
-	ck_assert_uint_eq(r.credits, 0);
-	ck_assert_uint_eq(stats(p).in_use, 2);
-	ck_assert_uint_eq(stats(p).free_credits, 2); /* free, but not ours */
-
-	take_start(&tt, &r);
-	sleep_ms(50);
-	ck_assert(!atomic_load(&tt.done));
-	pool_give(&r, c1);
-	ck_assert_int_eq(pthread_join(tt.t, NULL), 0);
-	ck_assert_ptr_nonnull(tt.c);
-	ck_assert_ptr_ne(tt.c, c2);
-	ck_assert_uint_eq(stats(p).in_use, 2);
-	ck_assert_uint_eq(stats(p).free_credits, 2);
-
-	pool_give(&r, tt.c);
-	pool_give(&r, c2);
-	ck_assert_uint_eq(r.credits, 2);
-	pool_release(&r);
-	ck_assert_uint_eq(stats(p).free_credits, 4);
+	/* a waits, but at its want: it is owed nothing, b may take. */
+	ck_assert_int_eq(pool_reserve(p, &a, 4, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&a, ca, 8), 4);
+	ck_assert_uint_eq(take_all(&b, cb, 8), 4);
+	take_start(&j, q, &a);
+	assert_waiting(&j);
+	pool_give(&b, cb[3]);
+	cb[3] = pool_try_take(&b);
+	ck_assert_msg(cb[3] != NULL, "b was held back for a, which wants no more");
+	/* a's own give lets its take go */
+	pool_give(&a, ca[3]);
+	ca[3] = take_join(&j);
+	ck_assert_ptr_nonnull(ca[3]);
+	for (unsigned i = 0; i < 4; i++) {
+		pool_give(&a, ca[i]);
+		pool_give(&b, cb[i]);
+	}
+	pool_release(&a);
+	pool_release(&b);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	workq_destroy(q);
 	pool_destroy(p);
 }
 END_TEST
 
-START_TEST(test_give_after_release)
+/*
+ * A release frees the windows it was owed all at once: the oldest waiting
+ * take gets the first chunk, and, having it, lets the younger one held back
+ * behind it take the next.
+ */
+START_TEST(test_release_wakes_takers)
 {
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct pool_chunk *c1, *c2;
+	struct pool *p = make_wpool(8, 2);
+	struct workq *q = make_tq();
+	struct pool_chunk *ca[8], *cb[8];
+	struct pool_resv a, b, c;
+	struct take_job ja, jb;
+	unsigned na, nb;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	for (int round = 0; round < 5; round++) {
+		ck_assert_int_eq(pool_reserve(p, &c, 8, G1, false, NULL, NULL), 0);
+		if (round == 0) {
+			/* 2 of window, 2 beyond: b and c are owed 2 each */
+			na = take_all(&a, ca, 8);
+			ck_assert_uint_eq(na, 4);
+			nb = take_all(&b, cb, 8);
+			ck_assert_uint_eq(nb, 2);
+		}
+		/* 2 free, both c's window: b and a wait (b first: woken first, it must yield) */
+		take_start(&jb, q, &b);
+		assert_waiting(&jb);
+		take_start(&ja, q, &a);
+		assert_waiting(&ja);
+		pool_release(&c);
+		ca[na++] = take_join(&ja);
+		ck_assert_ptr_nonnull(ca[na - 1]);
+		cb[nb++] = take_join(&jb);
+		ck_assert_msg(cb[nb - 1] != NULL, "round %d", round);
+		ck_assert_uint_eq(stats(p).in_use, 8);
+		pool_give(&a, ca[--na]);
+		pool_give(&b, cb[--nb]);
+	}
+	while (na)
+		pool_give(&a, ca[--na]);
+	while (nb)
+		pool_give(&b, cb[--nb]);
+	pool_release(&a);
+	pool_release(&b);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	workq_destroy(q);
+	pool_destroy(p);
+}
+END_TEST
+
+/*
+ * Windows shrink as reservations come (the option's window, then n /
+ * active, never below 2, never above want) and grow back as they go; a
+ * grown window is as sure as the others.
+ */
+START_TEST(test_windows_shrink_and_grow)
+{
+	static const unsigned expect[7] = {0, 5, 5, 4, 3, 2, 2}; /* n 12, window 5 */
+	struct pool *p = make_wpool(12, 5);
+	struct pool_chunk *c[6][12];
+	struct pool_resv r[6], small;
+	unsigned held[6];
+
+	for (unsigned k = 0; k < 6; k++) {
+		ck_assert_int_eq(pool_reserve(p, &r[k], 12, G1, false, NULL, NULL), 0);
+		ck_assert_uint_eq(stats(p).active, k + 1);
+		for (unsigned i = 0; i <= k; i++)
+			ck_assert_msg(pool_floor(&r[i]) == expect[k + 1],
+			              "%u active: r%u's window %u, not %u", k + 1, i,
+			              pool_floor(&r[i]), expect[k + 1]);
+	}
+	ck_assert_uint_eq(stats(p).active, 6); /* n / 2: full */
+
+	/* Each takes greedily, oldest first: none can eat into a younger window. */
+	for (unsigned k = 0; k < 6; k++) {
+		held[k] = take_all(&r[k], c[k], 12);
+		ck_assert_uint_eq(held[k], 2);
+	}
+	ck_assert_uint_eq(stats(p).in_use, 12);
+
+	/* r5 goes (5 active: still 2 each); r4 goes (4 active: 3 each). */
+	for (unsigned k = 5; k >= 4; k--) {
+		pool_release(&r[k]);
+		while (held[k])
+			pool_give(&r[k], c[k][--held[k]]);
+	}
+	ck_assert_uint_eq(stats(p).active, 4);
+	for (unsigned i = 0; i < 4; i++)
+		ck_assert_uint_eq(pool_floor(&r[i]), 3);
+	/* 4 free: r0 takes its third; not a fourth, the three others are owed one each */
+	c[0][held[0]] = pool_try_take(&r[0]);
+	ck_assert_ptr_nonnull(c[0][held[0]]);
+	held[0]++;
+	ck_assert_ptr_null(pool_try_take(&r[0]));
+	for (unsigned i = 1; i < 4; i++) {
+		c[i][held[i]] = pool_try_take(&r[i]);
+		ck_assert_ptr_nonnull(c[i][held[i]]);
+		held[i]++;
+		ck_assert_ptr_null(pool_try_take(&r[i]));
+	}
+
+	/* Back to one: 5, the option's window. */
+	for (unsigned k = 3; k >= 1; k--) {
+		pool_release(&r[k]);
+		ck_assert_uint_eq(pool_floor(&r[0]), expect[k]);
+		while (held[k])
+			pool_give(&r[k], c[k][--held[k]]);
+	}
+	ck_assert_uint_eq(stats(p).active, 1);
+
+	/* A small want caps the window; and 1 chunk is a valid window. */
+	ck_assert_int_eq(pool_reserve(p, &small, 3, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&small), 3);
+	ck_assert_uint_eq(pool_floor(&r[0]), 5);
+	pool_release(&small);
+	ck_assert_int_eq(pool_reserve(p, &small, 1, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&small), 1);
+	pool_release(&small);
+
+	while (held[0])
+		pool_give(&r[0], c[0][--held[0]]);
+	pool_release(&r[0]);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	ck_assert_uint_eq(stats(p).active, 0);
+	pool_destroy(p);
+
+	/* No window option: 2, the least (one filled while one is written). */
+	p = make_wpool(4, 0);
+	ck_assert_int_eq(pool_reserve(p, &small, 4, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&small), 2);
+	pool_release(&small);
+	pool_destroy(p);
+}
+END_TEST
+
+/* ---- reservations: at most n / 2 active, FIFO, abort -------------------- */
+
+START_TEST(test_max_active)
+{
+	struct pool *p = make_wpool(8, 2);
 	struct resv_thread t;
-	struct pool_resv r;
+	struct pool_resv r[4], x;
 	struct pool_stats s;
 
-	ck_assert_int_eq(pool_reserve(p, &r, 3, false, NULL), 0);
-	c1 = pool_take(&r, NULL);
-	c2 = pool_take(&r, NULL);
-	resv_start(&t, p, 4); /* the whole pool: waits for every chunk */
-	ck_assert(wait_waiters(p, 1, &t.done));
-
-	pool_release(&r); /* the unused credit comes back now */
-	ck_assert(!r.active);
-	ck_assert_uint_eq(r.credits, 0);
-	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 2);
-	ck_assert_uint_eq(s.in_use, 2);
-
-	pool_give(&r, c1); /* the rest as they are given */
-	ck_assert_uint_eq(r.credits, 0);
-	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 3);
-	ck_assert_uint_eq(s.in_use, 1);
-	sleep_ms(50);
-	ck_assert(!atomic_load(&t.done));
-
-	pool_give(&r, c2);
-	ck_assert_int_eq(resv_join(&t), 0);
-	ck_assert_uint_eq(t.r.credits, 4);
-	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 0);
-	ck_assert_uint_eq(s.in_use, 0);
-	pool_release(&t.r);
-	pool_destroy(p);
-}
-END_TEST
-
-/* ---- abort -------------------------------------------------------------- */
-
-START_TEST(test_abort_reserve)
-{
-	struct pool *p = make_pool(4 * 4 * KiB, 4 * KiB, false);
-	struct resv_thread t1, t2;
-	struct pool_resv a;
-
-	ck_assert_int_eq(pool_reserve(p, &a, 3, false, NULL), 0);
-	resv_start(&t1, p, 2);
-	ck_assert(wait_waiters(p, 1, &t1.done));
-	resv_start(&t2, p, 1);
-	ck_assert(wait_waiters(p, 2, &t2.done));
-
-	/* The head of the line gives up: the next one fits, and goes. */
-	atomic_store(&t1.abort, true);
-	pool_wake(p);
-	ck_assert_int_eq(resv_join(&t1), -ECANCELED);
-	ck_assert(!t1.r.active);
-	ck_assert_uint_eq(t1.r.credits, 0);
-	ck_assert_int_eq(resv_join(&t2), 0);
-	ck_assert_uint_eq(stats(p).waiters, 0);
-	ck_assert_uint_eq(stats(p).free_credits, 0);
-
-	/* One alone in line, aborted: the line is empty after it. */
-	resv_start(&t1, p, 4);
-	ck_assert(wait_waiters(p, 1, &t1.done));
-	atomic_store(&t1.abort, true);
-	pool_wake(p);
-	ck_assert_int_eq(resv_join(&t1), -ECANCELED);
-	ck_assert_uint_eq(stats(p).waiters, 0);
-
-	pool_release(&a);
-	pool_release(&t2.r);
-	ck_assert_int_eq(pool_reserve(p, &a, 4, false, NULL), 0);
-	pool_release(&a);
-	pool_destroy(p);
-}
-END_TEST
-
-START_TEST(test_abort_take)
-{
-	struct pool *p = make_pool(2 * 4 * KiB, 4 * KiB, false);
-	atomic_bool stop = true;
-	struct take_thread tt;
-	struct pool_chunk *c;
-	struct pool_resv r;
-
-	ck_assert_int_eq(pool_reserve(p, &r, 1, false, NULL), 0);
-	c = pool_take(&r, NULL);
-	ck_assert_ptr_nonnull(c);
-
-	take_start(&tt, &r);
-	sleep_ms(50);
-	ck_assert(!atomic_load(&tt.done));
-	atomic_store(&tt.abort, true);
-	pool_wake(p);
-	ck_assert_int_eq(pthread_join(tt.t, NULL), 0);
-	ck_assert_ptr_null(tt.c);
-	ck_assert_uint_eq(stats(p).in_use, 1);
-	ck_assert_ptr_null(pool_take(&r, &stop)); /* already aborted: at once */
-
-	pool_give(&r, c);
-	ck_assert_uint_eq(r.credits, 1);
-	/* aborted with a credit left: nothing more is taken (the copies stop) */
-	ck_assert_ptr_null(pool_take(&r, &stop));
-	ck_assert_uint_eq(r.credits, 1);
+	for (unsigned i = 0; i < 4; i++)
+		ck_assert_int_eq(pool_reserve(p, &r[i], 2, G1, false, NULL, NULL), 0);
+	/* 8 chunks, 4 active: no room for a fifth, free chunks or not */
 	ck_assert_uint_eq(stats(p).in_use, 0);
-	c = pool_take(&r, NULL);
-	ck_assert_ptr_nonnull(c);
-
-	/* Released under a waiting take (an abort path on another thread). */
-	take_start(&tt, &r);
-	sleep_ms(50);
-	ck_assert(!atomic_load(&tt.done));
-	pool_release(&r);
-	ck_assert_int_eq(pthread_join(tt.t, NULL), 0);
-	ck_assert_ptr_null(tt.c);
-	ck_assert_uint_eq(stats(p).free_credits, 1);
-	pool_give(&r, c);
-	ck_assert_uint_eq(r.credits, 0);
-	ck_assert_uint_eq(stats(p).free_credits, 2);
-	pool_destroy(p);
-}
-END_TEST
-
-START_TEST(test_stats)
-{
-	struct pool *p = make_pool(6 * 4 * KiB, 4 * KiB, false);
-	struct pool_chunk *c[3];
-	struct resv_thread t;
-	struct pool_resv r;
-	struct pool_stats s;
-
-	ck_assert_int_eq(pool_reserve(p, &r, 4, true, NULL), 0); /* did not have to wait */
-	for (int i = 0; i < 3; i++)
-		c[i] = pool_take(&r, NULL);
+	ck_assert(!pool_may_admit(p, G1, 1));
+	ck_assert_int_eq(pool_reserve(p, &x, 1, G1, false, NULL, NULL), -EAGAIN);
+	ck_assert(!x.active);
 	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 2);
-	ck_assert_uint_eq(s.in_use, 3);
+	ck_assert_uint_eq(s.active, 4);
 	ck_assert_uint_eq(s.waiters, 0);
 	ck_assert_uint_eq(s.waits, 0);
-	ck_assert_uint_eq(r.credits, 1);
-	ck_assert_uint_eq(r.held, 4);
 
-	resv_start(&t, p, 3);
+	resv_start(&t, p, 2, G2);
 	ck_assert(wait_waiters(p, 1, &t.done));
+	sleep_ms(50);
+	ck_assert(!atomic_load(&t.done));
 	s = stats(p);
+	ck_assert_uint_eq(s.active, 4);
 	ck_assert_uint_eq(s.waiters, 1);
 	ck_assert_uint_eq(s.waits, 1);
 
-	pool_give(&r, c[0]);
-	s = stats(p);
-	ck_assert_uint_eq(s.in_use, 2);
-	ck_assert_uint_eq(s.free_credits, 2); /* to r, not the pool */
-	ck_assert_uint_eq(r.credits, 2);
-
-	pool_release(&r); /* 2 unused credits: 4 free, the waiter takes 3 */
+	/* One goes: the waiter comes in. */
+	pool_release(&r[0]);
 	ck_assert_int_eq(resv_join(&t), 0);
+	ck_assert(t.r.active);
 	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 1);
-	ck_assert_uint_eq(s.in_use, 2);
+	ck_assert_uint_eq(s.active, 4);
 	ck_assert_uint_eq(s.waiters, 0);
 	ck_assert_uint_eq(s.waits, 1);
 
-	pool_give(&r, c[1]);
-	pool_give(&r, c[2]);
+	/* Admitted without waiting: wait true does not count as a wait. */
+	pool_release(&r[1]);
+	ck_assert(pool_may_admit(p, G1, 1));
+	ck_assert_uint_eq(stats(p).active, 3); /* may_admit reserves nothing */
+	ck_assert_int_eq(pool_reserve(p, &r[1], 2, G1, true, NULL, NULL), 0);
+	ck_assert_uint_eq(stats(p).waits, 1);
+
 	pool_release(&t.r);
+	for (unsigned i = 1; i < 4; i++)
+		pool_release(&r[i]);
+	ck_assert_uint_eq(stats(p).active, 0);
+	pool_destroy(p);
+}
+END_TEST
+
+/*
+ * A "skip" reservation never overtakes one waiting in line: right after a
+ * release it is refused, whether the waiter is still in line or already
+ * in. (A wrong pool lets it through whenever this thread is quicker than
+ * the waiter's wake-up: most rounds.)
+ */
+#define OVERTAKE_ROUNDS 20
+
+START_TEST(test_skip_never_overtakes)
+{
+	struct pool *p = make_wpool(8, 2);
+	struct resv_thread *t = calloc(OVERTAKE_ROUNDS, sizeof(*t));
+	struct pool_resv r[4], *in[4], x;
+	unsigned lost = 0;
+
+	ck_assert_ptr_nonnull(t);
+	for (unsigned i = 0; i < 4; i++) {
+		ck_assert_int_eq(pool_reserve(p, &r[i], 2, G1, false, NULL, NULL), 0);
+		in[i] = &r[i];
+	}
+	for (unsigned k = 0; k < OVERTAKE_ROUNDS; k++) {
+		int rc;
+
+		resv_start(&t[k], p, 2, G2);
+		ck_assert(wait_waiters(p, 1, &t[k].done));
+		pool_release(in[k % 4]);
+		rc = pool_reserve(p, &x, 1, G1, false, NULL, NULL);
+		if (rc == 0) {
+			lost++;
+			pool_release(&x);
+		} else {
+			ck_assert_int_eq(rc, -EAGAIN);
+		}
+		ck_assert_int_eq(resv_join(&t[k]), 0);
+		in[k % 4] = &t[k].r;
+	}
+	ck_assert_msg(lost == 0, "a skip overtook the waiter in %u of %d rounds", lost,
+	              OVERTAKE_ROUNDS);
+	ck_assert_uint_eq(stats(p).waits, OVERTAKE_ROUNDS);
+	for (unsigned i = 0; i < 4; i++)
+		pool_release(in[i]);
+	ck_assert_uint_eq(stats(p).active, 0);
+	free(t);
+	pool_destroy(p);
+}
+END_TEST
+
+/* Waiters are admitted in the order they came, one per release. */
+START_TEST(test_reserve_fifo)
+{
+	struct pool *p = make_wpool(4, 2);
+	struct resv_thread t[13];
+	struct pool_resv a, b;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 1, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 2, G1, false, NULL, NULL), 0);
+	/* the first wants the whole pool, the others a chunk: order, not size, decides */
+	resv_start(&t[0], p, 4, G2);
+	ck_assert(wait_waiters(p, 1, &t[0].done));
+	resv_start(&t[1], p, 1, G1);
+	ck_assert(wait_waiters(p, 2, &t[1].done));
+	resv_start(&t[2], p, 1, G3);
+	ck_assert(wait_waiters(p, 3, &t[2].done));
+
+	pool_release(&a);
+	ck_assert_int_eq(resv_join(&t[0]), 0);
+	sleep_ms(50);
+	ck_assert_msg(!atomic_load(&t[1].done) && !atomic_load(&t[2].done),
+	              "a later waiter went with the first");
+	ck_assert_uint_eq(stats(p).waiters, 2);
+
+	pool_release(&b);
+	ck_assert_int_eq(resv_join(&t[1]), 0);
+	sleep_ms(50);
+	ck_assert(!atomic_load(&t[2].done));
+	ck_assert_uint_eq(stats(p).waiters, 1);
+
+	pool_release(&t[0].r);
+	ck_assert_int_eq(resv_join(&t[2]), 0);
+	ck_assert_uint_eq(stats(p).waiters, 0);
+	ck_assert_uint_eq(stats(p).waits, 3);
+	ck_assert_uint_eq(stats(p).active, 2);
+
+	/*
+	 * Two released at once: both waiters come in (the first in wakes the
+	 * next, which may have looked, and gone back to sleep, before).
+	 */
+	for (unsigned round = 0, in1 = 1, in2 = 2; round < 5; round++) {
+		unsigned w1 = 3 + 2 * round, w2 = w1 + 1;
+
+		resv_start(&t[w1], p, 2, G1);
+		ck_assert(wait_waiters(p, 1, &t[w1].done));
+		resv_start(&t[w2], p, 2, G2);
+		ck_assert(wait_waiters(p, 2, &t[w2].done));
+		pool_release(&t[in1].r);
+		pool_release(&t[in2].r);
+		ck_assert_int_eq(resv_join(&t[w1]), 0);
+		ck_assert_int_eq(resv_join(&t[w2]), 0);
+		ck_assert_uint_eq(stats(p).active, 2);
+		ck_assert_uint_eq(stats(p).waiters, 0);
+		in1 = w1;
+		in2 = w2;
+	}
+	pool_release(&t[11].r);
+	pool_release(&t[12].r);
+	ck_assert_uint_eq(stats(p).active, 0);
+	pool_destroy(p);
+}
+END_TEST
+
+/* An aborted waiter leaves the line (at its head or behind); the others keep their places. */
+START_TEST(test_abort_reserve)
+{
+	struct pool *p = make_wpool(4, 2);
+	struct resv_thread t[4];
+	struct pool_resv a, b;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 2, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 2, G1, false, NULL, NULL), 0);
+	resv_start(&t[0], p, 2, G1);
+	ck_assert(wait_waiters(p, 1, &t[0].done));
+	resv_start(&t[1], p, 2, G1);
+	ck_assert(wait_waiters(p, 2, &t[1].done));
+
+	/* The head gives up: the next is head now, but there is still no room. */
+	atomic_store(&t[0].abort, true);
+	pool_wake(p);
+	ck_assert_int_eq(resv_join(&t[0]), -ECANCELED);
+	ck_assert(!t[0].r.active);
+	ck_assert(!t[0].r.listed);
+	ck_assert_uint_eq(stats(p).waiters, 1);
+	ck_assert_uint_eq(stats(p).active, 2);
+	sleep_ms(50);
+	ck_assert(!atomic_load(&t[1].done));
+
+	/* One behind the head gives up: the head stays. */
+	resv_start(&t[2], p, 2, G1);
+	ck_assert(wait_waiters(p, 2, &t[2].done));
+	atomic_store(&t[2].abort, true);
+	pool_wake(p);
+	ck_assert_int_eq(resv_join(&t[2]), -ECANCELED);
+	ck_assert_uint_eq(stats(p).waiters, 1);
+	sleep_ms(50);
+	ck_assert(!atomic_load(&t[1].done));
+
+	pool_release(&a);
+	ck_assert_int_eq(resv_join(&t[1]), 0);
+	ck_assert_uint_eq(stats(p).waiters, 0);
+	ck_assert_uint_eq(stats(p).active, 2);
+	ck_assert_uint_eq(stats(p).waits, 3);
+
+	/* One alone in line, aborted: the line is empty after it, and a skip goes. */
+	resv_start(&t[3], p, 4, G1);
+	ck_assert(wait_waiters(p, 1, &t[3].done));
+	atomic_store(&t[3].abort, true);
+	pool_wake(p);
+	ck_assert_int_eq(resv_join(&t[3]), -ECANCELED);
+	ck_assert_uint_eq(stats(p).waiters, 0);
+	pool_release(&b);
+	ck_assert_int_eq(pool_reserve(p, &a, 4, G1, false, NULL, NULL), 0);
+	pool_release(&a);
+	pool_release(&t[1].r);
+	ck_assert_uint_eq(stats(p).active, 0);
+	pool_destroy(p);
+}
+END_TEST
+
+/* ---- groups --------------------------------------------------------------- */
+
+/*
+ * A "skip" reservation is refused while other groups' chunks (taken, by
+ * active or released reservations) leave it less than its window; its own
+ * group's never count. A waiting one is admitted anyway, and its takes wait.
+ */
+START_TEST(test_groups)
+{
+	struct pool *p = make_wpool(8, 2);
+	struct workq *q = make_tq();
+	struct pool_chunk *ca[8], *cb[8], *cc;
+	struct pool_resv a, b, c, x;
+	struct take_job j;
+	unsigned na;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	for (na = 0; na < 7; na++)
+		ca[na] = pool_try_take(&a);
+	ck_assert_uint_eq(stats(p).in_use, 7);
+
+	/* G2: 1 chunk free, its window would be 2 */
+	ck_assert(!pool_may_admit(p, G2, 2));
+	ck_assert(!pool_may_admit(p, G2, 8));
+	ck_assert_int_eq(pool_reserve(p, &x, 2, G2, false, NULL, NULL), -EAGAIN);
+	ck_assert(!x.active);
+	ck_assert_uint_eq(stats(p).active, 1);
+	ck_assert_uint_eq(stats(p).waits, 0);
+	/* a window of 1 (want 1) fits */
+	ck_assert(pool_may_admit(p, G2, 1));
+	/* G1: its own chunks do not count */
+	ck_assert(pool_may_admit(p, G1, 8));
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&b, cb, 8), 1);
+	/* and b's chunks are G1's too: G2 is still out, G1 still in */
+	ck_assert(!pool_may_admit(p, G2, 2));
+	ck_assert(!pool_may_admit(p, G2, 1));
+	ck_assert(pool_may_admit(p, G1, 2));
+
+	/* G2 that may wait: admitted at once (room for 4), its take waits for a give */
+	ck_assert_int_eq(pool_reserve(p, &c, 2, G2, true, NULL, NULL), 0);
+	ck_assert(c.active);
+	ck_assert_uint_eq(stats(p).waits, 0);
+	ck_assert_ptr_null(pool_try_take(&c));
+	take_start(&j, q, &c);
+	assert_waiting(&j);
+	pool_give(&a, ca[--na]);
+	cc = take_join(&j);
+	ck_assert_ptr_nonnull(cc);
+	ck_assert_uint_eq(c.held, 1);
+
+	/* a released with its 6 still out: they still count against other groups */
+	pool_release(&a);
+	ck_assert_uint_eq(stats(p).active, 2);
+	ck_assert_uint_eq(stats(p).in_use, 8);
+	ck_assert(!pool_may_admit(p, G3, 2));
+	ck_assert_int_eq(pool_reserve(p, &x, 2, G3, false, NULL, NULL), -EAGAIN);
+	pool_give(&a, ca[--na]); /* 1 free */
+	ck_assert(!pool_may_admit(p, G3, 2));
+	pool_give(&a, ca[--na]); /* 2 free: G3's window */
+	ck_assert(pool_may_admit(p, G3, 2));
+	ck_assert_int_eq(pool_reserve(p, &x, 2, G3, false, NULL, NULL), 0);
+	pool_release(&x);
+	while (na)
+		pool_give(&a, ca[--na]);
+	ck_assert(!a.listed);
+
+	pool_give(&b, cb[0]);
+	pool_give(&c, cc);
+	pool_release(&b);
+	pool_release(&c);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	ck_assert_uint_eq(stats(p).active, 0);
+	workq_destroy(q);
+	pool_destroy(p);
+
+	/*
+	 * The window asked of the free chunks is the one it will have once in
+	 * (n / 2 = 4 here, with one other active), not the whole pool it would
+	 * have alone.
+	 */
+	p = make_wpool(8, 8);
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&a, ca, 5), 5);
+	ck_assert(!pool_may_admit(p, G2, 8)); /* 3 free */
+	pool_give(&a, ca[4]);
+	ck_assert(pool_may_admit(p, G2, 8)); /* 4 free */
+	ck_assert_int_eq(pool_reserve(p, &x, 8, G2, false, NULL, NULL), 0);
+	ck_assert_uint_eq(pool_floor(&x), 4);
+	ck_assert_uint_eq(take_all(&x, cb, 8), 4);
+	for (unsigned i = 0; i < 4; i++) {
+		pool_give(&a, ca[i]);
+		pool_give(&x, cb[i]);
+	}
+	pool_release(&a);
+	pool_release(&x);
+	pool_destroy(p);
+}
+END_TEST
+
+/* ---- give and release ---------------------------------------------------- */
+
+/* A given chunk goes back to the pool: another reservation may take it. */
+START_TEST(test_give_returns_to_pool)
+{
+	struct pool *p = make_wpool(4, 2);
+	struct pool_chunk *ca[4], *cb[4];
+	struct pool_resv a, b;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 4, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&a, ca, 4), 4);
+	ck_assert_int_eq(pool_reserve(p, &b, 4, G1, false, NULL, NULL), 0);
+	ck_assert_ptr_null(pool_try_take(&b));
+
+	pool_give(&a, ca[3]);
+	ck_assert_uint_eq(a.held, 3);
+	ck_assert_uint_eq(stats(p).in_use, 3);
+	cb[0] = pool_try_take(&b);
+	ck_assert_ptr_eq(cb[0], ca[3]);
+	ck_assert_uint_eq(b.held, 1);
+	ck_assert_uint_eq(stats(p).in_use, 4);
+
+	pool_give(&a, ca[2]);
+	ck_assert_ptr_null(pool_try_take(&a)); /* b's window, not a's */
+	cb[1] = pool_try_take(&b);
+	ck_assert_ptr_eq(cb[1], ca[2]);
+
+	/* and b's, once given, come back to a, below its window now */
+	pool_give(&a, ca[1]);
+	pool_give(&a, ca[0]);
+	ck_assert_uint_eq(a.held, 0);
+	pool_give(&b, cb[1]);
+	ck_assert_ptr_eq(pool_try_take(&a), cb[1]);
+	ck_assert_uint_eq(a.held, 1);
+	ck_assert_uint_eq(b.held, 1);
+	pool_give(&a, cb[1]);
+	pool_give(&b, cb[0]);
+	pool_release(&a);
+	pool_release(&b);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	pool_destroy(p);
+}
+END_TEST
+
+/*
+ * A released reservation takes nothing more; its chunks still out come
+ * back as given, and it leaves the pool's list with the last of them.
+ */
+START_TEST(test_release_with_chunks_out)
+{
+	struct pool *p = make_wpool(8, 2);
+	struct pool_chunk *ca[8], *cb[2], *cc[2];
+	struct pool_resv a, b, c;
+	struct pool_stats s;
+	unsigned na;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 8, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 8, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &c, 8, G2, false, NULL, NULL), 0);
+	na = take_all(&a, ca, 2); /* windows only */
+	ck_assert_uint_eq(take_all(&b, cb, 2), 2);
+	ck_assert_uint_eq(take_all(&c, cc, 2), 2);
+	ck_assert_ptr_eq(a.next, &b);
+	ck_assert_ptr_eq(c.prev, &b);
+
+	pool_release(&b);
 	s = stats(p);
-	ck_assert_uint_eq(s.free_credits, 6);
+	ck_assert_uint_eq(s.active, 2);
+	ck_assert_uint_eq(s.in_use, 6);
+	ck_assert(!b.active);
+	ck_assert(b.listed);
+	ck_assert_uint_eq(b.held, 2);
+	ck_assert_ptr_null(pool_try_take(&b));
+	ck_assert_ptr_null(pool_take(&b, NULL, NULL)); /* at once */
+	pool_release(&b); /* twice: nothing changes */
+	ck_assert_uint_eq(stats(p).active, 2);
+
+	pool_give(&b, cb[0]);
+	ck_assert_uint_eq(stats(p).in_use, 5);
+	ck_assert(b.listed);
+	pool_give(&b, cb[1]);
+	ck_assert_uint_eq(stats(p).in_use, 4);
+	ck_assert_uint_eq(b.held, 0);
+	ck_assert(!b.listed);
+	ck_assert_ptr_eq(a.next, &c);
+	ck_assert_ptr_eq(c.prev, &a);
+	ck_assert_uint_eq(stats(p).active, 2);
+
+	/* Its chunks are the pool's: a takes the surplus (c is at its window). */
+	na += take_all(&a, ca + na, 6);
+	ck_assert_uint_eq(na, 6);
+	ck_assert_uint_eq(stats(p).in_use, 8);
+
+	/* Released with nothing out: off the list at once. */
+	pool_give(&c, cc[0]);
+	pool_give(&c, cc[1]);
+	ck_assert(c.listed);
+	pool_release(&c);
+	ck_assert(!c.listed);
+	ck_assert_ptr_null(a.next);
+	while (na)
+		pool_give(&a, ca[--na]);
+	pool_release(&a);
+	s = stats(p);
+	ck_assert_uint_eq(s.active, 0);
 	ck_assert_uint_eq(s.in_use, 0);
 	pool_destroy(p);
+}
+END_TEST
+
+/* ---- takes that must not wait, or stop waiting ---------------------------- */
+
+START_TEST(test_take_abort_release_try)
+{
+	struct pool *p = make_wpool(4, 2);
+	struct workq *q = make_tq();
+	struct pool_chunk *ca[4], *cb[4], *c;
+	atomic_bool stop = true;
+	struct pool_resv a, b;
+	struct take_job j;
+
+	ck_assert_int_eq(pool_reserve(p, &a, 4, G1, false, NULL, NULL), 0);
+	ck_assert_int_eq(pool_reserve(p, &b, 4, G1, false, NULL, NULL), 0);
+	ck_assert_uint_eq(take_all(&a, ca, 4), 2);
+	ck_assert_uint_eq(take_all(&b, cb, 4), 2);
+	/* nothing free: try_take says no at once (it would hang the test otherwise) */
+	ck_assert_ptr_null(pool_try_take(&a));
+	ck_assert_ptr_null(pool_try_take(&b));
+
+	/* A waiting take, aborted. */
+	take_start(&j, q, &a);
+	assert_waiting(&j);
+	atomic_store(&j.abort, true);
+	pool_wake(p);
+	ck_assert_ptr_null(take_join(&j));
+	ck_assert_uint_eq(a.held, 2);
+	ck_assert_uint_eq(stats(p).in_use, 4);
+
+	/* Already aborted: NULL at once, even with a chunk free for it. */
+	pool_give(&a, ca[1]);
+	ck_assert_ptr_null(pool_take(&a, &stop, NULL));
+	ck_assert_uint_eq(a.held, 1);
+	ca[1] = pool_take(&a, NULL, NULL);
+	ck_assert_ptr_nonnull(ca[1]);
+
+	/* A waiting take, its reservation released from this thread. */
+	take_start(&j, q, &a);
+	assert_waiting(&j);
+	pool_release(&a);
+	ck_assert_ptr_null(take_join(&j));
+	ck_assert_uint_eq(stats(p).in_use, 4);
+	pool_give(&a, ca[0]);
+	ck_assert_ptr_null(pool_try_take(&a)); /* released: a chunk is free, not for it */
+	c = pool_try_take(&b); /* b's: the only one active */
+	ck_assert_ptr_nonnull(c);
+	pool_give(&a, ca[1]);
+	ck_assert(!a.listed);
+	pool_give(&b, c);
+	pool_give(&b, cb[0]);
+	pool_give(&b, cb[1]);
+	pool_release(&b);
+	ck_assert_uint_eq(stats(p).in_use, 0);
+	ck_assert_uint_eq(stats(p).active, 0);
+	workq_destroy(q);
+	pool_destroy(p);
+}
+END_TEST
+
+/* ---- stress --------------------------------------------------------------- */
+
+#define ST_N 8
+#define ST_THREADS 6 /* more than ST_N / 2: some wait to be admitted */
+#define ST_ROUNDS 25
+#define ST_TAKES 40
+
+struct st_resv {
+	struct pool_resv r;
+	atomic_uint out; /* taken and not yet being given back */
+};
+
+struct st_item {
+	struct st_resv *sr;
+	struct pool_chunk *c;
+	uint64_t tag;
+};
+
+struct stress {
+	struct pool *p;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct st_item q[ST_THREADS * ST_TAKES + 1];
+	unsigned head, tail, count;
+	unsigned takers_left;
+	atomic_bool chunk_out[ST_N];
+	/* results */
+	atomic_uint over_want, double_take, over_n, bad_tag, reserve_err, completed, null_take;
+};
+
+struct st_taker {
+	struct stress *st;
+	unsigned id;
+	struct st_resv rs[ST_ROUNDS];
+	pthread_t t;
+};
+
+static void st_push(struct stress *st, struct st_item it)
+{
+	pthread_mutex_lock(&st->mu);
+	st->q[st->tail] = it;
+	st->tail = (st->tail + 1) % (sizeof(st->q) / sizeof(st->q[0]));
+	st->count++;
+	pthread_cond_signal(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+}
+
+static void *st_taker_main(void *arg)
+{
+	static const void *const groups[] = {G1, G2, G3};
+	struct st_taker *tk = arg;
+	struct stress *st = tk->st;
+	unsigned seed = 1234 + tk->id;
+
+	for (unsigned round = 0; round < ST_ROUNDS; round++) {
+		struct st_resv *sr = &tk->rs[round];
+		unsigned want = 1 + (unsigned)rand_r(&seed) % ST_N;
+		const void *group = groups[tk->id % 3];
+		int rc = -EAGAIN;
+
+		atomic_init(&sr->out, 0);
+		/* Every third round a "skip" first, as the agent's skip policy does. */
+		if (round % 3 == 0)
+			rc = pool_reserve(st->p, &sr->r, want, group, false, NULL, NULL);
+		if (rc == -EAGAIN)
+			rc = pool_reserve(st->p, &sr->r, want, group, true, NULL, NULL);
+		if (rc) {
+			atomic_fetch_add(&st->reserve_err, 1);
+			continue;
+		}
+		for (unsigned k = 0; k < ST_TAKES; k++) {
+			struct pool_chunk *c = NULL;
+			struct pool_stats s;
+			uint64_t tag = ((uint64_t)tk->id << 32) | (round << 16) | k;
+
+			if (k % 4 == 0)
+				c = pool_try_take(&sr->r);
+			if (!c)
+				c = pool_take(&sr->r, NULL, NULL);
+			if (!c) {
+				atomic_fetch_add(&st->null_take, 1);
+				break;
+			}
+			if (atomic_exchange(&st->chunk_out[c->index], true))
+				atomic_fetch_add(&st->double_take, 1);
+			if (atomic_fetch_add(&sr->out, 1) + 1 > want)
+				atomic_fetch_add(&st->over_want, 1);
+			pool_get_stats(st->p, &s);
+			if (s.in_use > ST_N)
+				atomic_fetch_add(&st->over_n, 1);
+			memcpy(c->buf, &tag, sizeof(tag)); /* a capture: the chunk is ours */
+			if (rand_r(&seed) % 8 == 0)
+				sched_yield();
+			st_push(st, (struct st_item){sr, c, tag});
+		}
+		/* Released with chunks still being written: they come back as given. */
+		pool_release(&sr->r);
+		atomic_fetch_add(&st->completed, 1);
+	}
+	pthread_mutex_lock(&st->mu);
+	st->takers_left--;
+	pthread_cond_signal(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+	return NULL;
+}
+
+/* The I/O thread: "writes" each chunk, then gives it back. */
+static void *st_io_main(void *arg)
+{
+	struct stress *st = arg;
+	unsigned seed = 99, i = 0;
+
+	for (;;) {
+		struct st_item it;
+		uint64_t tag;
+
+		pthread_mutex_lock(&st->mu);
+		while (!st->count && st->takers_left)
+			pthread_cond_wait(&st->cv, &st->mu);
+		if (!st->count) {
+			pthread_mutex_unlock(&st->mu);
+			break;
+		}
+		it = st->q[st->head];
+		st->head = (st->head + 1) % (sizeof(st->q) / sizeof(st->q[0]));
+		st->count--;
+		pthread_mutex_unlock(&st->mu);
+
+		memcpy(&tag, it.c->buf, sizeof(tag));
+		if (tag != it.tag)
+			atomic_fetch_add(&st->bad_tag, 1);
+		if (++i % 16 == 0)
+			sleep_ms(0 + (rand_r(&seed) % 2)); /* now and then a slow write */
+		else if (rand_r(&seed) % 4 == 0)
+			sched_yield();
+		atomic_fetch_sub(&it.sr->out, 1);
+		atomic_store(&st->chunk_out[it.c->index], false);
+		pool_give(&it.sr->r, it.c);
+	}
+	return NULL;
+}
+
+START_TEST(test_stress)
+{
+	struct stress *st = calloc(1, sizeof(*st));
+	struct st_taker *tk = calloc(ST_THREADS, sizeof(*tk));
+	struct pool_stats s;
+	pthread_t io;
+
+	ck_assert_ptr_nonnull(st);
+	ck_assert_ptr_nonnull(tk);
+	st->p = make_wpool(ST_N, 3);
+	pthread_mutex_init(&st->mu, NULL);
+	pthread_cond_init(&st->cv, NULL);
+	st->takers_left = ST_THREADS;
+	ck_assert_int_eq(pthread_create(&io, NULL, st_io_main, st), 0);
+	for (unsigned i = 0; i < ST_THREADS; i++) {
+		tk[i].st = st;
+		tk[i].id = i;
+		ck_assert_int_eq(pthread_create(&tk[i].t, NULL, st_taker_main, &tk[i]), 0);
+	}
+	/* A deadlock shows as the test's timeout (CK_DEFAULT_TIMEOUT). */
+	for (unsigned i = 0; i < ST_THREADS; i++)
+		ck_assert_int_eq(pthread_join(tk[i].t, NULL), 0);
+	ck_assert_int_eq(pthread_join(io, NULL), 0);
+
+	ck_assert_uint_eq(atomic_load(&st->reserve_err), 0);
+	ck_assert_uint_eq(atomic_load(&st->null_take), 0);
+	ck_assert_uint_eq(atomic_load(&st->completed), ST_THREADS * ST_ROUNDS);
+	ck_assert_msg(atomic_load(&st->double_take) == 0, "%u chunks handed out twice",
+	              atomic_load(&st->double_take));
+	ck_assert_msg(atomic_load(&st->over_want) == 0, "%u takes beyond want",
+	              atomic_load(&st->over_want));
+	ck_assert_uint_eq(atomic_load(&st->over_n), 0);
+	ck_assert_uint_eq(atomic_load(&st->bad_tag), 0);
+	for (unsigned i = 0; i < ST_THREADS; i++)
+		for (unsigned r = 0; r < ST_ROUNDS; r++) {
+			ck_assert(!tk[i].rs[r].r.active);
+			ck_assert(!tk[i].rs[r].r.listed);
+			ck_assert_uint_eq(tk[i].rs[r].r.held, 0);
+		}
+	s = stats(st->p);
+	ck_assert_uint_eq(s.in_use, 0);
+	ck_assert_uint_eq(s.active, 0);
+	ck_assert_uint_eq(s.waiters, 0);
+	ck_assert_uint_gt(s.waits, 0); /* 6 threads, room for 4: some waited */
+	pool_destroy(st->p);
+	pthread_cond_destroy(&st->cv);
+	pthread_mutex_destroy(&st->mu);
+	free(tk);
+	free(st);
 }
 END_TEST
 
@@ -825,6 +1557,7 @@ static Suite *pool_suite(void)
 	Suite *s = suite_create("pool");
 	TCase *mem = tcase_create("memory");
 	TCase *adm = tcase_create("admission");
+	TCase *str = tcase_create("stress");
 
 	tcase_add_test(mem, test_create_layout);
 	tcase_add_test(mem, test_create_bad_options);
@@ -833,17 +1566,24 @@ static Suite *pool_suite(void)
 	tcase_add_test(mem, test_create_huge_pages);
 	suite_add_tcase(s, mem);
 
-	tcase_add_test(adm, test_reserve_nowait_full);
-	tcase_add_test(adm, test_reserve_nowait_behind_waiter);
-	tcase_add_test(adm, test_reserve_waits_for_release);
+	tcase_add_test(adm, test_reserve_bad_args);
+	tcase_add_test(adm, test_lone_takes_up_to_want);
+	tcase_add_test(adm, test_younger_gets_window);
+	tcase_add_test(adm, test_age_priority);
+	tcase_add_test(adm, test_release_wakes_takers);
+	tcase_add_test(adm, test_windows_shrink_and_grow);
+	tcase_add_test(adm, test_max_active);
+	tcase_add_test(adm, test_skip_never_overtakes);
 	tcase_add_test(adm, test_reserve_fifo);
-	tcase_add_test(adm, test_streaming_take_give);
-	tcase_add_test(adm, test_take_waits_for_give);
-	tcase_add_test(adm, test_give_after_release);
 	tcase_add_test(adm, test_abort_reserve);
-	tcase_add_test(adm, test_abort_take);
-	tcase_add_test(adm, test_stats);
+	tcase_add_test(adm, test_groups);
+	tcase_add_test(adm, test_give_returns_to_pool);
+	tcase_add_test(adm, test_release_with_chunks_out);
+	tcase_add_test(adm, test_take_abort_release_try);
 	suite_add_tcase(s, adm);
+
+	tcase_add_test(str, test_stress);
+	suite_add_tcase(s, str);
 	return s;
 }
 
