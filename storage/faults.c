@@ -23,7 +23,10 @@
  *           that moves nothing, a read at the end of the file); for io_write,
  *           io_read and io_fsync also "slow=MS" (the result comes MS
  *           milliseconds late, as it was: a slow disk, for tests that must
- *           catch a save while it writes)
+ *           catch a save while it writes; the engine's thread waits, so
+ *           every request behind it waits too); for openat also "slow=MS"
+ *           (the calling thread waits MS milliseconds, then opens: a slow
+ *           metadata server, holding up that thread alone)
  *   path=G  only calls whose path matches the glob G (fnmatch(3), no flags:
  *           '*' crosses '/'): for a call on a descriptor, the path it was
  *           opened under (root-relative names joined to the root); for
@@ -277,7 +280,9 @@ static int f_openat(int dirfd, const char *path, int flags, mode_t mode)
 	join(dirfd, path, p, sizeof(p));
 	pthread_mutex_unlock(&plan.mu);
 	r = decide(F_OPENAT, p, NULL);
-	if (r)
+	if (r && r->slow_ms)
+		usleep(r->slow_ms * 1000u); /* this thread only; then the open, as it is */
+	else if (r)
 		return -r->err;
 	fd = fsops_posix.openat(dirfd, path, flags, mode);
 	if (fd >= 0)
@@ -435,9 +440,11 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 	if (strncmp(s, "slow=", 5) == 0) {
 		uint64_t ms;
 
-		if (r->op != F_IO_WRITE && r->op != F_IO_READ && r->op != F_IO_FSYNC)
+		if (r->op != F_IO_WRITE && r->op != F_IO_READ && r->op != F_IO_FSYNC &&
+		    r->op != F_OPENAT)
 			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' of %s: only io_write, "
-			                "io_read and io_fsync can be slow", k, s, op_names[r->op]);
+			                "io_read, io_fsync and openat can be slow", k, s,
+			                op_names[r->op]);
 		if (parse_u64(s + 5, &ms) || ms == 0 || ms > 60000)
 			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' is not slow=MS "
 			                "(1..60000)", k, s);
