@@ -316,8 +316,12 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	                          CAPTURE_MAX, &a->capture, err);
 	if (!rc)
 		rc = workq_create("ckpt-commit", 1, &a->commit, err);
+	/* One thread for what changes the catalog: GC, deletes and pins keep their order. */
 	if (!rc)
 		rc = workq_create("ckpt-maint", 1, &a->maint, err);
+	/* Verifies and shows only read: a long verify holds up neither retention nor the others. */
+	if (!rc)
+		rc = workq_create("ckpt-read", AGENT_READERS, &a->readers, err);
 	/* Checksums at a lower priority: while a capture copies on every core, they wait. */
 	if (!rc)
 		rc = workq_create_nice("ckpt-hash", 1, 10, &a->hasher, err);
@@ -463,8 +467,10 @@ static bool drained(void *ctx)
 	/* Failed saves may still have writes in flight, and cleanups queued. */
 	idle = a->inflight == 0 && !cp_any_busy(a);
 	pthread_mutex_unlock(&a->mu);
+	/* maint before readers: a job of maint may queue a verify on readers. */
 	return idle && workq_busy(a->capture) == 0 && workq_busy(a->commit) == 0 &&
-	       workq_busy(a->maint) == 0 && workq_busy(a->hasher) == 0;
+	       workq_busy(a->maint) == 0 && workq_busy(a->readers) == 0 &&
+	       workq_busy(a->hasher) == 0;
 }
 
 void agent_run(struct agent *a, atomic_bool *stop)
@@ -504,6 +510,7 @@ void agent_destroy(struct agent *a)
 	root_watch_stop(a); /* after the captures (they check it), before the commit queue */
 	workq_destroy(a->commit);
 	workq_destroy(a->maint);
+	workq_destroy(a->readers); /* after maint: it may queue a verify here */
 	copier_destroy(a->copier);
 	free_objects(a);
 	committer_destroy(a->cm);

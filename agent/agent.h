@@ -24,10 +24,11 @@
  * capture workers copy in (saves) and out (restores), with the copier's
  * helpers; the I/O thread (the engine's) writes, reads and fsyncs; the
  * hasher (nice 10) computes checksums as chunks go out; the commit thread
- * writes manifests; the maint thread verifies, shows, deletes and collects
- * garbage; libmicrohttpd's thread answers scrapes. Nothing but the I/O
- * thread touches the disk's data path, and the control thread never waits
- * for the disk.
+ * writes manifests; the maint thread deletes, pins and collects garbage (one
+ * thread: those change the catalog, in order); two reader threads verify and
+ * show, so a long verify holds up no retention; libmicrohttpd's thread
+ * answers scrapes. Nothing but the I/O thread touches the disk's data path,
+ * and the control thread never waits for the disk.
  *
  * One lock, agent.mu, guards every list and every object's state below; it is
  * never held while copying or waiting for I/O. Lock order: a CUDA plan's
@@ -58,6 +59,7 @@
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
 #define AGENT_SCANS 32 /* jobs whose last clean-up time is remembered */
+#define AGENT_READERS 2 /* threads that verify and show (the readers queue) */
 
 /* [limits]: what one user (uid) may hold at once; root is not limited. */
 struct agent_limits {
@@ -126,7 +128,8 @@ struct agent {
 	struct storage *store;
 	struct committer *cm; /* the commit thread's alone */
 	struct server *srv;
-	struct workq *capture, *commit, *maint, *hasher;
+	/* maint: GC, delete, pins (one thread: in order); readers: verify, show */
+	struct workq *capture, *commit, *maint, *readers, *hasher;
 	struct copier *copier;
 	struct gpu *gpu;
 	int64_t started_mono;
@@ -503,15 +506,15 @@ void watchers_tell(struct agent *a, struct save *s, bool progress);
 /* ---- retention and pins (gc.c; the decision in retention.c) ----------- */
 
 /*
- * Under mu: this node committed a checkpoint of job; queues its GC (retention,
- * then abandoned uncommitted steps) on the maint thread.
- */
-/*
  * Removes a checkpoint already out of the catalog (store_remove); one that
  * is still there after all (pinned through another node, a removal that
  * failed before it went) goes back into the catalog. Maint thread.
  */
 int gc_remove(struct agent *a, const struct cat_entry *e, char *err);
+/*
+ * Under mu: this node committed a checkpoint of job; queues its GC (retention,
+ * then abandoned uncommitted steps) on the maint thread.
+ */
 void gc_queue(struct agent *a, const char *job);
 /* Under mu: another node committed one: the catalog of job is brought up to date (maint). */
 void gc_queue_sync(struct agent *a, const char *job);

@@ -4,8 +4,10 @@
  * JOB`), and pinning (the Pin RPC, `ckptctl pin|unpin JOB STEP`).
  *
  * Threads: the RPC handlers run on the control thread and only check and
- * queue; the work runs on the maint thread, which also runs delete and
- * verify, so GC, pins and deletes of a job never race each other.
+ * queue; the work runs on the maint thread, which also runs delete, so GC,
+ * pins and deletes of a job never race each other. Verifies and shows run
+ * beside them on the reader threads: a step being verified is marked as
+ * read (cat_entry.readers), and a GC keeps it, a delete refuses it.
  *
  * A GC decides (retention.c) and takes the checkpoints it removes out of the
  * catalog in one hold of agent.mu: a restore either marked its checkpoint as

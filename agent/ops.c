@@ -1,7 +1,8 @@
 /*
  * What operators ask: status, list, show, delete, and the live watch of
  * saves. Status, list and watch answer from memory on the control thread;
- * show and delete touch the disk, so they run on the maint thread. Watchers
+ * show and delete touch the disk: show runs on a reader thread (it only
+ * reads), delete on the maint thread (in order with GC and pins). Watchers
  * get every state change (save.c) and, once a second (the agent's tick),
  * the bytes moved by each save in flight, for progress bars and rates.
  */
@@ -242,7 +243,7 @@ out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
-/* ---- show and delete (maint thread) ----------------------------------- */
+/* ---- show (a reader thread) and delete (the maint thread) -------------- */
 
 struct job_step_op {
 	struct work work;
@@ -252,6 +253,10 @@ struct job_step_op {
 	int64_t step;
 };
 
+/*
+ * Marks nothing as read (it reads one file, the manifest): a GC or delete
+ * meanwhile is as if it came just before or just after.
+ */
 static void show_run(struct work *w)
 {
 	struct job_step_op *op = container_of(w, struct job_step_op, work);
@@ -331,7 +336,8 @@ static void delete_run(struct work *w)
 }
 
 static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
-			   int64_t step, enum access_want want, void (*fn)(struct work *))
+			   int64_t step, enum access_want want, void (*fn)(struct work *),
+			   struct workq *q)
 {
 	struct job_step_op *op;
 	char err[IPC_ERRLEN];
@@ -356,22 +362,24 @@ static void queue_job_step(struct rpc *c, struct agent *a, const char *what, con
 	snprintf(op->job, sizeof(op->job), "%s", job);
 	op->step = step;
 	op->work.fn = fn;
-	workq_push(a->maint, &op->work);
+	workq_push(q, &op->work);
 }
 
 void rpc_show(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__ShowRequest *req = (Ckpt__V1__ShowRequest *)m;
+	struct agent *a = ctx;
 
-	queue_job_step(c, ctx, "show", req->job, req->step, ACCESS_READ, show_run);
+	queue_job_step(c, a, "show", req->job, req->step, ACCESS_READ, show_run, a->readers);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
 void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__DeleteRequest *req = (Ckpt__V1__DeleteRequest *)m;
+	struct agent *a = ctx;
 
-	queue_job_step(c, ctx, "delete", req->job, req->step, ACCESS_MANAGE, delete_run);
+	queue_job_step(c, a, "delete", req->job, req->step, ACCESS_MANAGE, delete_run, a->maint);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 

@@ -10,8 +10,10 @@
  * Every problem names the tensor and the file.
  *
  * A restore runs on a capture worker (it moves the same bytes the other
- * way); a verify on the maint thread. Bytes read back are input like any
- * other: sizes, headers and checksums are all checked against the manifest.
+ * way); a verify on a reader thread (readers queue: several at once, none
+ * holding up the maint thread's GC); one of a step not listed looks at the
+ * root on the maint thread first. Bytes read back are input like any other:
+ * sizes, headers and checksums are all checked against the manifest.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -649,7 +651,6 @@ struct verify {
 	struct rpc *call;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step;
-	bool unlisted; /* not in the catalog when asked: look at the root first */
 };
 
 /*
@@ -746,6 +747,10 @@ static void verify_reply(struct verify *v, struct reader *r, const struct manife
 		v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT", r->nproblems);
 }
 
+/*
+ * Reader thread, the step marked as read (cat_entry.readers): neither GC nor
+ * delete removes it meanwhile, so other verifies, shows and GCs may run.
+ */
 static void verify_run(struct work *w)
 {
 	struct verify *v = container_of(w, struct verify, work);
@@ -758,21 +763,6 @@ static void verify_run(struct work *w)
 	struct cat_entry *e;
 
 	memset(&r, 0, sizeof(r));
-	if (v->unlisted) {
-		/* committed by another node after this one last looked (or restarted)? */
-		catalog_sync_job(a, v->job);
-		pthread_mutex_lock(&a->mu);
-		e = catalog_find(a->cat, v->job, v->step);
-		if (e)
-			e->readers++;
-		pthread_mutex_unlock(&a->mu);
-		if (!e) {
-			rpc_fail(v->call, -ENOENT, "job %s has no committed step %lld", v->job,
-				 (long long)v->step);
-			free(v);
-			return;
-		}
-	}
 	if (store_read_manifest(a->store, v->job, v->step, &m, err) == 0) {
 		for (size_t i = 0; i < m->ntensors; i++)
 			n += m->tensors[i].nchunks;
@@ -807,6 +797,35 @@ out:
 	free(v);
 }
 
+/*
+ * Maint thread: a step not listed when asked, committed perhaps by another
+ * node after this one last looked (or restarted). The root is looked at
+ * here, where no GC or delete of the job runs meanwhile (a sync while one
+ * removes would list again a step on its way out); then it is read on a
+ * reader thread like any other.
+ */
+static void verify_find(struct work *w)
+{
+	struct verify *v = container_of(w, struct verify, work);
+	struct agent *a = v->a;
+	struct cat_entry *e;
+
+	catalog_sync_job(a, v->job);
+	pthread_mutex_lock(&a->mu);
+	e = catalog_find(a->cat, v->job, v->step);
+	if (e)
+		e->readers++;
+	pthread_mutex_unlock(&a->mu);
+	if (!e) {
+		rpc_fail(v->call, -ENOENT, "job %s has no committed step %lld", v->job,
+			 (long long)v->step);
+		free(v);
+		return;
+	}
+	v->work.fn = verify_run;
+	workq_push(a->readers, &v->work);
+}
+
 void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__VerifyRequest *req = (Ckpt__V1__VerifyRequest *)m;
@@ -835,13 +854,13 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	if (e)
 		e->readers++;
 	pthread_mutex_unlock(&a->mu);
-	v->unlisted = !e; /* the maint thread looks at the root for it */
 	v->a = a;
 	v->call = c;
 	snprintf(v->job, sizeof(v->job), "%s", req->job);
 	v->step = req->step;
-	v->work.fn = verify_run;
-	workq_push(a->maint, &v->work);
+	/* Listed: marked as read, straight to a reader. Not: the maint thread looks first. */
+	v->work.fn = e ? verify_run : verify_find;
+	workq_push(e ? a->readers : a->maint, &v->work);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }

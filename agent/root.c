@@ -4,7 +4,7 @@
  * The check is the backend's (root_check: the root still there, the same
  * directory, writable, this node's lock on it held; a root made anew under
  * its name is opened again). It runs every few seconds on a thread of its
- * own (ckpt-root: a verify or a GC on maint must not hold it up), and at
+ * own (ckpt-root: a GC on maint or a verify must not hold it up), and at
  * once on a capture worker when a save's shard cannot be created.
  *
  * What a change does:

@@ -1,10 +1,11 @@
 /*
  * Worker threads with a FIFO of jobs, and jobs that wait for their time. A
  * job is a struct work embedded in a longer-lived object (nothing is
- * allocated to queue it). The agent has four queues: capture (copies in,
+ * allocated to queue it). The agent has five queues: capture (copies in,
  * restores out; several threads), hasher (checksums), commit (one thread:
  * plans, parts, manifests, the polls of the many-nodes commit, removal of
- * failed saves' files) and maint (one thread: verify, show, delete, GC).
+ * failed saves' files), maint (one thread: GC, delete, pins) and readers
+ * (two threads: verify, show).
  */
 #ifndef CKPT_AGENT_WORK_H
 #define CKPT_AGENT_WORK_H

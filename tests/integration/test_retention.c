@@ -1,7 +1,8 @@
 /*
  * Retention against a real agent: which checkpoints survive keep-last K and
  * keep-every M, pins (and that they survive a restart), LATEST, a
- * checkpoint being restored while GC runs, `ckptctl gc|pin|unpin`, and the
+ * checkpoint being restored while GC runs, a long verify that GC does not
+ * wait for (fault-injection builds), `ckptctl gc|pin|unpin`, and the
  * agent killed while GC deletes: after a restart every checkpoint listed
  * verifies and no half-deleted step is visible.
  */
@@ -446,6 +447,120 @@ START_TEST(restore_in_flight_is_kept)
 }
 END_TEST
 
+/* ---- a long verify -------------------------------------------------------- */
+
+#ifdef CKPT_FAULT_INJECTION
+/* The open of step 1's shard (verify's first touch of its bytes) is this late. */
+#define VERIFY_SLOW_MS 15000
+
+struct verifier {
+	const char *endpoint, *job;
+	int64_t step;
+	int rc;
+	bool ok;
+	uint64_t bytes;
+	atomic_bool done;
+};
+
+/* The Verify RPC, as `ckptctl verify` makes it: it returns once the verify ended. */
+static void *verify_thread(void *arg)
+{
+	struct verifier *v = arg;
+	Ckpt__V1__VerifyRequest req = CKPT__V1__VERIFY_REQUEST__INIT;
+	Ckpt__V1__VerifyReply *r = NULL;
+	struct ckpt_client *c;
+
+	v->rc = cl_open(v->endpoint, false, &c);
+	if (v->rc == 0) {
+		req.job = (char *)v->job;
+		req.step = v->step;
+		v->rc = cl_call(c, IPC_VERIFY, &req.base, (ProtobufCMessage **)&r,
+		                VERIFY_SLOW_MS + 120000);
+		if (v->rc == 0) {
+			v->ok = r->ok;
+			v->bytes = r->bytes_checked;
+			protobuf_c_message_free_unpacked(&r->base, NULL);
+		}
+		ckpt_disconnect(c);
+	}
+	atomic_store(&v->done, true);
+	return NULL;
+}
+
+/*
+ * A verify that takes long (its shard's open held VERIFY_SLOW_MS on its
+ * thread: a slow metadata server) holds up neither retention nor other
+ * reads: while it runs, steps commit and each commit's GC removes what
+ * keep-last 2 lets go, all but the step being verified (marked as read);
+ * another verify and a show answer. Once it ends, a GC removes that step too.
+ */
+START_TEST(long_verify_does_not_hold_up_gc)
+{
+	struct verifier v = {0};
+	struct agent_proc a;
+	char seen[4096] = "";
+	bool kept_while_read = false;
+	int64_t t0;
+	pthread_t t;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1");
+	save_steps(&a, "lv", 1, 1, 20011);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	snprintf(a.args, sizeof(a.args), "--staging-mb 64 --chunk-mb 1 --keep-last 2");
+	snprintf(a.env, sizeof(a.env),
+	         "CKPT_FAULTS=openat:slow=%d:path=*/lv/step-000000000001/rank-*", VERIFY_SLOW_MS);
+	h_agent_restart(&a);
+
+	v.endpoint = a.endpoint;
+	v.job = "lv";
+	v.step = 1;
+	t0 = (int64_t)time(NULL);
+	ck_assert_int_eq(pthread_create(&t, NULL, verify_thread, &v), 0);
+	for (int i = 0; i < 200 && !h_log_has(&a, "fault injected: openat("); i++)
+		sleep_ms(50);
+	ck_assert_msg(h_log_has(&a, "fault injected: openat("), "the verify opens step 1's shard");
+
+	save_steps(&a, "lv", 2, 5, 20011);
+	/* what list shows while the verify still runs (looked at again once the list came) */
+	while (!atomic_load(&v.done)) {
+		const char *now = listed(&a, "lv");
+
+		if (atomic_load(&v.done))
+			break;
+		snprintf(seen, sizeof(seen), "%s", now);
+		if (strcmp(seen, "1,4,5") == 0) {
+			kept_while_read = true;
+			break;
+		}
+		sleep_ms(50);
+	}
+	ck_assert_msg(kept_while_read,
+	              "while step 1 was verified (%d s), retention should have left 1 (being "
+	              "read) and the last 2: list showed %s (did GC wait for the verify?)",
+	              VERIFY_SLOW_MS / 1000, seen);
+	/* the reader threads: another verify and a show answer meanwhile */
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "verify lv 5") == 0, "verify lv 5: %s", out);
+	ck_assert_msg(!atomic_load(&v.done), "verify lv 5 answered after the long one ended");
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "show lv 4") == 0, "show lv 4: %s", out);
+	ck_assert_msg(!atomic_load(&v.done), "show lv 4 answered after the long verify ended");
+	/* a step not listed is looked for on the maint thread, which is not held up either */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify lv 99"), 1);
+	ck_assert_msg(strstr(out, "no committed step 99"), "%s", out);
+	ck_assert_msg(!atomic_load(&v.done), "verify lv 99 answered after the long verify ended");
+
+	pthread_join(t, NULL);
+	ck_assert_msg(v.rc == 0 && v.ok && v.bytes > 0, "the long verify: rc %d, ok %d, %llu bytes",
+	              v.rc, v.ok, (unsigned long long)v.bytes);
+	ck_assert_msg((int64_t)time(NULL) - t0 >= VERIFY_SLOW_MS / 1000 - 1,
+	              "the verify took as long as its open was held");
+	/* nobody reads step 1 now: the next GC removes it */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "gc lv"), 0);
+	wait_survivors(&a, "lv", "4,5");
+	h_agent_cleanup(&a);
+}
+END_TEST
+#endif
+
 /* ---- crashes ------------------------------------------------------------ */
 
 /* After a restart: nothing half-deleted, every step listed is on disk whole. */
@@ -623,6 +738,12 @@ int main(void)
 	tcase_add_test(tc, planted_trash_is_removed_at_start);
 	tcase_add_test(tc, killed_during_gc);
 	suite_add_tcase(s, tc);
+#ifdef CKPT_FAULT_INJECTION /* the slow open it needs: CKPT_FAULTS */
+	tc = tcase_create("verify");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, long_verify_does_not_hold_up_gc);
+	suite_add_tcase(s, tc);
+#endif
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
