@@ -6,12 +6,19 @@
  *
  *   stdout a terminal: a live view redrawn in place four times a second
  *     with ANSI cursor moves (no curses): per rank of each save in flight
- *     its state, bytes written of total, a bar and the rate; below it the
- *     last checkpoints that finished, with their durations. Ctrl-C or
- *     SIGTERM puts the terminal back as it was and exits 0; Ctrl-Z does too
- *     until the view is continued.
+ *     its state, a bar, bytes written of total, the rate and the age; its
+ *     columns as wide as what they hold, the bar taking what the terminal
+ *     has left (80 columns fit a row); below it the last checkpoints that
+ *     finished, with their durations. Ctrl-C or SIGTERM puts the terminal
+ *     back as it was and exits 0; Ctrl-Z does too until the view is
+ *     continued.
  *   otherwise: one line per event, written at once (pipes, logs, grep);
  *     with --json one JSON object per line.
+ *
+ * The rate of a save, everywhere: its bytes written over the time from
+ * QUEUED to DURABLE (the agent's durable_seconds) or, not yet durable, to
+ * now (the agent's clock against this one's, as the age is); a wait for
+ * the staging pool counts, as it did for the trainer.
  *
  * One thread: it waits on the stream at most REDRAW_MS at a time, so a
  * signal (which only sets a flag) is acted on within that.
@@ -33,7 +40,8 @@
 
 #define REDRAW_MS 250
 #define RECENT 6 /* finished checkpoints shown */
-#define BAR 24 /* progress bar width */
+#define BAR 24 /* progress bar width, at most */
+#define BAR_MIN 6 /* and at least */
 #define VIEW_LINE_MAX 512
 
 /* A rank's save in flight. */
@@ -44,11 +52,9 @@ struct track {
 	int rank, world, state;
 	uint64_t total, captured, written;
 	int64_t queued_unix_ns;
+	double durable_seconds; /* 0 until DURABLE */
 	bool pool_limited;
 	char parts[160]; /* the commit's progress: parts in and missing */
-	int64_t first_ns; /* client monotonic: first seen */
-	uint64_t first_written;
-	double rate; /* bytes written per second since first seen */
 };
 
 /* A checkpoint that finished (its ranks merged as they arrive). */
@@ -94,6 +100,39 @@ static int64_t unix_ns(void)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A save's rate (see the top): bytes per second; 0 while not known. */
+static double save_rate(uint64_t written, int64_t queued_unix_ns, double durable_seconds,
+                        int64_t now_unix_ns)
+{
+	double secs = durable_seconds > 0 ? durable_seconds
+	              : queued_unix_ns > 0 ? (double)(now_unix_ns - queued_unix_ns) / 1e9
+	                                   : 0;
+
+	return secs > 0 ? (double)written / secs : 0;
+}
+
+/* "1.5G": binary units, one letter, for columns that must stay narrow. */
+static void short_bytes(double v, char *buf, size_t len)
+{
+	static const char unit[] = "BKMGTP";
+	int u = 0;
+
+	while (v >= 1024 && u < 5) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.1f%c" : "%.0f%c", v, unit[u]);
+}
+
+/* "512.0M/s" ("-" while not known). */
+static void rate_text(double bps, char *buf, size_t len)
+{
+	char n[24];
+
+	short_bytes(bps, n, sizeof(n));
+	snprintf(buf, len, "%s%s", bps > 0 ? n : "-", bps > 0 ? "/s" : "");
 }
 
 /* ---- the terminal ----------------------------------------------------- */
@@ -211,8 +250,6 @@ static struct track *track_add(struct view *v, const Ckpt__V1__SaveInfo *s)
 	t->rank = s->rank;
 	t->world = s->world;
 	t->queued_unix_ns = s->queued_unix_ns;
-	t->first_ns = mono_ns();
-	t->first_written = s->bytes_written;
 	return t;
 }
 
@@ -250,7 +287,6 @@ static void recent_add(struct view *v, const Ckpt__V1__SaveInfo *s, int64_t done
 static void view_event(struct view *v, const Ckpt__V1__SaveInfo *s)
 {
 	struct track *t = track_find(v, s->save_id);
-	int64_t now = mono_ns();
 
 	v->events++;
 	if (ipc_state_final(s->state)) {
@@ -265,12 +301,10 @@ static void view_event(struct view *v, const Ckpt__V1__SaveInfo *s)
 	t->total = s->bytes_total;
 	t->captured = s->bytes_captured;
 	t->written = s->bytes_written;
+	t->durable_seconds = s->durable_seconds;
 	t->pool_limited = s->pool_limited;
 	ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing, s->n_parts_missing,
 	               t->parts, sizeof(t->parts));
-	if (now - t->first_ns > 100000000 && t->written >= t->first_written)
-		t->rate =
-		    (double)(t->written - t->first_written) / ((double)(now - t->first_ns) / 1e9);
 }
 
 /* The last committed checkpoints, from a List call, to start the view with. */
@@ -364,60 +398,112 @@ static void frame_line(struct frame *f, const char *fmt, ...)
 		f->lines++;
 }
 
-static void bar(const struct track *t, char *buf)
+static void bar(const struct track *t, unsigned width, char *buf)
 {
 	unsigned w = 0, c = 0;
 
 	if (t->total) {
-		w = (unsigned)((double)t->written / (double)t->total * BAR);
-		c = (unsigned)((double)t->captured / (double)t->total * BAR);
+		w = (unsigned)((double)t->written / (double)t->total * width);
+		c = (unsigned)((double)t->captured / (double)t->total * width);
 	} else if (t->state >= CKPT__V1__STATE__STATE_DURABLE) {
-		w = c = BAR;
+		w = c = width;
 	}
 	buf[0] = '[';
-	for (unsigned i = 0; i < BAR; i++)
+	for (unsigned i = 0; i < width; i++)
 		buf[1 + i] = i < w ? '#' : i < c ? '=' : '.';
-	buf[BAR + 1] = ']';
-	buf[BAR + 2] = '\0';
+	buf[width + 1] = ']';
+	buf[width + 2] = '\0';
+}
+
+/* A row of the saves in flight, as text; and how wide each column is. */
+struct row {
+	char step[24], rank[24], bytes[40], rate[24], age[24];
+};
+
+struct widths {
+	int job, step, rank, bytes, rate, age;
+	unsigned bar;
+};
+
+static void row_of(const struct track *t, int64_t now_unix, struct row *r)
+{
+	char done[16], total[16];
+
+	snprintf(r->step, sizeof(r->step), "%" PRId64, t->step);
+	snprintf(r->rank, sizeof(r->rank), "%d/%d", t->rank, t->world);
+	short_bytes((double)t->written, done, sizeof(done));
+	short_bytes((double)t->total, total, sizeof(total));
+	snprintf(r->bytes, sizeof(r->bytes), "%s/%s", done, total);
+	rate_text(save_rate(t->written, t->queued_unix_ns, t->durable_seconds, now_unix), r->rate,
+	          sizeof(r->rate));
+	ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0,
+	               r->age, sizeof(r->age));
+}
+
+static int widest(int w, const char *s)
+{
+	return (int)strlen(s) > w ? (int)strlen(s) : w;
+}
+
+/*
+ * Each column as wide as its header or its widest cell (a job's name counts
+ * up to 20 characters: a longer one pushes its row on); the bar gets what
+ * the terminal's width leaves, BAR_MIN..BAR.
+ */
+static void widths_of(const struct view *v, size_t n, const struct row *rows, unsigned cols,
+                      struct widths *w)
+{
+	int used;
+
+	*w = (struct widths){3, 4, 4, 7, 4, 3, BAR};
+	for (size_t i = 0; i < n; i++) {
+		w->job = widest(w->job, v->t[i].job);
+		w->step = widest(w->step, rows[i].step);
+		w->rank = widest(w->rank, rows[i].rank);
+		w->bytes = widest(w->bytes, rows[i].bytes);
+		w->rate = widest(w->rate, rows[i].rate);
+		w->age = widest(w->age, rows[i].age);
+	}
+	w->job = w->job > 20 ? 20 : w->job;
+	/* the columns, the state's 9, the bar's brackets, the percentage, 8 spaces between */
+	used = w->job + w->step + w->rank + 9 + 2 + 4 + w->bytes + w->rate + w->age + 8;
+	if (cols > 1 && (int)cols - 1 - used < BAR)
+		w->bar = (int)cols - 1 - used > BAR_MIN ? (unsigned)((int)cols - 1 - used) : BAR_MIN;
 }
 
 static void draw_inflight(struct frame *f, const struct view *v, int64_t now_unix, unsigned room)
 {
-	char b[BAR + 4], done[32], total[32], rate[40], age[16];
+	size_t n = v->n > room ? (room ? room - 1 : 0) : v->n; /* rows drawn */
+	struct row *rows = calloc(n ? n : 1, sizeof(*rows));
+	char b[BAR + 4];
+	struct widths w;
 
 	frame_line(f, "SAVES IN FLIGHT (%zu)  bar: # written, = captured", v->n);
-	if (!v->n) {
-		frame_line(f, "  (none)");
+	if (!v->n || !rows) {
+		frame_line(f, "  %s", rows ? "(none)" : "(out of memory)");
+		free(rows);
 		return;
 	}
-	frame_line(f, "%-20s %10s %7s %-9s %-*s %5s %21s %12s %8s", "JOB", "STEP", "RANK", "STATE",
-	           BAR + 2, "PROGRESS", "", "WRITTEN / TOTAL", "RATE", "AGE");
-	for (size_t i = 0; i < v->n; i++) {
+	for (size_t i = 0; i < n; i++)
+		row_of(&v->t[i], now_unix, &rows[i]);
+	widths_of(v, n, rows, f->cols, &w);
+	frame_line(f, "%-*s %*s %*s %-9s %-*s %4s %*s %*s %*s", w.job, "JOB", w.step, "STEP",
+	           w.rank, "RANK", "STATE", (int)w.bar + 2, "PROGRESS", "", w.bytes, "WRITTEN",
+	           w.rate, "RATE", w.age, "AGE");
+	for (size_t i = 0; i < n; i++) {
 		const struct track *t = &v->t[i];
 		double pct = t->total ? 100.0 * (double)t->written / (double)t->total : 0;
-		char rk[24];
 
-		if (i + 1 == room && v->n > room) {
-			frame_line(f, "  ... and %zu more", v->n - i);
-			break;
-		}
-		bar(t, b);
-		ctl_human_bytes(t->written, done, sizeof(done));
-		ctl_human_bytes(t->total, total, sizeof(total));
-		if (t->rate > 0) {
-			ctl_human_bytes((uint64_t)t->rate, rate, sizeof(rate));
-			strcat(rate, "/s");
-		} else {
-			snprintf(rate, sizeof(rate), "-");
-		}
-		ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0,
-		               age, sizeof(age));
-		snprintf(rk, sizeof(rk), "%d/%d", t->rank, t->world);
-		frame_line(f, "%-20s %10" PRId64 " %7s %-9s %s %4.0f%% %9s / %9s %12s %8s%s%s%s",
-		           t->job, t->step, rk, ipc_state_name(t->state), b, pct, done, total, rate,
-		           age, t->pool_limited ? "  (streams through the pool)" : "",
+		bar(t, w.bar, b);
+		frame_line(f, "%-*s %*s %*s %-9s %s %3.0f%% %*s %*s %*s%s%s%s", w.job, t->job, w.step,
+		           rows[i].step, w.rank, rows[i].rank, ipc_state_name(t->state), b, pct,
+		           w.bytes, rows[i].bytes, w.rate, rows[i].rate, w.age, rows[i].age,
+		           t->pool_limited ? "  (streams through the pool)" : "",
 		           t->parts[0] ? "  " : "", t->parts);
 	}
+	if (n < v->n)
+		frame_line(f, "  ... and %zu more", v->n - n);
+	free(rows);
 }
 
 static void draw_recent(struct frame *f, const struct view *v)
@@ -510,8 +596,9 @@ static void one_line(const char *in, char *out, size_t len)
 static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 {
 	int64_t now = unix_ns();
-	char when[40], reason[IPC_ERRLEN];
+	char when[40], reason[IPC_ERRLEN], rate[32];
 	const char *event = s->progress ? "progress" : "state";
+	double bps = save_rate(s->bytes_written, s->queued_unix_ns, s->durable_seconds, now);
 
 	iso_time(now, when, sizeof(when));
 	if (x->json) {
@@ -519,13 +606,13 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 		char *text;
 
 		j = json_pack(
-		    "{s:s, s:I, s:s, s:I, s:s, s:I, s:i, s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:f, "
-		    "s:f, s:f, s:b}",
+		    "{s:s, s:I, s:s, s:I, s:s, s:I, s:i, s:i, s:s, s:I, s:I, s:I, s:f, s:s, s:I, "
+		    "s:f, s:f, s:f, s:b}",
 		    "time", when, "time_unix_ns", (json_int_t)now, "event", event, "save_id",
 		    (json_int_t)s->save_id, "job", s->job, "step", (json_int_t)s->step, "rank",
 		    s->rank, "world", s->world, "state", ipc_state_name(s->state), "bytes_total",
 		    (json_int_t)s->bytes_total, "bytes_captured", (json_int_t)s->bytes_captured,
-		    "bytes_written", (json_int_t)s->bytes_written, "reason",
+		    "bytes_written", (json_int_t)s->bytes_written, "bytes_per_second", bps, "reason",
 		    s->reason ? s->reason : "", "queued_unix_ns", (json_int_t)s->queued_unix_ns,
 		    "capture_seconds", s->capture_seconds, "durable_seconds", s->durable_seconds,
 		    "commit_seconds", s->commit_seconds, "pool_limited", s->pool_limited);
@@ -543,10 +630,11 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 		free(text);
 	} else {
 		one_line(s->reason, reason, sizeof(reason));
+		rate_text(bps, rate, sizeof(rate));
 		printf("%s %-8s job=%s step=%" PRId64 " rank=%d/%d state=%s bytes=%" PRIu64
-		       "/%" PRIu64 " captured=%" PRIu64,
+		       "/%" PRIu64 " captured=%" PRIu64 " rate=%s",
 		       when, event, s->job, s->step, s->rank, s->world, ipc_state_name(s->state),
-		       s->bytes_written, s->bytes_total, s->bytes_captured);
+		       s->bytes_written, s->bytes_total, s->bytes_captured, rate);
 		if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
 			printf(" capture=%.3fs durable=%.3fs commit=%.3fs", s->capture_seconds,
 			       s->durable_seconds, s->commit_seconds);

@@ -2,8 +2,9 @@
  * What operators watch: `ckptctl watch` with stdout to a pipe (one line per
  * event, QUEUED to COMMITTED, progress while a save is in flight, the job
  * filter, SIGINT ends it with 0), `watch --json` (every line parses, with
- * the right types), the live view on a pseudo-terminal (drawn, Ctrl-C puts
- * the terminal back), the watch of an agent that goes away, and
+ * the right types, each save's rate), the live view on a pseudo-terminal
+ * (drawn, Ctrl-C puts the terminal back; a row fits 80 columns whole), the
+ * watch of an agent that goes away, and
  * `ckptctl status --json` after saves (fields, types and values).
  */
 #define _GNU_SOURCE
@@ -48,8 +49,12 @@ struct watch {
 	size_t len, cap;
 };
 
-static void watch_start(struct watch *w, const struct agent_proc *a, const char *args, bool tty)
+/* A watch; on a pseudo-terminal of `cols` columns (0: on a pipe). */
+static void watch_start_cols(struct watch *w, const struct agent_proc *a, const char *args,
+                             unsigned cols)
 {
+	bool tty = cols > 0;
+
 	char cmd[1024];
 
 	memset(w, 0, sizeof(*w));
@@ -59,7 +64,7 @@ static void watch_start(struct watch *w, const struct agent_proc *a, const char 
 	snprintf(cmd, sizeof(cmd), "exec %s --endpoint %s watch %s", CKPTCTL_BIN, a->endpoint,
 	         args);
 	if (tty) {
-		struct winsize ws = {.ws_row = 40, .ws_col = 200};
+		struct winsize ws = {.ws_row = 40, .ws_col = (unsigned short)cols};
 
 		w->pid = forkpty(&w->fd, NULL, NULL, &ws);
 		ck_assert_msg(w->pid >= 0, "forkpty: %s", strerror(errno));
@@ -82,6 +87,11 @@ static void watch_start(struct watch *w, const struct agent_proc *a, const char 
 		close(p[1]);
 		w->fd = p[0];
 	}
+}
+
+static void watch_start(struct watch *w, const struct agent_proc *a, const char *args, bool tty)
+{
+	watch_start_cols(w, a, args, tty ? 200 : 0);
 }
 
 /* Reads what there is (waiting up to ms); false at the end of its output. */
@@ -282,6 +292,9 @@ START_TEST(watch_lines_on_a_pipe)
 		ck_assert_int_eq(sscanf(strstr(l, "bytes="), "bytes=%llu/%llu", &done, &total), 2);
 		ck_assert_msg(done == total && total > 300007, "%.200s", l);
 		ck_assert_msg(strstr(l, "commit="), "%.200s", l);
+		/* its rate: the bytes over the time to DURABLE, e.g. rate=12.5M/s */
+		ck_assert_msg(strstr(l, " rate=") && !strstr(l, " rate=-") && strstr(l, "/s"),
+		              "%.200s", l);
 	}
 	ck_assert_msg(!strstr(w.buf, "job=other"), "a watch of wj shows only wj:\n%s", w.buf);
 	ck_assert_int_eq(watch_end(&w, SIGINT), 0);
@@ -299,7 +312,8 @@ static void check_json_event(const char *line, json_t *j)
 	static const char *const ints[] = {"time_unix_ns",   "save_id",       "step",
 	                                   "rank",           "world",         "bytes_total",
 	                                   "bytes_captured", "bytes_written", "queued_unix_ns"};
-	static const char *const reals[] = {"capture_seconds", "durable_seconds", "commit_seconds"};
+	static const char *const reals[] = {"capture_seconds", "durable_seconds", "commit_seconds",
+	                                    "bytes_per_second"};
 	static const char *const strs[] = {"time", "event", "job", "state", "reason"};
 
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
@@ -321,7 +335,7 @@ START_TEST(watch_json_lines_parse)
 	struct watch w;
 	struct pair x;
 	char *save = NULL, *line;
-	int n = 0, committed = 0, queued = 0;
+	int n = 0, committed = 0, queued = 0, durable = 0;
 
 	h_agent_start(&a, NULL);
 	pair_make(&x, &a, "js");
@@ -348,10 +362,23 @@ START_TEST(watch_json_lines_parse)
 			                 json_integer_value(json_object_get(j, "bytes_total")));
 			ck_assert(json_real_value(json_object_get(j, "commit_seconds")) > 0);
 		}
+		/* in flight (rank 0 waits for rank 1) or finished: its bytes over its time */
+		if (!strcmp(json_string_value(json_object_get(j, "state")), "DURABLE") ||
+		    !strcmp(json_string_value(json_object_get(j, "state")), "COMMITTED")) {
+			double bps = json_real_value(json_object_get(j, "bytes_per_second"));
+			double secs = json_real_value(json_object_get(j, "durable_seconds"));
+			double bytes = (double)json_integer_value(json_object_get(j, "bytes_written"));
+
+			durable += strcmp(json_string_value(json_object_get(j, "state")), "DURABLE") == 0;
+			ck_assert_msg(bps > 0 && secs > 0 && bps > bytes / secs * 0.999 &&
+			                  bps < bytes / secs * 1.001,
+			              "bytes_per_second is bytes_written / durable_seconds: %s", line);
+		}
 		json_decref(j);
 		n++;
 	}
 	ck_assert_int_eq(committed, 2);
+	ck_assert_int_ge(durable, 2); /* rank 0's while in flight (and progress), rank 1's */
 	ck_assert_int_eq(queued, 1); /* rank 1's; rank 0 was past it when the watch began */
 	ck_assert_int_ge(n, 5);
 	watch_free(&w);
@@ -390,6 +417,42 @@ START_TEST(watch_live_view_on_a_terminal)
 	ck_assert_msg(strstr(w.buf + mark, "\033[?25h"), "the cursor is shown again");
 	ck_assert_int_eq(tcgetattr(w.fd, &t), 0);
 	ck_assert_msg(t.c_lflag & ECHO, "the terminal echoes again");
+	watch_free(&w);
+	pair_free(&x);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * On 80 columns a save's row fits whole: state, bar, bytes written of
+ * total, rate and age, nothing cut (the bar gives way to the columns).
+ */
+START_TEST(watch_live_view_fits_80_columns)
+{
+	struct agent_proc a;
+	struct watch w;
+	struct pair x;
+	const char *row, *end;
+	size_t at, len;
+
+	h_agent_start(&a, NULL);
+	pair_make(&x, &a, "narrow");
+	pair_save(&x, 0, 120000, CKPT_DURABLE); /* rank 1 never comes: it stays in flight */
+	watch_start_cols(&w, &a, "", 80);
+	at = wait_line(&w, 20000, (const char *const[]){"narrow ", "DURABLE", "/s ", NULL});
+	row = w.buf + at;
+	end = strstr(row, "\033[K");
+	ck_assert_ptr_nonnull(end);
+	len = (size_t)(end - row);
+	ck_assert_msg(len <= 79, "a row of %zu columns on 80: %.*s", len, (int)len, row);
+	/* job, step, rank, state, bar, percentage, written/total, rate, age (" s" or " ms") */
+	ck_assert_msg(strstr(row, " 120000 ") && strstr(row, " 0/2 ") && strstr(row, "[#") &&
+	                  strstr(row, "100% ") && strstr(row, "K/") && len > 2 &&
+	                  row[len - 1] == 's' && (row[len - 2] == ' ' || row[len - 2] == 'm'),
+	              "every column whole: %.*s", (int)len, row);
+	ck_assert_msg(strstr(w.buf, "WRITTEN") && strstr(w.buf, "RATE") && strstr(w.buf, "AGE"),
+	              "the header names them:\n%s", w.buf);
+	ck_assert_int_eq(watch_end(&w, SIGINT), 0);
 	watch_free(&w);
 	pair_free(&x);
 	h_agent_cleanup(&a);
@@ -526,6 +589,7 @@ int main(void)
 	tcase_add_test(tc, watch_lines_on_a_pipe);
 	tcase_add_test(tc, watch_json_lines_parse);
 	tcase_add_test(tc, watch_live_view_on_a_terminal);
+	tcase_add_test(tc, watch_live_view_fits_80_columns);
 	tcase_add_test(tc, watch_ends_when_the_agent_goes);
 	tcase_add_test(tc, status_fields);
 	suite_add_tcase(s, tc);
