@@ -4,6 +4,7 @@
  *
  *   ckpt_bench --endpoint E --dir D --sizes 256,1024,4096 --ranks 1,4 --reps 5 --out F
  *   ckpt_bench --endpoint E --dir D --control-plane N --out F
+ *   ckpt_bench --endpoint E --dir D --sizes 4096 --ranks 8 --node --out F
  *
  * For each size (MiB, the whole checkpoint) and rank count (the size split
  * across that many ranks, each a thread with its own client, as separate
@@ -18,11 +19,18 @@
  * and for a cached plan of 1,000 small tensors: ckpt_plan_create and the
  * client time of ckpt_save. Raw samples go to F as JSON; bench/report.py
  * turns them, with fio's, into the table and the ratios.
+ *
+ * --node (bench/node_run.sh): one node's ranks through one agent. Each
+ * repetition also records every rank's own times (save -> CAPTURED, DURABLE,
+ * COMMITTED; restore) and every rank's final state with its reason; a save
+ * that is SKIPPED or FAILED is recorded, not fatal, and the restore runs only
+ * when every rank COMMITTED. No references (memcpy, in-trainer) are taken.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +47,7 @@ struct opts {
 	long sizes[8], ranks[8];
 	int nsizes, nranks, reps;
 	int control; /* > 0: only the control plane, with this many saves */
+	int node;    /* per-rank records; a save that does not commit is recorded */
 };
 
 struct rank {
@@ -54,7 +63,8 @@ struct rank {
 	int64_t step;
 	pthread_barrier_t *bar;
 	double t0, stall, durable, commit, rs0, rs1;
-	int err;
+	int state, keep_going, *ncommitted;
+	char reason[256];
 };
 
 static FILE *out;
@@ -81,6 +91,52 @@ static void record(const char *metric, long mib, long ranks, const double *v, in
 		nrecords++ ? ",\n  " : "\n  ", metric, mib, ranks);
 	for (int i = 0; i < n; i++)
 		fprintf(out, "%s%.9f", i ? ", " : "", v[i]);
+	fprintf(out, "]}");
+	fflush(out);
+}
+
+/* A JSON string, escaped. */
+static void json_str(const char *v)
+{
+	fputc('"', out);
+	for (; *v; v++) {
+		if (*v == '"' || *v == '\\')
+			fprintf(out, "\\%c", *v);
+		else if ((unsigned char)*v < 0x20)
+			fprintf(out, "\\u%04x", *v);
+		else
+			fputc(*v, out);
+	}
+	fputc('"', out);
+}
+
+/* --node: one value per rank (rank order) of repetition `rep`. */
+static void record_ranks(const char *metric, long mib, int rep, const double *v, int world)
+{
+	fprintf(out, "%s{\"metric\": \"%s\", \"size_mib\": %ld, \"ranks\": %d, \"rep\": %d, "
+		     "\"per_rank\": [",
+		nrecords++ ? ",\n  " : "\n  ", metric, mib, world, rep);
+	for (int k = 0; k < world; k++)
+		fprintf(out, "%s%.9f", k ? ", " : "", v[k]);
+	fprintf(out, "]}");
+	fflush(out);
+}
+
+/* --node: every rank's final state and reason in repetition `rep`. */
+static void record_states(long mib, int rep, const struct rank *r, int world)
+{
+	fprintf(out, "%s{\"metric\": \"rank_state\", \"size_mib\": %ld, \"ranks\": %d, "
+		     "\"rep\": %d, \"per_rank\": [",
+		nrecords++ ? ",\n  " : "\n  ", mib, world, rep);
+	for (int k = 0; k < world; k++) {
+		fprintf(out, "%s", k ? ", " : "");
+		json_str(r[k].state ? ckpt_state_name((enum ckpt_state)r[k].state) : "NONE");
+	}
+	fprintf(out, "], \"reasons\": [");
+	for (int k = 0; k < world; k++) {
+		fprintf(out, "%s", k ? ", " : "");
+		json_str(r[k].reason);
+	}
 	fprintf(out, "]}");
 	fflush(out);
 }
@@ -133,11 +189,15 @@ static void rank_teardown(struct rank *r)
 	ckpt_disconnect(r->c);
 }
 
-/* One rank's save and restore of one repetition. */
+/*
+ * One rank's save and restore of one repetition. With keep_going, a save that
+ * does not reach COMMITTED leaves its state and reason in r; the restore runs
+ * only if every rank's did.
+ */
 static void *rank_rep(void *arg)
 {
 	struct rank *r = arg;
-	struct ckpt_save *s;
+	struct ckpt_save *s = NULL;
 	int rc;
 
 	train(r, (uint64_t)r->step + 2);
@@ -153,10 +213,17 @@ static void *rank_rep(void *arg)
 	if (!rc)
 		rc = ckpt_save_wait(s, CKPT_COMMITTED, -1);
 	r->commit = now() - r->t0;
-	if (rc)
+	r->state = s ? (int)ckpt_save_state(s) : 0;
+	snprintf(r->reason, sizeof(r->reason), "%s", s ? ckpt_save_reason(s) : ckpt_strerror(rc));
+	if (rc && !r->keep_going)
 		die("save", r->c, rc);
-	ckpt_save_release(s);
+	if (!rc)
+		__atomic_add_fetch(r->ncommitted, 1, __ATOMIC_RELAXED);
+	if (s)
+		ckpt_save_release(s);
 	pthread_barrier_wait(r->bar);
+	if (__atomic_load_n(r->ncommitted, __ATOMIC_RELAXED) < r->world)
+		return NULL;
 	r->rs0 = now();
 	rc = ckpt_restore(r->p, r->step, NULL, NULL);
 	r->rs1 = now();
@@ -228,17 +295,43 @@ static void references(struct rank *r, const struct opts *o, long mib)
 	record("intrainer_seconds", mib, 1, it, o->reps);
 }
 
+/*
+ * --node: every rank's state and own times (save -> each state) of repetition
+ * `rep`, and its restore when every rank committed (there was one).
+ */
+static void record_node_rep(long mib, int rep, const struct rank *r, int world, bool restored)
+{
+	double cap[16], dur[16], com[16], rst[16];
+
+	for (int k = 0; k < world; k++) {
+		cap[k] = r[k].stall;
+		dur[k] = r[k].durable;
+		com[k] = r[k].commit;
+		rst[k] = r[k].rs1 - r[k].rs0;
+	}
+	record_states(mib, rep, r, world);
+	record_ranks("rank_captured_seconds", mib, rep, cap, world);
+	record_ranks("rank_durable_seconds", mib, rep, dur, world);
+	record_ranks("rank_committed_seconds", mib, rep, com, world);
+	if (restored)
+		record_ranks("rank_restore_seconds", mib, rep, rst, world);
+}
+
 static void run_size(const struct opts *o, long mib, long world)
 {
 	struct rank *r = calloc((size_t)world, sizeof(*r));
 	double stall[16], dur[16], com[16], rst[16];
+	int ncommitted, n = 0;
 	pthread_barrier_t bar;
 	pthread_t th[16];
 	char job[64];
 
+	if (!r)
+		die("out of memory", NULL, -ENOMEM);
 	pthread_barrier_init(&bar, NULL, (unsigned)world);
 	for (int k = 0; k < world; k++) {
-		r[k] = (struct rank){.id = k, .world = (int)world, .bar = &bar};
+		r[k] = (struct rank){.id = k, .world = (int)world, .bar = &bar,
+				     .keep_going = o->node, .ncommitted = &ncommitted};
 		r[k].bytes = ((uint64_t)mib << 20) / (uint64_t)world;
 		rank_setup(&r[k], o, mib);
 	}
@@ -246,6 +339,7 @@ static void run_size(const struct opts *o, long mib, long world)
 	for (int i = 0; i < o->reps; i++) {
 		double t0 = 1e300, c1 = 0, d1 = 0, s = 0, r0 = 1e300, r1 = 0;
 
+		ncommitted = 0;
 		for (int k = 0; k < world; k++) {
 			r[k].step = i + 1;
 			pthread_create(&th[k], NULL, rank_rep, &r[k]);
@@ -259,17 +353,23 @@ static void run_size(const struct opts *o, long mib, long world)
 			r0 = r[k].rs0 < r0 ? r[k].rs0 : r0;
 			r1 = r[k].rs1 > r1 ? r[k].rs1 : r1;
 		}
-		stall[i] = s; /* the mean rank's stall */
-		dur[i] = d1 - t0;
-		com[i] = c1 - t0;
-		rst[i] = r1 - r0;
+		if (o->node)
+			record_node_rep(mib, i + 1, r, (int)world, ncommitted == world);
+		if (ncommitted < world) /* --node: recorded above, and not a figure */
+			continue;
+		stall[n] = s; /* the mean rank's stall */
+		dur[n] = d1 - t0; /* the first save call -> the last rank's state */
+		com[n] = c1 - t0;
+		rst[n++] = r1 - r0;
 		delete_step(r[0].c, job, i + 1);
 	}
-	record("stall_seconds", mib, world, stall, o->reps);
-	record("durable_seconds", mib, world, dur, o->reps);
-	record("commit_seconds", mib, world, com, o->reps);
-	record("restore_seconds", mib, world, rst, o->reps);
-	if (world == 1)
+	if (n) {
+		record("stall_seconds", mib, world, stall, n);
+		record("durable_seconds", mib, world, dur, n);
+		record("commit_seconds", mib, world, com, n);
+		record("restore_seconds", mib, world, rst, n);
+	}
+	if (world == 1 && !o->node)
 		references(&r[0], o, mib);
 	for (int k = 0; k < world; k++)
 		rank_teardown(&r[k]);
@@ -347,6 +447,7 @@ int main(int argc, char **argv)
 		{"sizes", required_argument, NULL, 's'},    {"ranks", required_argument, NULL, 'r'},
 		{"reps", required_argument, NULL, 'n'},	    {"out", required_argument, NULL, 'o'},
 		{"control-plane", required_argument, NULL, 'c'},
+		{"node", no_argument, NULL, 'N'},
 		{NULL, 0, NULL, 0},
 	};
 	struct opts o = {.reps = 5};
@@ -369,13 +470,18 @@ int main(int argc, char **argv)
 			o.out = optarg;
 		else if (opt == 'c')
 			o.control = atoi(optarg);
+		else if (opt == 'N')
+			o.node = 1;
 		else
 			return 2;
 	}
+	for (int k = 0; k < o.nranks; k++)
+		if (o.ranks[k] > 16)
+			o.nranks = -1;
 	if (!o.endpoint || !o.dir || !o.out || o.nsizes < 1 || o.nranks < 1 || o.reps < 1 ||
 	    o.reps > 16) {
 		fprintf(stderr, "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
-				"[--ranks N,...] [--reps 1..16]\n");
+				"[--ranks N,...(at most 16)] [--reps 1..16] [--node]\n");
 		return 2;
 	}
 	out = fopen(o.out, "w");
