@@ -1,14 +1,15 @@
-# Sourced by bench/run.sh and bench/gpu_run.sh: the run's agent.
+# Sourced by bench/run.sh, bench/gpu_run.sh and bench/node_run.sh: the run's agent.
 #   start_agent [ckptd flags...]
-# starts $ckptd on $work/root with a staging pool the largest of $sizes fits
-# in, waits until it serves, saves its status in $raw/status.json, and on exit
-# stops it and removes $work. Sets sock and agent.
+# starts $ckptd on $work/root with a staging pool of $staging_mb MiB if set,
+# else one the largest of $sizes fits in, waits until it serves, saves its
+# status in $raw/status.json, and on exit stops it and removes $work. Sets
+# sock and agent. kill_agent stops it alone (the next start_agent may follow).
 
 start_agent() {
 	local largest staging
 	sock=unix:$work/ckptd.sock
 	largest=$(tr , '\n' <<<"$sizes" | sort -n | tail -1)
-	staging=$((largest + largest / 8 + 64))
+	staging=${staging_mb:-$((largest + largest / 8 + 64))}
 	"$ckptd" --root "$work/root" --listen "$sock" --staging-mb "$staging" \
 		--log-level warning --config /dev/null "$@" >"$work/agent.log" 2>&1 &
 	agent=$!
@@ -20,8 +21,12 @@ start_agent() {
 	"$ckptctl" --endpoint "$sock" --json status >"$raw/status.json"
 }
 
-stop_agent() {
+kill_agent() {
 	kill "$agent" 2>/dev/null || true
 	wait "$agent" 2>/dev/null || true
+}
+
+stop_agent() {
+	kill_agent
 	rm -rf "$work"
 }
