@@ -506,6 +506,7 @@ void agent_destroy(struct agent *a)
 	ioeng_destroy(a->io);
 	/* Each queue before the ones its last jobs may push to. */
 	workq_destroy(a->capture);
+	a->capture = NULL; /* plans freed from here on close their GPU side at once */
 	workq_destroy(a->hasher);
 	root_watch_stop(a); /* after the captures (they check it), before the commit queue */
 	workq_destroy(a->commit);

@@ -252,6 +252,8 @@ struct plan_tensor {
 
 /* A CUDA plan's GPU side: its allocations (opened once: gpu.h), its lane, its fence. */
 struct plan_gpu {
+	struct agent *agent;
+	struct work close; /* its CUDA teardown, queued once its plan lets it go */
 	int dev;
 	size_t n;
 	void **mem;            /* the opened allocations, in the request's order */

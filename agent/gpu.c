@@ -5,6 +5,7 @@
  * text and code in the message, and cleared so that it names no later call.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct gpu {
 	uint8_t uuid[MAX_GPUS][GPU_UUID_BYTES];
 	struct ipc_cache *mem;
 	range_fn mem_range; /* cuMemGetAddressRange: an opened allocation's real size */
+	pthread_mutex_t mu; /* the cache and the pinning: plans open and close on workers */
 	void *pinned;       /* the staging pool, once registered */
 	int pinned_dev;     /* through this device's context */
 	bool pin_tried;
@@ -117,6 +119,7 @@ int gpu_create(struct gpu **out, char *err)
 		free(g);
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
+	pthread_mutex_init(&g->mu, NULL);
 	e = cudaGetDeviceCount(&n); /* leaves n alone on failure: it was set to 0 */
 	if (e != cudaSuccess || n <= 0) {
 		cudaGetLastError();
@@ -153,15 +156,28 @@ void gpu_destroy(struct gpu *g)
 	ipc_cache_destroy(g->mem);
 	if (g->pinned && cudaSetDevice(g->pinned_dev) == cudaSuccess)
 		cudaHostUnregister(g->pinned);
+	pthread_mutex_destroy(&g->mu);
 	free(g);
 }
 
+static void pin(struct gpu *g, int dev, void *base, uint64_t len);
+
 void gpu_pin(struct gpu *g, int dev, void *base, uint64_t len)
+{
+	if (!gpu_usable(g))
+		return;
+	/* held throughout: a second plan's copies wait for the pool to be pinned */
+	pthread_mutex_lock(&g->mu);
+	if (!g->pin_tried)
+		pin(g, dev, base, len);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Under g->mu, once. */
+static void pin(struct gpu *g, int dev, void *base, uint64_t len)
 {
 	cudaError_t e;
 
-	if (!gpu_usable(g) || g->pin_tried)
-		return;
 	g->pin_tried = true;
 	/*
 	 * Through the plan's GPU (no context made on another one); portable:
@@ -217,17 +233,31 @@ int gpu_mem_get(struct gpu *g, int dev, const uint8_t *handle, size_t len, uint6
 	if (len != IPC_HANDLE_BYTES)
 		return ipc_errf(err, -EINVAL, "a CUDA IPC handle is %d bytes, not %zu",
 		                IPC_HANDLE_BYTES, len);
-	return ipc_cache_get(g->mem, dev, handle, claimed, ptr, err);
+	int rc;
+
+	pthread_mutex_lock(&g->mu);
+	rc = ipc_cache_get(g->mem, dev, handle, claimed, ptr, err);
+	pthread_mutex_unlock(&g->mu);
+	return rc;
 }
 
 void gpu_mem_put(struct gpu *g, int dev, void *ptr)
 {
+	pthread_mutex_lock(&g->mu);
 	ipc_cache_put(g->mem, dev, ptr);
+	pthread_mutex_unlock(&g->mu);
 }
 
 unsigned gpu_mem_open(const struct gpu *g)
 {
-	return g ? ipc_cache_open_count(g->mem) : 0;
+	unsigned n;
+
+	if (!g)
+		return 0;
+	pthread_mutex_lock((pthread_mutex_t *)&g->mu);
+	n = ipc_cache_open_count(g->mem);
+	pthread_mutex_unlock((pthread_mutex_t *)&g->mu);
+	return n;
 }
 
 int gpu_lane_create(struct gpu *g, int dev, struct gpu_lane **out, char *err)

@@ -8,8 +8,10 @@
  * it every call says "built without CUDA". Where CUDA is built but no GPU
  * works (no driver, no device), gpu_status() gives CUDA's own error text.
  *
- * Threads: gpu_create/destroy on the main thread; memory and lane calls
- * under agent.mu (plans) or from the capture worker that owns the lane.
+ * Threads: gpu_create/destroy on the main thread; pinning and the handle
+ * cache from capture workers (plans open and close their GPU side there,
+ * never under agent.mu), serialised by the gpu's own mutex; lane calls from
+ * the worker that owns the lane.
  */
 #ifndef CKPT_AGENT_GPU_H
 #define CKPT_AGENT_GPU_H

@@ -6,7 +6,7 @@
  * trainer's freed GPU memory alive, so none is kept longer than a plan.
  *
  * Pure C behind an ops table (the CUDA calls), so the logic is tested
- * without a GPU. Callers serialise access (the agent holds agent.mu).
+ * without a GPU. Callers serialise access (gpu.c holds its own mutex).
  */
 #ifndef CKPT_AGENT_IPCCACHE_H
 #define CKPT_AGENT_IPCCACHE_H

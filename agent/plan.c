@@ -46,23 +46,50 @@ void plan_get(struct plan *p)
 	p->refs++;
 }
 
-/* The GPU side: lane, allocations (through the cache), fence page. */
+/*
+ * No lock: a GPU side's lane (waiting for its copies first) and allocations
+ * (closed through the cache with their last plan). CUDA calls that may take
+ * long: never under agent.mu.
+ */
+static void gpu_side_close(struct agent *a, struct plan_gpu *g)
+{
+	if (!g)
+		return;
+	if (g->lane)
+		gpu_lane_destroy(g->lane);
+	pthread_mutex_destroy(&g->capture);
+	for (size_t i = 0; i < g->n; i++)
+		if (g->mem[i])
+			gpu_mem_put(a->gpu, g->dev, g->mem[i]);
+	free(g->mem);
+	free(g);
+}
+
+/* A capture worker: the GPU side of a plan that is gone. */
+static void gpu_side_close_job(struct work *w)
+{
+	struct plan_gpu *g = container_of(w, struct plan_gpu, close);
+
+	gpu_side_close(g->agent, g);
+}
+
+/* Under mu: the GPU side goes (its CUDA teardown on a worker, outside the lock). */
 static void release_gpu(struct agent *a, struct plan *p)
 {
 	struct plan_gpu *g = p->gpu;
 
 	if (!g)
 		return;
-	gpu_lane_destroy(g->lane); /* waits for its copies first */
-	pthread_mutex_destroy(&g->capture);
-	for (size_t i = 0; i < g->n; i++)
-		if (g->mem[i])
-			gpu_mem_put(a->gpu, g->dev, g->mem[i]);
 	if (g->fence_region)
 		region_put(g->fence_region);
-	free(g->mem);
-	free(g);
+	g->fence_region = NULL;
 	p->gpu = NULL;
+	g->agent = a;
+	g->close.fn = gpu_side_close_job;
+	if (a->capture)
+		workq_push(a->capture, &g->close);
+	else /* at exit, the workers gone: nothing else runs */
+		gpu_side_close(a, g);
 	for (size_t i = 0; i < p->n; i++)
 		p->t[i].dptr = NULL;
 }
@@ -331,23 +358,19 @@ static void pin_pool(struct agent *a, int dev)
 }
 
 /*
- * A CUDA plan's GPU side: every allocation on one device (a rank drives one
- * GPU), opened once through the cache, a lane, and the trainer's fence page.
+ * No lock (a worker): a CUDA plan's GPU side: every allocation on one device
+ * (a rank drives one GPU), opened once through the cache, and a lane; the
+ * first pins the staging pool. The slow CUDA calls of a plan, all here.
  */
-static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
-                    const Ckpt__V1__CreatePlanRequest *req, char *err)
+static int gpu_side_open(struct agent *a, const Ckpt__V1__CreatePlanRequest *req,
+                         struct plan_gpu **out, char *err)
 {
 	struct plan_gpu *g;
-	struct region *fence;
 	int dev = -1, rc;
 
+	*out = NULL;
 	if (!gpu_usable(a->gpu))
 		return ipc_errf(err, -ENOTSUP, "CUDA tensors, but %s", gpu_status(a->gpu));
-	fence = region_find(sess, req->fence_region);
-	if (!fence || fence->shm.size < sizeof(uint32_t))
-		return ipc_errf(err, -EINVAL,
-		                "a CUDA plan needs its fence page (a registered "
-		                "host region)");
 	for (size_t i = 0; i < req->n_cuda_regions; i++) {
 		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
 		int d = gpu_device_of(a->gpu, r->device_uuid.data, r->device_uuid.len, err);
@@ -367,24 +390,40 @@ static int open_gpu(struct agent *a, struct plan *p, struct session *sess,
 		free(g);
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
-	p->gpu = g;
 	g->dev = dev;
 	g->mem = calloc(req->n_cuda_regions, sizeof(void *));
-	if (!g->mem)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	g->n = req->n_cuda_regions;
-	pin_pool(a, dev);
-	for (size_t i = 0; i < g->n; i++) {
+	rc = g->mem ? 0 : ipc_errf(err, -ENOMEM, "out of memory");
+	if (!rc) {
+		g->n = req->n_cuda_regions;
+		pin_pool(a, dev);
+	}
+	for (size_t i = 0; !rc && i < g->n; i++) {
 		const Ckpt__V1__CudaRegion *r = req->cuda_regions[i];
 
 		rc = gpu_mem_get(a->gpu, dev, r->ipc_handle.data, r->ipc_handle.len, r->size,
 		                 &g->mem[i], err);
-		if (rc)
-			return rc;
 	}
-	rc = gpu_lane_create(a->gpu, dev, &g->lane, err);
-	if (rc)
+	if (!rc)
+		rc = gpu_lane_create(a->gpu, dev, &g->lane, err);
+	if (rc) {
+		gpu_side_close(a, g);
 		return rc;
+	}
+	*out = g;
+	return 0;
+}
+
+/* Under mu: the GPU side opened for p, with the trainer's fence page. */
+static int attach_gpu(struct plan *p, struct session *sess, struct plan_gpu *g,
+                      const Ckpt__V1__CreatePlanRequest *req, char *err)
+{
+	struct region *fence = region_find(sess, req->fence_region);
+
+	if (!fence || fence->shm.size < sizeof(uint32_t))
+		return ipc_errf(err, -EINVAL,
+		                "a CUDA plan needs its fence page (a registered "
+		                "host region)");
+	p->gpu = g;
 	g->fence_region = fence;
 	fence->refs++;
 	return 0;
@@ -416,7 +455,7 @@ static int request_check(struct agent *a, struct rpc *c, const Ckpt__V1__CreateP
 }
 
 static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
-		      struct plan **out, char *err)
+		      struct plan_gpu **gpu, struct plan **out, char *err)
 {
 	struct ipc_tensor *v = NULL;
 	struct session *sess;
@@ -440,9 +479,10 @@ static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlan
 	p->sess = sess;
 	p->refs = 1;
 	if (req->n_cuda_regions) {
-		rc = open_gpu(a, p, sess, req, err);
+		rc = attach_gpu(p, sess, *gpu, req, err);
 		if (rc)
 			goto out;
+		*gpu = NULL; /* the plan's now */
 	}
 	rc = fill_tensors(p, sess, v, req->n_tensors, err);
 	if (rc)
@@ -476,8 +516,12 @@ static int plan_add(struct agent *a, struct rpc *c, struct plan *p, char *err)
 	return 0;
 }
 
-/* The plan, once the job's owner is known to allow the caller; replies. */
-static void create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req)
+/*
+ * The plan, once the job's owner is known to allow the caller, with its GPU
+ * side opened (NULL: host memory only); replies.
+ */
+static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req,
+                             struct plan_gpu *gpu)
 {
 	Ckpt__V1__CreatePlanReply rep = CKPT__V1__CREATE_PLAN_REPLY__INIT;
 	char err[IPC_ERRLEN];
@@ -486,12 +530,13 @@ static void create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequ
 
 	pthread_mutex_lock(&a->mu);
 	rc = access_job(a, rpc_peer(c), req->job, ACCESS_OWN, err);
-	if (!rc && (rc = plan_build(a, c, req, &p, err)) == 0)
+	if (!rc && (rc = plan_build(a, c, req, &gpu, &p, err)) == 0)
 		rc = plan_add(a, c, p, err);
 	if (rc) {
 		if (p)
 			plan_free(a, p);
 		pthread_mutex_unlock(&a->mu);
+		gpu_side_close(a, gpu); /* not taken by a plan */
 		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
 		return;
 	}
@@ -505,6 +550,57 @@ static void create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequ
 		p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
 		(unsigned long long)p->shard_bytes);
 	rpc_reply(c, &rep.base);
+}
+
+/* A CUDA plan waiting for its GPU side, opened on a capture worker. */
+struct gpu_open {
+	struct work w;
+	struct agent *a;
+	struct rpc *c;
+	Ckpt__V1__CreatePlanRequest *req;
+};
+
+static void gpu_open_run(struct work *w)
+{
+	struct gpu_open *go = container_of(w, struct gpu_open, w);
+	struct plan_gpu *g = NULL;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	workq_wait_begin(go->a->capture); /* the driver's time, not a copy */
+	rc = gpu_side_open(go->a, go->req, &g, err);
+	workq_wait_end(go->a->capture);
+	if (rc)
+		rpc_fail(go->c, rc, "plan for job %s rank %d: %s", go->req->job, go->req->rank,
+		         err);
+	else
+		create_plan_with(go->a, go->c, go->req, g);
+	protobuf_c_message_free_unpacked(&go->req->base, NULL);
+	free(go);
+}
+
+/*
+ * The plan, once the job's owner is known to allow the caller; replies. A
+ * CUDA plan's GPU side is opened first on a capture worker (pinning the pool
+ * and opening IPC handles take the driver's time): true when req was handed
+ * over there, and is no longer the caller's to free.
+ */
+static bool create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req)
+{
+	struct gpu_open *go;
+
+	if (!req->n_cuda_regions) {
+		create_plan_with(a, c, req, NULL);
+		return false;
+	}
+	go = calloc(1, sizeof(*go));
+	if (!go) {
+		rpc_fail(c, -ENOMEM, "plan for job %s: out of memory", req->job);
+		return false;
+	}
+	*go = (struct gpu_open){.w.fn = gpu_open_run, .a = a, .c = c, .req = req};
+	workq_push(a->capture, &go->w);
+	return true;
 }
 
 /* Any thread: whether the root holds any step of job. */
@@ -554,9 +650,11 @@ static void claim_run(struct work *w)
 		pthread_mutex_lock(&a->mu);
 		owner_note(a, oc->req->job, true, owner);
 		pthread_mutex_unlock(&a->mu);
-		create_plan(a, oc->c, oc->req);
+		if (create_plan(a, oc->c, oc->req))
+			oc->req = NULL; /* handed over */
 	}
-	protobuf_c_message_free_unpacked(&oc->req->base, NULL);
+	if (oc->req)
+		protobuf_c_message_free_unpacked(&oc->req->base, NULL);
 	free(oc);
 }
 
@@ -597,7 +695,8 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	pthread_mutex_unlock(&a->mu);
 	if (rc == 0) {
-		create_plan(a, c, req);
+		if (create_plan(a, c, req))
+			return; /* req handed over */
 		goto out;
 	}
 	/* The disk decides who owns a job seen first now (maybe on another node). */
