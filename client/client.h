@@ -12,7 +12,7 @@
 #include <grpc/grpc.h>
 
 #include "ckpt.h"
-#include "gpu.h"
+#include "cuda_ipc.h"
 #include "ipc.h"
 
 /* A host region from ckpt_host_alloc. */

@@ -1,5 +1,5 @@
 /*
- * libckpt's ring of CUDA events (client/gpu.c) without a GPU: which event a
+ * libckpt's ring of CUDA events (client/cuda_ipc.c) without a GPU: which event a
  * save may record, given the fence word the agent publishes. No CUDA call
  * is made on this path; a fake fence page stands in for the registered one.
  */
@@ -11,7 +11,7 @@
 #include <check.h>
 
 #include "ipc.h"
-#include "gpu.h"
+#include "cuda_ipc.h"
 
 static uint32_t page[1024]; /* the fence page: word 0 is the fence */
 

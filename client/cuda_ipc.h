@@ -7,8 +7,8 @@
  * calls say so. The driver API (the allocation's base, stream waits) comes
  * through cudart's entry-point query: libckpt never links libcuda.
  */
-#ifndef CKPT_CLIENT_GPU_H
-#define CKPT_CLIENT_GPU_H
+#ifndef CKPT_CLIENT_CUDA_IPC_H
+#define CKPT_CLIENT_CUDA_IPC_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -85,4 +85,4 @@ int cl_gpu_fence(int dev, uintptr_t fence_dev, void *stream, uint32_t seq, char 
 /* Moves the fence word to seq, unless past it (the agent is gone: nothing may wait forever). */
 void cl_gpu_release(struct cl_gpu_plan *g, uint32_t seq);
 
-#endif /* CKPT_CLIENT_GPU_H */
+#endif /* CKPT_CLIENT_CUDA_IPC_H */

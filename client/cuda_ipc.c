@@ -1,5 +1,5 @@
 /*
- * libckpt's CUDA side (gpu.h). cudart calls only; each cudaError_t becomes a
+ * libckpt's CUDA side (cuda_ipc.h). cudart calls only; each cudaError_t becomes a
  * negative errno here with CUDA's text in the message. The two driver calls
  * needed (cuMemGetAddressRange: an allocation's base; cuStreamWaitValue32:
  * the fence) are looked up once through cudaGetDriverEntryPointByVersion.
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <pthread.h>
 
-#include "gpu.h"
+#include "cuda_ipc.h"
 #include "ipc.h"
 
 #ifdef CKPT_HAVE_CUDA
