@@ -135,6 +135,7 @@ static void run_ranks(struct rank *rk, const struct agent_proc *a, const char *j
 	pthread_barrier_destroy(&bar);
 }
 
+#ifdef CKPT_FAULT_INJECTION /* the slow disk: CKPT_FAULTS */
 /*
  * Block: every rank streams at once. Writes are slowed so that no shard is
  * durable before every rank has started: the first rank to be DURABLE finds
@@ -161,6 +162,7 @@ START_TEST(eight_ranks_block)
 	h_agent_cleanup(&a);
 }
 END_TEST
+#endif
 
 /* Skip: ranks of one step never skip each other, however large the step. */
 START_TEST(eight_ranks_skip)
@@ -178,6 +180,7 @@ START_TEST(eight_ranks_skip)
 }
 END_TEST
 
+#ifdef CKPT_FAULT_INJECTION
 /* The pool's chunks holding data now, from `ckptctl status --json`; -1 if unknown. */
 static long long pool_used(const struct agent_proc *a)
 {
@@ -254,6 +257,7 @@ START_TEST(skip_only_when_it_must)
 	h_agent_cleanup(&a);
 }
 END_TEST
+#endif
 
 int main(void)
 {
