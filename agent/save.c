@@ -15,9 +15,11 @@
  *                    chunk may be waiting for it); after the last: exact
  *                    size + fsync, then DURABLE
  *
- * Copy and write overlap: chunk k+1 is copied while chunk k is written. A save
- * that fits in the pool reserves all its chunks at once, so its capture never
- * waits for the disk; a larger one streams through the whole pool.
+ * Copy and write overlap: chunk k+1 is copied while chunk k is written. The
+ * pool is shared by windows (pool.h): a save alone in a pool it fits in takes
+ * every chunk it needs at once, so its capture never waits for the disk;
+ * saves that together do not fit stream side by side, each sure of its
+ * window, the oldest taking what the windows leave.
  *
  * An abort (trainer gone before CAPTURED, its checkpoint failed, the agent
  * stopping at its limit) is looked at before each chunk's copy, before its
