@@ -1,19 +1,14 @@
 /*
  * Saves: one rank's shard of one checkpoint, from trainer memory to a
- * durable file.
+ * durable file. Here: admission, the save's states and its capture job; the
+ * chunks' way from staging to the disk is stream.c's (its state table).
  *
  *   control thread   rpc_save: checks, admission (skip policy), QUEUED
- *   capture worker   reserves staging chunks (waiting its turn, or skipped),
- *                    creates the shard file, and for each chunk in file
- *                    order: copies header/tensor bytes in, hands the chunk to
- *                    the I/O thread; after the last one: CAPTURED
- *   I/O thread       writes each chunk as soon as it is handed over
- *   hasher thread    XXH3 of each tensor as its bytes pass, in file order,
- *                    at a lower priority than the copies
- *   either           when a chunk's write and checksums are both done, it
- *                    goes back to the reservation (the capture of a later
- *                    chunk may be waiting for it); after the last: exact
- *                    size + fsync, then DURABLE
+ *   capture worker   save_capture: the pool, the shard file, then each chunk
+ *                    in file order copied in and handed on (stream.c; a
+ *                    CUDA plan's below); after the last one: CAPTURED
+ *   I/O thread and   each chunk's write and checksums, then exact size +
+ *   hasher           fsync: DURABLE (stream.c)
  *
  * Copy and write overlap: chunk k+1 is copied while chunk k is written. The
  * pool is shared by windows (pool.h): a save alone in a pool it fits in takes
@@ -35,19 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
-#include "agent.h"
-
-#define ALIGN 4096u
-#define SKIP_REASON                                                                             \
-	"staging pool full (saves of other checkpoints still hold it) and the job's policy is skip"
-
-static uint64_t round_up(uint64_t n, uint64_t a)
-{
-	return (n + a - 1) / a * a;
-}
+#include "stream.h"
 
 static double secs(int64_t from, int64_t to)
 {
@@ -145,7 +128,7 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 }
 
 /* Under mu: this save fails, and its checkpoint with it. */
-static void save_fail(struct agent *a, struct save *s, const char *reason)
+void save_fail(struct agent *a, struct save *s, const char *reason)
 {
 	char why[IPC_ERRLEN + 32];
 
@@ -203,237 +186,6 @@ void save_trim(struct agent *a)
 	}
 }
 
-/* ---- the pipeline's end ----------------------------------------------- */
-
-/*
- * Any thread, no lock: the last stage has finished. durable: the final fsync
- * succeeded; failure: why not (NULL when the save was aborted and already
- * says why).
- */
-static void pipeline_end(struct save *s, bool durable, const char *failure)
-{
-	struct agent *a = s->a;
-
-	if (s->resv.pool)
-		pool_release(&s->resv);
-	if (s->shard) {
-		a->store->ops->shard_close(s->shard);
-		s->shard = NULL;
-	}
-	XXH3_freeState(s->xs);
-	s->xs = NULL;
-	pthread_mutex_lock(&a->mu);
-	if (failure) {
-		save_fail(a, s, failure);
-	} else if (durable && s->state == CKPT__V1__STATE__STATE_CAPTURED) {
-		save_set_state(a, s, CKPT__V1__STATE__STATE_DURABLE, NULL);
-		cp_rank_durable(a, s->cp);
-	}
-	cp_rank_stopped(a, s->cp);
-	pthread_mutex_unlock(&a->mu);
-}
-
-static void io_failure(struct save *s, const char *what, int err, char *buf, size_t len)
-{
-	char path[512];
-
-	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->file, path,
-				     sizeof(path));
-	snprintf(buf, len, "%s %s: %s", what, path, strerror(-err));
-}
-
-static void finish_done(struct io_req *r)
-{
-	struct save *s = r->ctx;
-	char why[IPC_ERRLEN];
-
-	if (r->res < 0) {
-		io_failure(s, "making durable", (int)r->res, why, sizeof(why));
-		pipeline_end(s, false, why);
-	} else {
-		pipeline_end(s, true, NULL);
-	}
-}
-
-/* The capture, a chunk's write or the fsync has finished. */
-static void stage_done(struct save *s)
-{
-	char why[IPC_ERRLEN];
-
-	if (atomic_fetch_sub(&s->stages, 1) != 1)
-		return;
-	if (s->io_err) {
-		io_failure(s, "writing", s->io_err, why, sizeof(why));
-		pipeline_end(s, false, why);
-	} else if (atomic_load(&s->abort)) {
-		pipeline_end(s, false, NULL); /* whoever aborted it said why */
-	} else if (!s->shard || atomic_load(&s->bytes_written) != s->plan->shard_bytes) {
-		pipeline_end(s, false, "the capture stopped before every byte was written");
-	} else {
-		/* Every byte written: the exact size, then fsync (the shard's durability). */
-		atomic_store(&s->stages, 1);
-		s->finish = (struct io_req){.done = finish_done, .ctx = s, .buf_index = -1};
-		s->a->store->ops->shard_finish(s->shard, &s->finish);
-	}
-}
-
-/* ---- a chunk's write and its checksums ---------------------------------- */
-
-/*
- * Both finished (any thread): the chunk goes back to the reservation, where
- * the capture of a later chunk may be waiting for it.
- */
-static void chunk_put(struct pool_chunk *c)
-{
-	struct save *s = c->owner;
-
-	if (atomic_fetch_sub(&c->busy, 1) != 1)
-		return;
-	c->owner = NULL;
-	pool_give(&s->resv, c);
-	stage_done(s);
-}
-
-/*
- * The hasher thread: each tensor's XXH3 as its bytes pass, in file order.
- * Chunks reach it in the order they were captured, so a tensor spanning
- * several chunks is hashed in one stream; it runs at a lower priority than
- * the copies, and while they take every core it waits.
- */
-static void chunk_hash(struct work *w)
-{
-	struct pool_chunk *c = container_of(w, struct pool_chunk, hash);
-	struct save *s = c->owner;
-	const struct plan *p = s->plan;
-	const uint64_t a0 = c->req.off, b0 = c->req.off + c->fill;
-	const char *buf = c->buf;
-	size_t i = s->hash_next;
-
-	/* Aborted: its checksums will never be used. */
-	for (; i < p->n && !atomic_load(&s->abort); i++) {
-		const struct plan_tensor *t = &p->t[i];
-		uint64_t from, to;
-
-		/* Starts in a later chunk (an empty tensor at b0 belongs to this one). */
-		if (t->begin > b0 || (t->begin == b0 && t->end > t->begin))
-			break;
-		from = t->begin > a0 ? t->begin : a0;
-		to = t->end < b0 ? t->end : b0;
-		if (from == t->begin && t->end <= b0) { /* whole in this chunk */
-			s->digest[i] = XXH3_64bits(buf + (from - a0), to - from);
-			continue;
-		}
-		if (from == t->begin)
-			XXH3_64bits_reset(s->xs);
-		XXH3_64bits_update(s->xs, buf + (from - a0), to - from);
-		if (t->end > b0)
-			break; /* goes on in the next chunk */
-		s->digest[i] = XXH3_64bits_digest(s->xs);
-	}
-	s->hash_next = i;
-	chunk_put(c);
-}
-
-/*
- * The I/O thread, as the write is about to go out: a save aborted since its
- * chunk was queued writes nothing more. A length of 0 makes the engine end
- * the request at once with 0 bytes, without I/O (storage/ioeng.c, begin).
- */
-static void chunk_prep(struct io_req *r)
-{
-	struct pool_chunk *c = r->ctx;
-	struct save *s = c->owner;
-
-	if (atomic_load(&s->abort))
-		r->len = 0;
-}
-
-/* The I/O thread: the chunk is on disk (or not, or skipped by chunk_prep). */
-static void chunk_written(struct io_req *r)
-{
-	struct pool_chunk *c = r->ctx;
-	struct save *s = c->owner;
-
-	if (r->res < 0) {
-		if (!s->io_err)
-			s->io_err = (int)r->res;
-		atomic_store(&s->abort, true);
-	} else if (r->len) {
-		atomic_fetch_add(&s->bytes_written, c->fill);
-	}
-	chunk_put(c);
-}
-
-/* ---- the capture worker ----------------------------------------------- */
-
-/* A part of a chunk's copy (copier.h): header and tensor bytes of the plan. */
-static int image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
-{
-	return plan_queue_image(plan, off, dst, len, NULL); /* host plans: only a fault */
-}
-
-/* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
-static void submit_chunk(struct save *s, struct pool_chunk *c, uint64_t off, uint64_t fill)
-{
-	struct agent *a = s->a;
-	uint64_t len = round_up(fill, ALIGN); /* O_DIRECT: the file is cut to size at the end */
-
-	memset((char *)c->buf + fill, 0, len - fill);
-	c->fill = fill;
-	c->owner = s;
-	c->req = (struct io_req){.op = IO_WRITE,
-				 .buf = c->buf,
-				 .len = len,
-				 .off = off,
-				 .buf_index = (int)c->index,
-				 .prep = chunk_prep,
-				 .done = chunk_written,
-				 .ctx = c};
-	c->hash.fn = chunk_hash;
-	atomic_store(&c->busy, 2); /* the write and the checksums */
-	atomic_fetch_add(&s->stages, 1);
-	atomic_fetch_add(&s->bytes_captured, fill);
-	a->store->ops->shard_write(s->shard, &c->req);
-	workq_push(a->hasher, &c->hash);
-}
-
-static uint64_t chunk_fill(const struct save *s, unsigned k, uint64_t cb)
-{
-	uint64_t off = (uint64_t)k * cb;
-
-	return s->plan->shard_bytes - off < cb ? s->plan->shard_bytes - off : cb;
-}
-
-/* Host memory: each chunk copied (split across the copier's threads), then written. */
-static int capture_chunks(struct save *s, char *why)
-{
-	struct agent *a = s->a;
-	const uint64_t cb = pool_chunk_bytes(a->pool);
-
-	for (unsigned k = 0; k < s->nchunks; k++) {
-		struct pool_chunk *c = pool_take(&s->resv, &s->abort, a->capture);
-
-		if (!c)
-			return -ECANCELED;
-		/* the trainer's stall is this copy: split across the copier's threads */
-		if (copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
-			       chunk_fill(s, k, cb), 1u << 20)) {
-			pool_give(&s->resv, c);
-			return ipc_errf(why, -EFAULT,
-					"the trainer's host memory faulted under the copy (SIGBUS) "
-					"in bytes %llu..%llu of the shard: its region was taken away",
-					(unsigned long long)k * cb,
-					(unsigned long long)(k * cb + chunk_fill(s, k, cb)));
-		}
-		atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k, cb));
-		if (atomic_load(&s->abort)) { /* aborted during the copy: not written */
-			pool_give(&s->resv, c);
-			return -ECANCELED;
-		}
-		submit_chunk(s, c, (uint64_t)k * cb, chunk_fill(s, k, cb));
-	}
-	return 0;
-}
 
 /*
  * Waits (on the plan's lane) for the trainer's event: its GPU work before
@@ -496,14 +248,14 @@ static int capture_chunks_gpu(struct save *s, char *why)
 			rc = -ECANCELED;
 			break;
 		}
-		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, chunk_fill(s, k, cb), why);
+		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, stream_chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);
 		if (!rc && atomic_load(&s->abort)) /* nothing more is written */
 			rc = -ECANCELED;
 		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
-			atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k - 1, cb));
-			submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
+			atomic_fetch_add(&a->captured_bytes, stream_chunk_fill(s, k - 1, cb));
+			stream_submit(s, prev, (uint64_t)(k - 1) * cb, stream_chunk_fill(s, k - 1, cb));
 		}
 		if (!rc) {
 			prev = c;
@@ -511,8 +263,8 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		}
 	}
 	if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
-		atomic_fetch_add(&a->captured_bytes, chunk_fill(s, k - 1, cb));
-		submit_chunk(s, prev, (uint64_t)(k - 1) * cb, chunk_fill(s, k - 1, cb));
+		atomic_fetch_add(&a->captured_bytes, stream_chunk_fill(s, k - 1, cb));
+		stream_submit(s, prev, (uint64_t)(k - 1) * cb, stream_chunk_fill(s, k - 1, cb));
 		prev = NULL;
 	}
 	if (rc && (prev || c)) {
@@ -524,38 +276,6 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		if (c)
 			pool_give(&s->resv, c);
 	}
-	return rc;
-}
-
-static int capture_setup(struct save *s, char *why)
-{
-	struct agent *a = s->a;
-	const struct plan *p = s->plan;
-	char err[IPC_ERRLEN];
-	bool wait = p->backpressure != CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP;
-	int rc;
-
-	/* the ranks of one checkpoint (s->cp) share the pool; they never skip each other */
-	rc = pool_reserve(a->pool, &s->resv, s->want, s->cp, wait, &s->abort, a->capture);
-	if (rc == -EAGAIN) {
-		snprintf(why, IPC_ERRLEN, "%s", SKIP_REASON);
-		return rc;
-	}
-	if (rc)
-		return rc;
-	s->xs = XXH3_createState();
-	if (!s->xs) {
-		snprintf(why, IPC_ERRLEN, "out of memory for checksums");
-		return -ENOMEM;
-	}
-	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
-					 s->file, &s->shard, err);
-	/* The root made anew since it was last looked at: open again now; once more. */
-	if (rc && root_after_failure(a, rc, err))
-		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank,
-						 p->shard_bytes, s->file, &s->shard, err);
-	if (rc)
-		snprintf(why, IPC_ERRLEN, "%s", err);
 	return rc;
 }
 
@@ -571,7 +291,7 @@ static int capture_gpu(struct save *s, char *why, int64_t *t2)
 	pthread_mutex_lock(&g->capture);
 	rc = atomic_load(&s->abort) ? -ECANCELED : gpu_wait_trainer(s, why);
 	if (!rc)
-		rc = capture_setup(s, why);
+		rc = stream_setup(s, why);
 	*t2 = ipc_mono_ns();
 	if (!rc)
 		rc = capture_chunks_gpu(s, why);
@@ -634,10 +354,10 @@ static void save_capture(struct work *w)
 	if (s->plan->gpu) {
 		rc = capture_gpu(s, why, &t2);
 	} else {
-		rc = capture_setup(s, why);
+		rc = stream_setup(s, why);
 		t2 = ipc_mono_ns();
 		if (!rc)
-			rc = capture_chunks(s, why);
+			rc = stream_capture_host(s, why);
 	}
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,
@@ -669,7 +389,7 @@ static void save_capture(struct work *w)
 	s->capturing = false;
 	plan_idle(a, s->plan);
 	pthread_mutex_unlock(&a->mu);
-	stage_done(s);
+	stream_stage_done(s);
 }
 
 /* ---- the RPCs --------------------------------------------------------- */
@@ -813,7 +533,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
 	    !pool_may_admit(a->pool, cp, s->want)) {
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SKIP_REASON);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SAVE_SKIP_REASON);
 		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
 		return 0;
 	}
