@@ -2,12 +2,13 @@
  * Restore and verify: shard files back through the staging pool.
  *
  * Both build a list of extents (a tensor's bytes in a rank's file, where they
- * go, and the checksum the manifest promises) and run the reader: aligned
- * windows of the files are read through the I/O thread into staging chunks,
- * several in flight, and processed in order, each tensor's XXH3 computed as
- * its bytes pass. Restore copies the bytes into the plan's regions and stops
- * at the first problem; verify copies nothing and collects every problem.
- * Every problem names the tensor and the file.
+ * go, and the checksum the manifest promises) and run the reader
+ * (stream_read.c, its state table): aligned windows of the files are read
+ * through the I/O thread into staging chunks, several in flight, and
+ * processed in order, each tensor's XXH3 computed as its bytes pass. Restore
+ * copies the bytes into the plan's regions and stops at the first problem;
+ * verify copies nothing and collects every problem. Every problem names the
+ * tensor and the file.
  *
  * A restore runs on a capture worker (it moves the same bytes the other
  * way); a verify on a reader thread (readers queue: several at once, none
@@ -16,353 +17,11 @@
  * sizes, headers and checksums are all checked against the manifest.
  */
 #include <errno.h>
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
-
-#include "agent.h"
-#include "safecopy.h"
-
-#define ALIGN 4096u
-#define READ_AHEAD 8u      /* windows in flight per reader */
-#define MAX_PROBLEMS 100u
-
-struct extent {
-	int rank;
-	uint64_t begin, end; /* bytes of the rank's file */
-	char *dst;           /* restore: where they go */
-	bool device; /* dst is GPU memory: copied on the plan's lane */
-	uint64_t xxh3;
-	bool nosum;          /* a shard header, checked by parsing */
-	bool *whole;         /* set once every byte of it is in dst (verify's headers) */
-	const char *tensor;
-};
-
-struct reader {
-	struct agent *a;
-	const char *job;
-	int64_t step;
-	struct extent *ext; /* sorted by (rank, begin) */
-	size_t n;
-	bool collect; /* verify: every problem; restore: stop at the first */
-	char **problems;
-	size_t nproblems;
-	int err; /* the first problem's errno */
-	uint64_t bytes;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct pool_resv resv;
-	struct workq *q; /* the queue it runs on (its waits for the disk let others run) */
-	atomic_bool abort;
-	struct gpu_lane *lane; /* a CUDA plan's: copies to GPU memory go there */
-	int copy_err; /* the first failed copy to the GPU */
-	/* the file being read */
-	struct storage_shard *sh;
-	uint64_t size;
-	char path[512];
-};
-
-struct window {
-	struct reader *r;
-	struct pool_chunk *c;
-	uint64_t off;
-	bool done;
-};
-
-static void problem(struct reader *r, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void problem(struct reader *r, int err, const char *fmt, ...)
-{
-	char buf[1024];
-	va_list ap;
-	char **v;
-
-	if (!r->err)
-		r->err = err;
-	if (!r->collect)
-		atomic_store(&r->abort, true);
-	if (r->nproblems >= MAX_PROBLEMS)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	v = realloc(r->problems, (r->nproblems + 1) * sizeof(*v));
-	if (!v)
-		return;
-	r->problems = v;
-	if ((v[r->nproblems] = strdup(buf)))
-		r->nproblems++;
-}
-
-static void reader_free(struct reader *r)
-{
-	for (size_t i = 0; i < r->nproblems; i++)
-		free(r->problems[i]);
-	free(r->problems);
-	free(r->ext);
-	pthread_mutex_destroy(&r->mu);
-	pthread_cond_destroy(&r->cv);
-}
-
-static int cmp_extent(const void *x, const void *y)
-{
-	const struct extent *a = x, *b = y;
-
-	if (a->rank != b->rank)
-		return a->rank - b->rank;
-	return a->begin < b->begin ? -1 : a->begin > b->begin;
-}
-
-/* A part of a window's copy into the trainer's memory (copier.h). */
-static int copy_part(const void *src, uint64_t off, void *dst, uint64_t len)
-{
-	return safe_copy(dst, (const char *)src + off, len) ? -EFAULT : 0;
-}
-
-/* I/O thread: a window has arrived. */
-static void window_done(struct io_req *q)
-{
-	struct window *w = q->ctx;
-
-	pthread_mutex_lock(&w->r->mu);
-	w->done = true;
-	pthread_cond_broadcast(&w->r->cv);
-	pthread_mutex_unlock(&w->r->mu);
-}
-
-/*
- * The bytes [w->off, w->off + got) of the file, for extents ext[*ei ...]
- * (none empty: those were checked before reading).
- */
-static void consume(struct reader *r, const struct window *w, uint64_t got, size_t *ei,
-		    size_t last, XXH3_state_t *xs)
-{
-	const char *buf = w->c->buf;
-	const uint64_t a0 = w->off, b0 = w->off + got;
-
-	for (; *ei < last; (*ei)++) {
-		struct extent *e = &r->ext[*ei];
-		uint64_t from, to, sum;
-
-		if (e->begin >= b0)
-			return;
-		from = e->begin > a0 ? e->begin : a0;
-		to = e->end < b0 ? e->end : b0;
-		if (from == e->begin)
-			XXH3_64bits_reset(xs);
-		XXH3_64bits_update(xs, buf + (from - a0), to - from);
-		if (e->dst && e->device) {
-			char why[IPC_ERRLEN];
-			int rc = gpu_lane_copy(r->lane, e->dst + (from - e->begin),
-			                       buf + (from - a0), to - from, false, why);
-
-			if (rc && !r->copy_err) {
-				r->copy_err = rc;
-				problem(r, rc, "tensor '%s': %s", e->tensor, why);
-			}
-		} else if (e->dst &&
-			   copier_run(r->a->copier, copy_part, buf + (from - a0), 0,
-				      e->dst + (from - e->begin), to - from, 1u << 20) &&
-			   !r->copy_err) {
-			r->copy_err = -EFAULT;
-			problem(r, -EFAULT,
-				"tensor '%s': the trainer's host memory faulted under the copy (SIGBUS): "
-				"its region was taken away",
-				e->tensor);
-		}
-		r->bytes += to - from;
-		if (e->end > b0)
-			return; /* goes on in the next window */
-		if (e->whole)
-			*e->whole = true;
-		sum = XXH3_64bits_digest(xs);
-		if (!e->nosum && sum != e->xxh3)
-			problem(r, -EBADMSG,
-				"tensor '%s' in %s: checksum mismatch (manifest xxh3 %016" PRIx64
-				", file %016" PRIx64 ")",
-				e->tensor, r->path, e->xxh3, sum);
-	}
-}
-
-/*
- * Asks for the next window an extent needs, at or after *pos; false if none.
- * may_wait false (windows of ours are in flight, and only we give them
- * back): no chunk now is no window now.
- */
-static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t last,
-		       uint64_t *pos, bool may_wait)
-{
-	const uint64_t cb = pool_chunk_bytes(r->a->pool);
-	const uint64_t fend = (r->size + ALIGN - 1) / ALIGN * ALIGN;
-	uint64_t need;
-
-	while (*gi < last && r->ext[*gi].end <= *pos)
-		(*gi)++;
-	if (*gi == last)
-		return false;
-	need = r->ext[*gi].begin > *pos ? r->ext[*gi].begin : *pos;
-	w->off = need / ALIGN * ALIGN; /* O_DIRECT: aligned offset, length and buffer */
-	if (w->off >= fend)
-		return false; /* past the end of the file: the caller says so */
-	w->c = may_wait ? pool_take(&r->resv, &r->abort, r->q) : pool_try_take(&r->resv);
-	if (!w->c)
-		return false;
-	w->r = r;
-	w->done = false;
-	w->c->req = (struct io_req){.op = IO_READ,
-				    .buf = w->c->buf,
-				    .len = fend - w->off < cb ? fend - w->off : cb,
-				    .off = w->off,
-				    .buf_index = (int)w->c->index,
-				    .done = window_done,
-				    .ctx = w};
-	*pos = w->off + w->c->req.len;
-	r->a->store->ops->shard_read(r->sh, &w->c->req);
-	return true;
-}
-
-/*
- * Reads the extents ext[first, last) of one file, READ_AHEAD windows in
- * flight. consume() takes the windows in file order, each where the last
- * ended: after one that failed, or came back short before the end of the
- * file (the file shrank under us), the rest of the file is only waited for.
- */
-static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t *xs)
-{
-	struct window win[READ_AHEAD];
-	unsigned head = 0, tail = 0;
-	unsigned depth = r->resv.want < READ_AHEAD ? r->resv.want : READ_AHEAD;
-	size_t gi = first, ei = first; /* next extent to read ahead for / to consume */
-	uint64_t pos = 0;              /* next file byte not yet asked for */
-	bool failed = false, ended = false; /* a window failed / the file ended early */
-	uint64_t end_at = 0;                /* ended: where */
-
-	for (;;) {
-		while (tail - head < depth && !atomic_load(&r->abort) && !failed && !ended &&
-		       read_ahead(r, &win[tail % READ_AHEAD], &gi, last, &pos, tail == head))
-			tail++;
-		if (head == tail)
-			break;
-		struct window *w = &win[head++ % READ_AHEAD];
-		int64_t got;
-
-		pthread_mutex_lock(&r->mu);
-		if (!w->done) {
-			pthread_mutex_unlock(&r->mu);
-			workq_wait_begin(r->q);
-			pthread_mutex_lock(&r->mu);
-			while (!w->done)
-				pthread_cond_wait(&r->cv, &r->mu);
-			pthread_mutex_unlock(&r->mu);
-			workq_wait_end(r->q);
-		} else {
-			pthread_mutex_unlock(&r->mu);
-		}
-		got = w->c->req.res;
-		if (failed || ended) {
-			/* past a gap: nothing more of this file is taken */
-		} else if (got < 0) {
-			failed = true;
-			problem(r, -EIO, "reading %s at byte %" PRIu64 ": %s", r->path, w->off,
-				strerror((int)-got));
-		} else if (r->collect || !atomic_load(&r->abort)) {
-			consume(r, w, (uint64_t)got, &ei, last, xs);
-			end_at = w->off + (uint64_t)got;
-			ended = (uint64_t)got < w->c->req.len && end_at < r->size;
-		}
-		if (r->lane) { /* the GPU copies out of this window land before it is reused */
-			char why[IPC_ERRLEN];
-
-			if ((gpu_lane_mark(r->lane, 0, why) || gpu_lane_wait(r->lane, 0, NULL, why)) &&
-			    !r->copy_err) {
-				r->copy_err = -EIO;
-				problem(r, -EIO, "restoring into GPU memory: %s", why);
-			}
-		}
-		pool_give(&r->resv, w->c);
-	}
-	if (ei < last && !failed && ended && !atomic_load(&r->abort))
-		problem(r, -EBADMSG, "tensor '%s' in %s: the file ends before its bytes (at byte %"
-			PRIu64 ", %" PRIu64 " bytes long when opened: changed since?)",
-			r->ext[ei].tensor, r->path, end_at, r->size);
-	else if (ei < last && !failed && !atomic_load(&r->abort))
-		problem(r, -EBADMSG, "tensor '%s' in %s: the file ends before its bytes (%" PRIu64
-			" bytes long)", r->ext[ei].tensor, r->path, r->size);
-}
-
-/* Checks empty tensors (no bytes to read), then reads file by file. */
-static int reader_run(struct reader *r, const struct manifest *m, unsigned want)
-{
-	XXH3_state_t *xs = XXH3_createState();
-	size_t i, kept = 0;
-	int rc;
-
-	if (!xs)
-		return -ENOMEM;
-	for (i = 0; i < r->n; i++) {
-		if (r->ext[i].end > r->ext[i].begin)
-			r->ext[kept++] = r->ext[i];
-		else if (!r->ext[i].nosum && r->ext[i].xxh3 != XXH3_64bits(NULL, 0))
-			problem(r, -EBADMSG, "tensor '%s' (rank %d): empty, but its checksum in the "
-					     "manifest is not that of no bytes",
-				r->ext[i].tensor, r->ext[i].rank);
-	}
-	r->n = kept;
-	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
-	if (want > pool_nchunks(r->a->pool))
-		want = pool_nchunks(r->a->pool);
-	rc = pool_reserve(r->a->pool, &r->resv, want, r, true, &r->abort, r->q);
-	if (rc) {
-		XXH3_freeState(xs);
-		return rc;
-	}
-	for (i = 0; i < r->n && (r->collect || !atomic_load(&r->abort));) {
-		int rank = r->ext[i].rank;
-		size_t j = i;
-		char err[IPC_ERRLEN];
-
-		while (j < r->n && r->ext[j].rank == rank)
-			j++;
-		r->a->store->ops->shard_path(r->a->store, r->job, r->step, m->ranks[rank].file,
-					     r->path, sizeof(r->path));
-		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, m->ranks[rank].file,
-						  &r->sh, &r->size, err);
-		if (rc)
-			problem(r, rc == -ENOENT ? -ENOENT : -EIO, "rank %d (node %s): %s", rank,
-				manifest_node_of(m, rank) ?: "-", err);
-		else if (r->size != m->ranks[rank].size)
-			problem(r, -EBADMSG,
-				"%s (rank %d, node %s) is %" PRIu64 " bytes, the manifest says %" PRIu64,
-				r->path, rank, manifest_node_of(m, rank) ?: "-", r->size,
-				m->ranks[rank].size);
-		else
-			read_file(r, i, j, xs);
-		r->a->store->ops->shard_close(r->sh);
-		r->sh = NULL;
-		i = j;
-	}
-	pool_release(&r->resv);
-	XXH3_freeState(xs);
-	return 0;
-}
-
-static int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step,
-		       size_t n)
-{
-	memset(r, 0, sizeof(*r));
-	r->a = a;
-	r->job = job;
-	r->step = step;
-	pthread_mutex_init(&r->mu, NULL);
-	pthread_cond_init(&r->cv, NULL);
-	r->ext = calloc(n ? n : 1, sizeof(*r->ext));
-	return r->ext ? 0 : -ENOMEM;
-}
+#include "stream.h"
 
 /* ---- restore ---------------------------------------------------------- */
 
@@ -672,7 +331,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->file, r->path,
 					     sizeof(r->path));
 		if (st_header_parse(hdr[k], mr->header_bytes, mr->size, &h, err)) {
-			problem(r, -EBADMSG, "%s: %s", r->path, err);
+			reader_problem(r, -EBADMSG, "%s: %s", r->path, err);
 			continue;
 		}
 		for (size_t i = 0; i < m->ntensors; i++) {
@@ -690,7 +349,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 				    memcmp(e->shape, ch->shape, t->ndim * sizeof(int64_t)) ||
 				    e->begin + h->data_start != ch->begin ||
 				    e->end + h->data_start != ch->end)
-					problem(r, -EBADMSG,
+					reader_problem(r, -EBADMSG,
 						"tensor '%s' in %s: the safetensors header %s",
 						t->name, r->path,
 						e ? "disagrees with the manifest (dtype, shape or "
@@ -699,8 +358,9 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 			}
 		}
 		if (h->n != nchunks)
-			problem(r, -EBADMSG, "%s: its header lists %zu tensors, the manifest %zu",
-				r->path, h->n, nchunks);
+			reader_problem(r, -EBADMSG,
+				       "%s: its header lists %zu tensors, the manifest %zu",
+				       r->path, h->n, nchunks);
 		st_header_free(h);
 	}
 }
@@ -776,9 +436,9 @@ static void verify_run(struct work *w)
 	}
 	r.collect = true;
 	if (!m)
-		problem(&r, -EBADMSG, "%s", err);
+		reader_problem(&r, -EBADMSG, "%s", err);
 	else if (verify_extents(&r, m, hdr, whole) || reader_run(&r, m, 2))
-		problem(&r, -ENOMEM, "verify: out of memory or interrupted");
+		reader_problem(&r, -ENOMEM, "verify: out of memory or interrupted");
 	else
 		check_headers(&r, m, hdr, whole);
 	verify_reply(v, &r, m);

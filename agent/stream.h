@@ -5,6 +5,8 @@
  *                  stream_setup and the capture calls below)
  *   stream.c       a save's chunks: COPY -> WRITE || HASH -> RELEASE, then
  *                  the save's FINISH (exact size + fsync) -> DURABLE
+ *   restore.c      builds the extents of a restore or verify, and answers
+ *   stream_read.c  the reader: READ -> HASH+COPY -> RELEASE, window by window
  *
  * Included by those files only: it includes agent.h, never the other way.
  */
@@ -19,7 +21,7 @@
 #define SAVE_SKIP_REASON                                                                        \
 	"staging pool full (saves of other checkpoints still hold it) and the job's policy is skip"
 
-/* ---- a save's chunks (stream.c) ------------------------------------- */
+/* ---- a save's chunks (stream.c) --------------------------------------- */
 
 /*
  * Capture worker: the save's reservation (-EAGAIN under skip, why says so),
@@ -38,7 +40,62 @@ void stream_submit(struct save *s, struct pool_chunk *c, uint64_t off, uint64_t 
 /* Any thread: one of the save's stages (its capture job, a chunk, the fsync) has ended. */
 void stream_stage_done(struct save *s);
 
-/* ---- save.c, for the pipeline ---------------------------------------- */
+/* ---- the restore/verify reader (stream_read.c) ------------------------ */
+
+#define READ_AHEAD 8u /* windows in flight per reader */
+
+/* Bytes of one rank's file the reader reads: a tensor's chunk, or a header. */
+struct extent {
+	int rank;
+	uint64_t begin, end; /* bytes of the rank's file */
+	char *dst;           /* restore: where they go */
+	bool device; /* dst is GPU memory: copied on the plan's lane */
+	uint64_t xxh3;
+	bool nosum;          /* a shard header, checked by parsing */
+	bool *whole;         /* set once every byte of it is in dst (verify's headers) */
+	const char *tensor;
+};
+
+/* One restore or verify: set up with reader_init, then ext[0, n) filled. */
+struct reader {
+	struct agent *a;
+	const char *job;
+	int64_t step;
+	struct extent *ext; /* sorted by (rank, begin) */
+	size_t n;
+	bool collect; /* verify: every problem; restore: stop at the first */
+	char **problems;
+	size_t nproblems;
+	int err; /* the first problem's errno */
+	uint64_t bytes;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct pool_resv resv;
+	struct workq *q; /* the queue it runs on (its waits for the disk let others run) */
+	atomic_bool abort;
+	struct gpu_lane *lane; /* a CUDA plan's: copies to GPU memory go there */
+	int copy_err; /* the first failed copy to the GPU */
+	/* the file being read */
+	struct storage_shard *sh;
+	uint64_t size;
+	char path[512];
+};
+
+/* ext sized for n extents (r->n = 0); 0 or -ENOMEM. reader_free in any case. */
+int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step, size_t n);
+/*
+ * The reader's thread (r->q's): checks empty extents, reserves up to `want`
+ * chunks, then reads file by file (m names the files). Problems are noted
+ * in r (err, problems); the return is 0, or -errno when it could not start
+ * (no memory, the reservation aborted).
+ */
+int reader_run(struct reader *r, const struct manifest *m, unsigned want);
+void reader_free(struct reader *r);
+/* A problem, named (at most 100 kept); a restore (not collect) stops at the first. */
+void reader_problem(struct reader *r, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- save.c, for the pipeline ----------------------------------------- */
 
 /* Under mu: this save fails, and its checkpoint with it. */
 void save_fail(struct agent *a, struct save *s, const char *reason);
