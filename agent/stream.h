@@ -5,6 +5,8 @@
  *                  stream_setup and the capture calls below)
  *   stream.c       a save's chunks: COPY -> WRITE || HASH -> RELEASE, then
  *                  the save's FINISH (exact size + fsync) -> DURABLE
+ *   capture_gpu.c  COPY for a CUDA plan: the trainer's event, then the copies
+ *                  on the plan's lane; the plan's captures one at a time
  *   restore.c      builds the extents of a restore or verify, and answers
  *   stream_read.c  the reader: READ -> HASH+COPY -> RELEASE, window by window
  *
@@ -39,6 +41,19 @@ uint64_t stream_chunk_fill(const struct save *s, unsigned k, uint64_t cb);
 void stream_submit(struct save *s, struct pool_chunk *c, uint64_t off, uint64_t fill);
 /* Any thread: one of the save's stages (its capture job, a chunk, the fsync) has ended. */
 void stream_stage_done(struct save *s);
+
+/* ---- a CUDA plan's capture (capture_gpu.c) ---------------------------- */
+
+/*
+ * Capture worker: the trainer's event, stream_setup, then every chunk; the
+ * plan's lane and capture lock are the save's meanwhile. *t2: when setup
+ * ended. 0, -ECANCELED (aborted) or -errno with why.
+ */
+int capture_gpu(struct save *s, char *why, int64_t *t2);
+/* Under mu: queues s's capture job; a CUDA plan's waits for the plan's earlier ones. */
+void capture_queue(struct agent *a, struct save *s);
+/* Under mu: a CUDA plan's capture has returned; the plan's next one is queued. */
+void capture_next(struct agent *a, struct save *s);
 
 /* ---- the restore/verify reader (stream_read.c) ------------------------ */
 
@@ -99,5 +114,7 @@ void reader_problem(struct reader *r, int err, const char *fmt, ...)
 
 /* Under mu: this save fails, and its checkpoint with it. */
 void save_fail(struct agent *a, struct save *s, const char *reason);
+/* Under mu: a CUDA plan's save gives back its number on the fence, once. */
+void save_fence_release(struct save *s);
 
 #endif /* CKPT_AGENT_STREAM_H */
