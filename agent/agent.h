@@ -105,6 +105,7 @@ struct cred;
 struct owner;
 struct usage;
 struct root_watch;
+struct save;
 
 /* The storage root's health (root.c), under agent.mu. */
 enum { ROOT_OK, ROOT_MISSING, ROOT_UNWRITABLE };
@@ -232,6 +233,8 @@ struct session *session_find(struct agent *a, uint64_t id);
 struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *err);
 struct region *region_find(struct session *s, uint64_t id);
 void region_put(struct region *r);
+/* Under mu (save_observer_fn): sends a save's new state to its client's Attach stream. */
+void session_on_save(struct agent *a, struct save *s, int state);
 
 /* ---- plans (plan.c) --------------------------------------------------- */
 
@@ -323,8 +326,6 @@ void plan_fence_finish(struct plan *p, uint32_t seq);
 void *plan_tensor_addr(const struct plan *p, size_t i);
 
 /* ---- checkpoints in flight (commit.c) --------------------------------- */
-
-struct save;
 
 struct checkpoint {
 	struct list link;
@@ -434,9 +435,17 @@ struct save {
 	int64_t queued_unix_ns;
 };
 
+/*
+ * Under mu: told of each state a save reaches, once it is there (its t_*
+ * set). save_set_state walks a fixed table of them (save.c): the log,
+ * metrics_on_save, session_on_save, watchers_on_save. Each one feeds its
+ * own listeners and changes nothing of the save.
+ */
+typedef void (*save_observer_fn)(struct agent *a, struct save *s, int state);
+
 void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Under mu: moves s to `state` (monotonic), tells the client and watchers. */
+/* Under mu: moves s to `state` (monotonic), then tells its observers (save_observer_fn). */
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
 /* Under mu: fills `info` (strings point into s). */
 void save_info(struct save *s, Ckpt__V1__SaveInfo *info);
@@ -498,8 +507,8 @@ void rpc_list(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Under mu: sends a save's new state to the watchers of its job. */
-void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info);
+/* Under mu (save_observer_fn): sends a save's new state to the watchers of its job. */
+void watchers_on_save(struct agent *a, struct save *s, int state);
 /* Under mu: sends watchers the bytes moved by every save in flight (progress = true). */
 void watchers_progress(struct agent *a);
 /* Under mu: tells only the watchers where s is (a new save's QUEUED: its client has the reply). */

@@ -1,10 +1,11 @@
 /*
  * GET /metrics (metrics.h): histograms of save durations, observed as saves
- * change state (save_set_state calls metrics_on_save under agent.mu; the
- * restore worker calls metrics_on_restore), and at scrape time the agent's
- * counters: the I/O engine's (atomics), the pool's (its mutex) and, under
- * agent.mu for a few loads, saves by final state, saves in flight, sessions,
- * plans and the storage root's state. The text is formatted after every lock is let go.
+ * change state (metrics_on_save, one of save_set_state's observers, under
+ * agent.mu; the restore worker calls metrics_on_restore), and at scrape
+ * time the agent's counters: the I/O engine's (atomics), the pool's (its
+ * mutex) and, under agent.mu for a few loads, saves by final state, saves in
+ * flight, sessions, plans and the storage root's state. The text is
+ * formatted after every lock is let go.
  *
  * libmicrohttpd runs the listening socket on its own thread, one request at
  * a time; the socket is bound here, so that it is exactly HOST:PORT and a
@@ -92,8 +93,10 @@ static void observe(struct hist *h, int64_t from_ns, int64_t to_ns)
 		add(h, (double)(to_ns - from_ns) / 1e9);
 }
 
-void metrics_on_save(struct metrics *m, const struct save *s, int state)
+void metrics_on_save(struct agent *a, struct save *s, int state)
 {
+	struct metrics *m = a->metrics;
+
 	if (!m)
 		return;
 	pthread_mutex_lock(&m->mu);

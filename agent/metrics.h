@@ -24,8 +24,8 @@ struct save;
 int metrics_create(struct agent *a, const char *listen, struct metrics **out, char *err);
 /* Stops serving (waits for a scrape in progress). NULL is fine. */
 void metrics_destroy(struct metrics *m);
-/* Under agent.mu: s has just reached `state` (its t_* are set). NULL m: nothing. */
-void metrics_on_save(struct metrics *m, const struct save *s, int state);
+/* Under agent.mu (save_observer_fn): s has just reached `state` (its t_* are set). */
+void metrics_on_save(struct agent *a, struct save *s, int state);
 /*
  * A step's commit ended: latency_ns (>= 0) when this node wrote the
  * manifest (the last part durable to the manifest durable), else -1;

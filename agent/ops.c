@@ -3,8 +3,9 @@
  * saves. Status, list and watch answer from memory on the control thread;
  * show and delete touch the disk: show runs on a reader thread (it only
  * reads), delete on the maint thread (in order with GC and pins). Watchers
- * get every state change (save.c) and, once a second (the agent's tick),
- * the bytes moved by each save in flight, for progress bars and rates.
+ * get every state change (watchers_on_save, one of save_set_state's
+ * observers) and, once a second (the agent's tick), the bytes moved by each
+ * save in flight, for progress bars and rates.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -393,7 +394,7 @@ struct watcher {
 	struct peer who;           /* sees only the jobs it may read */
 };
 
-void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
+static void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
 {
 	struct list *pos;
 
@@ -405,6 +406,12 @@ void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
 		    access_may_read(a, &w->who, info->job))
 			rpc_stream_send(w->stream, &info->base);
 	}
+}
+
+void watchers_on_save(struct agent *a, struct save *s, int state)
+{
+	(void)state; /* s->state */
+	watchers_tell(a, s, false);
 }
 
 void watchers_tell(struct agent *a, struct save *s, bool progress)

@@ -37,7 +37,7 @@ static double secs(int64_t from, int64_t to)
 	return from && to ? (double)(to - from) / 1e9 : 0;
 }
 
-/* ---- state and telling ------------------------------------------------ */
+/* ---- state and its observers ----------------------------------------- */
 
 void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 {
@@ -65,20 +65,25 @@ void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 	}
 }
 
-static void publish(struct agent *a, struct save *s)
+/* Under mu (save_observer_fn): the log hears of saves that end other than committed. */
+static void save_log(struct agent *a, struct save *s, int state)
 {
-	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
-
-	save_info(s, &info);
-	if (s->sess && s->sess->stream) {
-		Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;
-
-		ev.session_id = s->sess->id;
-		ev.save = &info;
-		rpc_stream_send(s->sess->stream, &ev.base);
-	}
-	watchers_publish(a, &info);
+	(void)a;
+	if (state == CKPT__V1__STATE__STATE_FAILED)
+		log_msg(LOG_WARNING, "save of job %s step %lld rank %d FAILED: %s", s->job,
+			(long long)s->step, s->rank, s->reason);
+	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
+		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
+			(long long)s->step, s->rank, s->reason);
 }
+
+/* Told of each state a save reaches, in this order. */
+static const save_observer_fn observers[] = {
+	save_log,         /* here */
+	metrics_on_save,  /* metrics.c: the durations' histograms */
+	session_on_save,  /* session.c: the client's Attach stream */
+	watchers_on_save, /* ops.c: ckptctl watch */
+};
 
 void save_fence_release(struct save *s)
 {
@@ -116,14 +121,8 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 		a->nfinished++;
 		a->finals[state]++;
 	}
-	if (state == CKPT__V1__STATE__STATE_FAILED)
-		log_msg(LOG_WARNING, "save of job %s step %lld rank %d FAILED: %s", s->job,
-			(long long)s->step, s->rank, s->reason);
-	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
-		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
-			(long long)s->step, s->rank, s->reason);
-	metrics_on_save(a->metrics, s, state);
-	publish(a, s);
+	for (size_t i = 0; i < sizeof(observers) / sizeof(observers[0]); i++)
+		observers[i](a, s, state);
 }
 
 /* Under mu: this save fails, and its checkpoint with it. */

@@ -4,7 +4,8 @@
  * session, and goes when the stream ends: a trainer that dies leaves no
  * mapping behind in the agent and no shared-memory object on the node.
  *
- * Control thread only (the gRPC handlers and the stream's close callback).
+ * Control thread only (the gRPC handlers and the stream's close callback),
+ * but for session_on_save: any thread, under agent.mu.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -154,6 +155,21 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		(unsigned)s->who.uid);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void session_on_save(struct agent *a, struct save *s, int state)
+{
+	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
+	Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;
+
+	(void)a;
+	(void)state; /* s->state */
+	if (!s->sess || !s->sess->stream)
+		return;
+	save_info(s, &info);
+	ev.session_id = s->sess->id;
+	ev.save = &info;
+	rpc_stream_send(s->sess->stream, &ev.base);
 }
 
 /* Under mu: the caller's session, refused when it is another user's. */
