@@ -4,11 +4,14 @@
  *
  *   session.c  clients (the Attach stream) and their host regions
  *   plan.c     plans: tensors checked, shard laid out, header built once
- *   save.c     saves: admission, capture into staging, writes, checksums
+ *   save.c     saves: admission, states (told to observers), the capture job
+ *   stream.c   a save's chunks: copy -> write || hash -> release; size + fsync
+ *              (stream.h; capture_gpu.c: a CUDA plan's copies on its lane)
  *   commit.c   checkpoints in flight: this node's ranks durable -> its part ->
  *              the many-nodes commit (commit/) -> COMMITTED or FAILED; plans
  *              published; `ckptctl commit --finish`
- *   restore.c  restore and verify: shard -> staging -> checksum -> regions
+ *   restore.c  restore and verify: the RPCs and the extents to read, read by
+ *              stream_read.c: shard -> staging -> checksum -> regions
  *   catalog.c  the committed checkpoints, as found on disk at start and since
  *   root.c     the storage root's health: checked, opened again, followed
  *   ops.c      status, list, show, delete, watch
@@ -426,7 +429,7 @@ struct save {
 	atomic_uint_fast64_t bytes_captured, bytes_written;
 	atomic_int stages; /* capture running + chunks in flight + fsync */
 	int io_err;        /* first I/O error (I/O thread) */
-	/* checksums, I/O thread only: one tensor at a time, in file order */
+	/* checksums, the hasher's alone while it streams: a tensor at a time, in file order */
 	void *xs;
 	size_t hash_next;
 	uint64_t *digest;

@@ -56,7 +56,8 @@
  *   the write is about to go out (chunk_prep); the hasher stops hashing an
  *   aborted save. An aborted save writes at most the chunks already handed
  *   over, and they still go through RELEASE.
- * - Nothing here takes a lock but pipeline_end (agent.mu) and the pool's own.
+ * - No lock is held while a chunk is copied, written or hashed; pipeline_end
+ *   takes agent.mu only to move the save and its checkpoint on.
  */
 #include <errno.h>
 #include <stdio.h>
