@@ -124,7 +124,7 @@ static const char *const wants[] = {
 };
 
 int access_job(struct agent *a, const struct peer *p, const char *job, enum access_want w,
-	       char *err)
+               char *err)
 {
 	uint32_t owner;
 	int rc;
@@ -137,13 +137,14 @@ int access_job(struct agent *a, const struct peer *p, const char *job, enum acce
 	if (rc == 0 && owner == (uint32_t)p->uid)
 		return 0;
 	/* One answer whether the job is another user's or ownerless: nothing to probe. */
-	return ipc_errf(err, -EACCES, "job %s is another user's (or has no owner): uid %u may not "
-				      "%s it",
-			job, (unsigned)p->uid, wants[w]);
+	return ipc_errf(err, -EACCES,
+	                "job %s is another user's (or has no owner): uid %u may not "
+	                "%s it",
+	                job, (unsigned)p->uid, wants[w]);
 }
 
 bool access_check(struct agent *a, struct rpc *c, const char *what, const char *job,
-		  enum access_want w)
+                  enum access_want w)
 {
 	char err[IPC_ERRLEN];
 	int rc;
@@ -225,10 +226,10 @@ int usage_charge(struct agent *a, uid_t uid, enum use_kind k, uint64_t n, char *
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	if (u->held[k] + n > lim || u->held[k] + n < n)
 		return ipc_errf(err, -EAGAIN,
-				"uid %u holds %llu %s, and %llu more would pass the limit of %llu "
-				"([limits] %s)",
-				(unsigned)uid, (unsigned long long)u->held[k], kinds[k].what,
-				(unsigned long long)n, (unsigned long long)lim, kinds[k].key);
+		                "uid %u holds %llu %s, and %llu more would pass the limit of %llu "
+		                "([limits] %s)",
+		                (unsigned)uid, (unsigned long long)u->held[k], kinds[k].what,
+		                (unsigned long long)n, (unsigned long long)lim, kinds[k].key);
 	u->held[k] += n;
 	return 0;
 }

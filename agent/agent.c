@@ -23,23 +23,23 @@
 #include "notify.h"
 
 #define STOP_REPORT_NS (5LL * 1000000000) /* at stop, what is left is logged this often */
-#define STOP_REPORT_SAVES 4                 /* naming at most this many saves */
+#define STOP_REPORT_SAVES 4 /* naming at most this many saves */
 
 static const rpc_handler_fn handlers[IPC_NMETHODS] = {
-	[IPC_ATTACH] = rpc_attach,
-	[IPC_REGISTER_REGION] = rpc_register_region,
-	[IPC_DROP_REGION] = rpc_drop_region,
-	[IPC_CREATE_PLAN] = rpc_create_plan,
-	[IPC_DROP_PLAN] = rpc_drop_plan,
-	[IPC_SAVE] = rpc_save,
-	[IPC_GET_SAVE] = rpc_get_save,
-	[IPC_WATCH] = rpc_watch,
-	[IPC_RESTORE] = rpc_restore,
-	[IPC_STATUS] = rpc_status,
-	[IPC_LIST] = rpc_list,
-	[IPC_SHOW] = rpc_show,
-	[IPC_VERIFY] = rpc_verify,
-	[IPC_DELETE] = rpc_delete,
+    [IPC_ATTACH] = rpc_attach,
+    [IPC_REGISTER_REGION] = rpc_register_region,
+    [IPC_DROP_REGION] = rpc_drop_region,
+    [IPC_CREATE_PLAN] = rpc_create_plan,
+    [IPC_DROP_PLAN] = rpc_drop_plan,
+    [IPC_SAVE] = rpc_save,
+    [IPC_GET_SAVE] = rpc_get_save,
+    [IPC_WATCH] = rpc_watch,
+    [IPC_RESTORE] = rpc_restore,
+    [IPC_STATUS] = rpc_status,
+    [IPC_LIST] = rpc_list,
+    [IPC_SHOW] = rpc_show,
+    [IPC_VERIFY] = rpc_verify,
+    [IPC_DELETE] = rpc_delete,
     [IPC_PIN] = rpc_pin,
     [IPC_GC] = rpc_gc,
     [IPC_COMMIT] = rpc_commit,
@@ -61,7 +61,7 @@ static int start_storage(struct agent *a, char *err)
 	struct local_opts lo = {a->cfg.root, a->cfg.node, NULL, NULL, a->cfg.direct};
 	/* At start nothing of ours is in flight: this node's own leftovers are dead. */
 	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
-				      true};
+	                              true};
 	struct commit_opts co = {NULL, a->cfg.node, (int64_t)a->cfg.commit_deadline_s * 1000000000};
 	const struct iovec *iov;
 	char why[IPC_ERRLEN];
@@ -95,12 +95,12 @@ static int start_storage(struct agent *a, char *err)
 	if (a->recovered.partial_removed || a->recovered.temp_removed ||
 	    a->recovered.latest_fixed || a->recovered.own_removed || a->recovered.partial_kept)
 		log_msg(LOG_NOTICE,
-			"clean-up of %s (node %s): removed %u uncommitted step directories, %u "
-			"of this node's dead shard files and %u leftovers, fixed %u LATEST files; "
-			"left %u uncommitted steps to their nodes",
-			a->cfg.root, a->cfg.node, a->recovered.partial_removed,
-			a->recovered.own_removed, a->recovered.temp_removed,
-			a->recovered.latest_fixed, a->recovered.partial_kept);
+		        "clean-up of %s (node %s): removed %u uncommitted step directories, %u "
+		        "of this node's dead shard files and %u leftovers, fixed %u LATEST files; "
+		        "left %u uncommitted steps to their nodes",
+		        a->cfg.root, a->cfg.node, a->recovered.partial_removed,
+		        a->recovered.own_removed, a->recovered.temp_removed,
+		        a->recovered.latest_fixed, a->recovered.partial_kept);
 	co.store = a->store;
 	rc = committer_create(&co, &a->cm, err);
 	if (rc)
@@ -135,9 +135,10 @@ static void tell_systemd(struct agent *a)
 	if (stopping)
 		; /* the stop says what is left itself (stop_progress) */
 	else if (root != ROOT_OK)
-		notify_status("serving %s, but the storage root %s is %s: saves fail (ckptctl status "
-		              "says why)",
-		              a->cfg.listen, a->cfg.root, root_state_name(root));
+		notify_status(
+		    "serving %s, but the storage root %s is %s: saves fail (ckptctl status "
+		    "says why)",
+		    a->cfg.listen, a->cfg.root, root_state_name(root));
 	else if (failed)
 		notify_status("serving %s: %u client%s, %u save%s in flight, %llu committed, "
 		              "%llu failed",
@@ -186,28 +187,27 @@ static void tick(void *ctx)
  */
 static void log_config(const struct agent_config *c)
 {
-	static const char *const engines[] = {[IOENG_AUTO] = "auto", [IOENG_URING] = "io_uring",
-					      [IOENG_PWRITE] = "pwrite"};
+	static const char *const engines[] = {
+	    [IOENG_AUTO] = "auto", [IOENG_URING] = "io_uring", [IOENG_PWRITE] = "pwrite"};
 	char copy[16] = "auto";
 
 	if (c->copy_threads >= 0)
 		snprintf(copy, sizeof(copy), "%d", c->copy_threads);
-	log_msg(LOG_INFO,
-		"configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
-		"root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
-		"keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u "
-		"stop_timeout=%u; chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
-		c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
-		c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
-		c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
-		(unsigned long long)c->staging_mb,
-		c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
-		c->keep_last, (long long)c->keep_every,
-		c->metrics_listen ? c->metrics_listen : "off", c->node, c->commit_deadline_s,
-		c->abandon_after_s, c->stop_timeout_s, (unsigned long long)c->chunk_mb,
-		c->capture_threads, copy,
-		c->direct ? "yes" : "no",
-		c->lock_pool ? "yes" : "no");
+	log_msg(
+	    LOG_INFO,
+	    "configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
+	    "root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
+	    "keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u "
+	    "stop_timeout=%u; chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
+	    c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
+	    c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
+	    c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
+	    (unsigned long long)c->staging_mb,
+	    c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
+	    c->keep_last, (long long)c->keep_every, c->metrics_listen ? c->metrics_listen : "off",
+	    c->node, c->commit_deadline_s, c->abandon_after_s, c->stop_timeout_s,
+	    (unsigned long long)c->chunk_mb, c->capture_threads, copy, c->direct ? "yes" : "no",
+	    c->lock_pool ? "yes" : "no");
 }
 
 /*
@@ -255,9 +255,9 @@ static int lock_socket(struct agent *a, char *err)
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 {
 	struct server_opts so = {.listen = cfg->listen,
-				 .tick = tick,
-				 .socket_mode = cfg->socket_mode,
-				 .socket_gid = cfg->socket_gid};
+	                         .tick = tick,
+	                         .socket_mode = cfg->socket_mode,
+	                         .socket_gid = cfg->socket_gid};
 	struct cred_opts co = {0};
 	struct agent *a;
 	int rc;
@@ -298,7 +298,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	{
 		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 		unsigned helpers = cfg->copy_threads >= 0 ? (unsigned)cfg->copy_threads
-							  : (unsigned)(cpus > 1 ? cpus - 1 : 0);
+		                                          : (unsigned)(cpus > 1 ? cpus - 1 : 0);
 
 		rc = copier_create(helpers, &a->copier, err);
 		if (rc)
@@ -398,10 +398,11 @@ static void stop_progress(struct agent *a, int64_t waited_ns)
 		l = s->bytes_total - atomic_load(&s->bytes_written);
 		left += l;
 		if (n++ < STOP_REPORT_SAVES && o < sizeof(text))
-			o += (size_t)snprintf(text + o, sizeof(text) - o,
-			                      "%sjob %s step %lld rank %d (%s): %.1f of %.1f MiB left",
-			                      n > 1 ? "; " : "", s->job, (long long)s->step, s->rank,
-			                      ipc_state_name(s->state), mib(l), mib(s->bytes_total));
+			o += (size_t)snprintf(
+			    text + o, sizeof(text) - o,
+			    "%sjob %s step %lld rank %d (%s): %.1f of %.1f MiB left",
+			    n > 1 ? "; " : "", s->job, (long long)s->step, s->rank,
+			    ipc_state_name(s->state), mib(l), mib(s->bytes_total));
 	}
 	if (n > STOP_REPORT_SAVES && o < sizeof(text))
 		snprintf(text + o, sizeof(text) - o, "; and %u more", n - STOP_REPORT_SAVES);
@@ -418,17 +419,19 @@ static void stop_abort(struct agent *a, int64_t waited_ns)
 	char why[IPC_ERRLEN];
 	struct list *pos;
 
-	log_msg(LOG_WARNING, "stopping: %u saves still in flight after %lld s (stop_timeout): "
-	                     "they fail",
+	log_msg(LOG_WARNING,
+	        "stopping: %u saves still in flight after %lld s (stop_timeout): "
+	        "they fail",
 	        a->inflight, (long long)(waited_ns / 1000000000));
 	list_for_each(pos, &a->ckpts)
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		snprintf(why, sizeof(why),
-		         "the agent stopped after %lld s (stop_timeout) with %.1f MiB of this node's "
-		         "saves of it left to write",
-		         (long long)(waited_ns / 1000000000), mib(cp_left(cp)));
+		snprintf(
+		    why, sizeof(why),
+		    "the agent stopped after %lld s (stop_timeout) with %.1f MiB of this node's "
+		    "saves of it left to write",
+		    (long long)(waited_ns / 1000000000), mib(cp_left(cp)));
 		cp_fail(a, cp, why);
 	}
 }
@@ -478,7 +481,7 @@ void agent_run(struct agent *a, atomic_bool *stop)
 	struct stop_state st = {a, 0, 0, false};
 
 	log_msg(LOG_INFO, "serving %s (root %s, staging %llu MiB, %s)", a->cfg.listen, a->cfg.root,
-		(unsigned long long)a->cfg.staging_mb, ioeng_detail(a->io));
+	        (unsigned long long)a->cfg.staging_mb, ioeng_detail(a->io));
 	/* The socket is bound and calls are requested: they are served from here on. */
 	notify_ready("serving %s", a->cfg.listen);
 	server_run(a->srv, stop, drained, &st);
@@ -490,7 +493,8 @@ static void free_objects(struct agent *a)
 {
 	struct list *pos, *tmp;
 
-	list_for_each_safe(pos, tmp, &a->ckpts) cp_free(a, container_of(pos, struct checkpoint, link));
+	list_for_each_safe(pos, tmp, &a->ckpts)
+	    cp_free(a, container_of(pos, struct checkpoint, link));
 	list_for_each_safe(pos, tmp, &a->saves) save_free(a, container_of(pos, struct save, link));
 	list_for_each_safe(pos, tmp, &a->plans) plan_drop(a, container_of(pos, struct plan, link));
 }

@@ -86,20 +86,20 @@ struct agent_config {
 	bool direct;
 	bool lock_pool;
 	int log_level;
-	const char *node;           /* this node's name (DESIGN.md §2) */
+	const char *node; /* this node's name (DESIGN.md §2) */
 	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
-	unsigned abandon_after_s;   /* uncommitted steps older than LATEST and this are removed */
-	unsigned stop_timeout_s;    /* at stop, saves in flight get this long (0: as they need) */
+	unsigned abandon_after_s; /* uncommitted steps older than LATEST and this are removed */
+	unsigned stop_timeout_s; /* at stop, saves in flight get this long (0: as they need) */
 	/* retention, per job: keep the last keep_last committed checkpoints and
 	   every one whose step is a multiple of keep_every (0: none); 0/0 keeps all */
 	unsigned keep_last;
 	int64_t keep_every;
 	const char *metrics_listen; /* "127.0.0.1:9464"; NULL: no metrics endpoint */
-	const char *socket_group;   /* group name for the socket; NULL: leave it */
-	const char *config_path;    /* the config file read, or NULL */
-	const char *admin_group;    /* [agent] admin_group; NULL: none */
-	long admin_gid;             /* its gid, or -1 */
-	unsigned umask;             /* applied to every file and directory the agent makes */
+	const char *socket_group; /* group name for the socket; NULL: leave it */
+	const char *config_path; /* the config file read, or NULL */
+	const char *admin_group; /* [agent] admin_group; NULL: none */
+	long admin_gid; /* its gid, or -1 */
+	unsigned umask; /* applied to every file and directory the agent makes */
 	struct agent_limits lim;
 };
 
@@ -114,8 +114,8 @@ struct save;
 enum { ROOT_OK, ROOT_MISSING, ROOT_UNWRITABLE };
 
 struct root_health {
-	int state;              /* ROOT_* */
-	int64_t since_unix_ns;  /* when it came to be */
+	int state; /* ROOT_* */
+	int64_t since_unix_ns; /* when it came to be */
 	char error[IPC_ERRLEN]; /* why not ROOT_OK: what failed, on which path */
 };
 
@@ -169,9 +169,9 @@ struct agent {
 /* ---- who may do what (access.c) ---------------------------------------- */
 
 enum access_want {
-	ACCESS_READ,   /* list, show, status, watch, verify */
+	ACCESS_READ, /* list, show, status, watch, verify */
 	ACCESS_MANAGE, /* delete, pin, unpin */
-	ACCESS_OWN,    /* plans, saves, restores, commits */
+	ACCESS_OWN, /* plans, saves, restores, commits */
 };
 
 enum use_kind {
@@ -224,7 +224,7 @@ struct region {
 	int kind;
 	struct ipc_shm shm;
 	unsigned refs; /* 1 while registered, + 1 per plan using it */
-	uid_t uid;     /* charged to */
+	uid_t uid; /* charged to */
 };
 
 void rpc_attach(struct rpc *c, ProtobufCMessage *req, void *ctx);
@@ -250,7 +250,7 @@ struct plan_tensor {
 	int64_t global_shape[IPC_MAX_NDIM];
 	int64_t global_offset[IPC_MAX_NDIM];
 	struct region *region; /* host memory; NULL for a GPU tensor */
-	void *dptr;            /* GPU tensor: where it is, in the agent's mapping */
+	void *dptr; /* GPU tensor: where it is, in the agent's mapping */
 	uint64_t offset;
 	uint64_t nbytes;
 	uint64_t begin, end; /* bytes of the shard file */
@@ -262,7 +262,7 @@ struct plan_gpu {
 	struct work close; /* its CUDA teardown, queued once its plan lets it go */
 	int dev;
 	size_t n;
-	void **mem;            /* the opened allocations, in the request's order */
+	void **mem; /* the opened allocations, in the request's order */
 	/*
 	 * Held by a capture from its first wait to its last copy: captures of
 	 * one plan use the lane (and may replace it) one at a time.
@@ -281,7 +281,7 @@ struct plan_gpu {
 };
 
 struct plan {
-	struct list link;  /* agent->plans */
+	struct list link; /* agent->plans */
 	struct list slink; /* session->plans */
 	uint64_t id;
 	struct session *sess; /* NULL once dropped */
@@ -291,12 +291,12 @@ struct plan {
 	int backpressure;
 	size_t n;
 	struct plan_tensor *t; /* in file order */
-	void *header;          /* the shard's first header_len bytes */
+	void *header; /* the shard's first header_len bytes */
 	uint64_t header_len;
-	struct plan_gpu *gpu;  /* NULL: host memory only */
+	struct plan_gpu *gpu; /* NULL: host memory only */
 	uint64_t shard_bytes;
-	unsigned refs;      /* 1 until dropped, + 1 per save or restore holding it */
-	unsigned active;    /* captures and restores using its regions now */
+	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
+	unsigned active; /* captures and restores using its regions now */
 	unsigned restoring; /* restores writing its regions: saves must wait */
 	bool dropped;
 	uid_t uid; /* its user's (limits) */
@@ -348,9 +348,9 @@ struct checkpoint {
 	 * the checkpoint's end (a failure meanwhile is noted in `abort`).
 	 */
 	bool committing;
-	bool part_built;   /* this node's part is made: no save of this step joins it now */
+	bool part_built; /* this node's part is made: no save of this step joins it now */
 	bool part_written; /* this node's part is in the root: a manifest may name its files */
-	int64_t backoff;   /* before the part: the wait for every rank to be claimed */
+	int64_t backoff; /* before the part: the wait for every rank to be claimed */
 	bool cleaning, cleaned; /* failed: removal of this node's files queued, done */
 	/*
 	 * Failed, and none of its missing ranks is waited for any more (a newer
@@ -367,7 +367,7 @@ struct checkpoint {
 
 /* Under mu: the checkpoint (job, step, run), created if new. */
 int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,
-	   struct checkpoint **out, char *err);
+           struct checkpoint **out, char *err);
 /* Under mu: a rank is DURABLE; once all of this node's are, the commit starts. */
 void cp_rank_durable(struct agent *a, struct checkpoint *cp);
 /* Under mu: plans of job (of run) changed: its plans file is written again (commit thread). */
@@ -413,10 +413,10 @@ struct save {
 	int state;
 	char reason[IPC_ERRLEN];
 	atomic_bool abort;
-	bool fenced;         /* a CUDA plan's: it holds a number on the plan's fence */
-	uint32_t fence_seq;  /* that number */
-	bool fence_done;     /* it has released its number */
-	bool capturing;      /* its capture job is queued or running */
+	bool fenced; /* a CUDA plan's: it holds a number on the plan's fence */
+	uint32_t fence_seq; /* that number */
+	bool fence_done; /* it has released its number */
+	bool capturing; /* its capture job is queued or running */
 	struct save *next_capture; /* plan_gpu's queue */
 	uint8_t cuda_event[GPU_EVENT_HANDLE_BYTES]; /* the trainer's event for this save */
 	bool pool_limited;
@@ -428,7 +428,7 @@ struct save {
 	unsigned nchunks;
 	atomic_uint_fast64_t bytes_captured, bytes_written;
 	atomic_int stages; /* capture running + chunks in flight + fsync */
-	int io_err;        /* first I/O error (I/O thread) */
+	int io_err; /* first I/O error (I/O thread) */
 	/* checksums, the hasher's alone while it streams: a tensor at a time, in file order */
 	void *xs;
 	size_t hash_next;

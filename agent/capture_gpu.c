@@ -27,8 +27,9 @@ static int gpu_wait_trainer(struct save *s, char *why)
 	int rc;
 
 	if (!g->lane)
-		return ipc_errf(why, -EIO, "the plan has no GPU stream (an abort left it none): "
-		                           "create the plan again");
+		return ipc_errf(why, -EIO,
+		                "the plan has no GPU stream (an abort left it none): "
+		                "create the plan again");
 	rc = gpu_lane_after(g->lane, s->cuda_event, sizeof(s->cuda_event), why);
 	if (rc)
 		return rc; /* nothing queued */
@@ -73,8 +74,8 @@ static int capture_chunks_gpu(struct save *s, char *why)
 			rc = -ECANCELED;
 			break;
 		}
-		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf, stream_chunk_fill(s, k, cb),
-				      why);
+		rc = plan_queue_image(s->plan, (uint64_t)k * cb, c->buf,
+		                      stream_chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);
 		if (!rc && atomic_load(&s->abort)) /* nothing more is written */
@@ -82,7 +83,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 		if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
 			atomic_fetch_add(&a->captured_bytes, stream_chunk_fill(s, k - 1, cb));
 			stream_submit(s, prev, (uint64_t)(k - 1) * cb,
-				      stream_chunk_fill(s, k - 1, cb));
+			              stream_chunk_fill(s, k - 1, cb));
 		}
 		if (!rc) {
 			prev = c;
@@ -91,8 +92,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 	}
 	if (!rc && prev && !(rc = gpu_lane_wait(g->lane, (int)k - 1, NULL, why))) {
 		atomic_fetch_add(&a->captured_bytes, stream_chunk_fill(s, k - 1, cb));
-		stream_submit(s, prev, (uint64_t)(k - 1) * cb,
-			      stream_chunk_fill(s, k - 1, cb));
+		stream_submit(s, prev, (uint64_t)(k - 1) * cb, stream_chunk_fill(s, k - 1, cb));
 		prev = NULL;
 	}
 	if (rc && (prev || c)) {

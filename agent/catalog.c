@@ -149,7 +149,7 @@ void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
 
 /* The entry of a committed step the root lists, from its manifest. */
 static int entry_from_root(struct storage *s, const char *job, const struct storage_step *st,
-			   struct cat_entry *e, char *err)
+                           struct cat_entry *e, char *err)
 {
 	struct manifest *m;
 	int rc = store_read_manifest(s, job, st->step, &m, err);
@@ -179,7 +179,7 @@ static void load_job(struct catalog *c, struct storage *s, const char *job)
 			continue;
 		if (entry_from_root(s, job, &steps[i], &e, err)) {
 			log_msg(LOG_WARNING, "job %s step %lld is not listed: %s", job,
-				(long long)steps[i].step, err);
+			        (long long)steps[i].step, err);
 			continue;
 		}
 		if (catalog_add(c, &e))

@@ -26,7 +26,7 @@ static void commit_work(struct work *w);
 static void cleanup_run(struct work *w);
 
 int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,
-	   struct checkpoint **out, char *err)
+           struct checkpoint **out, char *err)
 {
 	struct checkpoint *cp;
 	struct list *pos;
@@ -41,10 +41,11 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 		if (cp->step == step && strcmp(cp->job, job) == 0 && strcmp(cp->run, run) == 0 &&
 		    !cp->retired) {
 			if (cp->world != world)
-				return ipc_errf(err, -EINVAL,
-						"job %s step %lld is being saved with world %d, this "
-						"plan says %d",
-						job, (long long)step, cp->world, world);
+				return ipc_errf(
+				    err, -EINVAL,
+				    "job %s step %lld is being saved with world %d, this "
+				    "plan says %d",
+				    job, (long long)step, cp->world, world);
 			*out = cp;
 			return 0;
 		}
@@ -124,7 +125,7 @@ static void fail_now(struct agent *a, struct checkpoint *cp, const char *reason)
 	cp->state = CKPT__V1__STATE__STATE_FAILED;
 	snprintf(cp->reason, sizeof(cp->reason), "%s", reason);
 	snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
-		 (long long)cp->step, reason);
+	         (long long)cp->step, reason);
 	for (int r = 0; r < cp->world; r++) {
 		struct save *s = cp->rank[r];
 
@@ -205,8 +206,10 @@ void cp_rank_gone(struct agent *a, const char *job, const char *run, int rank)
 		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || rank >= cp->world ||
 		    cp->rank[rank] || cp->part_built)
 			continue;
-		snprintf(why, sizeof(why), "rank %d left (its plan was dropped) before saving this "
-					   "step", rank);
+		snprintf(why, sizeof(why),
+		         "rank %d left (its plan was dropped) before saving this "
+		         "step",
+		         rank);
 		cp_fail(a, cp, why);
 	}
 }
@@ -264,10 +267,11 @@ void cp_expire(struct agent *a, int64_t now)
 		unsaved(a, cp, ranks, sizeof(ranks));
 		if (!ranks[0])
 			continue;
-		snprintf(why, sizeof(why),
-			 "step %lld: no save from rank%s %s on node %s within %u s (--commit-deadline)",
-			 (long long)cp->step, strchr(ranks, ',') || strchr(ranks, '-') ? "s" : "", ranks,
-			 a->cfg.node, a->cfg.commit_deadline_s);
+		snprintf(
+		    why, sizeof(why),
+		    "step %lld: no save from rank%s %s on node %s within %u s (--commit-deadline)",
+		    (long long)cp->step, strchr(ranks, ',') || strchr(ranks, '-') ? "s" : "", ranks,
+		    a->cfg.node, a->cfg.commit_deadline_s);
 		cp_fail(a, cp, why);
 	}
 }
@@ -331,7 +335,7 @@ static int plans_tensor(struct manifest_tensor *mt, const struct plan_tensor *t,
 
 /* Under mu: this node's live plans of (job, run), as its plans file. -ENOENT: none. */
 static int plans_snapshot(struct agent *a, const char *job, const char *run,
-			  struct plans_file **out)
+                          struct plans_file **out)
 {
 	struct plans_file *f = calloc(1, sizeof(*f));
 	struct list *pos;
@@ -394,16 +398,17 @@ static int publish(struct agent *a, const char *job, const char *run, char *err)
 		return ipc_errf(err, rc, "out of memory");
 	rc = store_put_plans(a->store, f, &written, err);
 	if (!rc && written)
-		log_msg(LOG_INFO, "job %s: plans of node %s published (run %s, %zu ranks, digest %s)",
-			job, a->cfg.node, run, f->nranks, f->digest);
+		log_msg(LOG_INFO,
+		        "job %s: plans of node %s published (run %s, %zu ranks, digest %s)", job,
+		        a->cfg.node, run, f->nranks, f->digest);
 	/* The default run on many nodes: a restart under it fences nothing out. */
 	if (!rc && written && strcmp(run, IPC_DEFAULT_RUN) == 0 && f->nranks < (size_t)f->world)
 		log_msg(LOG_WARNING,
-			"job %s spans several nodes under the default run '%s': parts of a "
-			"restarted job's dead incarnation could join its checkpoints; give each "
-			"start its own CKPT_RUN (torchrun: $TORCHELASTIC_RUN_ID-"
-			"$TORCHELASTIC_RESTART_COUNT)",
-			job, run);
+		        "job %s spans several nodes under the default run '%s': parts of a "
+		        "restarted job's dead incarnation could join its checkpoints; give each "
+		        "start its own CKPT_RUN (torchrun: $TORCHELASTIC_RUN_ID-"
+		        "$TORCHELASTIC_RESTART_COUNT)",
+		        job, run);
 	plans_free(f);
 	return rc;
 }
@@ -463,7 +468,7 @@ void plans_publish(struct agent *a, const char *job, const char *run)
 static int cmp_tensor(const void *x, const void *y)
 {
 	return strcmp(((const struct manifest_tensor *)x)->name,
-		      ((const struct manifest_tensor *)y)->name);
+	              ((const struct manifest_tensor *)y)->name);
 }
 
 static int part_rank_of(struct part_rank *k, const struct save *s)
@@ -482,7 +487,8 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
 	if (!k->file || (s->meta && !k->meta_json) || !k->tensors)
 		return -ENOMEM;
 	for (size_t i = 0; i < p->n; i++) {
-		struct manifest_tensor *mt = &k->tensors[k->ntensors++]; /* freed with k, half made */
+		struct manifest_tensor *mt =
+		    &k->tensors[k->ntensors++]; /* freed with k, half made */
 
 		if (plans_tensor(mt, &p->t[i], p->rank))
 			return -ENOMEM;
@@ -499,7 +505,7 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
  * durable save's plan, file and checksums no longer change.
  */
 static int build_part(struct agent *a, const struct checkpoint *cp, struct save **v, size_t n,
-		      struct part **out, char *err)
+                      struct part **out, char *err)
 {
 	struct part *p = calloc(1, sizeof(*p));
 	int rc = 0;
@@ -524,7 +530,7 @@ static int build_part(struct agent *a, const struct checkpoint *cp, struct save 
 
 /* Commit thread: the plans file, the part, the commit's state machine. */
 static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v, size_t n,
-			char *why)
+                        char *why)
 {
 	struct part *p = NULL;
 	char err[IPC_ERRLEN];
@@ -558,9 +564,9 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 			continue;
 		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->part_built) {
 			snprintf(why, sizeof(why),
-				 "step %lld committed while this node's ranks had not all saved "
-				 "this one",
-				 (long long)done->step);
+			         "step %lld committed while this node's ranks had not all saved "
+			         "this one",
+			         (long long)done->step);
 			cp_fail(a, cp, why);
 		} else if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
 			cp->retired = true; /* nobody else is coming */
@@ -571,7 +577,7 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 
 /* Under mu: COMMITTED. The files of ours it does not name (an earlier attempt's) into *stale. */
 static void committed(struct agent *a, struct checkpoint *cp, const struct commit_result *r,
-		      char ***stale, size_t *nstale)
+                      char ***stale, size_t *nstale)
 {
 	const struct manifest *m = r->manifest;
 	struct cat_entry ce;
@@ -595,18 +601,19 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 		save_set_state(a, s, CKPT__V1__STATE__STATE_COMMITTED, NULL);
 	}
 	if (r->wrote)
-		log_msg(LOG_INFO,
-			"committed job %s step %lld (run %s): %d ranks from %zu node%s, %llu bytes, "
-			"captured %.3f s, durable %.3f s, commit latency %.1f ms",
-			cp->job, (long long)cp->step, cp->run, cp->world, m->nparts,
-			m->nparts == 1 ? "" : "s", (unsigned long long)m->bytes, m->capture_seconds,
-			m->durable_seconds, (double)r->latency_ns / 1e6);
+		log_msg(
+		    LOG_INFO,
+		    "committed job %s step %lld (run %s): %d ranks from %zu node%s, %llu bytes, "
+		    "captured %.3f s, durable %.3f s, commit latency %.1f ms",
+		    cp->job, (long long)cp->step, cp->run, cp->world, m->nparts,
+		    m->nparts == 1 ? "" : "s", (unsigned long long)m->bytes, m->capture_seconds,
+		    m->durable_seconds, (double)r->latency_ns / 1e6);
 	else
 		log_msg(LOG_INFO, "job %s step %lld (run %s) committed (its manifest is there)",
-			cp->job, (long long)cp->step, cp->run);
+		        cp->job, (long long)cp->step, cp->run);
 	if (r->reason[0]) /* committed, with a note (LATEST not moved) */
 		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step,
-			r->reason);
+		        r->reason);
 	supersede(a, cp);
 	/* Retention: the node that committed applies it (maint thread); the others look. */
 	if (r->wrote)
@@ -651,7 +658,7 @@ static struct save **local_saves(struct checkpoint *cp, size_t *n)
  * failed, r says why.
  */
 static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v, size_t *n,
-		       struct commit_result *r)
+                       struct commit_result *r)
 {
 	int free_ranks[64], *ranks;
 	size_t nfree = 0, k;
@@ -667,8 +674,8 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	for (k = 0; ranks && k < *n; k++)
 		ranks[k] = (*v)[k]->rank;
 	rc = ranks && *v ? commit_unclaimed(a->cm, cp->job, cp->run, cp->world, ranks, *n,
-					    free_ranks, 64, &nfree, why)
-			 : -ENOMEM;
+	                                    free_ranks, 64, &nfree, why)
+	                 : -ENOMEM;
 	free(ranks);
 	if (rc == 0 && nfree == 0) {
 		pthread_mutex_lock(&a->mu);
@@ -710,15 +717,15 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	part_ranks_text(free_ranks, nfree < 64 ? nfree : 64, list, sizeof(list));
 	if (a->stopping) {
 		snprintf(r->reason, sizeof(r->reason),
-			 "step %lld: the agent stopped while no node claimed rank%s %s", (long long)cp->step,
-			 nfree == 1 ? "" : "s", list);
+		         "step %lld: the agent stopped while no node claimed rank%s %s",
+		         (long long)cp->step, nfree == 1 ? "" : "s", list);
 		return -ECANCELED;
 	}
 	snprintf(r->reason, sizeof(r->reason),
-		 "step %lld: no save of rank%s %s%s here, and no node has published plans for "
-		 "them (run %s), within %u s (--commit-deadline)%s%s",
-		 (long long)cp->step, nfree == 1 ? "" : "s", list, nfree > 64 ? ",..." : "",
-		 cp->run, a->cfg.commit_deadline_s, why[0] ? "; " : "", why);
+	         "step %lld: no save of rank%s %s%s here, and no node has published plans for "
+	         "them (run %s), within %u s (--commit-deadline)%s%s",
+	         (long long)cp->step, nfree == 1 ? "" : "s", list, nfree > 64 ? ",..." : "",
+	         cp->run, a->cfg.commit_deadline_s, why[0] ? "; " : "", why);
 	return -ETIMEDOUT;
 }
 
@@ -763,8 +770,8 @@ static void commit_work(struct work *w)
 		/* waiting for other nodes is no reason to keep a stopping agent */
 		r.state = COMMIT_FAILED;
 		snprintf(r.reason, sizeof(r.reason),
-			 "the agent stopped before the step was committed (this node's part is in "
-			 "the root: another node may still commit it)");
+		         "the agent stopped before the step was committed (this node's part is in "
+		         "the root: another node may still commit it)");
 	}
 	if (r.state == COMMIT_WAITING) {
 		workq_push_at(a->commit, &cp->work, next); /* still committing */
@@ -786,7 +793,7 @@ static void commit_work(struct work *w)
 		char err[IPC_ERRLEN];
 
 		if (stale[i] && a->store->ops->shard_unlink(a->store, r.manifest->job,
-							    r.manifest->step, stale[i], err))
+		                                            r.manifest->step, stale[i], err))
 			log_msg(LOG_WARNING, "%s", err);
 		free(stale[i]);
 	}
@@ -815,8 +822,8 @@ static void cleanup_run(struct work *w)
 	pthread_mutex_unlock(&a->mu);
 	for (size_t i = 0; i < n; i++) {
 		int rc = v[i]->file[0] ? a->store->ops->shard_unlink(a->store, cp->job, cp->step,
-								     v[i]->file, err)
-				       : 0;
+		                                                     v[i]->file, err)
+		                       : 0;
 
 		if (rc && rc != -ENOENT)
 			log_msg(LOG_WARNING, "removing a failed save's file: %s", err);
@@ -847,7 +854,7 @@ char **parts_text(const struct manifest *m)
 
 	for (size_t i = 0; v && i < m->nparts; i++) {
 		part_node_text(m->parts[i].node, m->parts[i].ranks, m->parts[i].nranks, text,
-			       sizeof(text));
+		               sizeof(text));
 		v[i] = strdup(text);
 	}
 	return v;
@@ -874,8 +881,8 @@ static void finish_run(struct work *w)
 	if (!catalog_find(a->cat, op->job, op->step))
 		catalog_add(a->cat, &ce);
 	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_NOTICE, "commit --finish of job %s step %lld: %s", op->job,
-		(long long)op->step, already ? "already committed" : "committed");
+	log_msg(LOG_NOTICE, "commit --finish of job %s step %lld: %s", op->job, (long long)op->step,
+	        already ? "already committed" : "committed");
 	parts = parts_text(r.manifest);
 	rep.already = already;
 	rep.run = r.manifest->run;

@@ -137,26 +137,25 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                   "0640/0750)",
                   K_MODE, .def = 027},
     [CS_LIM_CONNECTIONS] = {"limits", "connections_per_user", "max-connections", "N",
-                            "clients connected at once, per user (default 128)", K_NUMBER, 1,
-                            4096, .def = 128},
+                            "clients connected at once, per user (default 128)", K_NUMBER, 1, 4096,
+                            .def = 128},
     [CS_LIM_SESSIONS] = {"limits", "sessions_per_user", "max-sessions", "N",
                          "trainer sessions per user (default 64)", K_NUMBER, 1, 4096, .def = 64},
-    [CS_LIM_PLANS] = {"limits", "plans_per_user", "max-plans", "N",
-                      "plans per user (default 256)", K_NUMBER, 1, 65536, .def = 256},
+    [CS_LIM_PLANS] = {"limits", "plans_per_user", "max-plans", "N", "plans per user (default 256)",
+                      K_NUMBER, 1, 65536, .def = 256},
     [CS_LIM_TENSORS] = {"limits", "tensors_per_user", "max-tensors", "N",
-                        "tensors in all of a user's plans (default 262144)", K_NUMBER, 1,
-                        1 << 24, .def = 262144},
+                        "tensors in all of a user's plans (default 262144)", K_NUMBER, 1, 1 << 24,
+                        .def = 262144},
     [CS_LIM_REGIONS] = {"limits", "regions_per_user", "max-regions", "N",
-                        "host regions per user (default 1024)", K_NUMBER, 1, 1 << 20,
-                        .def = 1024},
+                        "host regions per user (default 1024)", K_NUMBER, 1, 1 << 20, .def = 1024},
     [CS_LIM_REGION_MB] = {"limits", "region_mb_per_user", "max-region-mb", "N",
-                          "MiB of host regions per user (default 0: the node's memory)",
-                          K_NUMBER, 0, 1ll << 32},
+                          "MiB of host regions per user (default 0: the node's memory)", K_NUMBER,
+                          0, 1ll << 32},
     [CS_LIM_WATCHERS] = {"limits", "watchers_per_user", "max-watchers", "N",
                          "Watch streams per user (default 16)", K_NUMBER, 1, 4096, .def = 16},
     [CS_LIM_WATCH_KB] = {"limits", "watch_buffer_kb", "watch-buffer-kb", "N",
-                         "KiB queued for a Watch stream before it is cut (default 256)",
-                         K_NUMBER, 4, 1 << 20, .def = 256},
+                         "KiB queued for a Watch stream before it is cut (default 256)", K_NUMBER,
+                         4, 1 << 20, .def = 256},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -737,8 +736,9 @@ static int default_node(struct config *c, char *err)
 	if (c->str[CS_NODE])
 		return 0;
 	if (gethostname(host, sizeof(host) - 1) < 0)
-		return ipc_errf(err, -errno, "no --node given and the host name is unreadable "
-		                             "(%s): set [cluster] node",
+		return ipc_errf(err, -errno,
+		                "no --node given and the host name is unreadable "
+		                "(%s): set [cluster] node",
 		                strerror(errno));
 	if (ipc_check_node(host, msg))
 		return ipc_errf(err, -EINVAL,
@@ -787,10 +787,11 @@ int config_finish(struct config *c, char *err)
 	 * commit ends by its deadline, counted from files in that step.
 	 */
 	if (n[CS_ABANDON_AFTER] < 2 * n[CS_COMMIT_DEADLINE])
-		return ipc_errf(err, -EINVAL,
-		                "abandon_after (%lld s) must be at least twice commit_deadline (%lld "
-		                "s): a step may be removed only when no agent can still commit it",
-		                n[CS_ABANDON_AFTER], n[CS_COMMIT_DEADLINE]);
+		return ipc_errf(
+		    err, -EINVAL,
+		    "abandon_after (%lld s) must be at least twice commit_deadline (%lld "
+		    "s): a step may be removed only when no agent can still commit it",
+		    n[CS_ABANDON_AFTER], n[CS_COMMIT_DEADLINE]);
 	a->direct = n[CS_DIRECT] != 0;
 	a->lock_pool = n[CS_LOCK] != 0;
 	a->admin_group = c->str[CS_ADMIN_GROUP];
@@ -802,7 +803,8 @@ int config_finish(struct config *c, char *err)
 	a->lim.regions = (unsigned)n[CS_LIM_REGIONS];
 	a->lim.region_bytes = (uint64_t)n[CS_LIM_REGION_MB] << 20;
 	if (!a->lim.region_bytes) /* the node's memory: more cannot be registered anyway */
-		a->lim.region_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+		a->lim.region_bytes =
+		    (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
 	a->lim.watchers = (unsigned)n[CS_LIM_WATCHERS];
 	a->lim.watch_bytes = (uint64_t)n[CS_LIM_WATCH_KB] << 10;
 	a->config_path = c->path;

@@ -23,8 +23,8 @@ struct job {
 	char *dst;
 	unsigned nparts;
 	atomic_uint next; /* the next part to claim */
-	atomic_int err;   /* the first part that failed */
-	unsigned inside;  /* helpers working on it (under mu) */
+	atomic_int err; /* the first part that failed */
+	unsigned inside; /* helpers working on it (under mu) */
 };
 
 /*
@@ -37,7 +37,7 @@ struct job {
 struct copier {
 	pthread_mutex_t mu;
 	pthread_cond_t work, left;
-	struct job *job;	 /* the one job helpers may join */
+	struct job *job; /* the one job helpers may join */
 	atomic_uint_fast64_t gen; /* bumped per job, so a helper joins each once */
 	bool stop;
 	unsigned nthreads;
@@ -162,7 +162,7 @@ unsigned copier_helpers(const struct copier *c)
 }
 
 int copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
-	       uint64_t len, uint64_t min_part)
+               uint64_t len, uint64_t min_part)
 {
 	struct job j = {.fn = fn, .src = src, .off = off, .len = len, .dst = dst};
 	unsigned parts = c ? 2 * (c->nthreads + 1) : 1;

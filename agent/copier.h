@@ -28,7 +28,7 @@ void copier_destroy(struct copier *c);
  * bytes; the first part's error (every part is still run), or 0.
  */
 int copier_run(struct copier *c, copier_fn fn, const void *src, uint64_t off, void *dst,
-		uint64_t len, uint64_t min_part);
+               uint64_t len, uint64_t min_part);
 unsigned copier_helpers(const struct copier *c);
 
 #endif /* CKPT_AGENT_COPIER_H */

@@ -93,7 +93,7 @@ static int peer_of(struct cred *c, int sock, struct peer *p)
 	p->pid = uc.pid;
 	p->super = uc.uid == 0 || uc.uid == geteuid();
 	p->admin = c->o.admin_gid >= 0 &&
-		   ((long)uc.gid == c->o.admin_gid || in_groups(groups, n, c->o.admin_gid));
+	           ((long)uc.gid == c->o.admin_gid || in_groups(groups, n, c->o.admin_gid));
 	return 0;
 }
 
@@ -148,7 +148,8 @@ static void on_accept(struct cred *c, int lsock, bool grpc)
 	int sock = accept4(lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), watch = -1;
 
 	if (sock < 0) {
-		/* Out of descriptors: the listener stays readable; look again later, not at once. */
+		/* Out of descriptors: the listener stays readable; look again later, not at once.
+		 */
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
 			c->pause_until = ipc_mono_ns() + 100 * 1000000ll;
 		return;
@@ -169,7 +170,8 @@ static void on_accept(struct cred *c, int lsock, bool grpc)
 	pthread_mutex_unlock(&c->mu);
 	if (same >= c->o.conns_per_user || slot == CRED_MAX_CONNS) {
 		if (!grpc && slot == CRED_MAX_CONNS)
-			refuse(sock, -EAGAIN, "the agent has %d connections, its limit", CRED_MAX_CONNS);
+			refuse(sock, -EAGAIN, "the agent has %d connections, its limit",
+			       CRED_MAX_CONNS);
 		else if (!grpc)
 			refuse(sock, -EAGAIN,
 			       "uid %u has %u connections to this agent, its limit ([limits] "
@@ -177,10 +179,11 @@ static void on_accept(struct cred *c, int lsock, bool grpc)
 			       (unsigned)p.uid, same);
 		else
 			close(sock); /* gRPC has no way to say why: the log does */
-		log_msg(LOG_NOTICE, "a %s connection of uid %u (pid %d) refused: %u held, limit %u "
-				    "([limits] connections_per_user)",
-			grpc ? "gRPC" : "credentials", (unsigned)p.uid, (int)p.pid, same,
-			c->o.conns_per_user);
+		log_msg(LOG_NOTICE,
+		        "a %s connection of uid %u (pid %d) refused: %u held, limit %u "
+		        "([limits] connections_per_user)",
+		        grpc ? "gRPC" : "credentials", (unsigned)p.uid, (int)p.pid, same,
+		        c->o.conns_per_user);
 		return;
 	}
 	if (grpc && (watch = fcntl(sock, F_DUPFD_CLOEXEC, 0)) < 0) {
@@ -236,12 +239,13 @@ static void on_fd(struct cred *c, struct conn *k, const struct ipc_cred_msg *in,
 		;
 	if (fd < 0) {
 		m.status = -EINVAL;
-		snprintf(m.message, sizeof(m.message), "a region message came without a descriptor");
+		snprintf(m.message, sizeof(m.message),
+		         "a region message came without a descriptor");
 	} else if (i == c->o.fds_per_conn) {
 		m.status = -EAGAIN;
 		snprintf(m.message, sizeof(m.message),
-			 "%u regions sent and not yet registered on this connection, the limit",
-			 c->o.fds_per_conn);
+		         "%u regions sent and not yet registered on this connection, the limit",
+		         c->o.fds_per_conn);
 	} else {
 		m.ticket = ipc_random_id();
 		k->fds[i] = (struct held_fd){m.ticket, in->size, fd};
@@ -331,7 +335,7 @@ static int bind_cred(struct cred *c, char *err)
 
 	if (rc)
 		return ipc_errf(err, rc, "listen address %s: no credentials socket beside it",
-				c->o.endpoint);
+		                c->o.endpoint);
 	c->lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (c->lsock < 0)
 		return ipc_errf(err, -errno, "socket: %s", strerror(errno));
@@ -343,10 +347,10 @@ static int bind_cred(struct cred *c, char *err)
 		return ipc_errf(err, -errno, "cannot listen on %s: %s", c->path, strerror(errno));
 	if (c->o.socket_gid >= 0 && chown(c->path, (uid_t)-1, (gid_t)c->o.socket_gid))
 		return ipc_errf(err, -errno, "chown group %ld of %s: %s", c->o.socket_gid, c->path,
-				strerror(errno));
+		                strerror(errno));
 	if (c->o.socket_mode && chmod(c->path, c->o.socket_mode))
 		return ipc_errf(err, -errno, "chmod %o %s: %s", c->o.socket_mode, c->path,
-				strerror(errno));
+		                strerror(errno));
 	return 0;
 }
 

@@ -19,12 +19,12 @@
 struct cred;
 
 struct cred_opts {
-	const char *endpoint;      /* "unix:PATH": the socket is PATH.cred */
-	unsigned socket_mode;      /* as the gRPC socket's; 0: leave it */
-	long socket_gid;           /* < 0: leave it */
-	long admin_gid;            /* [agent] admin_group; < 0: none */
-	unsigned conns_per_user;   /* [limits] connections_per_user */
-	unsigned fds_per_conn;     /* descriptors sent and not yet claimed */
+	const char *endpoint; /* "unix:PATH": the socket is PATH.cred */
+	unsigned socket_mode; /* as the gRPC socket's; 0: leave it */
+	long socket_gid; /* < 0: leave it */
+	long admin_gid; /* [agent] admin_group; < 0: none */
+	unsigned conns_per_user; /* [limits] connections_per_user */
+	unsigned fds_per_conn; /* descriptors sent and not yet claimed */
 	/*
 	 * The gRPC socket's listener: its connections are accepted here too,
 	 * counted per uid with these, and handed to adopt (server_adopt).

@@ -17,9 +17,9 @@
 #define FENCE_WINDOW 64
 
 struct fence {
-	uint32_t issued;   /* the last number given out */
+	uint32_t issued; /* the last number given out */
 	uint32_t released; /* the fence word: every save up to it has finished */
-	uint64_t done;     /* bit i: save released + 1 + i has finished */
+	uint64_t done; /* bit i: save released + 1 + i has finished */
 };
 
 /* The next save's number; -EBUSY with FENCE_WINDOW saves unfinished. */

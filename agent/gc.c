@@ -235,9 +235,10 @@ static void abandoned(struct agent *a, const char *job)
 	if (store_cleanup(a->store, job, &pol, &rec, err))
 		log_msg(LOG_WARNING, "clean-up of job %s: %s", job, err);
 	if (rec.partial_removed || rec.temp_removed)
-		log_msg(LOG_INFO,
-		        "clean-up of job %s: removed %u abandoned uncommitted steps and %u leftovers",
-		        job, rec.partial_removed, rec.temp_removed);
+		log_msg(
+		    LOG_INFO,
+		    "clean-up of job %s: removed %u abandoned uncommitted steps and %u leftovers",
+		    job, rec.partial_removed, rec.temp_removed);
 }
 
 static void gc_run(struct work *w)
@@ -276,8 +277,8 @@ static void gc_run(struct work *w)
 			continue;
 		}
 		if (rc == -EBUSY) {
-			log_msg(LOG_INFO, "gc of job %s: step %" PRId64 " kept: %s", op->job, e->step,
-			        err);
+			log_msg(LOG_INFO, "gc of job %s: step %" PRId64 " kept: %s", op->job,
+			        e->step, err);
 			gc_kept_pinned(&g, e->step);
 			continue;
 		}
@@ -294,7 +295,8 @@ static void gc_run(struct work *w)
 	        "): removed %zu checkpoint%s%s%s%s "
 	        "(%" PRIu64 " bytes), kept %zu%s",
 	        op->job, g.pol.keep_last, g.pol.keep_every, g.nremoved, g.nremoved == 1 ? "" : "s",
-	        g.nremoved ? " (steps " : "", list, g.nremoved ? ")" : "", g.bytes, g.n - g.nremoved - g.nproblems,
+	        g.nremoved ? " (steps " : "", list, g.nremoved ? ")" : "", g.bytes,
+	        g.n - g.nremoved - g.nproblems,
 	        g.nproblems ? "; some removals failed (see above)" : "");
 	abandoned(a, op->job);
 	if (op->call)

@@ -34,8 +34,8 @@ struct gpu {
 	struct ipc_cache *mem;
 	range_fn mem_range; /* cuMemGetAddressRange: an opened allocation's real size */
 	pthread_mutex_t mu; /* the cache and the pinning: plans open and close on workers */
-	void *pinned;       /* the staging pool, once registered */
-	int pinned_dev;     /* through this device's context */
+	void *pinned; /* the staging pool, once registered */
+	int pinned_dev; /* through this device's context */
 	bool pin_tried;
 };
 
@@ -60,7 +60,7 @@ static int cuda_err(char *err, cudaError_t e, const char *what)
 }
 
 static int ipc_open(void *ctx, int dev, const uint8_t *handle, void **ptr, uint64_t *size,
-		    char *err)
+                    char *err)
 {
 	struct gpu *g = ctx;
 	cudaIpcMemHandle_t h;

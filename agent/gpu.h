@@ -52,7 +52,7 @@ int gpu_device_of(const struct gpu *g, const uint8_t *uuid, size_t len, char *er
  * refused if the client claims more bytes than the allocation has.
  */
 int gpu_mem_get(struct gpu *g, int dev, const uint8_t *handle, size_t len, uint64_t claimed,
-		void **ptr, char *err);
+                void **ptr, char *err);
 void gpu_mem_put(struct gpu *g, int dev, void *ptr);
 unsigned gpu_mem_open(const struct gpu *g);
 
@@ -66,8 +66,7 @@ void gpu_lane_destroy(struct gpu_lane *l);
  */
 int gpu_lane_after(struct gpu_lane *l, const uint8_t *event_handle, size_t len, char *err);
 /* Queues a copy device -> host (d2h) or host -> device on the stream. */
-int gpu_lane_copy(struct gpu_lane *l, void *dst, const void *src, size_t n, bool d2h,
-		  char *err);
+int gpu_lane_copy(struct gpu_lane *l, void *dst, const void *src, size_t n, bool d2h, char *err);
 /* Marks everything queued so far with event k (0 or 1). */
 int gpu_lane_mark(struct gpu_lane *l, int k, char *err);
 /*

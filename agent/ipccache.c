@@ -53,7 +53,7 @@ void ipc_cache_destroy(struct ipc_cache *c)
 
 /* The entry of (dev, handle) with a reference taken, opened if new. */
 static int lookup(struct ipc_cache *c, int dev, const uint8_t *handle, struct entry **out,
-		  char *err)
+                  char *err)
 {
 	struct entry *e;
 	int rc;
@@ -83,7 +83,7 @@ static int lookup(struct ipc_cache *c, int dev, const uint8_t *handle, struct en
 }
 
 int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, uint64_t need, void **ptr,
-		  char *err)
+                  char *err)
 {
 	struct entry *e = NULL;
 	int rc = lookup(c, dev, handle, &e, err);
@@ -95,9 +95,9 @@ int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, uint64_t 
 
 		ipc_cache_put(c, dev, e->ptr);
 		return ipc_errf(err, -ERANGE,
-				"a CUDA allocation of %llu bytes, but the plan says %llu: its "
-				"tensors would reach past it",
-				(unsigned long long)have, (unsigned long long)need);
+		                "a CUDA allocation of %llu bytes, but the plan says %llu: its "
+		                "tensors would reach past it",
+		                (unsigned long long)have, (unsigned long long)need);
 	}
 	*ptr = e->ptr;
 	return 0;

@@ -22,7 +22,7 @@ struct ipc_cache_ops {
 	 * and err on failure.
 	 */
 	int (*open)(void *ctx, int dev, const uint8_t *handle, void **ptr, uint64_t *size,
-		    char *err);
+	            char *err);
 	void (*close)(void *ctx, int dev, void *ptr);
 	void *ctx;
 };
@@ -38,7 +38,7 @@ void ipc_cache_destroy(struct ipc_cache *c);
  * claimed, and the plan's tensors were checked against).
  */
 int ipc_cache_get(struct ipc_cache *c, int dev, const uint8_t *handle, uint64_t need, void **ptr,
-		  char *err);
+                  char *err);
 /* Drops a reference taken by get; closes the mapping with the last. */
 void ipc_cache_put(struct ipc_cache *c, int dev, void *ptr);
 /* Mappings open now. */

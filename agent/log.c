@@ -21,9 +21,9 @@ static pthread_mutex_t last_mu = PTHREAD_MUTEX_INITIALIZER;
 static char last_error[512];
 
 static const char *const names[] = {
-	[LOG_EMERG] = "emerg", [LOG_ALERT] = "alert",   [LOG_CRIT] = "critical",
-	[LOG_ERR] = "error",   [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
-	[LOG_INFO] = "info",   [LOG_DEBUG] = "debug",
+    [LOG_EMERG] = "emerg", [LOG_ALERT] = "alert",     [LOG_CRIT] = "critical",
+    [LOG_ERR] = "error",   [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
+    [LOG_INFO] = "info",   [LOG_DEBUG] = "debug",
 };
 
 /* systemd sets JOURNAL_STREAM=<dev>:<ino> of the stream it gave us. */
@@ -81,8 +81,9 @@ void log_msg(int level, const char *fmt, ...)
 		clock_gettime(CLOCK_REALTIME, &ts);
 		gmtime_r(&ts.tv_sec, &tm);
 		n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
-		n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ldZ ckptd %s: ",
-				      ts.tv_nsec / 1000000, log_level_name(level));
+		n += (size_t)snprintf(line + n, sizeof(line) - n,
+		                      ".%03ldZ ckptd %s: ", ts.tv_nsec / 1000000,
+		                      log_level_name(level));
 	}
 	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);

@@ -37,8 +37,8 @@
  * Upper bounds in seconds, 1 ms .. 25000 s (about 7 h: the persist, commit
  * and restore of a checkpoint of many TB on a slow filesystem); +Inf follows.
  */
-static const double bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
-                                0.5,   1,      2.5,   5,    10,    25,   50,   100,
+static const double bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,  0.1,  0.25,
+                                0.5,   1,      2.5,   5,    10,    25,    50,   100,
                                 250,   500,    1000,  2500, 5000,  10000, 25000};
 #define NBOUNDS (sizeof(bounds) / sizeof(bounds[0]))
 

@@ -22,8 +22,8 @@
 /* ---- status ----------------------------------------------------------- */
 
 static size_t in_flight(struct agent *a, const struct peer *who, const char *job,
-			Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
-			char (**notes)[96]);
+                        Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
+                        char (**notes)[96]);
 
 void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
@@ -48,8 +48,9 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.io_engine = (char *)ioeng_name(a->io);
 	/* Direct I/O is learnt on the first shard: say what is known now. */
 	snprintf(io, sizeof(io), "%s; %s", ioeng_detail(a->io),
-		 local_direct(a->store, &why) ? "O_DIRECT"
-					      : why && *why ? why : "buffered writes (--no-direct)");
+	         local_direct(a->store, &why) ? "O_DIRECT"
+	         : why && *why                ? why
+	                                      : "buffered writes (--no-direct)");
 	rep.io_detail = io;
 	rep.pool_bytes = ps.bytes;
 	rep.pool_used_bytes = (uint64_t)ps.in_use * ps.chunk_bytes;
@@ -102,7 +103,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 /* ---- list ------------------------------------------------------------- */
 
 static void summary_from_entry(const struct cat_entry *e, bool latest,
-			       Ckpt__V1__CheckpointSummary *s)
+                               Ckpt__V1__CheckpointSummary *s)
 {
 	ckpt__v1__checkpoint_summary__init(s);
 	s->job = (char *)e->job;
@@ -127,7 +128,7 @@ static void summary_from_entry(const struct cat_entry *e, bool latest,
  * are missing); `note` says how many ranks are where.
  */
 static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *s, char *note,
-			    size_t len)
+                            size_t len)
 {
 	int slowest = CKPT__V1__STATE__STATE_COMMITTED;
 
@@ -154,19 +155,19 @@ static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *
 	s->state = cp->committing ? slowest : CKPT__V1__STATE__STATE_QUEUED;
 	if (cp->committing)
 		snprintf(note, len, "node %s: %u rank%s durable, part %s; %zu of %zu parts in",
-			 cp->a->cfg.node, cp->nsaved, cp->nsaved == 1 ? "" : "s",
-			 cp->part_written ? "written" : "being written", cp->nparts_done,
-			 cp->nparts_done + cp->nparts_missing);
+		         cp->a->cfg.node, cp->nsaved, cp->nsaved == 1 ? "" : "s",
+		         cp->part_written ? "written" : "being written", cp->nparts_done,
+		         cp->nparts_done + cp->nparts_missing);
 	else
 		snprintf(note, len, "node %s: %u rank%s saved here, %u durable", cp->a->cfg.node,
-			 cp->nsaved, cp->nsaved == 1 ? "" : "s", cp->ndurable);
+		         cp->nsaved, cp->nsaved == 1 ? "" : "s", cp->ndurable);
 	s->reason = note;
 }
 
 /* Under mu: the checkpoints in flight (of job; NULL: all who may read), malloc'd arrays. */
 static size_t in_flight(struct agent *a, const struct peer *who, const char *job,
-			Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
-			char (**notes)[96])
+                        Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
+                        char (**notes)[96])
 {
 	struct list *pos;
 	size_t n = 0, k = 0;
@@ -181,8 +182,8 @@ static size_t in_flight(struct agent *a, const struct peer *who, const char *job
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED || (job && strcmp(job, cp->job)) ||
-		    !access_may_read(a, who, cp->job))
+		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED ||
+		    (job && strcmp(job, cp->job)) || !access_may_read(a, who, cp->job))
 			continue;
 		summary_from_cp(cp, &(*v)[k], (*notes)[k], sizeof((*notes)[k]));
 		(*pv)[k] = &(*v)[k];
@@ -196,7 +197,7 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
 	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
 	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
-	char (*notes)[96] = NULL;
+	char(*notes)[96] = NULL;
 	const char *job = req->job && *req->job ? req->job : NULL;
 	struct agent *a = ctx;
 	struct cat_entry **e = NULL;
@@ -312,13 +313,13 @@ static void delete_run(struct work *w)
 	e = catalog_find(a->cat, op->job, op->step);
 	if (!e)
 		rc = ipc_errf(err, -ENOENT, "job %s has no committed step %lld", op->job,
-			      (long long)op->step);
+		              (long long)op->step);
 	else if (e->readers)
-		rc = ipc_errf(err, -EBUSY, "job %s step %lld is being restored or verified", op->job,
-			      (long long)op->step);
+		rc = ipc_errf(err, -EBUSY, "job %s step %lld is being restored or verified",
+		              op->job, (long long)op->step);
 	else if (e->pinned)
 		rc = ipc_errf(err, -EBUSY, "job %s step %lld is pinned: unpin it first", op->job,
-			      (long long)op->step);
+		              (long long)op->step);
 	if (!rc) {
 		/* Out of the catalog first: no restore can start on it from now on. */
 		saved = *e;
@@ -337,8 +338,8 @@ static void delete_run(struct work *w)
 }
 
 static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
-			   int64_t step, enum access_want want, void (*fn)(struct work *),
-			   struct workq *q)
+                           int64_t step, enum access_want want, void (*fn)(struct work *),
+                           struct workq *q)
 {
 	struct job_step_op *op;
 	char err[IPC_ERRLEN];
@@ -391,7 +392,7 @@ struct watcher {
 	struct agent *a;
 	struct rpc *stream;
 	char job[IPC_MAX_JOB + 1]; /* "" for every job */
-	struct peer who;           /* sees only the jobs it may read */
+	struct peer who; /* sees only the jobs it may read */
 };
 
 static void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
@@ -477,9 +478,9 @@ void rpc_watch(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	w->who = *rpc_peer(c);
 	snprintf(w->job, sizeof(w->job), "%s", req->job ? req->job : "");
 	snprintf(cut, sizeof(cut),
-		 "this watcher fell behind: more than %llu KiB waited for it ([limits] "
-		 "watch_buffer_kb); watch again to resume from the current state",
-		 (unsigned long long)(a->cfg.lim.watch_bytes >> 10));
+	         "this watcher fell behind: more than %llu KiB waited for it ([limits] "
+	         "watch_buffer_kb); watch again to resume from the current state",
+	         (unsigned long long)(a->cfg.lim.watch_bytes >> 10));
 	pthread_mutex_lock(&a->mu);
 	if (usage_charge(a, w->who.uid, USE_WATCHERS, 1, err)) {
 		pthread_mutex_unlock(&a->mu);

@@ -11,9 +11,9 @@
 #include <sys/types.h>
 
 struct peer {
-	bool known;    /* false: the call carried no valid token */
-	bool super;    /* root, or the agent's own user: every job */
-	bool admin;    /* a member of [agent] admin_group: sees, deletes, pins every job */
+	bool known; /* false: the call carried no valid token */
+	bool super; /* root, or the agent's own user: every job */
+	bool admin; /* a member of [agent] admin_group: sees, deletes, pins every job */
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;

@@ -158,8 +158,9 @@ void plan_drop(struct agent *a, struct plan *p)
 
 		if (s->plan == p && s->state == CKPT__V1__STATE__STATE_QUEUED) {
 			atomic_store(&s->abort, true);
-			cp_fail(a, s->cp,
-				"the plan was dropped (trainer gone?) before its save was CAPTURED");
+			cp_fail(
+			    a, s->cp,
+			    "the plan was dropped (trainer gone?) before its save was CAPTURED");
 			aborted = true;
 		}
 	}
@@ -223,14 +224,14 @@ static int check_job_peers(struct agent *a, const struct plan *np, char *err)
 			continue;
 		if (p->world != np->world)
 			return ipc_errf(err, -EINVAL,
-					"job %s already has plans with world %d; this one says %d",
-					np->job, p->world, np->world);
+			                "job %s already has plans with world %d; this one says %d",
+			                np->job, p->world, np->world);
 		if (p->rank == np->rank)
 			return ipc_errf(err, -EEXIST,
-					"job %s rank %d already has a plan (client %s, pid %u): "
-					"destroy it first",
-					np->job, np->rank, p->sess ? p->sess->client : "?",
-					p->sess ? p->sess->pid : 0);
+			                "job %s rank %d already has a plan (client %s, pid %u): "
+			                "destroy it first",
+			                np->job, np->rank, p->sess ? p->sess->client : "?",
+			                p->sess ? p->sess->pid : 0);
 		if (!sorted) {
 			sorted = malloc(np->n * sizeof(*sorted) + 1);
 			if (!sorted)
@@ -247,11 +248,12 @@ static int check_job_peers(struct agent *a, const struct plan *np, char *err)
 			if (!t->sharded || !o->sharded || t->dtype != o->dtype ||
 			    t->ndim != o->ndim ||
 			    memcmp(t->global_shape, o->global_shape, t->ndim * sizeof(int64_t))) {
-				rc = ipc_errf(err, -EINVAL,
-					      "tensor '%s' is also saved by rank %d of job %s: a name "
-					      "on several ranks must be chunks of one sharded tensor "
-					      "(same dtype and global shape)",
-					      t->name, p->rank, np->job);
+				rc = ipc_errf(
+				    err, -EINVAL,
+				    "tensor '%s' is also saved by rank %d of job %s: a name "
+				    "on several ranks must be chunks of one sharded tensor "
+				    "(same dtype and global shape)",
+				    t->name, p->rank, np->job);
 				goto out;
 			}
 		}
@@ -266,8 +268,8 @@ static int lay_out(struct plan *p, char *err)
 	struct st_tensor *st = calloc(p->n ? p->n : 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
-		{"format", "pt"}, {"producer", "ckptd"}, {"job", p->job}, {"run", p->run},
-		{"rank", rank},   {"world", world},
+	    {"format", "pt"}, {"producer", "ckptd"}, {"job", p->job},
+	    {"run", p->run},  {"rank", rank},        {"world", world},
 	};
 	uint64_t pos = 0;
 	size_t len;
@@ -278,14 +280,13 @@ static int lay_out(struct plan *p, char *err)
 	snprintf(rank, sizeof(rank), "%d", p->rank);
 	snprintf(world, sizeof(world), "%d", p->world);
 	for (size_t i = 0; i < p->n; i++) {
-		st[i] = (struct st_tensor){p->t[i].name, p->t[i].dtype, p->t[i].ndim, p->t[i].shape,
-					   pos, pos + p->t[i].nbytes};
+		st[i] = (struct st_tensor){p->t[i].name,  p->t[i].dtype, p->t[i].ndim,
+		                           p->t[i].shape, pos,           pos + p->t[i].nbytes};
 		p->t[i].begin = pos;
 		p->t[i].end = pos + p->t[i].nbytes;
 		pos = p->t[i].end;
 	}
-	rc = st_header_build(st, p->n, meta, sizeof(meta) / sizeof(meta[0]), &p->header, &len,
-			     err);
+	rc = st_header_build(st, p->n, meta, sizeof(meta) / sizeof(meta[0]), &p->header, &len, err);
 	free(st);
 	if (rc)
 		return rc;
@@ -302,8 +303,8 @@ static int lay_out(struct plan *p, char *err)
  * Copies the request's tensors into the plan. Regions are attached last, with
  * one reference per distinct region, so a failure half way leaves none taken.
  */
-static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_tensor *v,
-			size_t n, char *err)
+static int fill_tensors(struct plan *p, struct session *sess, const struct ipc_tensor *v, size_t n,
+                        char *err)
 {
 	p->t = calloc(n ? n : 1, sizeof(*p->t));
 	if (!p->t)
@@ -435,7 +436,7 @@ static int attach_gpu(struct plan *p, struct session *sess, struct plan_gpu *g,
  * session and the tensors (malloc'd) into *sess and *v.
  */
 static int request_check(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
-			 struct session **sess, struct ipc_tensor **v, char *err)
+                         struct session **sess, struct ipc_tensor **v, char *err)
 {
 	struct region_lookup l;
 	int rc;
@@ -455,7 +456,7 @@ static int request_check(struct agent *a, struct rpc *c, const Ckpt__V1__CreateP
 }
 
 static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlanRequest *req,
-		      struct plan_gpu **gpu, struct plan **out, char *err)
+                      struct plan_gpu **gpu, struct plan **out, char *err)
 {
 	struct ipc_tensor *v = NULL;
 	struct session *sess;
@@ -547,8 +548,8 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 	rep.node = (char *)a->cfg.node;
 	pthread_mutex_unlock(&a->mu);
 	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s, uid %u): %zu tensors, %llu bytes",
-		p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
-		(unsigned long long)p->shard_bytes);
+	        p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
+	        (unsigned long long)p->shard_bytes);
 	rpc_reply(c, &rep.base);
 }
 
@@ -638,10 +639,11 @@ static void claim_run(struct work *w)
 	 * owners were recorded: not for the first user who names it.
 	 */
 	if (rc == -ENOENT && !who->super && job_has_steps(a, oc->req->job))
-		rc = ipc_errf(err, -EACCES,
-			      "it holds checkpoints but no owner is recorded: root assigns it (echo "
-			      "UID > %s/%s/OWNER)",
-			      a->cfg.root, oc->req->job);
+		rc =
+		    ipc_errf(err, -EACCES,
+		             "it holds checkpoints but no owner is recorded: root assigns it (echo "
+		             "UID > %s/%s/OWNER)",
+		             a->cfg.root, oc->req->job);
 	else if (rc == -ENOENT)
 		rc = store_owner_claim(a->store, oc->req->job, (uint32_t)who->uid, &owner, err);
 	if (rc) {
@@ -672,7 +674,8 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rc = ipc_check_rank(req->rank, req->world, err);
 	if (!rc && req->run && *req->run)
 		rc = ipc_check_run(req->run, err);
-	if (!rc && (req->backpressure < 0 || req->backpressure > CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP))
+	if (!rc && (req->backpressure < 0 ||
+	            req->backpressure > CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP))
 		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", req->backpressure);
 	if (rc) {
 		rpc_fail(c, rc, "%s", err);
@@ -777,12 +780,13 @@ int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len
 			                   (const char *)t->dptr + (off - t->begin), n, true, err);
 			if (rc)
 				return rc;
-		} else if (safe_copy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin), n)) {
+		} else if (safe_copy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin),
+		                     n)) {
 			return err ? ipc_errf(err, -EFAULT,
-					      "tensor '%s': its host memory faulted under the copy "
-					      "(SIGBUS): the region was taken away",
-					      t->name)
-				   : -EFAULT;
+			                      "tensor '%s': its host memory faulted under the copy "
+			                      "(SIGBUS): the region was taken away",
+			                      t->name)
+			           : -EFAULT;
 		}
 		d += n;
 		off += n;

@@ -74,7 +74,7 @@ struct pool {
 	struct pool_chunk *free_list;
 	unsigned nfree, in_use, waiters, active;
 	uint64_t waits;
-	struct waiter *head, *tail;       /* reservations waiting to be admitted */
+	struct waiter *head, *tail; /* reservations waiting to be admitted */
 	struct pool_resv *first, *last; /* admitted, or with chunks out; oldest first */
 };
 
@@ -316,7 +316,8 @@ int pool_create(const struct pool_opts *o, struct pool **out, char *err)
 
 	fmt_size(sz, sizeof(sz), p->bytes);
 	fmt_size(csz, sizeof(csz), p->chunk_bytes);
-	snprintf(p->detail, sizeof(p->detail), "mmap, %s in %u x %s chunks, %s%s%s", sz, n, csz, huge, huge[0] ? ", " : "", lock);
+	snprintf(p->detail, sizeof(p->detail), "mmap, %s in %u x %s chunks, %s%s%s", sz, n, csz,
+	         huge, huge[0] ? ", " : "", lock);
 	*out = p;
 	return 0;
 

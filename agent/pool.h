@@ -45,7 +45,7 @@ struct pool_chunk {
 	uint64_t fill; /* bytes of data in it (the write may be padded) */
 	struct io_req req; /* the I/O this chunk is the buffer of */
 	struct work hash; /* saves: its checksum pass, on the hasher thread */
-	atomic_int busy;  /* saves: its write and its checksums still to finish */
+	atomic_int busy; /* saves: its write and its checksums still to finish */
 	void *owner; /* the save or restore using it */
 	struct pool_chunk *next;
 };
@@ -61,21 +61,21 @@ struct pool_stats {
 	uint64_t bytes;
 	uint64_t chunk_bytes;
 	unsigned chunks;
-	unsigned in_use;  /* chunks taken and not yet given back */
-	unsigned active;  /* reservations admitted and not released */
+	unsigned in_use; /* chunks taken and not yet given back */
+	unsigned active; /* reservations admitted and not released */
 	unsigned waiters; /* reservations waiting to be admitted */
-	uint64_t waits;   /* reservations that had to wait, ever */
+	uint64_t waits; /* reservations that had to wait, ever */
 	bool locked;
 };
 
 struct pool_resv {
 	struct pool *pool;
 	const void *group; /* reservations of one group never keep each other out */
-	unsigned want;     /* the most chunks it holds at once */
-	unsigned held;     /* chunks taken and not yet given back */
-	bool active;       /* admitted and not released: it may take */
-	bool listed;       /* on the pool's list: active, or chunks still out */
-	bool taking;       /* a take of it is waiting for a chunk */
+	unsigned want; /* the most chunks it holds at once */
+	unsigned held; /* chunks taken and not yet given back */
+	bool active; /* admitted and not released: it may take */
+	bool listed; /* on the pool's list: active, or chunks still out */
+	bool taking; /* a take of it is waiting for a chunk */
 	struct pool_resv *prev, *next; /* the pool's list, oldest first */
 };
 

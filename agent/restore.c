@@ -48,8 +48,8 @@ static void shape_text(const int64_t *v, size_t n, char *buf, size_t len)
 }
 
 /* The plan's tensor i against the manifest: where its bytes are. */
-static int match_tensor(const struct plan *p, size_t i, const struct manifest *m,
-			struct extent *e, char *err)
+static int match_tensor(const struct plan *p, size_t i, const struct manifest *m, struct extent *e,
+                        char *err)
 {
 	const struct plan_tensor *t = &p->t[i];
 	const struct manifest_tensor *mt = manifest_find(m, t->name);
@@ -62,22 +62,22 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	shape_text(mt->global_shape, mt->ndim, have, sizeof(have));
 	if (mt->dtype != t->dtype || mt->ndim != t->ndim ||
 	    memcmp(mt->global_shape, t->global_shape, t->ndim * sizeof(int64_t)))
-		return ipc_errf(err, -EINVAL, "tensor '%s': the checkpoint has %s %s, the plan %s %s",
-				t->name, ipc_dtype_name(mt->dtype), have, ipc_dtype_name(t->dtype),
-				want);
+		return ipc_errf(err, -EINVAL,
+		                "tensor '%s': the checkpoint has %s %s, the plan %s %s", t->name,
+		                ipc_dtype_name(mt->dtype), have, ipc_dtype_name(t->dtype), want);
 	ch = manifest_find_chunk(mt, p->rank, t->sharded ? t->global_offset : NULL);
 	if (!ch || memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)))
 		return ipc_errf(err, -EINVAL,
-				"tensor '%s': the checkpoint has no chunk of it for rank %d with "
-				"this plan's offset and shape",
-				t->name, p->rank);
+		                "tensor '%s': the checkpoint has no chunk of it for rank %d with "
+		                "this plan's offset and shape",
+		                t->name, p->rank);
 	*e = (struct extent){.rank = ch->rank,
-			     .begin = ch->begin,
-			     .end = ch->end,
-			     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
+	                     .begin = ch->begin,
+	                     .end = ch->end,
+	                     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
 	                     .device = t->dptr != NULL,
-			     .xxh3 = ch->xxh3,
-			     .tensor = t->name};
+	                     .xxh3 = ch->xxh3,
+	                     .tensor = t->name};
 	return 0;
 }
 
@@ -97,8 +97,9 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 		pthread_mutex_lock(&p->gpu->capture);
 		r.lane = p->gpu->lane;
 		if (!r.lane) {
-			rc = ipc_errf(err, -EIO, "the plan's GPU stream was lost after a failed "
-						 "wait; create the plan again");
+			rc = ipc_errf(err, -EIO,
+			              "the plan's GPU stream was lost after a failed "
+			              "wait; create the plan again");
 			goto out;
 		}
 	}
@@ -107,7 +108,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 		goto out;
 	if (m->world != p->world) {
 		rc = ipc_errf(err, -EINVAL, "the checkpoint has world %d, the plan %d", m->world,
-			      p->world);
+		              p->world);
 		goto out;
 	}
 	for (size_t i = 0; i < p->n && !rc; i++)
@@ -118,7 +119,8 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 	if (!rc && r.err)
 		rc = ipc_errf(err, r.err, "%s", r.problems ? r.problems[0] : "read failed");
 	/* This rank's own meta (a data loader's position, a seed), not rank 0's. */
-	if (!rc && manifest_rank_meta(m, p->rank) && !(*meta = strdup(manifest_rank_meta(m, p->rank))))
+	if (!rc && manifest_rank_meta(m, p->rank) &&
+	    !(*meta = strdup(manifest_rank_meta(m, p->rank))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 out:
 	if (p->gpu)
@@ -133,10 +135,11 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	Ckpt__V1__RestoreReply rep = CKPT__V1__RESTORE_REPLY__INIT;
 	const struct plan *p = rs->plan;
 
-	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->shard_bytes - p->header_len, rs->t_start);
+	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->shard_bytes - p->header_len,
+	                   rs->t_start);
 	if (rc) {
 		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
-			 (long long)step, p->rank, err);
+		         (long long)step, p->rank, err);
 		return;
 	}
 	rep.step = step;
@@ -146,7 +149,7 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	rep.skipped = rs->skipped;
 	rpc_reply(rs->call, &rep.base);
 	log_msg(LOG_INFO, "restored job %s step %lld rank %d: %llu bytes", p->job, (long long)step,
-		p->rank, (unsigned long long)rep.bytes);
+	        p->rank, (unsigned long long)rep.bytes);
 }
 
 /* Under mu: the next older checkpoint to fall back to, marked as being read. */
@@ -169,7 +172,7 @@ static bool fall_back(struct restore *rs, int64_t *step, int rc, const char *err
 	rs->skipped = v;
 	rs->nskipped++;
 	log_msg(LOG_WARNING, "restore of job %s rank %d: step %lld skipped (%s), trying %lld",
-		rs->plan->job, rs->plan->rank, (long long)*step, err, (long long)e->step);
+	        rs->plan->job, rs->plan->rank, (long long)*step, err, (long long)e->step);
 	*step = e->step;
 	e->readers++;
 	return true;
@@ -233,7 +236,7 @@ static void restore_run(struct work *w)
 
 /* Under mu: which step, marked as being read so nobody deletes it meanwhile. */
 static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__RestoreRequest *req,
-			   struct restore *rs, char *err)
+                           struct restore *rs, char *err)
 {
 	struct cat_entry *e;
 	struct plan *p;
@@ -241,11 +244,12 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	p = plan_of(a, c, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
-				(unsigned long long)req->plan_id);
+		                (unsigned long long)req->plan_id);
 	if (p->active)
-		return ipc_errf(err, -EBUSY, "job %s rank %d: a save or restore of this plan is "
-					     "using its memory: wait for CAPTURED",
-				p->job, p->rank);
+		return ipc_errf(err, -EBUSY,
+		                "job %s rank %d: a save or restore of this plan is "
+		                "using its memory: wait for CAPTURED",
+		                p->job, p->rank);
 	if (req->step == -1) { /* CKPT_LATEST */
 		e = catalog_newest(a->cat, p->job, INT64_MAX);
 		if (!e)
@@ -258,9 +262,9 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 		e = catalog_find(a->cat, p->job, req->step);
 		if (!e)
 			return ipc_errf(err, -ENOENT,
-					"job %s has no committed step %lld (ckptctl list %s shows "
-					"what there is)",
-					p->job, (long long)req->step, p->job);
+			                "job %s has no committed step %lld (ckptctl list %s shows "
+			                "what there is)",
+			                p->job, (long long)req->step, p->job);
 	}
 	rs->a = a;
 	rs->plan = p;
@@ -317,8 +321,7 @@ struct verify {
  * header that could not be read (no file, too short, a read error) was
  * reported as such; its buffer holds nothing to parse.
  */
-static void check_headers(struct reader *r, const struct manifest *m, char **hdr,
-			  const bool *whole)
+static void check_headers(struct reader *r, const struct manifest *m, char **hdr, const bool *whole)
 {
 	for (size_t k = 0; k < m->nranks; k++) {
 		const struct manifest_rank *mr = &m->ranks[k];
@@ -329,7 +332,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 		if (!hdr[k] || !whole[k])
 			continue;
 		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->file, r->path,
-					     sizeof(r->path));
+		                             sizeof(r->path));
 		if (st_header_parse(hdr[k], mr->header_bytes, mr->size, &h, err)) {
 			reader_problem(r, -EBADMSG, "%s: %s", r->path, err);
 			continue;
@@ -349,18 +352,19 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 				    memcmp(e->shape, ch->shape, t->ndim * sizeof(int64_t)) ||
 				    e->begin + h->data_start != ch->begin ||
 				    e->end + h->data_start != ch->end)
-					reader_problem(r, -EBADMSG,
-						"tensor '%s' in %s: the safetensors header %s",
-						t->name, r->path,
-						e ? "disagrees with the manifest (dtype, shape or "
-						    "offsets)"
-						  : "does not list it");
+					reader_problem(
+					    r, -EBADMSG,
+					    "tensor '%s' in %s: the safetensors header %s", t->name,
+					    r->path,
+					    e ? "disagrees with the manifest (dtype, shape or "
+					        "offsets)"
+					      : "does not list it");
 			}
 		}
 		if (h->n != nchunks)
 			reader_problem(r, -EBADMSG,
-				       "%s: its header lists %zu tensors, the manifest %zu",
-				       r->path, h->n, nchunks);
+			               "%s: its header lists %zu tensors, the manifest %zu",
+			               r->path, h->n, nchunks);
 		st_header_free(h);
 	}
 }
@@ -373,22 +377,22 @@ static int verify_extents(struct reader *r, const struct manifest *m, char **hdr
 		    !(hdr[k] = malloc(m->ranks[k].header_bytes)))
 			return -ENOMEM;
 		r->ext[r->n++] = (struct extent){.rank = m->ranks[k].rank,
-						 .begin = 0,
-						 .end = m->ranks[k].header_bytes,
-						 .dst = hdr[k],
-						 .nosum = true,
-						 .whole = &whole[k],
-						 .tensor = "(header)"};
+		                                 .begin = 0,
+		                                 .end = m->ranks[k].header_bytes,
+		                                 .dst = hdr[k],
+		                                 .nosum = true,
+		                                 .whole = &whole[k],
+		                                 .tensor = "(header)"};
 	}
 	for (size_t i = 0; i < m->ntensors; i++)
 		for (size_t j = 0; j < m->tensors[i].nchunks; j++) {
 			const struct manifest_chunk *ch = &m->tensors[i].chunks[j];
 
 			r->ext[r->n++] = (struct extent){.rank = ch->rank,
-							 .begin = ch->begin,
-							 .end = ch->end,
-							 .xxh3 = ch->xxh3,
-							 .tensor = m->tensors[i].name};
+			                                 .begin = ch->begin,
+			                                 .end = ch->end,
+			                                 .xxh3 = ch->xxh3,
+			                                 .tensor = m->tensors[i].name};
 		}
 	return 0;
 }
@@ -404,7 +408,7 @@ static void verify_reply(struct verify *v, struct reader *r, const struct manife
 	rep.problems = r->problems;
 	rpc_reply(v->call, &rep.base);
 	log_msg(rep.ok ? LOG_INFO : LOG_WARNING, "verify of job %s step %lld: %s (%zu problems)",
-		v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT", r->nproblems);
+	        v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT", r->nproblems);
 }
 
 /*
@@ -478,7 +482,7 @@ static void verify_find(struct work *w)
 	pthread_mutex_unlock(&a->mu);
 	if (!e) {
 		rpc_fail(v->call, -ENOENT, "job %s has no committed step %lld", v->job,
-			 (long long)v->step);
+		         (long long)v->step);
 		free(v);
 		return;
 	}

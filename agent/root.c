@@ -27,7 +27,7 @@
 
 #include "agent.h"
 
-#define CHECK_OK_NS (5LL * 1000000000)  /* between checks of a root that is fine */
+#define CHECK_OK_NS (5LL * 1000000000) /* between checks of a root that is fine */
 #define CHECK_BAD_NS (1LL * 1000000000) /* of one that is not: saves resume soon after */
 
 struct root_watch {
@@ -36,7 +36,7 @@ struct root_watch {
 	struct work check, sync;
 	pthread_mutex_t check_mu; /* one check at a time, state changes in order */
 	/* under agent.mu */
-	bool stale;       /* the catalog and plans files are to follow the root once it is ok */
+	bool stale; /* the catalog and plans files are to follow the root once it is ok */
 	bool sync_queued; /* sync_run is queued or running */
 };
 
@@ -243,7 +243,7 @@ static void owners_follow(struct agent *a)
 		 */
 		if (store_owner_claim(a->store, v[i].job, v[i].uid, &owner, err)) {
 			log_msg(LOG_WARNING, "job %s: its owner cannot be recorded again: %s",
-				v[i].job, err);
+			        v[i].job, err);
 			continue;
 		}
 		pthread_mutex_lock(&a->mu);

@@ -71,18 +71,18 @@ static void save_log(struct agent *a, struct save *s, int state)
 	(void)a;
 	if (state == CKPT__V1__STATE__STATE_FAILED)
 		log_msg(LOG_WARNING, "save of job %s step %lld rank %d FAILED: %s", s->job,
-			(long long)s->step, s->rank, s->reason);
+		        (long long)s->step, s->rank, s->reason);
 	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
 		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
-			(long long)s->step, s->rank, s->reason);
+		        (long long)s->step, s->rank, s->reason);
 }
 
 /* Told of each state a save reaches, in this order. */
 static const save_observer_fn observers[] = {
-	save_log,         /* here */
-	metrics_on_save,  /* metrics.c: the durations' histograms */
-	session_on_save,  /* session.c: the client's Attach stream */
-	watchers_on_save, /* ops.c: ckptctl watch */
+    save_log, /* here */
+    metrics_on_save, /* metrics.c: the durations' histograms */
+    session_on_save, /* session.c: the client's Attach stream */
+    watchers_on_save, /* ops.c: ckptctl watch */
 };
 
 void save_fence_release(struct save *s)
@@ -113,8 +113,7 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 	 * that ends otherwise, once its capture job (which may still be about to
 	 * wait on the trainer's event) has returned: save_capture.
 	 */
-	if (state == CKPT__V1__STATE__STATE_CAPTURED ||
-	    (ipc_state_final(state) && !s->capturing))
+	if (state == CKPT__V1__STATE__STATE_CAPTURED || (ipc_state_final(state) && !s->capturing))
 		save_fence_release(s);
 	if (ipc_state_final(state)) {
 		a->inflight--;
@@ -202,12 +201,12 @@ static void save_capture(struct work *w)
 	}
 	t3 = ipc_mono_ns();
 	log_msg(LOG_DEBUG,
-		"capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
-		"%.2f ms copying %llu of %llu bytes",
-		s->job, (long long)s->step, s->rank, (double)(t1 - s->t_queued) / 1e6,
-		(double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6,
-		(unsigned long long)atomic_load(&s->bytes_captured),
-		(unsigned long long)s->bytes_total);
+	        "capture of job %s step %lld rank %d: %.2f ms queued, %.2f ms pool and file, "
+	        "%.2f ms copying %llu of %llu bytes",
+	        s->job, (long long)s->step, s->rank, (double)(t1 - s->t_queued) / 1e6,
+	        (double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6,
+	        (unsigned long long)atomic_load(&s->bytes_captured),
+	        (unsigned long long)s->bytes_total);
 	/*
 	 * The capture takes no more chunks: the credits it has not spent go
 	 * back to the pool now, and each chunk in flight as its write ends
@@ -235,8 +234,7 @@ static void save_capture(struct work *w)
 
 /* ---- the RPCs --------------------------------------------------------- */
 
-static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp,
-			     int64_t step)
+static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp, int64_t step)
 {
 	struct save *s = calloc(1, sizeof(*s));
 
@@ -259,13 +257,13 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	s->t_queued = ipc_mono_ns();
 	s->queued_unix_ns = ipc_now_ns();
 	s->nchunks = (unsigned)((p->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
-				pool_chunk_bytes(a->pool));
+	                        pool_chunk_bytes(a->pool));
 	s->pool_limited = s->nchunks > pool_nchunks(a->pool);
 	s->want = s->pool_limited ? pool_nchunks(a->pool) : s->nchunks;
 	if (s->pool_limited) /* a note, not a failure: CAPTURED comes later */
 		snprintf(s->reason, sizeof(s->reason),
-			 "larger than the staging pool (%u of %u chunks): streamed through it",
-			 s->nchunks, pool_nchunks(a->pool));
+		         "larger than the staging pool (%u of %u chunks): streamed through it",
+		         s->nchunks, pool_nchunks(a->pool));
 	s->work.fn = save_capture;
 	cp->rank[p->rank] = s;
 	cp->nsaved++;
@@ -292,8 +290,7 @@ static bool retry_of_failed(const struct checkpoint *cp, int rank)
 
 /* Under mu: the checks that need the agent's state; creates and queues the save. */
 static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
-		      struct save **out,
-		      char *err)
+                      struct save **out, char *err)
 {
 	struct checkpoint *cp;
 	struct plan *p;
@@ -303,20 +300,20 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	p = plan_of(a, c, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
-				(unsigned long long)req->plan_id);
+		                (unsigned long long)req->plan_id);
 	if (a->stopping)
 		return ipc_errf(err, -EAGAIN, "the agent is stopping");
 	if (catalog_find(a->cat, p->job, req->step))
 		return ipc_errf(err, -EEXIST,
-				"job %s step %lld is already committed: delete it first to save "
-				"it again",
-				p->job, (long long)req->step);
+		                "job %s step %lld is already committed: delete it first to save "
+		                "it again",
+		                p->job, (long long)req->step);
 	/* Before cp_get: a refusal must not leave an empty checkpoint behind. */
 	if (p->restoring)
 		return ipc_errf(err, -EBUSY,
-				"job %s rank %d: a restore is writing this plan's memory: save "
-				"after it returns",
-				p->job, p->rank);
+		                "job %s rank %d: a restore is writing this plan's memory: save "
+		                "after it returns",
+		                p->job, p->rank);
 	if (!p->gpu && req->cuda_event.len)
 		return ipc_errf(err, -EINVAL, "a CUDA event for a host-memory plan");
 	if (p->gpu && req->cuda_event.len != GPU_EVENT_HANDLE_BYTES)
@@ -338,15 +335,16 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	if (rc)
 		return rc;
 	if (cp->rank[p->rank])
-		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)", p->job,
-				(long long)req->step, p->rank,
-				ipc_state_name(cp->rank[p->rank]->state));
+		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)",
+		                p->job, (long long)req->step, p->rank,
+		                ipc_state_name(cp->rank[p->rank]->state));
 	if (cp->part_built)
-		return ipc_errf(err, -EALREADY,
-				"job %s step %lld: node %s's part of it was written without rank %d "
-				"(its plan came after the step's other saves here): this step "
-				"cannot take it",
-				p->job, (long long)req->step, a->cfg.node, p->rank);
+		return ipc_errf(
+		    err, -EALREADY,
+		    "job %s step %lld: node %s's part of it was written without rank %d "
+		    "(its plan came after the step's other saves here): this step "
+		    "cannot take it",
+		    p->job, (long long)req->step, a->cfg.node, p->rank);
 	s = save_new(a, p, cp, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) /* new and empty: nobody else knows it */
@@ -366,7 +364,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		char why[IPC_ERRLEN + 64];
 
 		snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
-			 (long long)cp->step, cp->reason);
+		         (long long)cp->step, cp->reason);
 		atomic_store(&s->abort, true);
 		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
 		return 0; /* the caller answers, then lets the checkpoint go */
@@ -445,6 +443,6 @@ void rpc_get_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	pthread_mutex_unlock(&a->mu);
 	if (!found)
 		rpc_fail(c, -ENOENT, "no save %llu (unknown, or long finished)",
-			 (unsigned long long)req->save_id);
+		         (unsigned long long)req->save_id);
 	protobuf_c_message_free_unpacked(m, NULL);
 }

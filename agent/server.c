@@ -82,7 +82,7 @@ struct server {
 	void *ctx;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	bool bound; /* the socket at path is ours (sock_dev, sock_ino): removed at the end */
-	int lfd;    /* its listener, accepted from by server_adopt's caller */
+	int lfd; /* its listener, accepted from by server_adopt's caller */
 	grpc_server_credentials *creds;
 	bool closing; /* under mu: shutting down, no more connections adopted */
 	dev_t sock_dev;
@@ -166,11 +166,11 @@ static int request_call(struct server *s, enum ipc_method m)
 		/* Calls to methods nobody registered wait for this, or forever. */
 		grpc_call_details_init(&c->details_in);
 		e = grpc_server_request_call(s->gs, &c->call, &c->details_in, &c->md, s->cq, s->cq,
-					     &c->t_new);
+		                             &c->t_new);
 	} else {
 		e = grpc_server_request_registered_call(s->gs, s->methods[m], &c->call,
-							&c->deadline, &c->md, &c->payload, s->cq,
-							s->cq, &c->t_new);
+		                                        &c->deadline, &c->md, &c->payload, s->cq,
+		                                        s->cq, &c->t_new);
 	}
 	if (e != GRPC_CALL_OK) {
 		log_msg(LOG_ERR, "gRPC: requesting a call failed (%d)", e);
@@ -190,7 +190,7 @@ static bool identify(struct rpc *c)
 
 		if (grpc_slice_str_cmp(m->key, IPC_CRED_META) == 0)
 			return s->identify(s->ctx, (const char *)GRPC_SLICE_START_PTR(m->value),
-					   GRPC_SLICE_LENGTH(m->value), &c->peer) == 0;
+			                   GRPC_SLICE_LENGTH(m->value), &c->peer) == 0;
 	}
 	return false;
 }
@@ -222,10 +222,11 @@ static void on_new(struct rpc *c, bool ok)
 		return;
 	}
 	if (!identify(c) && c->method != IPC_STATUS) {
-		rpc_fail(c, -EACCES,
-			 "%s: the call carries no credentials: connect to the agent's socket "
-			 "PATH%s first and send its token as '%s' metadata (libckpt and ckptctl do)",
-			 ipc_methods[c->method].path, IPC_CRED_SUFFIX, IPC_CRED_META);
+		rpc_fail(
+		    c, -EACCES,
+		    "%s: the call carries no credentials: connect to the agent's socket "
+		    "PATH%s first and send its token as '%s' metadata (libckpt and ckptctl do)",
+		    ipc_methods[c->method].path, IPC_CRED_SUFFIX, IPC_CRED_META);
 		return;
 	}
 	/* strings with NUL or control characters are refused here, naming the field */
@@ -384,10 +385,9 @@ int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg)
 	if (c->queued >= STREAM_MAX_QUEUED ||
 	    (c->max_bytes && c->queued_bytes + m->len > c->max_bytes)) {
 		/* Cancelled, the close callback tells the owner, who cleans up. */
-		grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
-					     c->cut_msg ? c->cut_msg
-							: "this stream's reader fell too far behind",
-					     NULL);
+		grpc_call_cancel_with_status(
+		    c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+		    c->cut_msg ? c->cut_msg : "this stream's reader fell too far behind", NULL);
 		grpc_byte_buffer_destroy(m->bb);
 		free(m);
 		rc = -ENOBUFS;
@@ -478,8 +478,10 @@ static int clear_stale_socket(const char *path, char *err)
 	if (lstat(path, &st))
 		return errno == ENOENT ? 0 : ipc_errf(err, -errno, "%s: %s", path, strerror(errno));
 	if (!S_ISSOCK(st.st_mode))
-		return ipc_errf(err, -EEXIST, "%s exists and is not a socket: remove it or listen "
-					      "elsewhere", path);
+		return ipc_errf(err, -EEXIST,
+		                "%s exists and is not a socket: remove it or listen "
+		                "elsewhere",
+		                path);
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -488,7 +490,7 @@ static int clear_stale_socket(const char *path, char *err)
 		rc = ipc_errf(err, -EADDRINUSE, "another ckptd is serving %s", path);
 	else if (unlink(path) && errno != ENOENT)
 		rc = ipc_errf(err, -errno, "removing the stale socket %s: %s", path,
-			      strerror(errno));
+		              strerror(errno));
 	close(fd);
 	return rc;
 }
@@ -500,10 +502,10 @@ static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 
 	if (strncmp(o->listen, "unix:", 5) != 0 || !o->listen[5])
 		return ipc_errf(err, -EINVAL, "listen address '%s': only unix:PATH is supported",
-				o->listen);
+		                o->listen);
 	if (strlen(o->listen + 5) >= sizeof(s->path))
 		return ipc_errf(err, -ENAMETOOLONG, "socket path %s is longer than %zu bytes",
-				o->listen + 5, sizeof(s->path) - 1);
+		                o->listen + 5, sizeof(s->path) - 1);
 	snprintf(s->path, sizeof(s->path), "%s", o->listen + 5);
 	rc = clear_stale_socket(s->path, err);
 	if (rc)
@@ -523,10 +525,11 @@ static int bind_socket(struct server *s, const struct server_opts *o, char *err)
 		if (s->lfd < 0)
 			return ipc_errf(err, -errno, "socket: %s", strerror(errno));
 		if (bind(s->lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(s->lfd, 512))
-			return ipc_errf(err, -errno,
-					"cannot listen on %s: %s (does its directory exist and is it "
-					"writable?)",
-					o->listen, strerror(errno));
+			return ipc_errf(
+			    err, -errno,
+			    "cannot listen on %s: %s (does its directory exist and is it "
+			    "writable?)",
+			    o->listen, strerror(errno));
 	}
 	if (lstat(s->path, &st) == 0 && S_ISSOCK(st.st_mode)) {
 		s->bound = true;
@@ -541,10 +544,10 @@ static int socket_access(struct server *s, const struct server_opts *o, char *er
 {
 	if (o->socket_gid >= 0 && chown(s->path, (uid_t)-1, (gid_t)o->socket_gid))
 		return ipc_errf(err, -errno, "chown group %ld of %s: %s", o->socket_gid, s->path,
-				strerror(errno));
+		                strerror(errno));
 	if (o->socket_mode && chmod(s->path, o->socket_mode))
 		return ipc_errf(err, -errno, "chmod %o %s: %s", o->socket_mode, s->path,
-				strerror(errno));
+		                strerror(errno));
 	return 0;
 }
 
@@ -556,12 +559,12 @@ static void on_shutdown(struct rpc *c, bool ok)
 int server_create(const struct server_opts *o, struct server **out, char *err)
 {
 	grpc_arg args[2] = {
-		{.type = GRPC_ARG_INTEGER,
-		 .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-		 .value.integer = IPC_MAX_MESSAGE},
-		{.type = GRPC_ARG_INTEGER,
-		 .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-		 .value.integer = IPC_MAX_MESSAGE},
+	    {.type = GRPC_ARG_INTEGER,
+	     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+	     .value.integer = IPC_MAX_MESSAGE},
+	    {.type = GRPC_ARG_INTEGER,
+	     .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+	     .value.integer = IPC_MAX_MESSAGE},
 	};
 	grpc_channel_args cargs = {2, args};
 	struct server *s;
@@ -583,7 +586,7 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 	grpc_server_register_completion_queue(s->gs, s->cq, NULL);
 	for (int m = 0; m < IPC_NMETHODS; m++)
 		s->methods[m] = grpc_server_register_method(
-			s->gs, ipc_methods[m].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+		    s->gs, ipc_methods[m].path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 	rc = bind_socket(s, o, err);
 	if (rc)
 		goto fail;
@@ -600,12 +603,11 @@ int server_create(const struct server_opts *o, struct server **out, char *err)
 	}
 	*out = s;
 	return 0;
-fail_started:
-	{
-		atomic_bool stop = true;
+fail_started : {
+	atomic_bool stop = true;
 
-		server_run(s, &stop, NULL, NULL);
-	}
+	server_run(s, &stop, NULL, NULL);
+}
 fail:
 	server_destroy(s);
 	return rc;
@@ -620,12 +622,14 @@ void server_run(struct server *s, atomic_bool *stop, bool (*drained)(void *ctx),
 	for (;;) {
 		if (s->tick && gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), next_tick) >= 0) {
 			next_tick = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-						 gpr_time_from_millis(1000, GPR_TIMESPAN));
+			                         gpr_time_from_millis(1000, GPR_TIMESPAN));
 			s->tick(s->ctx);
 		}
 		grpc_event ev = grpc_completion_queue_next(
-			s->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN)),
-			NULL);
+		    s->cq,
+		    gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+		                 gpr_time_from_millis(100, GPR_TIMESPAN)),
+		    NULL);
 
 		if (ev.type == GRPC_QUEUE_SHUTDOWN)
 			break;

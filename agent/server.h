@@ -31,10 +31,10 @@ typedef void (*rpc_handler_fn)(struct rpc *c, ProtobufCMessage *req, void *ctx);
 typedef void (*rpc_close_fn)(struct rpc *c, void *ctx);
 
 struct server_opts {
-	const char *listen;  /* "unix:/path" */
+	const char *listen; /* "unix:/path" */
 	void (*tick)(void *ctx); /* about once a second, on the control thread; may be NULL */
 	unsigned socket_mode; /* chmod of the socket; 0: leave it */
-	long socket_gid;      /* chown group of the socket; < 0: leave it */
+	long socket_gid; /* chown group of the socket; < 0: leave it */
 	rpc_handler_fn handlers[IPC_NMETHODS];
 	/*
 	 * The peer a call's token (its IPC_CRED_META metadata) stands for: 0, or

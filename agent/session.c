@@ -84,12 +84,12 @@ static void session_end(struct agent *a, struct session *s)
 	list_for_each_safe(pos, tmp, &s->plans) plan_drop(a, container_of(pos, struct plan, slink));
 	save_forget_session(a, s);
 	list_for_each_safe(pos, tmp, &s->regions)
-		region_unregister(a, container_of(pos, struct region, link));
+	    region_unregister(a, container_of(pos, struct region, link));
 	list_del(&s->link);
 	a->nsessions--;
 	usage_release(a, s->who.uid, USE_SESSIONS, 1);
 	log_msg(LOG_INFO, "client %s (pid %u) left: %u plans and %u regions released", s->client,
-		s->pid, nplans, nregions);
+	        s->pid, nplans, nregions);
 	free(s);
 }
 
@@ -139,7 +139,8 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	s->id = ipc_random_id();
 	s->stream = c;
 	s->pid = req->pid;
-	snprintf(s->client, sizeof(s->client), "%s", req->client && *req->client ? req->client : "?");
+	snprintf(s->client, sizeof(s->client), "%s",
+	         req->client && *req->client ? req->client : "?");
 	for (char *p = s->client; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			*p = '?';
@@ -152,7 +153,7 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rpc_stream_send(c, &ev.base);
 	pthread_mutex_unlock(&a->mu);
 	log_msg(LOG_INFO, "client %s (pid %u, uid %u) attached", s->client, s->pid,
-		(unsigned)s->who.uid);
+	        (unsigned)s->who.uid);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -179,12 +180,12 @@ struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *er
 
 	if (!s) {
 		ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
-			 (unsigned long long)id);
+		         (unsigned long long)id);
 		return NULL;
 	}
 	if (s->who.uid != rpc_peer(c)->uid) { /* another user's: as good as none */
 		ipc_errf(err, -ENOENT, "no session %llu: attach first (or the agent restarted)",
-			 (unsigned long long)id);
+		         (unsigned long long)id);
 		return NULL;
 	}
 	return s;
@@ -205,9 +206,9 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	fd = cred_take_fd(a->cred, who, req->ticket, &said);
 	if (fd < 0) {
 		rpc_fail(c, -ENOENT,
-			 "no region under ticket %llu on this client's credentials connection "
-			 "(send it there first)",
-			 (unsigned long long)req->ticket);
+		         "no region under ticket %llu on this client's credentials connection "
+		         "(send it there first)",
+		         (unsigned long long)req->ticket);
 		goto out;
 	}
 	r = calloc(1, sizeof(*r));
@@ -217,10 +218,10 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		goto out;
 	}
 	/* Checking and mapping are quick system calls, no disk: fine on this thread. */
-	rc = said == req->size ? ipc_shm_map(fd, req->size, &r->shm, err)
-			       : (close(fd), ipc_errf(err, -EINVAL, "region of %llu bytes, sent as %llu",
-						      (unsigned long long)req->size,
-						      (unsigned long long)said));
+	rc = said == req->size
+	         ? ipc_shm_map(fd, req->size, &r->shm, err)
+	         : (close(fd), ipc_errf(err, -EINVAL, "region of %llu bytes, sent as %llu",
+	                                (unsigned long long)req->size, (unsigned long long)said));
 	if (rc) {
 		free(r);
 		rpc_fail(c, rc, "%s", err);
@@ -232,7 +233,7 @@ void rpc_register_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	if (!rc && a->nregions >= MAX_REGIONS) {
 		usage_release(a, who->uid, USE_REGIONS, 1);
 		rc = ipc_errf(err, -EAGAIN, "the agent maps %u regions, its limit for all users",
-			      a->nregions);
+		              a->nregions);
 	}
 	if (!rc && (rc = usage_charge(a, who->uid, USE_REGION_BYTES, r->shm.size, err)))
 		usage_release(a, who->uid, USE_REGIONS, 1);
@@ -275,6 +276,6 @@ void rpc_drop_region(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_reply(c, &rep.base);
 	else
 		rpc_fail(c, -ENOENT, "no region %llu in session %llu",
-			 (unsigned long long)req->region_id, (unsigned long long)req->session_id);
+		         (unsigned long long)req->region_id, (unsigned long long)req->session_id);
 	protobuf_c_message_free_unpacked(m, NULL);
 }

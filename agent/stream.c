@@ -104,11 +104,11 @@ int stream_setup(struct save *s, char *why)
 		return -ENOMEM;
 	}
 	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
-					 s->file, &s->shard, err);
+	                                 s->file, &s->shard, err);
 	/* The root made anew since it was last looked at: open again now; once more. */
 	if (rc && root_after_failure(a, rc, err))
-		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank,
-						 p->shard_bytes, s->file, &s->shard, err);
+		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
+		                                 s->file, &s->shard, err);
 	if (rc)
 		snprintf(why, IPC_ERRLEN, "%s", err);
 	return rc;
@@ -149,7 +149,7 @@ static void io_failure(struct save *s, const char *what, int err, char *buf, siz
 	char path[512];
 
 	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->file, path,
-				     sizeof(path));
+	                             sizeof(path));
 	snprintf(buf, len, "%s %s: %s", what, path, strerror(-err));
 }
 
@@ -293,13 +293,13 @@ void stream_submit(struct save *s, struct pool_chunk *c, uint64_t off, uint64_t 
 	c->fill = fill;
 	c->owner = s;
 	c->req = (struct io_req){.op = IO_WRITE,
-				 .buf = c->buf,
-				 .len = len,
-				 .off = off,
-				 .buf_index = (int)c->index,
-				 .prep = chunk_prep,
-				 .done = chunk_written,
-				 .ctx = c};
+	                         .buf = c->buf,
+	                         .len = len,
+	                         .off = off,
+	                         .buf_index = (int)c->index,
+	                         .prep = chunk_prep,
+	                         .done = chunk_written,
+	                         .ctx = c};
 	c->hash.fn = chunk_hash;
 	atomic_store(&c->busy, 2); /* the write and the checksums */
 	atomic_fetch_add(&s->stages, 1);
@@ -328,14 +328,14 @@ int stream_capture_host(struct save *s, char *why)
 			return -ECANCELED;
 		/* the trainer's stall is this copy: split across the copier's threads */
 		if (copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
-			       stream_chunk_fill(s, k, cb), 1u << 20)) {
+		               stream_chunk_fill(s, k, cb), 1u << 20)) {
 			pool_give(&s->resv, c);
-			return ipc_errf(why, -EFAULT,
-					"the trainer's host memory faulted under the copy (SIGBUS) "
-					"in bytes %llu..%llu of the shard: its region was taken away",
-					(unsigned long long)k * cb,
-					(unsigned long long)(k * cb +
-							     stream_chunk_fill(s, k, cb)));
+			return ipc_errf(
+			    why, -EFAULT,
+			    "the trainer's host memory faulted under the copy (SIGBUS) "
+			    "in bytes %llu..%llu of the shard: its region was taken away",
+			    (unsigned long long)k * cb,
+			    (unsigned long long)(k * cb + stream_chunk_fill(s, k, cb)));
 		}
 		atomic_fetch_add(&a->captured_bytes, stream_chunk_fill(s, k, cb));
 		if (atomic_load(&s->abort)) { /* aborted during the copy: not written */

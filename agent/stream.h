@@ -20,8 +20,9 @@
 #include "agent.h"
 
 /* A save refused a place in the pool under the skip policy: its reason. */
-#define SAVE_SKIP_REASON                                                                        \
-	"staging pool full (saves of other checkpoints still hold it) and the job's policy is skip"
+#define SAVE_SKIP_REASON                                                                           \
+	"staging pool full (saves of other checkpoints still hold it) and the job's policy is "    \
+	"skip"
 
 /* ---- a save's chunks (stream.c) --------------------------------------- */
 
@@ -63,11 +64,11 @@ void capture_next(struct agent *a, struct save *s);
 struct extent {
 	int rank;
 	uint64_t begin, end; /* bytes of the rank's file */
-	char *dst;           /* restore: where they go */
+	char *dst; /* restore: where they go */
 	bool device; /* dst is GPU memory: copied on the plan's lane */
 	uint64_t xxh3;
-	bool nosum;          /* a shard header, checked by parsing */
-	bool *whole;         /* set once every byte of it is in dst (verify's headers) */
+	bool nosum; /* a shard header, checked by parsing */
+	bool *whole; /* set once every byte of it is in dst (verify's headers) */
 	const char *tensor;
 };
 
@@ -108,7 +109,7 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want);
 void reader_free(struct reader *r);
 /* A problem, named (at most 100 kept); a restore (not collect) stops at the first. */
 void reader_problem(struct reader *r, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- save.c, for the pipeline ----------------------------------------- */
 

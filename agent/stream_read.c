@@ -123,8 +123,8 @@ static void window_done(struct io_req *q)
  * The bytes [w->off, w->off + got) of the file, for extents ext[*ei ...]
  * (none empty: those were checked before reading).
  */
-static void consume(struct reader *r, const struct window *w, uint64_t got, size_t *ei,
-		    size_t last, XXH3_state_t *xs)
+static void consume(struct reader *r, const struct window *w, uint64_t got, size_t *ei, size_t last,
+                    XXH3_state_t *xs)
 {
 	const char *buf = w->c->buf;
 	const uint64_t a0 = w->off, b0 = w->off + got;
@@ -150,14 +150,15 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 				reader_problem(r, rc, "tensor '%s': %s", e->tensor, why);
 			}
 		} else if (e->dst &&
-			   copier_run(r->a->copier, copy_part, buf + (from - a0), 0,
-				      e->dst + (from - e->begin), to - from, 1u << 20) &&
-			   !r->copy_err) {
+		           copier_run(r->a->copier, copy_part, buf + (from - a0), 0,
+		                      e->dst + (from - e->begin), to - from, 1u << 20) &&
+		           !r->copy_err) {
 			r->copy_err = -EFAULT;
 			reader_problem(r, -EFAULT,
-				"tensor '%s': the trainer's host memory faulted under the copy (SIGBUS): "
-				"its region was taken away",
-				e->tensor);
+			               "tensor '%s': the trainer's host memory faulted under the "
+			               "copy (SIGBUS): "
+			               "its region was taken away",
+			               e->tensor);
 		}
 		r->bytes += to - from;
 		if (e->end > b0)
@@ -166,10 +167,11 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 			*e->whole = true;
 		sum = XXH3_64bits_digest(xs);
 		if (!e->nosum && sum != e->xxh3)
-			reader_problem(r, -EBADMSG,
-				"tensor '%s' in %s: checksum mismatch (manifest xxh3 %016" PRIx64
-				", file %016" PRIx64 ")",
-				e->tensor, r->path, e->xxh3, sum);
+			reader_problem(
+			    r, -EBADMSG,
+			    "tensor '%s' in %s: checksum mismatch (manifest xxh3 %016" PRIx64
+			    ", file %016" PRIx64 ")",
+			    e->tensor, r->path, e->xxh3, sum);
 	}
 }
 
@@ -178,8 +180,8 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
  * may_wait false (windows of ours are in flight, and only we give them
  * back): no chunk now is no window now.
  */
-static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t last,
-		       uint64_t *pos, bool may_wait)
+static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t last, uint64_t *pos,
+                       bool may_wait)
 {
 	const uint64_t cb = pool_chunk_bytes(r->a->pool);
 	const uint64_t fend = (r->size + ALIGN - 1) / ALIGN * ALIGN;
@@ -199,12 +201,12 @@ static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t la
 	w->r = r;
 	w->done = false;
 	w->c->req = (struct io_req){.op = IO_READ,
-				    .buf = w->c->buf,
-				    .len = fend - w->off < cb ? fend - w->off : cb,
-				    .off = w->off,
-				    .buf_index = (int)w->c->index,
-				    .done = window_done,
-				    .ctx = w};
+	                            .buf = w->c->buf,
+	                            .len = fend - w->off < cb ? fend - w->off : cb,
+	                            .off = w->off,
+	                            .buf_index = (int)w->c->index,
+	                            .done = window_done,
+	                            .ctx = w};
 	*pos = w->off + w->c->req.len;
 	r->a->store->ops->shard_read(r->sh, &w->c->req);
 	return true;
@@ -222,9 +224,9 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 	unsigned head = 0, tail = 0;
 	unsigned depth = r->resv.want < READ_AHEAD ? r->resv.want : READ_AHEAD;
 	size_t gi = first, ei = first; /* next extent to read ahead for / to consume */
-	uint64_t pos = 0;              /* next file byte not yet asked for */
+	uint64_t pos = 0; /* next file byte not yet asked for */
 	bool failed = false, ended = false; /* a window failed / the file ended early */
-	uint64_t end_at = 0;                /* ended: where */
+	uint64_t end_at = 0; /* ended: where */
 
 	for (;;) {
 		while (tail - head < depth && !atomic_load(&r->abort) && !failed && !ended &&
@@ -253,7 +255,7 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		} else if (got < 0) {
 			failed = true;
 			reader_problem(r, -EIO, "reading %s at byte %" PRIu64 ": %s", r->path,
-				       w->off, strerror((int)-got));
+			               w->off, strerror((int)-got));
 		} else if (r->collect || !atomic_load(&r->abort)) {
 			consume(r, w, (uint64_t)got, &ei, last, xs);
 			end_at = w->off + (uint64_t)got;
@@ -262,7 +264,8 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		if (r->lane) { /* the GPU copies out of this window land before it is reused */
 			char why[IPC_ERRLEN];
 
-			if ((gpu_lane_mark(r->lane, 0, why) || gpu_lane_wait(r->lane, 0, NULL, why)) &&
+			if ((gpu_lane_mark(r->lane, 0, why) ||
+			     gpu_lane_wait(r->lane, 0, NULL, why)) &&
 			    !r->copy_err) {
 				r->copy_err = -EIO;
 				reader_problem(r, -EIO, "restoring into GPU memory: %s", why);
@@ -272,14 +275,14 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 	}
 	if (ei < last && !failed && ended && !atomic_load(&r->abort))
 		reader_problem(r, -EBADMSG,
-			       "tensor '%s' in %s: the file ends before its bytes (at byte %" PRIu64
-			       ", %" PRIu64 " bytes long when opened: changed since?)",
-			       r->ext[ei].tensor, r->path, end_at, r->size);
+		               "tensor '%s' in %s: the file ends before its bytes (at byte %" PRIu64
+		               ", %" PRIu64 " bytes long when opened: changed since?)",
+		               r->ext[ei].tensor, r->path, end_at, r->size);
 	else if (ei < last && !failed && !atomic_load(&r->abort))
 		reader_problem(r, -EBADMSG,
-			       "tensor '%s' in %s: the file ends before its bytes (%" PRIu64
-			       " bytes long)",
-			       r->ext[ei].tensor, r->path, r->size);
+		               "tensor '%s' in %s: the file ends before its bytes (%" PRIu64
+		               " bytes long)",
+		               r->ext[ei].tensor, r->path, r->size);
 }
 
 /* Checks empty tensors (no bytes to read), then reads file by file. */
@@ -296,9 +299,9 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 			r->ext[kept++] = r->ext[i];
 		else if (!r->ext[i].nosum && r->ext[i].xxh3 != XXH3_64bits(NULL, 0))
 			reader_problem(r, -EBADMSG,
-				       "tensor '%s' (rank %d): empty, but its checksum in the "
-				       "manifest is not that of no bytes",
-				       r->ext[i].tensor, r->ext[i].rank);
+			               "tensor '%s' (rank %d): empty, but its checksum in the "
+			               "manifest is not that of no bytes",
+			               r->ext[i].tensor, r->ext[i].rank);
 	}
 	r->n = kept;
 	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
@@ -317,17 +320,18 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 		while (j < r->n && r->ext[j].rank == rank)
 			j++;
 		r->a->store->ops->shard_path(r->a->store, r->job, r->step, m->ranks[rank].file,
-					     r->path, sizeof(r->path));
+		                             r->path, sizeof(r->path));
 		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, m->ranks[rank].file,
-						  &r->sh, &r->size, err);
+		                                  &r->sh, &r->size, err);
 		if (rc)
 			reader_problem(r, rc == -ENOENT ? -ENOENT : -EIO, "rank %d (node %s): %s",
-				       rank, manifest_node_of(m, rank) ?: "-", err);
+			               rank, manifest_node_of(m, rank) ?: "-", err);
 		else if (r->size != m->ranks[rank].size)
 			reader_problem(r, -EBADMSG,
-				"%s (rank %d, node %s) is %" PRIu64 " bytes, the manifest says %" PRIu64,
-				r->path, rank, manifest_node_of(m, rank) ?: "-", r->size,
-				m->ranks[rank].size);
+			               "%s (rank %d, node %s) is %" PRIu64
+			               " bytes, the manifest says %" PRIu64,
+			               r->path, rank, manifest_node_of(m, rank) ?: "-", r->size,
+			               m->ranks[rank].size);
 		else
 			read_file(r, i, j, xs);
 		r->a->store->ops->shard_close(r->sh);
@@ -339,8 +343,7 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 	return 0;
 }
 
-int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step,
-		       size_t n)
+int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step, size_t n)
 {
 	memset(r, 0, sizeof(*r));
 	r->a = a;

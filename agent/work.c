@@ -28,9 +28,9 @@ struct workq {
 	unsigned busy; /* queued + timed + running */
 	bool stop;
 	unsigned nthreads, max; /* started; at most (elastic queues start more as jobs wait) */
-	unsigned limit;   /* jobs running at once, not counting those that said they wait */
+	unsigned limit; /* jobs running at once, not counting those that said they wait */
 	unsigned running; /* jobs running and not waiting */
-	unsigned idle;    /* workers asleep on cv */
+	unsigned idle; /* workers asleep on cv */
 	pthread_t *threads;
 	char name[16];
 };

@@ -54,8 +54,9 @@ int main(int argc, char **argv)
 		t = now() - t;
 		hash = t < hash ? t : hash;
 	}
-	printf("{\"bytes\": %zu, \"memcpy_gbps\": %.2f, \"xxh3_gbps\": %.2f, \"check\": \"%llx\"}\n",
-	       n, (double)n / copy / 1e9, (double)n / hash / 1e9, h);
+	printf(
+	    "{\"bytes\": %zu, \"memcpy_gbps\": %.2f, \"xxh3_gbps\": %.2f, \"check\": \"%llx\"}\n",
+	    n, (double)n / copy / 1e9, (double)n / hash / 1e9, h);
 	free(a);
 	free(b);
 	return 0;

@@ -47,7 +47,7 @@ struct opts {
 	long sizes[8], ranks[8];
 	int nsizes, nranks, reps;
 	int control; /* > 0: only the control plane, with this many saves */
-	int node;    /* per-rank records; a save that does not commit is recorded */
+	int node; /* per-rank records; a save that does not commit is recorded */
 };
 
 struct rank {
@@ -81,14 +81,14 @@ static double now(void)
 static void die(const char *what, struct ckpt_client *c, int rc)
 {
 	fprintf(stderr, "ckpt_bench: %s: %s (%s)\n", what, ckpt_strerror(rc),
-		c ? ckpt_last_error(c) : "");
+	        c ? ckpt_last_error(c) : "");
 	exit(1);
 }
 
 static void record(const char *metric, long mib, long ranks, const double *v, int n)
 {
 	fprintf(out, "%s{\"metric\": \"%s\", \"size_mib\": %ld, \"ranks\": %ld, \"samples\": [",
-		nrecords++ ? ",\n  " : "\n  ", metric, mib, ranks);
+	        nrecords++ ? ",\n  " : "\n  ", metric, mib, ranks);
 	for (int i = 0; i < n; i++)
 		fprintf(out, "%s%.9f", i ? ", " : "", v[i]);
 	fprintf(out, "]}");
@@ -113,9 +113,10 @@ static void json_str(const char *v)
 /* --node: one value per rank (rank order) of repetition `rep`. */
 static void record_ranks(const char *metric, long mib, int rep, const double *v, int world)
 {
-	fprintf(out, "%s{\"metric\": \"%s\", \"size_mib\": %ld, \"ranks\": %d, \"rep\": %d, "
-		     "\"per_rank\": [",
-		nrecords++ ? ",\n  " : "\n  ", metric, mib, world, rep);
+	fprintf(out,
+	        "%s{\"metric\": \"%s\", \"size_mib\": %ld, \"ranks\": %d, \"rep\": %d, "
+	        "\"per_rank\": [",
+	        nrecords++ ? ",\n  " : "\n  ", metric, mib, world, rep);
 	for (int k = 0; k < world; k++)
 		fprintf(out, "%s%.9f", k ? ", " : "", v[k]);
 	fprintf(out, "]}");
@@ -125,9 +126,10 @@ static void record_ranks(const char *metric, long mib, int rep, const double *v,
 /* --node: every rank's final state and reason in repetition `rep`. */
 static void record_states(long mib, int rep, const struct rank *r, int world)
 {
-	fprintf(out, "%s{\"metric\": \"rank_state\", \"size_mib\": %ld, \"ranks\": %d, "
-		     "\"rep\": %d, \"per_rank\": [",
-		nrecords++ ? ",\n  " : "\n  ", mib, world, rep);
+	fprintf(out,
+	        "%s{\"metric\": \"rank_state\", \"size_mib\": %ld, \"ranks\": %d, "
+	        "\"rep\": %d, \"per_rank\": [",
+	        nrecords++ ? ",\n  " : "\n  ", mib, world, rep);
 	for (int k = 0; k < world; k++) {
 		fprintf(out, "%s", k ? ", " : "");
 		json_str(r[k].state ? ckpt_state_name((enum ckpt_state)r[k].state) : "NONE");
@@ -165,14 +167,15 @@ static void rank_setup(struct rank *r, const struct opts *o, long mib)
 		die("host alloc", r->c, rc);
 	left = r->bytes;
 	for (int i = 0; i < NTENSORS; i++) {
-		uint64_t n = i == NTENSORS - 1 ? left : r->bytes / NTENSORS - 4096 + 97 * (uint64_t)i;
+		uint64_t n =
+		    i == NTENSORS - 1 ? left : r->bytes / NTENSORS - 4096 + 97 * (uint64_t)i;
 
 		n &= ~(uint64_t)7;
 		left -= n;
 		r->shape[i][0] = (int64_t)(n / 4);
 		snprintf(r->names[i], sizeof(r->names[i]), "w%d.%d", r->id, i);
-		r->t[i] = (struct ckpt_tensor){r->names[i], CKPT_F32, 1, r->shape[i],
-					       (char *)r->mem + off, NULL, NULL};
+		r->t[i] = (struct ckpt_tensor){r->names[i],          CKPT_F32, 1,   r->shape[i],
+		                               (char *)r->mem + off, NULL,     NULL};
 		off += n;
 	}
 	snprintf(job, sizeof(job), "bench-%ldm-%dr", mib, r->world);
@@ -253,8 +256,8 @@ static void references(struct rank *r, const struct opts *o, long mib)
 	char path[512];
 	void *dst;
 
-	dst = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-		   -1, 0);
+	dst = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE,
+	           MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (dst == MAP_FAILED)
 		die("mmap", NULL, -errno);
 	memcpy(dst, r->mem, r->bytes); /* warm */
@@ -330,8 +333,11 @@ static void run_size(const struct opts *o, long mib, long world)
 		die("out of memory", NULL, -ENOMEM);
 	pthread_barrier_init(&bar, NULL, (unsigned)world);
 	for (int k = 0; k < world; k++) {
-		r[k] = (struct rank){.id = k, .world = (int)world, .bar = &bar,
-				     .keep_going = o->node, .ncommitted = &ncommitted};
+		r[k] = (struct rank){.id = k,
+		                     .world = (int)world,
+		                     .bar = &bar,
+		                     .keep_going = o->node,
+		                     .ncommitted = &ncommitted};
 		r[k].bytes = ((uint64_t)mib << 20) / (uint64_t)world;
 		rank_setup(&r[k], o, mib);
 	}
@@ -397,7 +403,7 @@ static void control_plane(const struct opts *o)
 		shape[i][0] = 256;
 		snprintf(names[i], sizeof(names[i]), "p%d", i);
 		t[i] = (struct ckpt_tensor){names[i], CKPT_F32, 1, shape[i], (char *)mem + i * 1024,
-					    NULL, NULL};
+		                            NULL,     NULL};
 	}
 	for (int i = 0; i < o->reps; i++) {
 		double t0 = now();
@@ -443,12 +449,15 @@ static int list(const char *s, long *v, int max)
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{"endpoint", required_argument, NULL, 'e'}, {"dir", required_argument, NULL, 'd'},
-		{"sizes", required_argument, NULL, 's'},    {"ranks", required_argument, NULL, 'r'},
-		{"reps", required_argument, NULL, 'n'},	    {"out", required_argument, NULL, 'o'},
-		{"control-plane", required_argument, NULL, 'c'},
-		{"node", no_argument, NULL, 'N'},
-		{NULL, 0, NULL, 0},
+	    {"endpoint", required_argument, NULL, 'e'},
+	    {"dir", required_argument, NULL, 'd'},
+	    {"sizes", required_argument, NULL, 's'},
+	    {"ranks", required_argument, NULL, 'r'},
+	    {"reps", required_argument, NULL, 'n'},
+	    {"out", required_argument, NULL, 'o'},
+	    {"control-plane", required_argument, NULL, 'c'},
+	    {"node", no_argument, NULL, 'N'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct opts o = {.reps = 5};
 	int opt;
@@ -480,8 +489,9 @@ int main(int argc, char **argv)
 			o.nranks = -1;
 	if (!o.endpoint || !o.dir || !o.out || o.nsizes < 1 || o.nranks < 1 || o.reps < 1 ||
 	    o.reps > 16) {
-		fprintf(stderr, "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
-				"[--ranks N,...(at most 16)] [--reps 1..16] [--node]\n");
+		fprintf(stderr,
+		        "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
+		        "[--ranks N,...(at most 16)] [--reps 1..16] [--node]\n");
 		return 2;
 	}
 	out = fopen(o.out, "w");

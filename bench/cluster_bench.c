@@ -69,7 +69,8 @@ int main(int argc, char **argv)
 		       2;
 	for (int r = 0; r < n; r++) {
 		int64_t half = (int64_t)mib << 19; /* bytes/2 as F32 elements x 4 */
-		int64_t gshape[1] = {half / 4 * n}, lshape[1] = {half / 4}, goff[1] = {half / 4 * r};
+		int64_t gshape[1] = {half / 4 * n}, lshape[1] = {half / 4},
+		        goff[1] = {half / 4 * r};
 		int64_t oshape[1] = {half};
 		struct ckpt_tensor t[2];
 		char name[32];
@@ -84,7 +85,8 @@ int main(int argc, char **argv)
 		memset(mem, r + 1, (size_t)half * 2);
 		snprintf(name, sizeof(name), "opt.rank%d", r);
 		t[0] = (struct ckpt_tensor){"w", CKPT_F32, 1, lshape, mem, gshape, goff};
-		t[1] = (struct ckpt_tensor){name, CKPT_U8, 1, oshape, (char *)mem + half, NULL, NULL};
+		t[1] =
+		    (struct ckpt_tensor){name, CKPT_U8, 1, oshape, (char *)mem + half, NULL, NULL};
 		rc = ckpt_plan_create(c[r], job, r, n, t, 2, &p[r]);
 		if (rc)
 			return die(c[r], "plan", rc);

@@ -43,7 +43,7 @@ static void die_cuda(const char *what, cudaError_t e)
 static void die_ckpt(const char *what, struct ckpt_client *c, int rc)
 {
 	fprintf(stderr, "gpu_bench: %s: %s (%s)\n", what, c ? ckpt_last_error(c) : "",
-		ckpt_strerror(rc));
+	        ckpt_strerror(rc));
 	exit(1);
 }
 
@@ -146,7 +146,7 @@ int main(int argc, char **argv)
 
 		if (e != cudaSuccess || n < 1) {
 			fprintf(stderr, "gpu_bench: no usable GPU: %s\n",
-				e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+			        e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
 			return 77;
 		}
 	}

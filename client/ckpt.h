@@ -135,12 +135,15 @@ struct ckpt_plan_opts {
 	const char *run;
 };
 
-#define CKPT_PLAN_OPTS_INIT {sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL}
+#define CKPT_PLAN_OPTS_INIT                                                                        \
+	{                                                                                          \
+		sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL                               \
+	}
 
 /* ckpt_plan_create with options (opts NULL: the defaults). */
 int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
-                          const struct ckpt_tensor *t, size_t n,
-                          const struct ckpt_plan_opts *opts, struct ckpt_plan **out);
+                          const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
+                          struct ckpt_plan **out);
 
 /* ckpt_plan_create with a backpressure policy: ckpt_plan_create_opts with only that. */
 int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
@@ -208,7 +211,7 @@ const char *ckpt_state_name(enum ckpt_state s);
  * waits on the host. -EBUSY while 64 saves of the plan are not yet captured.
  */
 int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
-		 struct ckpt_save **out);
+                 struct ckpt_save **out);
 /*
  * Makes `stream` wait for CAPTURED without blocking the host thread: work
  * queued on it afterwards (the next step's writes to the tensors) runs only

@@ -177,8 +177,8 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	printf("ckptd %s, pid %" PRId64 ", up %dh%02dm%02ds\n", r->version, r->pid, up / 3600,
 	       up / 60 % 60, up % 60);
 	printf("%-12s %s\n", "endpoint", endpoint);
-	printf("%-12s %s (commit deadline %u s; uncommitted steps abandoned after %u s)\n",
-	       "node", r->node, r->commit_deadline, r->abandon_after);
+	printf("%-12s %s (commit deadline %u s; uncommitted steps abandoned after %u s)\n", "node",
+	       r->node, r->commit_deadline, r->abandon_after);
 	if (!*r->root_state || strcmp(r->root_state, "ok") == 0) {
 		printf("%-12s %s\n", "root", r->root);
 	} else {
@@ -304,8 +304,8 @@ static void summary_row(const Ckpt__V1__CheckpointSummary *s)
 	if (s->n_parts_done || s->n_parts_missing) {
 		char parts[1024];
 
-		ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing,
-		               s->n_parts_missing, parts, sizeof(parts));
+		ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing, s->n_parts_missing,
+		               parts, sizeof(parts));
 		printf("%20s %s\n", "", parts);
 	}
 }
@@ -406,7 +406,8 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 			                 : json_dumps(json_object_get(rk, "meta"),
 			                              JSON_ENCODE_ANY | JSON_COMPACT);
 
-			printf("%-6" JSON_INTEGER_FORMAT " %-40s %14" JSON_INTEGER_FORMAT "  %.60s\n",
+			printf("%-6" JSON_INTEGER_FORMAT " %-40s %14" JSON_INTEGER_FORMAT
+			       "  %.60s\n",
 			       json_integer_value(json_object_get(rk, "rank")),
 			       json_string_value(json_object_get(rk, "file")),
 			       json_integer_value(json_object_get(rk, "size")), meta ? meta : "-");
@@ -606,11 +607,10 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 	if (rc)
 		return ctl_fail(x, rc);
 	if (x->json) {
-		rc = ctl_print_json(json_pack("{s:s, s:I, s:b, s:s, s:i, s:I, s:o}", "job", req.job,
-		                              "step", (json_int_t)req.step, "already", r->already,
-		                              "run", r->run, "world", r->world, "bytes",
-		                              (json_int_t)r->bytes, "parts",
-		                              ctl_strings(r->parts, r->n_parts)));
+		rc = ctl_print_json(json_pack(
+		    "{s:s, s:I, s:b, s:s, s:i, s:I, s:o}", "job", req.job, "step",
+		    (json_int_t)req.step, "already", r->already, "run", r->run, "world", r->world,
+		    "bytes", (json_int_t)r->bytes, "parts", ctl_strings(r->parts, r->n_parts)));
 	} else {
 		ctl_human_bytes(r->bytes, size, sizeof(size));
 		printf("job %s step %" PRId64 " %s: run %s, world %d, %s, from", req.job, req.step,
@@ -627,10 +627,9 @@ static const struct {
 	const char *name;
 	int (*fn)(struct ctl *x, int argc, char **argv);
 } commands[] = {
-    {"status", cmd_status}, {"list", cmd_list},     {"show", cmd_show},
-    {"verify", cmd_verify}, {"delete", cmd_delete}, {"watch", ctl_watch},
-    {"pin", cmd_pin},       {"unpin", cmd_unpin},   {"gc", cmd_gc},
-    {"commit", cmd_commit},
+    {"status", cmd_status}, {"list", cmd_list},     {"show", cmd_show}, {"verify", cmd_verify},
+    {"delete", cmd_delete}, {"watch", ctl_watch},   {"pin", cmd_pin},   {"unpin", cmd_unpin},
+    {"gc", cmd_gc},         {"commit", cmd_commit},
 };
 
 int main(int argc, char **argv)

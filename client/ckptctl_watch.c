@@ -106,7 +106,7 @@ static int64_t unix_ns(void)
 static double save_rate(uint64_t written, int64_t queued_unix_ns, double durable_seconds,
                         int64_t now_unix_ns)
 {
-	double secs = durable_seconds > 0 ? durable_seconds
+	double secs = durable_seconds > 0  ? durable_seconds
 	              : queued_unix_ns > 0 ? (double)(now_unix_ns - queued_unix_ns) / 1e9
 	                                   : 0;
 
@@ -436,8 +436,8 @@ static void row_of(const struct track *t, int64_t now_unix, struct row *r)
 	snprintf(r->bytes, sizeof(r->bytes), "%s/%s", done, total);
 	rate_text(save_rate(t->written, t->queued_unix_ns, t->durable_seconds, now_unix), r->rate,
 	          sizeof(r->rate));
-	ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0,
-	               r->age, sizeof(r->age));
+	ctl_human_secs(t->queued_unix_ns ? (double)(now_unix - t->queued_unix_ns) / 1e9 : 0, r->age,
+	               sizeof(r->age));
 }
 
 static int widest(int w, const char *s)
@@ -468,7 +468,8 @@ static void widths_of(const struct view *v, size_t n, const struct row *rows, un
 	/* the columns, the state's 9, the bar's brackets, the percentage, 8 spaces between */
 	used = w->job + w->step + w->rank + 9 + 2 + 4 + w->bytes + w->rate + w->age + 8;
 	if (cols > 1 && (int)cols - 1 - used < BAR)
-		w->bar = (int)cols - 1 - used > BAR_MIN ? (unsigned)((int)cols - 1 - used) : BAR_MIN;
+		w->bar =
+		    (int)cols - 1 - used > BAR_MIN ? (unsigned)((int)cols - 1 - used) : BAR_MIN;
 }
 
 static void draw_inflight(struct frame *f, const struct view *v, int64_t now_unix, unsigned room)
@@ -495,9 +496,9 @@ static void draw_inflight(struct frame *f, const struct view *v, int64_t now_uni
 		double pct = t->total ? 100.0 * (double)t->written / (double)t->total : 0;
 
 		bar(t, w.bar, b);
-		frame_line(f, "%-*s %*s %*s %-9s %s %3.0f%% %*s %*s %*s%s%s%s", w.job, t->job, w.step,
-		           rows[i].step, w.rank, rows[i].rank, ipc_state_name(t->state), b, pct,
-		           w.bytes, rows[i].bytes, w.rate, rows[i].rate, w.age, rows[i].age,
+		frame_line(f, "%-*s %*s %*s %-9s %s %3.0f%% %*s %*s %*s%s%s%s", w.job, t->job,
+		           w.step, rows[i].step, w.rank, rows[i].rank, ipc_state_name(t->state), b,
+		           pct, w.bytes, rows[i].bytes, w.rate, rows[i].rate, w.age, rows[i].age,
 		           t->pool_limited ? "  (streams through the pool)" : "",
 		           t->parts[0] ? "  " : "", t->parts);
 	}
@@ -612,12 +613,14 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 		    (json_int_t)s->save_id, "job", s->job, "step", (json_int_t)s->step, "rank",
 		    s->rank, "world", s->world, "state", ipc_state_name(s->state), "bytes_total",
 		    (json_int_t)s->bytes_total, "bytes_captured", (json_int_t)s->bytes_captured,
-		    "bytes_written", (json_int_t)s->bytes_written, "bytes_per_second", bps, "reason",
-		    s->reason ? s->reason : "", "queued_unix_ns", (json_int_t)s->queued_unix_ns,
-		    "capture_seconds", s->capture_seconds, "durable_seconds", s->durable_seconds,
-		    "commit_seconds", s->commit_seconds, "pool_limited", s->pool_limited);
+		    "bytes_written", (json_int_t)s->bytes_written, "bytes_per_second", bps,
+		    "reason", s->reason ? s->reason : "", "queued_unix_ns",
+		    (json_int_t)s->queued_unix_ns, "capture_seconds", s->capture_seconds,
+		    "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
+		    "pool_limited", s->pool_limited);
 		if (j && (s->n_parts_done || s->n_parts_missing)) {
-			json_object_set_new(j, "parts_done", ctl_strings(s->parts_done, s->n_parts_done));
+			json_object_set_new(j, "parts_done",
+			                    ctl_strings(s->parts_done, s->n_parts_done));
 			json_object_set_new(j, "parts_missing",
 			                    ctl_strings(s->parts_missing, s->n_parts_missing));
 		}

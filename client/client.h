@@ -40,17 +40,17 @@ struct ckpt_client {
 	char endpoint[256];
 	grpc_channel *ch;
 	pthread_mutex_t mu; /* everything below */
-	pthread_cond_t cv;  /* a save's state changed, or the session ended */
+	pthread_cond_t cv; /* a save's state changed, or the session ended */
 	pthread_cond_t idle; /* the last waiter has left (for disconnect) */
-	unsigned waiters;    /* threads inside ckpt_save_wait */
+	unsigned waiters; /* threads inside ckpt_save_wait */
 	char last_error[1024];
 	/* the Attach session, for trainers */
 	bool attached;
 	uint64_t session_id;
 	grpc_completion_queue *scq;
 	grpc_call *scall;
-	grpc_byte_buffer *sreq;    /* sends live until the call ends */
-	grpc_metadata_array smd;   /* written by gRPC when the stream opens */
+	grpc_byte_buffer *sreq; /* sends live until the call ends */
+	grpc_metadata_array smd; /* written by gRPC when the stream opens */
 	grpc_metadata_array strail; /* the stream's status, when it ends */
 	grpc_status_code sstatus;
 	grpc_slice sdetails;
@@ -65,8 +65,8 @@ struct ckpt_client {
 	/* the credentials socket (cred.c) */
 	int cred_sock;
 	char token[IPC_TOKEN_HEX + 1]; /* "" until the hello */
-	grpc_metadata cred_md;         /* the token, sent with every call */
-	pthread_mutex_t cred_mu;       /* one region hand-over at a time */
+	grpc_metadata cred_md; /* the token, sent with every call */
+	pthread_mutex_t cred_mu; /* one region hand-over at a time */
 	uint32_t cred_seq;
 	/*
 	 * The last call got no answer within its deadline (the agent is stopped
@@ -82,10 +82,10 @@ struct ckpt_save {
 	int state;
 	char reason[IPC_ERRLEN];
 	uint64_t plan_id;
-	bool cuda;           /* a save of a CUDA plan: */
-	uint32_t fence_seq;  /* its number on the plan's fence */
+	bool cuda; /* a save of a CUDA plan: */
+	uint32_t fence_seq; /* its number on the plan's fence */
 	uintptr_t fence_dev; /* the fence word as the GPU sees it; 0 once the plan is gone */
-	int dev;             /* the plan's GPU */
+	int dev; /* the plan's GPU */
 };
 
 struct ckpt_plan {
@@ -98,14 +98,14 @@ struct ckpt_plan {
 	/* CUDA plans */
 	bool cuda;
 	struct cl_gpu_plan gpu;
-	void *fence_mem;   /* its host page (from ckpt_host_alloc) */
+	void *fence_mem; /* its host page (from ckpt_host_alloc) */
 	uint32_t last_seq; /* the newest fence number the agent gave, */
-	uint64_t nsaved;   /* if it gave any */
+	uint64_t nsaved; /* if it gave any */
 };
 
 /* Saves a CUDA plan with the trainer's event recorded on `stream`. */
 int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
-	    struct ckpt_save **out);
+            struct ckpt_save **out);
 
 #define CL_DEFAULT_TIMEOUT_MS 60000
 #define CL_NO_TIMEOUT (-1)
@@ -127,15 +127,15 @@ const char *cl_endpoint(const struct ckpt_client *c);
  * or a negative errno with the agent's message in ckpt_last_error(c).
  */
 int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-	    ProtobufCMessage **reply, int timeout_ms);
+            ProtobufCMessage **reply, int timeout_ms);
 /* A call that only tidies up (CL_TIDY_TIMEOUT_MS); -ETIMEDOUT at once while unanswered. */
 int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-		 ProtobufCMessage **reply);
+                 ProtobufCMessage **reply);
 
 /* A server stream (Watch). */
 struct cl_stream;
 int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-		   struct cl_stream **out);
+                   struct cl_stream **out);
 /* 1 and *msg; 0 at the end of the stream; -ETIMEDOUT; other negative errno. */
 int cl_stream_next(struct cl_stream *s, ProtobufCMessage **msg, int timeout_ms);
 void cl_stream_close(struct cl_stream *s);
@@ -144,7 +144,7 @@ void cl_stream_close(struct cl_stream *s);
 gpr_timespec cl_deadline(int timeout_ms);
 /* A call's failed status as negative errno, its message kept for ckpt_last_error. */
 int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, grpc_slice details,
-	      const char *errstr);
+              const char *errstr);
 
 /* The credentials socket: connect and read the token; 0 or negative errno. */
 int cl_cred_connect(struct ckpt_client *c);
@@ -156,6 +156,6 @@ int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *
 
 /* Records a failure's message for ckpt_last_error; returns err. */
 int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 #endif /* CKPT_CLIENT_PRIV_H */

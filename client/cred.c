@@ -25,24 +25,24 @@ int cl_cred_connect(struct ckpt_client *c)
 	rc = ipc_cred_path(c->endpoint, sa.sun_path, sizeof(sa.sun_path));
 	if (rc)
 		return cl_fail(c, rc, "endpoint %s: only unix:PATH endpoints are supported",
-			       c->endpoint);
+		               c->endpoint);
 	c->cred_sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (c->cred_sock < 0)
 		return cl_fail(c, -errno, "socket: %s", strerror(errno));
 	if (connect(c->cred_sock, (struct sockaddr *)&sa, sizeof(sa)))
 		return cl_fail(c, errno == ENOENT || errno == ECONNREFUSED ? -ECONNREFUSED : -errno,
-			       "no ckptd answers at %s: %s (is it running, and new enough to have "
-			       "its credentials socket?)",
-			       sa.sun_path, strerror(errno));
+		               "no ckptd answers at %s: %s (is it running, and new enough to have "
+		               "its credentials socket?)",
+		               sa.sun_path, strerror(errno));
 	rc = ipc_cred_recv(c->cred_sock, &m, &fd, CRED_TIMEOUT_MS);
 	if (fd >= 0)
 		close(fd);
 	if (rc == -ETIMEDOUT)
 		return cl_fail(c, rc, "ckptd at %s did not answer within %d s", sa.sun_path,
-			       CRED_TIMEOUT_MS / 1000);
+		               CRED_TIMEOUT_MS / 1000);
 	if (rc || m.op != IPC_CRED_HELLO)
 		return cl_fail(c, rc ? rc : -EPROTO, "%s: not a ckptd credentials socket (%s)",
-			       sa.sun_path, rc ? strerror(-rc) : "unexpected message");
+		               sa.sun_path, rc ? strerror(-rc) : "unexpected message");
 	if (m.status < 0)
 		return cl_fail(c, m.status, "ckptd refused: %s", m.message);
 	ipc_token_hex(m.token, c->token);
@@ -86,7 +86,7 @@ int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *
 	pthread_mutex_unlock(&c->cred_mu);
 	if (rc)
 		return cl_fail(c, rc == -ECONNRESET ? -ENOTCONN : rc,
-			       "handing a host region to ckptd: %s", strerror(-rc));
+		               "handing a host region to ckptd: %s", strerror(-rc));
 	if (in.status < 0)
 		return cl_fail(c, in.status, "ckptd refused a host region: %s", in.message);
 	*ticket = in.ticket;

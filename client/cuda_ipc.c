@@ -30,11 +30,11 @@ static void lookup(void)
 
 	/* 12000: the _v2 forms, with 64-bit sizes and the current wait semantics */
 	if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-					     &q) == cudaSuccess &&
+	                                     &q) == cudaSuccess &&
 	    q == cudaDriverEntryPointSuccess)
 		mem_range = (range_fn)fn;
 	if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
-					     &q) == cudaSuccess &&
+	                                     &q) == cudaSuccess &&
 	    q == cudaDriverEntryPointSuccess)
 		wait_value = (wait_fn)fn;
 }
@@ -43,7 +43,7 @@ static int cuda_err(char *err, cudaError_t e, const char *what)
 {
 	cudaGetLastError(); /* not sticky: the trainer's next CUDA call must not see it */
 	return ipc_errf(err, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
-			"%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+	                "%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
 }
 
 /* The calling thread's device is the trainer's: we switch to dev and back. */
@@ -82,15 +82,17 @@ int cl_gpu_locate(const void *p, uint64_t n, struct cl_gpu_alloc *a, char *err)
 	if (mem_range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
 		return ipc_errf(err, -EINVAL, "cuMemGetAddressRange refused a device pointer");
 	if ((uintptr_t)p + n > base + size)
-		return ipc_errf(err, -ERANGE, "%llu bytes at a device pointer run past the end of "
-					      "its allocation",
-				(unsigned long long)n);
+		return ipc_errf(err, -ERANGE,
+		                "%llu bytes at a device pointer run past the end of "
+		                "its allocation",
+		                (unsigned long long)n);
 	e = cudaGetDeviceProperties(&prop, attr.device);
 	if (e == cudaSuccess)
 		e = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
 	if (e != cudaSuccess)
-		return cuda_err(err, e, "cudaIpcGetMemHandle (memory from cudaMalloc can be "
-					"shared; from cudaMallocAsync pools or VMM it may not)");
+		return cuda_err(err, e,
+		                "cudaIpcGetMemHandle (memory from cudaMalloc can be "
+		                "shared; from cudaMallocAsync pools or VMM it may not)");
 	a->base = (uintptr_t)base;
 	a->size = size;
 	a->dev = attr.device;
@@ -108,8 +110,9 @@ int cl_gpu_plan_init(struct cl_gpu_plan *g, int dev, void *fence, char *err)
 	memset(g, 0, sizeof(*g));
 	pthread_once(&once, lookup);
 	if (!wait_value)
-		return ipc_errf(err, -ENOTSUP, "the CUDA driver offers no cuStreamWaitValue32: "
-					       "ckpt_save_fence cannot work");
+		return ipc_errf(err, -ENOTSUP,
+		                "the CUDA driver offers no cuStreamWaitValue32: "
+		                "ckpt_save_fence cannot work");
 	e = enter(dev, &old);
 	if (e != cudaSuccess)
 		return cuda_err(err, e, "cudaSetDevice");
@@ -190,8 +193,7 @@ int cl_gpu_record(struct cl_gpu_plan *g, int slot, void *stream, char *err)
 	if (e != cudaSuccess)
 		return cuda_err(err, e, "cudaSetDevice");
 	if (!ev->ev) {
-		e = cudaEventCreateWithFlags(&made,
-					     cudaEventDisableTiming | cudaEventInterprocess);
+		e = cudaEventCreateWithFlags(&made, cudaEventDisableTiming | cudaEventInterprocess);
 		if (e == cudaSuccess)
 			e = cudaIpcGetEventHandle(&h, made);
 		if (e == cudaSuccess) {
@@ -220,9 +222,10 @@ int cl_gpu_fence(int dev, uintptr_t fence_dev, void *stream, uint32_t seq, char 
 	r = wait_value((CUstream)stream, (CUdeviceptr)fence_dev, seq, CU_STREAM_WAIT_VALUE_GEQ);
 	leave(dev, old);
 	if (r != CUDA_SUCCESS)
-		return ipc_errf(err, -EIO, "cuStreamWaitValue32 on the fence failed (CUDA driver "
-					   "error %d)",
-				(int)r);
+		return ipc_errf(err, -EIO,
+		                "cuStreamWaitValue32 on the fence failed (CUDA driver "
+		                "error %d)",
+		                (int)r);
 	return 0;
 }
 

@@ -36,17 +36,17 @@ struct cl_gpu_alloc {
 struct cl_gpu_event {
 	void *ev; /* cudaEvent_t, interprocess; made when first needed */
 	uint8_t handle[CL_GPU_HANDLE];
-	uint32_t seq;  /* the fence number of its last save, if `saved` */
-	bool saved;    /* the agent took a save recorded on it */
-	bool busy;     /* a save is between cl_gpu_event_take and _done */
+	uint32_t seq; /* the fence number of its last save, if `saved` */
+	bool saved; /* the agent took a save recorded on it */
+	bool busy; /* a save is between cl_gpu_event_take and _done */
 };
 
 /* A CUDA plan's trainer-side state. */
 struct cl_gpu_plan {
 	int dev;
 	struct cl_gpu_event ev[CL_GPU_EVENTS];
-	unsigned next;       /* the ring's next slot */
-	void *fence;         /* the fence word, in a registered host region */
+	unsigned next; /* the ring's next slot */
+	void *fence; /* the fence word, in a registered host region */
 	uintptr_t fence_dev; /* the same word as the GPU sees it */
 };
 

@@ -22,13 +22,13 @@
 #define ATTACH_TIMEOUT_MS 10000
 
 _Static_assert((int)CKPT_BOOL == (int)CKPT__V1__DTYPE__DTYPE_BOOL &&
-		       (int)CKPT_F32 == (int)CKPT__V1__DTYPE__DTYPE_F32 &&
-		       (int)CKPT_U64 == (int)CKPT__V1__DTYPE__DTYPE_U64,
-	       "dtype numbers match the protocol");
+                   (int)CKPT_F32 == (int)CKPT__V1__DTYPE__DTYPE_F32 &&
+                   (int)CKPT_U64 == (int)CKPT__V1__DTYPE__DTYPE_U64,
+               "dtype numbers match the protocol");
 _Static_assert((int)CKPT_QUEUED == (int)CKPT__V1__STATE__STATE_QUEUED &&
-		       (int)CKPT_CAPTURED == (int)CKPT__V1__STATE__STATE_CAPTURED &&
-		       (int)CKPT_SKIPPED == (int)CKPT__V1__STATE__STATE_SKIPPED,
-	       "state numbers match the protocol");
+                   (int)CKPT_CAPTURED == (int)CKPT__V1__STATE__STATE_CAPTURED &&
+                   (int)CKPT_SKIPPED == (int)CKPT__V1__STATE__STATE_SKIPPED,
+               "state numbers match the protocol");
 
 /* ---- the session stream ----------------------------------------------- */
 
@@ -43,7 +43,7 @@ static void apply_event(struct ckpt_client *c, const Ckpt__V1__SaveInfo *info)
 			if ((int)info->state > s->state) {
 				s->state = info->state;
 				snprintf(s->reason, sizeof(s->reason), "%s",
-					 info->reason ? info->reason : "");
+				         info->reason ? info->reason : "");
 			}
 			return;
 		}
@@ -70,12 +70,12 @@ static void *session_thread(void *arg)
 			break;
 		do
 			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-							NULL);
+			                                NULL);
 		while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
 		if (ev.type != GRPC_OP_COMPLETE || !in)
 			break; /* the stream ended: cancelled by us, or the agent went */
-		Ckpt__V1__SessionEvent *m = (Ckpt__V1__SessionEvent *)ipc_unpack(
-			&ckpt__v1__session_event__descriptor, in);
+		Ckpt__V1__SessionEvent *m =
+		    (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
 
 		grpc_byte_buffer_destroy(in);
 		in = NULL;
@@ -105,7 +105,7 @@ static void *session_thread(void *arg)
  * come in any order.
  */
 static bool wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag,
-		      gpr_timespec deadline)
+                      gpr_timespec deadline)
 {
 	while (!*flag) {
 		grpc_event e = grpc_completion_queue_next(c->scq, deadline, NULL);
@@ -143,9 +143,10 @@ static int attach(struct ckpt_client *c)
 	req.pid = (uint32_t)getpid();
 	c->sreq = ipc_pack(&req.base);
 	c->scq = grpc_completion_queue_create_for_next(NULL);
-	c->scall = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->scq,
-					    grpc_slice_from_static_string(ipc_methods[IPC_ATTACH].path),
-					    NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	c->scall =
+	    grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->scq,
+	                             grpc_slice_from_static_string(ipc_methods[IPC_ATTACH].path),
+	                             NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
 	cl_metadata(c, &ops[0]);
@@ -171,7 +172,7 @@ static int attach(struct ckpt_client *c)
 		grpc_call_cancel(c->scall, NULL);
 		wait_flag(c, t, &t->recv, gpr_inf_future(GPR_CLOCK_MONOTONIC));
 		rc = cl_fail(c, -ETIMEDOUT, "ckptd at %s did not answer within %d s", c->endpoint,
-			     ATTACH_TIMEOUT_MS / 1000);
+		             ATTACH_TIMEOUT_MS / 1000);
 	} else if (!in) {
 		/* The stream ended at once: refused, or nobody there. */
 		wait_flag(c, t, &t->status, gpr_inf_future(GPR_CLOCK_MONOTONIC));
@@ -215,7 +216,7 @@ static void client_free(struct ckpt_client *c)
 		grpc_completion_queue_shutdown(c->scq);
 		do
 			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-							NULL);
+			                                NULL);
 		while (ev.type != GRPC_QUEUE_SHUTDOWN);
 		grpc_completion_queue_destroy(c->scq);
 	}
@@ -259,8 +260,8 @@ static void client_free(struct ckpt_client *c)
 int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 {
 	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
-			     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-			     .value.integer = IPC_MAX_MESSAGE}};
+	                     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+	                     .value.integer = IPC_MAX_MESSAGE}};
 	grpc_channel_args cargs = {1, args};
 	grpc_channel_credentials *creds;
 	struct ckpt_client *c;

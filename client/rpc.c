@@ -39,19 +39,22 @@ gpr_timespec cl_deadline(int timeout_ms)
 	if (timeout_ms < 0)
 		return gpr_inf_future(GPR_CLOCK_MONOTONIC);
 	return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-			    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+	                    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
 
 /* A failed status as errno and a message naming the agent. */
-int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st,
-	      grpc_slice details, const char *errstr)
+int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, grpc_slice details,
+              const char *errstr)
 {
 	int err = ipc_status_to_errno(st);
 	char *msg = grpc_slice_to_c_string(details);
 
 	if (st == GRPC_STATUS_UNAVAILABLE)
 		cl_fail(c, -ECONNREFUSED, "cannot reach ckptd at %s (is it running?): %s",
-			c->endpoint, *msg ? msg : errstr ? errstr : "unavailable");
+		        c->endpoint,
+		        *msg     ? msg
+		        : errstr ? errstr
+		                 : "unavailable");
 	else if (st == GRPC_STATUS_DEADLINE_EXCEEDED && !*msg)
 		cl_fail(c, err, "%s: no answer from ckptd in time", method);
 	else
@@ -61,7 +64,7 @@ int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st,
 }
 
 int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-	    ProtobufCMessage **reply, int timeout_ms)
+            ProtobufCMessage **reply, int timeout_ms)
 {
 	const struct ipc_method_desc *d = &ipc_methods[m];
 	grpc_metadata_array init_md, trail_md;
@@ -86,8 +89,8 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 	grpc_metadata_array_init(&init_md);
 	grpc_metadata_array_init(&trail_md);
 	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-					grpc_slice_from_static_string(d->path), NULL,
-					cl_deadline(timeout_ms), NULL);
+	                                grpc_slice_from_static_string(d->path), NULL,
+	                                cl_deadline(timeout_ms), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
 	cl_metadata(c, &ops[0]);
@@ -122,7 +125,7 @@ int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *re
 	*reply = ipc_unpack(d->reply, in);
 	if (!*reply)
 		rc = cl_fail(c, -EPROTO, "%s: the agent's reply is not a %s message", d->path,
-			     d->reply->name);
+		             d->reply->name);
 out:
 	grpc_byte_buffer_destroy(out);
 	if (in)
@@ -138,7 +141,7 @@ out:
 }
 
 int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-		 ProtobufCMessage **reply)
+                 ProtobufCMessage **reply)
 {
 	bool skip;
 
@@ -147,8 +150,9 @@ int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessag
 	pthread_mutex_unlock(&c->mu);
 	*reply = NULL;
 	if (skip)
-		return cl_fail(c, -ETIMEDOUT, "%s: not sent: ckptd at %s did not answer the last "
-		                              "call in time",
+		return cl_fail(c, -ETIMEDOUT,
+		               "%s: not sent: ckptd at %s did not answer the last "
+		               "call in time",
 		               ipc_methods[m].path, c->endpoint);
 	return cl_call(c, m, req, reply, CL_TIDY_TIMEOUT_MS);
 }
@@ -186,7 +190,7 @@ static int stream_wait(struct cl_stream *s, gpr_timespec deadline)
 }
 
 int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-		   struct cl_stream **out)
+                   struct cl_stream **out)
 {
 	struct cl_stream *s = calloc(1, sizeof(*s));
 	grpc_byte_buffer *bb = ipc_pack(req);
@@ -205,8 +209,8 @@ int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMess
 	grpc_metadata_array_init(&s->trail_md);
 	s->cq = grpc_completion_queue_create_for_next(NULL);
 	s->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq,
-					   grpc_slice_from_static_string(s->d->path), NULL,
-					   gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	                                   grpc_slice_from_static_string(s->d->path), NULL,
+	                                   gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
 	cl_metadata(c, &ops[0]);
@@ -265,7 +269,7 @@ int cl_stream_next(struct cl_stream *s, ProtobufCMessage **msg, int timeout_ms)
 	s->in = NULL;
 	if (!*msg)
 		return cl_fail(s->c, -EPROTO, "%s: a message that is not a %s", s->d->path,
-			       s->d->reply->name);
+		               s->d->reply->name);
 	return 1;
 }
 

@@ -45,7 +45,7 @@ int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 		req.session_id = c->session_id;
 		req.size = a->shm.size;
 		rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
-			     CL_DEFAULT_TIMEOUT_MS);
+		             CL_DEFAULT_TIMEOUT_MS);
 	}
 	if (rc) {
 		ipc_shm_unmap(&a->shm);
@@ -90,7 +90,7 @@ void ckpt_host_free(struct ckpt_client *c, void *ptr)
 
 /* Under c->mu: the region holding [p, p + n), and the offset of p in it. */
 static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint64_t n,
-				     uint64_t *offset)
+                                     uint64_t *offset)
 {
 	const char *q = p;
 
@@ -155,7 +155,7 @@ static int gpu_region(struct build *b, const struct cl_gpu_alloc *a, char *err)
 
 /* Where a tensor's bytes are: a host region, or a CUDA allocation. */
 static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
-		 Ckpt__V1__TensorSpec *s, char *err)
+                 Ckpt__V1__TensorSpec *s, char *err)
 {
 	const struct cl_alloc *a = locate(b->c, t->data, nbytes, &s->offset);
 	struct cl_gpu_alloc g;
@@ -168,10 +168,11 @@ static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
 	}
 	rc = cl_gpu_locate(t->data, nbytes, &g, err);
 	if (rc == -ENOENT)
-		return ipc_errf(err, -EINVAL,
-				"tensor '%s': its memory is neither from ckpt_host_alloc nor a CUDA "
-				"device pointer (or runs past the end of its allocation)",
-				t->name);
+		return ipc_errf(
+		    err, -EINVAL,
+		    "tensor '%s': its memory is neither from ckpt_host_alloc nor a CUDA "
+		    "device pointer (or runs past the end of its allocation)",
+		    t->name);
 	if (rc)
 		return rc;
 	idx = gpu_region(b, &g, err);
@@ -185,7 +186,7 @@ static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
 
 /* Under c->mu: one tensor into the request, with its region found. */
 static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
-		       struct ipc_tensor *v, char *err)
+                       struct ipc_tensor *v, char *err)
 {
 	uint64_t nbytes;
 	int rc;
@@ -194,7 +195,7 @@ static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__T
 		return ipc_errf(err, -EINVAL, "a tensor has no name");
 	if (t->ndim < 0 || t->ndim > CKPT_MAX_NDIM || (t->ndim && !t->shape))
 		return ipc_errf(err, -EINVAL, "tensor '%s': ndim %d (0..%d, with a shape)", t->name,
-				t->ndim, CKPT_MAX_NDIM);
+		                t->ndim, CKPT_MAX_NDIM);
 	rc = ipc_tensor_nbytes(t->name, t->dtype, (size_t)t->ndim, t->shape, &nbytes, err);
 	if (rc)
 		return rc;
@@ -209,21 +210,20 @@ static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__T
 	s->nbytes = nbytes;
 	if (t->global_shape) {
 		if (!t->global_offset)
-			return ipc_errf(err, -EINVAL, "tensor '%s': global_shape without global_offset",
-					t->name);
+			return ipc_errf(err, -EINVAL,
+			                "tensor '%s': global_shape without global_offset", t->name);
 		s->n_global_shape = s->n_global_offset = (size_t)t->ndim;
 		s->global_shape = (int64_t *)t->global_shape;
 		s->global_offset = (int64_t *)t->global_offset;
 	}
-	*v = (struct ipc_tensor){s->name,	 s->dtype,	     s->n_shape,
-				 s->shape,	 s->kind,	     s->region,
-				 s->offset,	 s->nbytes,	     s->n_global_shape,
-				 s->global_shape, s->global_offset};
+	*v = (struct ipc_tensor){s->name,           s->dtype,        s->n_shape,      s->shape,
+	                         s->kind,           s->region,       s->offset,       s->nbytes,
+	                         s->n_global_shape, s->global_shape, s->global_offset};
 	return 0;
 }
 
 static int plan_request(struct build *b, const struct ckpt_tensor *t, size_t n,
-			Ckpt__V1__CreatePlanRequest *req, char *err)
+                        Ckpt__V1__CreatePlanRequest *req, char *err)
 {
 	Ckpt__V1__TensorSpec *specs = calloc(n ? n : 1, sizeof(*specs));
 	Ckpt__V1__TensorSpec **pv = calloc(n ? n : 1, sizeof(*pv));
@@ -260,7 +260,7 @@ out:
  * the agent maps too, registered with CUDA so a stream can wait on it.
  */
 static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRequest *req,
-		    Ckpt__V1__CudaRegion *regs, Ckpt__V1__CudaRegion **pregs, char *err)
+                    Ckpt__V1__CudaRegion *regs, Ckpt__V1__CudaRegion **pregs, char *err)
 {
 	const struct cl_alloc *fa;
 	uint64_t off;
@@ -268,9 +268,10 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 
 	for (size_t i = 0; i < b->ngpu; i++) {
 		if (b->gpu[i].dev != b->gpu[0].dev)
-			return ipc_errf(err, -EINVAL, "tensors on GPUs %d and %d: a rank's plan names "
-						      "one GPU",
-					b->gpu[0].dev, b->gpu[i].dev);
+			return ipc_errf(err, -EINVAL,
+			                "tensors on GPUs %d and %d: a rank's plan names "
+			                "one GPU",
+			                b->gpu[0].dev, b->gpu[i].dev);
 		ckpt__v1__cuda_region__init(&regs[i]);
 		regs[i].ipc_handle.data = b->gpu[i].handle;
 		regs[i].ipc_handle.len = CL_GPU_HANDLE;
@@ -327,10 +328,11 @@ static int plan_opts(const struct ckpt_plan_opts *in, struct ckpt_plan_opts *o, 
 		                in->size);
 	for (size_t i = known; i < in->size; i++)
 		if (((const unsigned char *)in)[i])
-			return ipc_errf(err, -E2BIG,
-			                "struct ckpt_plan_opts: an option this libckpt does not know "
-			                "is set (byte %zu of %zu): a newer libckpt is needed",
-			                i, in->size);
+			return ipc_errf(
+			    err, -E2BIG,
+			    "struct ckpt_plan_opts: an option this libckpt does not know "
+			    "is set (byte %zu of %zu): a newer libckpt is needed",
+			    i, in->size);
 	memcpy(o, in, in->size < known ? in->size : known);
 	o->size = sizeof(*o);
 run:
@@ -348,7 +350,7 @@ run:
 }
 
 static int plan_args(struct ckpt_client *c, const char *job, int rank, int world, size_t n,
-		     enum ckpt_backpressure bp, char *err)
+                     enum ckpt_backpressure bp, char *err)
 {
 	int rc = ipc_check_job(job, err);
 
@@ -357,13 +359,14 @@ static int plan_args(struct ckpt_client *c, const char *job, int rank, int world
 	if (!rc && (bp < CKPT_BP_DEFAULT || bp > CKPT_BP_SKIP))
 		rc = ipc_errf(err, -EINVAL, "unknown backpressure policy %d", bp);
 	if (!rc && n > IPC_MAX_TENSORS)
-		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n, IPC_MAX_TENSORS);
+		rc = ipc_errf(err, -EINVAL, "%zu tensors in one plan, at most %d", n,
+		              IPC_MAX_TENSORS);
 	return rc;
 }
 
 int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
-			  const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
-			  struct ckpt_plan **out)
+                          const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
+                          struct ckpt_plan **out)
 {
 	struct ckpt_plan_opts o;
 	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
@@ -390,12 +393,12 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 		regs = calloc(b.ngpu, sizeof(*regs));
 		pregs = calloc(b.ngpu, sizeof(*pregs));
 		rc = regs && pregs ? gpu_side(&b, p, &req, regs, pregs, err)
-				   : ipc_errf(err, -ENOMEM, "out of memory");
+		                   : ipc_errf(err, -ENOMEM, "out of memory");
 	}
 	if (rc) { /* the job is named only once it is known to be a name */
-		rc = ipc_check_job(job, NULL) ? cl_fail(c, rc, "plan: %s", err)
-					      : cl_fail(c, rc, "plan for job %s rank %d: %s", job,
-							rank, err);
+		rc = ipc_check_job(job, NULL)
+		         ? cl_fail(c, rc, "plan: %s", err)
+		         : cl_fail(c, rc, "plan for job %s rank %d: %s", job, rank, err);
 		goto out;
 	}
 	req.session_id = c->session_id;
@@ -405,7 +408,7 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	req.backpressure = (Ckpt__V1__Backpressure)o.backpressure;
 	req.run = (char *)(o.run && *o.run ? o.run : "");
 	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
-		     CL_DEFAULT_TIMEOUT_MS);
+	             CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		goto out;
 	p->c = c;
@@ -433,8 +436,8 @@ out:
 }
 
 int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int world,
-		      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
-		      struct ckpt_plan **out)
+                      const struct ckpt_tensor *t, size_t n, enum ckpt_backpressure bp,
+                      struct ckpt_plan **out)
 {
 	struct ckpt_plan_opts o = CKPT_PLAN_OPTS_INIT;
 
@@ -443,7 +446,7 @@ int ckpt_plan_create2(struct ckpt_client *c, const char *job, int rank, int worl
 }
 
 int ckpt_plan_create(struct ckpt_client *c, const char *job, int rank, int world,
-		     const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out)
+                     const struct ckpt_tensor *t, size_t n, struct ckpt_plan **out)
 {
 	return ckpt_plan_create_opts(c, job, rank, world, t, n, NULL, out);
 }
@@ -470,9 +473,10 @@ static void wait_fence(struct ckpt_plan *p)
 		if (gone || cl_gpu_passed(cl_gpu_fence_word(&p->gpu), last))
 			break;
 		if (waited_us >= (int64_t)CL_DEFAULT_TIMEOUT_MS * 1000) {
-			fprintf(stderr, "libckpt: job %s rank %d: the agent has not finished the "
-					"plan's saves in %d s; its fence is opened\n",
-				p->job, p->rank, CL_DEFAULT_TIMEOUT_MS / 1000);
+			fprintf(stderr,
+			        "libckpt: job %s rank %d: the agent has not finished the "
+			        "plan's saves in %d s; its fence is opened\n",
+			        p->job, p->rank, CL_DEFAULT_TIMEOUT_MS / 1000);
 			break;
 		}
 		usleep(1000);
@@ -525,7 +529,7 @@ static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, boo
 }
 
 int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
-	    struct ckpt_save **out)
+            struct ckpt_save **out)
 {
 	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
 	Ckpt__V1__SaveReply *rep;
@@ -557,8 +561,8 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 		if (rc) {
 			if (slot >= 0)
 				event_done(c, p, slot, false, 0);
-			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step,
-				       err);
+			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job,
+			               (long long)step, err);
 		}
 		req.cuda_event.data = p->gpu.ev[slot].handle;
 		req.cuda_event.len = CL_GPU_HANDLE;
@@ -617,7 +621,7 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 
 #ifdef CKPT_HAVE_CUDA_API
 int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
-		 struct ckpt_save **out)
+                 struct ckpt_save **out)
 {
 	return cl_save(p, step, meta_json, (void *)stream, out);
 }
@@ -675,7 +679,8 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 	if (!c)
 		return -ENOTCONN;
 	if (until > CKPT_COMMITTED)
-		return cl_fail(c, -ENOTSUP, "this agent has no object-store tier: nothing is UPLOADED");
+		return cl_fail(c, -ENOTSUP,
+		               "this agent has no object-store tier: nothing is UPLOADED");
 	pthread_mutex_lock(&c->mu);
 	c->waiters++;
 	for (;;) {
@@ -694,7 +699,7 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 		if (c->gone) {
 			rc = -ENOTCONN;
 			snprintf(c->last_error, sizeof(c->last_error),
-				 "the connection to ckptd at %s was lost", c->endpoint);
+			         "the connection to ckptd at %s was lost", c->endpoint);
 			break;
 		}
 		if (timeout_ms < 0)
@@ -749,7 +754,7 @@ void ckpt_save_release(struct ckpt_save *s)
 /* ---- restore ---------------------------------------------------------- */
 
 int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
-		  char **meta_json)
+                  char **meta_json)
 {
 	Ckpt__V1__RestoreRequest req = CKPT__V1__RESTORE_REQUEST__INIT;
 	Ckpt__V1__RestoreReply *rep;

@@ -32,7 +32,8 @@ struct rnode {
 	char *name;
 	int *ranks; /* ascending */
 	size_t nranks;
-	uint64_t *sigs; /* [nranks]: each rank's tensors in its plans (tensors_signature); NULL: ours */
+	uint64_t
+	    *sigs; /* [nranks]: each rank's tensors in its plans (tensors_signature); NULL: ours */
 };
 
 /*
@@ -65,9 +66,9 @@ struct commit {
 	int64_t backoff;
 	unsigned polls;
 	struct roster *roster; /* complete: cached in cm; else ours to free */
-	struct part **parts;   /* [roster->nnodes]: those read (where this node commits) */
-	bool *seen;            /* [roster->nnodes]: there (a stat is enough) */
-	uint64_t *bad;         /* [roster->nnodes]: the size of a part that did not parse; 0 */
+	struct part **parts; /* [roster->nnodes]: those read (where this node commits) */
+	bool *seen; /* [roster->nnodes]: there (a stat is enough) */
+	uint64_t *bad; /* [roster->nnodes]: the size of a part that did not parse; 0 */
 	char problem[IPC_ERRLEN]; /* the last thing wrong with a part or plans file */
 	bool unsynced; /* this node's put of the manifest failed after it was visible */
 };
@@ -169,12 +170,13 @@ static int claim(const struct roster *r, int *owner, size_t idx, char *why)
 		int k = n->ranks[j];
 
 		if (owner[k] >= 0)
-			return ipc_errf(why, -EEXIST,
-			                "rank %d of run %s is claimed by nodes %s and %s (their plans "
-			                "files): a rank runs on one node (a plans file of an earlier "
-			                "incarnation under the same run? give each restart its own "
-			                "CKPT_RUN)",
-			                k, r->run, r->nodes[owner[k]].name, n->name);
+			return ipc_errf(
+			    why, -EEXIST,
+			    "rank %d of run %s is claimed by nodes %s and %s (their plans "
+			    "files): a rank runs on one node (a plans file of an earlier "
+			    "incarnation under the same run? give each restart its own "
+			    "CKPT_RUN)",
+			    k, r->run, r->nodes[owner[k]].name, n->name);
 		owner[k] = (int)idx;
 	}
 	return 0;
@@ -325,8 +327,9 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 		return ipc_errf(why, -EINVAL, "world %d", world);
 	for (size_t i = 0; i < nlocal; i++)
 		if (local[i] < 0 || local[i] >= world || (i && local[i] <= local[i - 1]))
-			return ipc_errf(why, -EINVAL, "this node's ranks are not ascending ranks of "
-			                              "world %d",
+			return ipc_errf(why, -EINVAL,
+			                "this node's ranks are not ascending ranks of "
+			                "world %d",
 			                world);
 	rc = roster_build(cm, job, run, world, local, nlocal, &r, why);
 	if (rc)
@@ -508,8 +511,8 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 	size_t at = 0;
 	int rc = store_read_plans(s, p->job, p->node, &f, msg);
 
-	if (rc == 0 && (strcmp(f->run, p->run) != 0 || f->world != p->world ||
-	                f->nranks != p->nranks))
+	if (rc == 0 &&
+	    (strcmp(f->run, p->run) != 0 || f->world != p->world || f->nranks != p->nranks))
 		rc = -ESTALE;
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
 		if (f->ranks[j].rank != p->ranks[j].rank)
@@ -521,21 +524,22 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 	plans_free(f);
 	free(sigs);
 	if (rc == 0 || (!need && rc != 1 && rc != -ENOMEM))
-		return 0; /* by hand, a plans file that cannot say (the node moved on) checks nothing */
+		return 0; /* by hand, a plans file that cannot say (the node moved on) checks
+		             nothing */
 	if (rc == 1)
-		return ipc_errf(why, -EINVAL,
-		                "parts/%s.json: rank %d's tensors are not those its plans "
-		                "(plans/%s.json) name (a tensor lost, renamed or reshaped): it cannot "
-		                "join a checkpoint",
-		                p->node, p->ranks[at].rank, p->node);
+		return ipc_errf(
+		    why, -EINVAL,
+		    "parts/%s.json: rank %d's tensors are not those its plans "
+		    "(plans/%s.json) name (a tensor lost, renamed or reshaped): it cannot "
+		    "join a checkpoint",
+		    p->node, p->ranks[at].rank, p->node);
 	return ipc_errf(why, rc == -ENOMEM ? rc : -EINVAL,
 	                "parts/%s.json: its ranks are not those of plans/%s.json%s%s", p->node,
 	                p->node, rc == -ESTALE ? "" : ": ", rc == -ESTALE ? "" : msg);
 }
 
 /* The same, against the roster's copy of the plans first (read once per run). */
-static int plans_disagree(struct commit *c, const struct rnode *n, const struct part *p,
-                          char *why)
+static int plans_disagree(struct commit *c, const struct rnode *n, const struct part *p, char *why)
 {
 	size_t at = 0;
 	int rc;
@@ -594,10 +598,11 @@ static int read_part(struct commit *c, size_t i)
 		return -ESTALE;
 	}
 	if (p->time_unix_ns > ipc_now_ns() + c->cm->o.deadline_ns) {
-		snprintf(c->problem, sizeof(c->problem),
-		         "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
-		         "clocks in step (NTP)?",
-		         n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
+		snprintf(
+		    c->problem, sizeof(c->problem),
+		    "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
+		    "clocks in step (NTP)?",
+		    n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
 		part_free(p);
 		return 0;
 	}
@@ -637,8 +642,10 @@ static int look(struct commit *c, bool reading, size_t *in)
 				return rc;
 			c->seen[i] = rc == 1;
 		} else if (!c->seen[i]) {
-			store_part_key(key, sizeof(key), own->job, c->step, c->roster->nodes[i].name);
-			c->seen[i] = c->cm->o.store->ops->obj_stat(c->cm->o.store, key, &size, msg) == 0;
+			store_part_key(key, sizeof(key), own->job, c->step,
+			               c->roster->nodes[i].name);
+			c->seen[i] =
+			    c->cm->o.store->ops->obj_stat(c->cm->o.store, key, &size, msg) == 0;
 		}
 		*in += c->seen[i] && (!reading || c->parts[i]);
 	}
@@ -670,7 +677,8 @@ static int own_files_missing(struct commit *c, const struct manifest *m, char *w
 		rc = mr ? s->ops->shard_stat(s, m->job, m->step, mr->file, &size, msg) : -ENOENT;
 		if (rc == 0 && size == mr->size)
 			continue;
-		if (rc && rc != -ENOENT) /* cannot tell now (an NFS hiccup?): the deadline decides */
+		if (rc &&
+		    rc != -ENOENT) /* cannot tell now (an NFS hiccup?): the deadline decides */
 			return ipc_errf(c->problem, rc, "the manifest names %s for rank %d: %s",
 			                mr->file, k->rank, msg);
 		return ipc_errf(why, -EIO,
@@ -774,12 +782,14 @@ static int check_shards(struct committer *cm, const struct manifest *m, char *wh
 		if (rc == 0 && size != k->size)
 			rc = -EIO;
 		if (rc == -EIO)
-			return ipc_errf(why, rc, "rank %d's shard %s (node %s) is not the size its "
-			                         "part says: the step cannot be committed",
+			return ipc_errf(why, rc,
+			                "rank %d's shard %s (node %s) is not the size its "
+			                "part says: the step cannot be committed",
 			                k->rank, k->file, manifest_node_of(m, k->rank) ?: "?");
 		if (rc)
-			return ipc_errf(why, rc, "rank %d's shard (node %s): %s: the step cannot be "
-			                         "committed",
+			return ipc_errf(why, rc,
+			                "rank %d's shard (node %s): %s: the step cannot be "
+			                "committed",
 			                k->rank, manifest_node_of(m, k->rank) ?: "?", msg);
 	}
 	return 0;
@@ -937,8 +947,8 @@ static void expire(struct commit *c, struct commit_result *r)
 	o = (size_t)snprintf(r->reason, sizeof(r->reason), "step %" PRId64 ": no part from ",
 	                     c->step);
 	for (size_t i = 0; i < r->nmissing && o < sizeof(r->reason); i++)
-		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "%s%s%s",
-		                      i ? ", " : "", strncmp(r->missing[i], "no node", 7) ? "node " : "",
+		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, "%s%s%s", i ? ", " : "",
+		                      strncmp(r->missing[i], "no node", 7) ? "node " : "",
 		                      r->missing[i]);
 	if (o < sizeof(r->reason))
 		o += (size_t)snprintf(r->reason + o, sizeof(r->reason) - o, " after %lld s",
@@ -964,7 +974,8 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		c->part_tried = true;
 		rc = store_put_part(s, c->own, msg);
 		if (rc)
-			snprintf(c->problem, sizeof(c->problem), "writing this node's part: %s", msg);
+			snprintf(c->problem, sizeof(c->problem), "writing this node's part: %s",
+			         msg);
 		c->part_done = rc == 0;
 	}
 	if (c->part_done && find_manifest(c, r))
@@ -983,8 +994,7 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		rc = look(c, committing, &in);
 	if (rc == -ESTALE) {
 		roster_drop(c); /* built again at the next poll */
-	} else if (rc == 0 && committing && roster_complete(c->roster) &&
-	           in == c->roster->nnodes) {
+	} else if (rc == 0 && committing && roster_complete(c->roster) && in == c->roster->nnodes) {
 		if (write_manifest(c->cm, c->parts, c->roster->nnodes, c->cm->o.deadline_ns, r,
 		                   c->problem))
 			c->unsynced = true; /* find_manifest makes it durable first */
@@ -1001,7 +1011,7 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 	c->backoff = in > before ? COMMIT_BACKOFF_FIRST_NS
 	                         : (c->backoff * 2 < COMMIT_BACKOFF_MAX_NS ? c->backoff * 2
 	                                                                   : COMMIT_BACKOFF_MAX_NS);
-	if (!c->first && now < c->takeover_at && *next > c->takeover_at)
+	if (!c->first && now<c->takeover_at && * next> c->takeover_at)
 		*next = c->takeover_at;
 	if (*next > c->deadline)
 		*next = c->deadline;
@@ -1098,8 +1108,8 @@ int commit_finish(struct committer *cm, const char *job, int64_t step, struct co
 	if (!sel)
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 	else if (k == 0)
-		rc = ipc_errf(err, -ENOENT, "job %s step %" PRId64 " cannot be committed: %s%s%s", job,
-		              step, why, problems[0] ? "; " : "", problems);
+		rc = ipc_errf(err, -ENOENT, "job %s step %" PRId64 " cannot be committed: %s%s%s",
+		              job, step, why, problems[0] ? "; " : "", problems);
 	else {
 		why[0] = '\0';
 		/* there after a failed put: committed once it is durable */
@@ -1115,7 +1125,8 @@ int commit_finish(struct committer *cm, const char *job, int64_t step, struct co
 			if (rc)
 				rc = ipc_errf(err, rc, "%s", why);
 		} else if (r->state == COMMIT_FAILED) {
-			rc = ipc_errf(err, -EIO, "job %s step %" PRId64 ": %s", job, step, r->reason);
+			rc = ipc_errf(err, -EIO, "job %s step %" PRId64 ": %s", job, step,
+			              r->reason);
 		}
 	}
 	for (size_t i = 0; i < n; i++)

@@ -40,7 +40,7 @@ struct commit;
 
 struct commit_opts {
 	struct storage *store;
-	const char *node;    /* this node's name */
+	const char *node; /* this node's name */
 	int64_t deadline_ns; /* a step's parts must all be in by then (from this node's) */
 };
 
@@ -48,18 +48,18 @@ int committer_create(const struct commit_opts *o, struct committer **out, char *
 void committer_destroy(struct committer *cm);
 
 enum commit_state {
-	COMMIT_WAITING,   /* call commit_poll again at *next */
+	COMMIT_WAITING, /* call commit_poll again at *next */
 	COMMIT_COMMITTED, /* the manifest is durable */
-	COMMIT_FAILED,    /* reason says why; nothing was written (but this node's part) */
+	COMMIT_FAILED, /* reason says why; nothing was written (but this node's part) */
 };
 
 /* What a poll found, for the caller to act on and to show. */
 struct commit_result {
 	enum commit_state state;
-	char reason[IPC_ERRLEN];   /* FAILED: why, naming nodes, ranks and files */
+	char reason[IPC_ERRLEN]; /* FAILED: why, naming nodes, ranks and files */
 	struct manifest *manifest; /* COMMITTED: the manifest as durable (caller frees) */
-	bool wrote;                /* COMMITTED: this node wrote it */
-	int64_t latency_ns;        /* wrote: the last part durable -> the manifest durable */
+	bool wrote; /* COMMITTED: this node wrote it */
+	int64_t latency_ns; /* wrote: the last part durable -> the manifest durable */
 	unsigned missing_at_deadline; /* FAILED at the deadline: nodes without a part */
 	bool superseded; /* FAILED: the step is committed without this node's files */
 	/* progress: "n0" done, "n2 (ranks 4,5)" missing; malloc'd, the caller frees */

@@ -107,10 +107,10 @@ static int build(struct ckpt_client *c, const struct opts *o, struct model *m)
 	for (size_t i = 0; i < m->n; i++) {
 		snprintf(m->names[i], sizeof(m->names[i]), "layers.%zu.weight", i);
 		m->t[i] = (struct ckpt_tensor){.name = m->names[i],
-					       .dtype = CKPT_F32,
-					       .ndim = 2,
-					       .shape = m->shape[i],
-					       .data = m->base + off};
+		                               .dtype = CKPT_F32,
+		                               .ndim = 2,
+		                               .shape = m->shape[i],
+		                               .data = m->base + off};
 		if (o->world > 1) {
 			m->gshape[i][0] = m->shape[i][0] * o->world;
 			m->gshape[i][1] = m->shape[i][1];
@@ -154,23 +154,24 @@ static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
 		double t0 = now(), stall;
 
 		snprintf(meta, sizeof(meta), "{\"step\":%" PRId64 ",\"rank\":%d,\"loss\":%.4f}", s,
-			 o->rank, 4.0 / (double)s);
+		         o->rank, 4.0 / (double)s);
 		rc = ckpt_save(p, s, meta, &sv);
 		if (rc) {
-			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s, ckpt_strerror(rc),
-				ckpt_last_error(NULL));
+			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s,
+			        ckpt_strerror(rc), ckpt_last_error(NULL));
 			return rc;
 		}
 		rc = ckpt_save_wait(sv, CKPT_CAPTURED, -1);
 		if (rc) {
-			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s, ckpt_strerror(rc),
-				ckpt_save_reason(sv));
+			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s,
+			        ckpt_strerror(rc), ckpt_save_reason(sv));
 			return rc;
 		}
 		stall = now() - t0;
 		stall_sum += stall;
 		saves++;
-		printf("rank %d step %4" PRId64 ": saved, training went on after %.1f ms (CAPTURED)\n",
+		printf("rank %d step %4" PRId64
+		       ": saved, training went on after %.1f ms (CAPTURED)\n",
 		       o->rank, s, stall * 1e3);
 		fflush(stdout);
 		ckpt_save_release(last);
@@ -182,9 +183,11 @@ static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
 		rc = ckpt_save_wait(last, CKPT_COMMITTED, 120000);
 		printf("rank %d: last save %s %.1f ms after training ended%s%s; mean stall %.1f ms "
 		       "over %d saves\n",
-		       o->rank, rc == -EIO ? "FAILED" : rc ? ckpt_strerror(rc) : "COMMITTED",
-		       (now() - t0) * 1e3,
-		       rc ? ": " : "", rc ? ckpt_save_reason(last) : "",
+		       o->rank,
+		       rc == -EIO ? "FAILED"
+		       : rc       ? ckpt_strerror(rc)
+		                  : "COMMITTED",
+		       (now() - t0) * 1e3, rc ? ": " : "", rc ? ckpt_save_reason(last) : "",
 		       saves ? stall_sum / saves * 1e3 : 0.0, saves);
 		ckpt_save_release(last);
 	}
@@ -209,9 +212,10 @@ static int resume(struct ckpt_client *c, struct ckpt_plan *p, struct model *m, i
 	       m->bytes / 1048576.0, (now() - t0) * 1e3, meta ? meta : "(none)");
 	free(meta);
 	if (check(m, step, &bt, &be)) {
-		fprintf(stderr, "demo: MISMATCH: tensor %s element %zu is not the value of step %" PRId64
-				"\n",
-			m->names[bt], be, step);
+		fprintf(stderr,
+		        "demo: MISMATCH: tensor %s element %zu is not the value of step %" PRId64
+		        "\n",
+		        m->names[bt], be, step);
 		return -EBADMSG;
 	}
 	printf("rank %d: verified: every byte of %zu tensors (%zu bytes) holds the values of step "
@@ -223,36 +227,58 @@ static int resume(struct ckpt_client *c, struct ckpt_plan *p, struct model *m, i
 static int parse(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
-		{"endpoint", required_argument, NULL, 'e'}, {"job", required_argument, NULL, 'j'},
-		{"mb", required_argument, NULL, 'm'},	    {"steps", required_argument, NULL, 's'},
-		{"save-every", required_argument, NULL, 'k'},
-		{"tensors", required_argument, NULL, 't'},  {"resume", no_argument, NULL, 'r'},
-		{"rank", required_argument, NULL, 'R'},	    {"world", required_argument, NULL, 'W'},
-		{"run", required_argument, NULL, 'u'},	    {"from", required_argument, NULL, 'f'},
-		{NULL, 0, NULL, 0},
+	    {"endpoint", required_argument, NULL, 'e'},   {"job", required_argument, NULL, 'j'},
+	    {"mb", required_argument, NULL, 'm'},         {"steps", required_argument, NULL, 's'},
+	    {"save-every", required_argument, NULL, 'k'}, {"tensors", required_argument, NULL, 't'},
+	    {"resume", no_argument, NULL, 'r'},           {"rank", required_argument, NULL, 'R'},
+	    {"world", required_argument, NULL, 'W'},      {"run", required_argument, NULL, 'u'},
+	    {"from", required_argument, NULL, 'f'},       {NULL, 0, NULL, 0},
 	};
 	int c;
 
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
-		case 'e': o->endpoint = optarg; break;
-		case 'j': o->job = optarg; break;
-		case 'm': o->mb = atol(optarg); break;
-		case 's': o->steps = atol(optarg); break;
-		case 'k': o->every = atol(optarg); break;
-		case 't': o->ntensors = atol(optarg); break;
-		case 'r': o->resume = 1; break;
-		case 'R': o->rank = atoi(optarg); break;
-		case 'W': o->world = atoi(optarg); break;
-		case 'u': o->run = optarg; break;
-		case 'f': o->from = atol(optarg); break;
-		default: return -1;
+		case 'e':
+			o->endpoint = optarg;
+			break;
+		case 'j':
+			o->job = optarg;
+			break;
+		case 'm':
+			o->mb = atol(optarg);
+			break;
+		case 's':
+			o->steps = atol(optarg);
+			break;
+		case 'k':
+			o->every = atol(optarg);
+			break;
+		case 't':
+			o->ntensors = atol(optarg);
+			break;
+		case 'r':
+			o->resume = 1;
+			break;
+		case 'R':
+			o->rank = atoi(optarg);
+			break;
+		case 'W':
+			o->world = atoi(optarg);
+			break;
+		case 'u':
+			o->run = optarg;
+			break;
+		case 'f':
+			o->from = atol(optarg);
+			break;
+		default:
+			return -1;
 		}
 	}
 	return o->mb > 0 && o->steps > 0 && o->every > 0 && o->ntensors > 0 && o->from > 0 &&
-			       o->world > 0 && o->rank >= 0 && o->rank < o->world
-		       ? 0
-		       : -1;
+	               o->world > 0 && o->rank >= 0 && o->rank < o->world
+	           ? 0
+	           : -1;
 }
 
 int main(int argc, char **argv)
@@ -266,8 +292,8 @@ int main(int argc, char **argv)
 
 	if (parse(argc, argv, &o)) {
 		fprintf(stderr, "usage: demo_trainer [--endpoint E] [--job J] [--mb N] [--steps N] "
-				"[--save-every K] [--tensors N] [--from S] [--rank R --world W] "
-				"[--run RUN] [--resume]\n");
+		                "[--save-every K] [--tensors N] [--from S] [--rank R --world W] "
+		                "[--run RUN] [--resume]\n");
 		return 2;
 	}
 	rc = ckpt_connect(o.endpoint, &c);
@@ -283,8 +309,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "demo: %s\n", ckpt_last_error(c));
 		goto out;
 	}
-	printf("job %s rank %d/%d: %zu tensors, %.1f MiB in shared memory, shard %.1f MiB\n",
-	       o.job, o.rank, o.world, m.n, m.bytes / 1048576.0, ckpt_plan_bytes(p) / 1048576.0);
+	printf("job %s rank %d/%d: %zu tensors, %.1f MiB in shared memory, shard %.1f MiB\n", o.job,
+	       o.rank, o.world, m.n, m.bytes / 1048576.0, ckpt_plan_bytes(p) / 1048576.0);
 	rc = o.resume ? resume(c, p, &m, o.rank) : train(p, &m, &o);
 out:
 	ckpt_plan_destroy(p);

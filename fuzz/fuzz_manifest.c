@@ -15,12 +15,14 @@ static void lookups(const struct manifest *m)
 	for (size_t i = 0; i < m->ntensors; i++) {
 		const struct manifest_tensor *t = &m->tensors[i];
 
-		FUZZ_CHECK(manifest_find(m, t->name) == t, "tensor '%s' not found by name", t->name);
+		FUZZ_CHECK(manifest_find(m, t->name) == t, "tensor '%s' not found by name",
+		           t->name);
 		for (size_t j = 0; j < t->nchunks; j++) {
 			const struct manifest_chunk *c = &t->chunks[j];
 
-			FUZZ_CHECK(manifest_find_chunk(t, c->rank, t->sharded ? c->global_offset : NULL),
-			           "tensor '%s': rank %d's chunk not found", t->name, c->rank);
+			FUZZ_CHECK(
+			    manifest_find_chunk(t, c->rank, t->sharded ? c->global_offset : NULL),
+			    "tensor '%s': rank %d's chunk not found", t->name, c->rank);
 		}
 	}
 	for (int r = 0; r < m->world; r++) {

@@ -31,7 +31,8 @@ static void roundtrip(const struct part *p)
 	FUZZ_CHECK(rc == 0, "written back, it is refused: %s\n%.*s", err, (int)len, text);
 	rc = part_to_json(p2, &again, &len2, err);
 	FUZZ_CHECK(rc == 0, "read back, it cannot be written: %s", err);
-	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0, "written twice, not the same bytes");
+	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0,
+	           "written twice, not the same bytes");
 	free(again);
 	free(text);
 	part_free(p2);

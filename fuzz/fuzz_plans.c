@@ -27,7 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(rc == 0, "written back, it is refused: %s\n%.*s", err, (int)len, text);
 	rc = plans_to_json(f2, &again, &len2, err);
 	FUZZ_CHECK(rc == 0, "read back, it cannot be written: %s", err);
-	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0, "written twice, not the same bytes");
+	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0,
+	           "written twice, not the same bytes");
 	FUZZ_CHECK(strcmp(f->digest, f2->digest) == 0, "the same plans, two digests");
 	free(again);
 	free(text);

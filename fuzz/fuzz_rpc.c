@@ -77,9 +77,9 @@ static void lay_out(const Ckpt__V1__CreatePlanRequest *req, const struct ipc_ten
 	struct st_tensor *st = calloc(n + 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
-	    {"format", "pt"}, {"producer", "ckptd"},
+	    {"format", "pt"},  {"producer", "ckptd"},
 	    {"job", req->job}, {"run", *req->run ? req->run : IPC_DEFAULT_RUN},
-	    {"rank", rank},   {"world", world},
+	    {"rank", rank},    {"world", world},
 	};
 	struct st_header *h = NULL;
 	char err[IPC_ERRLEN];
@@ -92,14 +92,15 @@ static void lay_out(const Ckpt__V1__CreatePlanRequest *req, const struct ipc_ten
 	snprintf(rank, sizeof(rank), "%d", req->rank);
 	snprintf(world, sizeof(world), "%d", req->world);
 	for (size_t i = 0; i < n; i++) {
-		st[i] = (struct st_tensor){v[i].name, v[i].dtype, v[i].ndim, v[i].shape, pos,
-		                           pos + v[i].nbytes};
+		st[i] = (struct st_tensor){v[i].name,  v[i].dtype, v[i].ndim,
+		                           v[i].shape, pos,        pos + v[i].nbytes};
 		pos += v[i].nbytes;
 	}
 	rc = st_header_build(st, n, meta, sizeof(meta) / sizeof(meta[0]), &buf, &len, err);
 	if (rc == 0) {
 		rc = st_header_parse(buf, len, len + pos, &h, err);
-		FUZZ_CHECK(rc == 0, "a plan the agent accepts lays out a header it refuses: %s", err);
+		FUZZ_CHECK(rc == 0, "a plan the agent accepts lays out a header it refuses: %s",
+		           err);
 		FUZZ_CHECK(h->n == n, "%zu tensors laid out, %zu read back", n, h->n);
 	}
 	st_header_free(h);

@@ -41,8 +41,8 @@ static void rebuild(const struct st_header *h, uint64_t data_len)
 
 	FUZZ_CHECK(t && meta, "out of memory");
 	for (size_t i = 0; i < h->n; i++)
-		t[i] = (struct st_tensor){h->v[i].name, h->v[i].dtype, h->v[i].ndim, h->v[i].shape,
-		                          h->v[i].begin, h->v[i].end};
+		t[i] = (struct st_tensor){h->v[i].name,  h->v[i].dtype, h->v[i].ndim,
+		                          h->v[i].shape, h->v[i].begin, h->v[i].end};
 	for (size_t i = 0; i < h->nmeta; i++)
 		meta[i] = (struct st_meta){h->meta_keys[i], h->meta_values[i]};
 	rc = st_header_build(t, h->n, meta, h->nmeta, &buf, &len, err);

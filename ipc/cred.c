@@ -59,8 +59,10 @@ int ipc_cred_recv(int sock, struct ipc_cred_msg *m, int *fd, int timeout_ms)
 		struct cmsghdr align;
 	} u;
 	struct iovec iov = {m, sizeof(*m)};
-	struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			   .msg_controllen = sizeof(u.buf)};
+	struct msghdr h = {.msg_iov = &iov,
+	                   .msg_iovlen = 1,
+	                   .msg_control = u.buf,
+	                   .msg_controllen = sizeof(u.buf)};
 	struct pollfd p = {sock, POLLIN, 0};
 	struct cmsghdr *c;
 	ssize_t n;

@@ -113,8 +113,8 @@ int ipc_tensors_from_request(const Ckpt__V1__CreatePlanRequest *req, struct ipc_
  * descriptor over the credentials socket (never as a name anyone could open).
  */
 struct ipc_shm {
-	int fd;        /* client: open until the agent has it; agent: -1 */
-	void *data;    /* the mapping */
+	int fd; /* client: open until the agent has it; agent: -1 */
+	void *data; /* the mapping */
 	uint64_t size; /* bytes, a page multiple */
 };
 
@@ -156,10 +156,10 @@ enum { IPC_CRED_HELLO = 1, IPC_CRED_FD = 2, IPC_CRED_ACK = 3 };
 struct ipc_cred_msg {
 	char magic[8];
 	uint32_t op;
-	uint32_t seq;    /* FD: the client's number, echoed in its ACK */
-	int32_t status;  /* HELLO, ACK: 0, or a negative errno with message */
+	uint32_t seq; /* FD: the client's number, echoed in its ACK */
+	int32_t status; /* HELLO, ACK: 0, or a negative errno with message */
 	uint32_t pad;
-	uint64_t size;   /* FD: the region's bytes */
+	uint64_t size; /* FD: the region's bytes */
 	uint64_t ticket; /* ACK: what RegisterRegion names */
 	uint8_t token[IPC_TOKEN_BYTES]; /* HELLO */
 	char message[IPC_CRED_MSG];

@@ -41,22 +41,22 @@ int ipc_shm_create(uint64_t size, struct ipc_shm *out, char *err)
 	out->fd = -1;
 	if (size == 0 || size > SHM_MAX_BYTES)
 		return ipc_errf(err, -EINVAL, "host region of %llu bytes: it must be 1..%llu",
-				(unsigned long long)size, SHM_MAX_BYTES);
+		                (unsigned long long)size, SHM_MAX_BYTES);
 	size = page_round(size);
 	fd = memfd_create("ckpt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return ipc_errf(err, -errno, "memfd_create: %s", strerror(errno));
 	if (ftruncate(fd, (off_t)size)) {
 		rc = ipc_errf(err, -errno, "sizing a host region to %llu bytes: %s",
-			      (unsigned long long)size, strerror(errno));
+		              (unsigned long long)size, strerror(errno));
 		goto close;
 	}
 	/* Every page now: a fault at the agent's first touch would be a SIGBUS. */
 	if (fallocate(fd, 0, 0, (off_t)size)) {
 		rc = ipc_errf(err, -errno,
-			      "allocating %llu bytes of host memory: %s (free memory, or lower "
-			      "the memory limit's pressure)",
-			      (unsigned long long)size, strerror(errno));
+		              "allocating %llu bytes of host memory: %s (free memory, or lower "
+		              "the memory limit's pressure)",
+		              (unsigned long long)size, strerror(errno));
 		goto close;
 	}
 	if (fcntl(fd, F_ADD_SEALS, SHM_SEALS | F_SEAL_SEAL)) {
@@ -66,7 +66,7 @@ int ipc_shm_create(uint64_t size, struct ipc_shm *out, char *err)
 	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		rc = ipc_errf(err, -errno, "mmap of %llu bytes: %s", (unsigned long long)size,
-			      strerror(errno));
+		              strerror(errno));
 		goto close;
 	}
 	/* Huge pages where shmem allows them: fewer TLB misses in the copies. */
@@ -90,7 +90,7 @@ int ipc_shm_map(int fd, uint64_t size, struct ipc_shm *out, char *err)
 	out->fd = -1;
 	if (size == 0 || size > SHM_MAX_BYTES || size % 4096) {
 		rc = ipc_errf(err, -EINVAL, "region of %llu bytes: a page multiple in 1..%llu",
-			      (unsigned long long)size, SHM_MAX_BYTES);
+		              (unsigned long long)size, SHM_MAX_BYTES);
 		goto close;
 	}
 	if (fstat(fd, &st)) {
@@ -99,26 +99,28 @@ int ipc_shm_map(int fd, uint64_t size, struct ipc_shm *out, char *err)
 	}
 	seals = fcntl(fd, F_GET_SEALS);
 	if (!S_ISREG(st.st_mode) || seals < 0) {
-		rc = ipc_errf(err, -EINVAL, "the descriptor is not a memory file from memfd_create "
-					    "(use ckpt_host_alloc)");
+		rc = ipc_errf(err, -EINVAL,
+		              "the descriptor is not a memory file from memfd_create "
+		              "(use ckpt_host_alloc)");
 		goto close;
 	}
 	if ((seals & SHM_SEALS) != SHM_SEALS) {
-		rc = ipc_errf(err, -EINVAL, "region not sealed against shrinking and growing "
-					    "(F_SEAL_SHRINK|F_SEAL_GROW): the agent would fault if it "
-					    "shrank");
+		rc = ipc_errf(err, -EINVAL,
+		              "region not sealed against shrinking and growing "
+		              "(F_SEAL_SHRINK|F_SEAL_GROW): the agent would fault if it "
+		              "shrank");
 		goto close;
 	}
 	if ((uint64_t)st.st_size != size) {
 		rc = ipc_errf(err, -EINVAL, "region of %llu bytes, the client said %llu",
-			      (unsigned long long)st.st_size, (unsigned long long)size);
+		              (unsigned long long)st.st_size, (unsigned long long)size);
 		goto close;
 	}
 	if ((uint64_t)st.st_blocks * 512 < size) {
 		rc = ipc_errf(err, -EINVAL,
-			      "region of %llu bytes has only %llu allocated: allocate every page "
-			      "first (fallocate)",
-			      (unsigned long long)size, (unsigned long long)st.st_blocks * 512);
+		              "region of %llu bytes has only %llu allocated: allocate every page "
+		              "first (fallocate)",
+		              (unsigned long long)size, (unsigned long long)st.st_blocks * 512);
 		goto close;
 	}
 	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

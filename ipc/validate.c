@@ -117,11 +117,12 @@ static int check_name(const char *what, const char *name, char *err)
 
 		if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
 		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-			return ipc_errf(err, -EINVAL,
-			                "%s name '%s' has %s at byte %zu: use letters, digits, '.', "
-			                "'_' and '-' only",
-			                what, shown(name, b, sizeof(b)),
-			                char_shown((unsigned char)ch, c, sizeof(c)), i);
+			return ipc_errf(
+			    err, -EINVAL,
+			    "%s name '%s' has %s at byte %zu: use letters, digits, '.', "
+			    "'_' and '-' only",
+			    what, shown(name, b, sizeof(b)),
+			    char_shown((unsigned char)ch, c, sizeof(c)), i);
 	}
 	/* ".", "..", and what begins with '.': the agent's own files (temporaries, trash) */
 	if (name[0] == '.')
@@ -198,10 +199,11 @@ int ipc_check_tensor_name(const char *name, char *err)
 			                "tensor name '%s' is not valid UTF-8 at byte %zu (0x%02x)",
 			                shown(name, b, sizeof(b)), i, p[0]);
 		if (l == 1 && (p[0] < 0x20 || p[0] == 0x7f))
-			return ipc_errf(err, -EINVAL,
-			                "tensor name '%s' has control character 0x%02x at byte %zu: "
-			                "names may not hold NUL or control characters",
-			                shown(name, b, sizeof(b)), p[0], i);
+			return ipc_errf(
+			    err, -EINVAL,
+			    "tensor name '%s' has control character 0x%02x at byte %zu: "
+			    "names may not hold NUL or control characters",
+			    shown(name, b, sizeof(b)), p[0], i);
 		i += l;
 	}
 	return 0;

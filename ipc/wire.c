@@ -19,10 +19,10 @@
 
 #include "ipc.h"
 
-#define M(name, req, rep, stream)                                                                \
-	{                                                                                        \
-		"/ckpt.v1.Ckpt/" name, &ckpt__v1__##req##__descriptor,                           \
-			&ckpt__v1__##rep##__descriptor, stream                                   \
+#define M(name, req, rep, stream)                                                                  \
+	{                                                                                          \
+		"/ckpt.v1.Ckpt/" name, &ckpt__v1__##req##__descriptor,                             \
+		    &ckpt__v1__##rep##__descriptor, stream                                         \
 	}
 
 const struct ipc_method_desc ipc_methods[IPC_NMETHODS] = {
@@ -284,31 +284,31 @@ static const struct {
 	int err;
 	grpc_status_code status;
 } table[] = {
-	{0, GRPC_STATUS_OK},
-	{EINVAL, GRPC_STATUS_INVALID_ARGUMENT},
-	{ENOENT, GRPC_STATUS_NOT_FOUND},
-	{EEXIST, GRPC_STATUS_ALREADY_EXISTS},
-	{EACCES, GRPC_STATUS_PERMISSION_DENIED},
-	{EAGAIN, GRPC_STATUS_RESOURCE_EXHAUSTED},
-	{EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
-	{ECANCELED, GRPC_STATUS_CANCELLED},
-	{ETIMEDOUT, GRPC_STATUS_DEADLINE_EXCEEDED},
-	{ERANGE, GRPC_STATUS_OUT_OF_RANGE},
-	{EBADMSG, GRPC_STATUS_DATA_LOSS},
-	{ENOTSUP, GRPC_STATUS_UNIMPLEMENTED},
-	{ECONNREFUSED, GRPC_STATUS_UNAVAILABLE},
-	{EIO, GRPC_STATUS_INTERNAL},
-	{EPERM, GRPC_STATUS_PERMISSION_DENIED},
-	{ENOSPC, GRPC_STATUS_RESOURCE_EXHAUSTED},
-	{ENOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED},
-	{EOVERFLOW, GRPC_STATUS_INVALID_ARGUMENT},
-	{E2BIG, GRPC_STATUS_INVALID_ARGUMENT},
-	{ENAMETOOLONG, GRPC_STATUS_INVALID_ARGUMENT},
-	{ENOTCONN, GRPC_STATUS_UNAVAILABLE},
-	{EPIPE, GRPC_STATUS_UNAVAILABLE},
-	{EINTR, GRPC_STATUS_ABORTED},
-	{EIO, GRPC_STATUS_UNKNOWN},
-	{EACCES, GRPC_STATUS_UNAUTHENTICATED},
+    {0, GRPC_STATUS_OK},
+    {EINVAL, GRPC_STATUS_INVALID_ARGUMENT},
+    {ENOENT, GRPC_STATUS_NOT_FOUND},
+    {EEXIST, GRPC_STATUS_ALREADY_EXISTS},
+    {EACCES, GRPC_STATUS_PERMISSION_DENIED},
+    {EAGAIN, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
+    {ECANCELED, GRPC_STATUS_CANCELLED},
+    {ETIMEDOUT, GRPC_STATUS_DEADLINE_EXCEEDED},
+    {ERANGE, GRPC_STATUS_OUT_OF_RANGE},
+    {EBADMSG, GRPC_STATUS_DATA_LOSS},
+    {ENOTSUP, GRPC_STATUS_UNIMPLEMENTED},
+    {ECONNREFUSED, GRPC_STATUS_UNAVAILABLE},
+    {EIO, GRPC_STATUS_INTERNAL},
+    {EPERM, GRPC_STATUS_PERMISSION_DENIED},
+    {ENOSPC, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {ENOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EOVERFLOW, GRPC_STATUS_INVALID_ARGUMENT},
+    {E2BIG, GRPC_STATUS_INVALID_ARGUMENT},
+    {ENAMETOOLONG, GRPC_STATUS_INVALID_ARGUMENT},
+    {ENOTCONN, GRPC_STATUS_UNAVAILABLE},
+    {EPIPE, GRPC_STATUS_UNAVAILABLE},
+    {EINTR, GRPC_STATUS_ABORTED},
+    {EIO, GRPC_STATUS_UNKNOWN},
+    {EACCES, GRPC_STATUS_UNAUTHENTICATED},
 };
 
 int ipc_errno_to_status(int err)

@@ -98,29 +98,47 @@ enum fop {
 };
 
 static const char *const op_names[F_NOPS] = {
-    "openat",  "pwrite",   "pread",  "fsync",    "ftruncate", "fallocate", "renameat",
-    "rename_noreplace", "linkat", "mkdirat", "unlinkat", "direct", "io_write", "io_read",
-    "io_fsync",
+    "openat",   "pwrite",           "pread",    "fsync",   "ftruncate", "fallocate",
+    "renameat", "rename_noreplace", "linkat",   "mkdirat", "unlinkat",  "direct",
+    "io_write", "io_read",          "io_fsync",
 };
 
 static const struct {
 	const char *name;
 	int err;
 } errnos[] = {
-    {"EIO", EIO},         {"ENOSPC", ENOSPC},   {"EDQUOT", EDQUOT},   {"EROFS", EROFS},
-    {"EACCES", EACCES},   {"EPERM", EPERM},     {"ENOENT", ENOENT},   {"EEXIST", EEXIST},
-    {"EBUSY", EBUSY},     {"EINTR", EINTR},     {"EAGAIN", EAGAIN},   {"ENOMEM", ENOMEM},
-    {"EXDEV", EXDEV},     {"EINVAL", EINVAL},   {"ENOTDIR", ENOTDIR}, {"EISDIR", EISDIR},
-    {"EMLINK", EMLINK},   {"ENOSYS", ENOSYS},   {"ESTALE", ESTALE},   {"EFBIG", EFBIG},
-    {"EMFILE", EMFILE},   {"ENFILE", ENFILE},   {"ETIMEDOUT", ETIMEDOUT},
-    {"EOPNOTSUPP", EOPNOTSUPP}, {"ENAMETOOLONG", ENAMETOOLONG},
+    {"EIO", EIO},
+    {"ENOSPC", ENOSPC},
+    {"EDQUOT", EDQUOT},
+    {"EROFS", EROFS},
+    {"EACCES", EACCES},
+    {"EPERM", EPERM},
+    {"ENOENT", ENOENT},
+    {"EEXIST", EEXIST},
+    {"EBUSY", EBUSY},
+    {"EINTR", EINTR},
+    {"EAGAIN", EAGAIN},
+    {"ENOMEM", ENOMEM},
+    {"EXDEV", EXDEV},
+    {"EINVAL", EINVAL},
+    {"ENOTDIR", ENOTDIR},
+    {"EISDIR", EISDIR},
+    {"EMLINK", EMLINK},
+    {"ENOSYS", ENOSYS},
+    {"ESTALE", ESTALE},
+    {"EFBIG", EFBIG},
+    {"EMFILE", EMFILE},
+    {"ENFILE", ENFILE},
+    {"ETIMEDOUT", ETIMEDOUT},
+    {"EOPNOTSUPP", EOPNOTSUPP},
+    {"ENAMETOOLONG", ENAMETOOLONG},
 };
 
 struct rule {
 	enum fop op;
-	int err;        /* > 0: fail with -err */
+	int err; /* > 0: fail with -err */
 	const char *errname;
-	bool isshort;   /* else: a short transfer */
+	bool isshort; /* else: a short transfer */
 	uint64_t limit; /* short=N: at most N bytes; UINT64_MAX: half */
 	unsigned slow_ms; /* slow=MS: the request's result comes MS later, as it was */
 	char glob[MAX_GLOB]; /* "" matches every path */
@@ -215,13 +233,18 @@ static const struct rule *decide(enum fop op, const char *path, const char *path
 		else
 			snprintf(what, sizeof(what), "%s", hit->errname);
 		if (hit->count == COUNT_INF)
-			snprintf(line, sizeof(line), "fault injected: %s(%s%s%s) = %s (rule %u, %llu of "
-			         "every one)", op_names[op], path, path2 ? ", " : "", path2 ? path2 : "",
-			         what, k + 1, (unsigned long long)hit->fired);
+			snprintf(line, sizeof(line),
+			         "fault injected: %s(%s%s%s) = %s (rule %u, %llu of "
+			         "every one)",
+			         op_names[op], path, path2 ? ", " : "", path2 ? path2 : "", what,
+			         k + 1, (unsigned long long)hit->fired);
 		else
-			snprintf(line, sizeof(line), "fault injected: %s(%s%s%s) = %s (rule %u, %llu of "
-			         "%llu)", op_names[op], path, path2 ? ", " : "", path2 ? path2 : "", what,
-			         k + 1, (unsigned long long)hit->fired, (unsigned long long)hit->count);
+			snprintf(line, sizeof(line),
+			         "fault injected: %s(%s%s%s) = %s (rule %u, %llu of "
+			         "%llu)",
+			         op_names[op], path, path2 ? ", " : "", path2 ? path2 : "", what,
+			         k + 1, (unsigned long long)hit->fired,
+			         (unsigned long long)hit->count);
 	}
 	pthread_mutex_unlock(&plan.mu);
 	if (hit && plan.note)
@@ -442,25 +465,29 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 
 		if (r->op != F_IO_WRITE && r->op != F_IO_READ && r->op != F_IO_FSYNC &&
 		    r->op != F_OPENAT)
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' of %s: only io_write, "
-			                "io_read, io_fsync and openat can be slow", k, s,
-			                op_names[r->op]);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: '%s' of %s: only io_write, "
+			                           "io_read, io_fsync and openat can be slow",
+			                k, s, op_names[r->op]);
 		if (parse_u64(s + 5, &ms) || ms == 0 || ms > 60000)
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' is not slow=MS "
-			                "(1..60000)", k, s);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: '%s' is not slow=MS "
+			                           "(1..60000)",
+			                k, s);
 		r->slow_ms = (unsigned)ms;
 		return 0;
 	}
 	if (strcmp(s, "short") == 0 || strncmp(s, "short=", 6) == 0) {
 		if (!transfers(r->op))
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' of %s: only pwrite, "
-			                "pread, io_write and io_read can be short", k, s,
-			                op_names[r->op]);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: '%s' of %s: only pwrite, "
+			                           "pread, io_write and io_read can be short",
+			                k, s, op_names[r->op]);
 		r->isshort = true;
 		r->limit = UINT64_MAX;
 		if (s[5] == '=' && parse_u64(s + 6, &r->limit))
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' is not short=BYTES",
-			                k, s);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: '%s' is not short=BYTES", k, s);
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof(errnos) / sizeof(errnos[0]); i++)
@@ -469,8 +496,10 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 			r->errname = errnos[i].name;
 			return 0;
 		}
-	return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: unknown result '%s': an errno name "
-	                "(EIO, ENOSPC, EDQUOT, EROFS, ...) or short or short=BYTES", k, s);
+	return ipc_errf(err, -EINVAL,
+	                FAULTS_ENV " rule %u: unknown result '%s': an errno name "
+	                           "(EIO, ENOSPC, EDQUOT, EROFS, ...) or short or short=BYTES",
+	                k, s);
 }
 
 static int parse_option(struct rule *r, const char *s, unsigned k, char *err)
@@ -479,32 +508,42 @@ static int parse_option(struct rule *r, const char *s, unsigned k, char *err)
 	size_t klen = v ? (size_t)(v - s) : 0;
 
 	if (!v)
-		return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: '%s' is not key=value "
-		                "(path=GLOB, after=N, count=N|inf)", k, s);
+		return ipc_errf(err, -EINVAL,
+		                FAULTS_ENV " rule %u: '%s' is not key=value "
+		                           "(path=GLOB, after=N, count=N|inf)",
+		                k, s);
 	v++;
 	if (klen == 4 && strncmp(s, "path", 4) == 0) {
 		if (!v[0] || strlen(v) >= MAX_GLOB)
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: path= needs a glob of "
-			                "1 to %d characters", k, MAX_GLOB - 1);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: path= needs a glob of "
+			                           "1 to %d characters",
+			                k, MAX_GLOB - 1);
 		snprintf(r->glob, sizeof(r->glob), "%s", v);
 		return 0;
 	}
 	if (klen == 5 && strncmp(s, "after", 5) == 0) {
 		if (parse_u64(v, &r->after))
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: after=%s is not a count "
-			                "of calls", k, v);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: after=%s is not a count "
+			                           "of calls",
+			                k, v);
 		return 0;
 	}
 	if (klen == 5 && strncmp(s, "count", 5) == 0) {
 		if (strcmp(v, "inf") == 0)
 			r->count = COUNT_INF;
 		else if (parse_u64(v, &r->count) || r->count == 0)
-			return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: count=%s is neither a "
-			                "number of faults (1 or more) nor inf", k, v);
+			return ipc_errf(err, -EINVAL,
+			                FAULTS_ENV " rule %u: count=%s is neither a "
+			                           "number of faults (1 or more) nor inf",
+			                k, v);
 		return 0;
 	}
-	return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: unknown key in '%s' (path=GLOB, "
-	                "after=N, count=N|inf)", k, s);
+	return ipc_errf(err, -EINVAL,
+	                FAULTS_ENV " rule %u: unknown key in '%s' (path=GLOB, "
+	                           "after=N, count=N|inf)",
+	                k, s);
 }
 
 /* One rule, "op:result[:key=value]..." (s is cut up). k: its number, for messages. */
@@ -520,15 +559,19 @@ static int parse_rule(struct rule *r, char *s, unsigned k, char *err)
 	for (r->op = 0; r->op < F_NOPS && strcmp(f, op_names[r->op]) != 0; r->op++)
 		;
 	if (r->op == F_NOPS)
-		return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: unknown call '%s': openat, "
+		return ipc_errf(err, -EINVAL,
+		                FAULTS_ENV
+		                " rule %u: unknown call '%s': openat, "
 		                "pwrite, pread, fsync, ftruncate, fallocate, renameat, "
 		                "rename_noreplace, linkat, mkdirat, unlinkat, direct, io_write, "
 		                "io_read or io_fsync",
 		                k, f);
 	f = strtok_r(NULL, ":", &save);
 	if (!f)
-		return ipc_errf(err, -EINVAL, FAULTS_ENV " rule %u: %s needs a result (EIO, "
-		                "ENOSPC, ..., short)", k, op_names[r->op]);
+		return ipc_errf(err, -EINVAL,
+		                FAULTS_ENV " rule %u: %s needs a result (EIO, "
+		                           "ENOSPC, ..., short)",
+		                k, op_names[r->op]);
 	if ((rc = parse_result(r, f, k, err)))
 		return rc;
 	while ((f = strtok_r(NULL, ":", &save)))
@@ -579,8 +622,9 @@ int fsops_from_env(const struct fsops **sync, const struct fsops **async,
 	if (note) {
 		char line[IPC_ERRLEN + 64];
 
-		snprintf(line, sizeof(line), "fault injection: %u rule%s from " FAULTS_ENV "=%.400s",
-		         plan.n, plan.n == 1 ? "" : "s", text);
+		snprintf(line, sizeof(line),
+		         "fault injection: %u rule%s from " FAULTS_ENV "=%.400s", plan.n,
+		         plan.n == 1 ? "" : "s", text);
 		note(line);
 	}
 	return 0;
@@ -593,9 +637,11 @@ int fsops_from_env(const struct fsops **sync, const struct fsops **async,
 {
 	*sync = *async = &fsops_posix;
 	if (getenv(FAULTS_ENV) && getenv(FAULTS_ENV)[0])
-		return ipc_errf(err, -EINVAL, FAULTS_ENV " is set, but this ckptd was built without "
-		                "fault injection (cmake -DCKPT_FAULT_INJECTION=ON, for tests only): "
-		                "unset it");
+		return ipc_errf(
+		    err, -EINVAL,
+		    FAULTS_ENV " is set, but this ckptd was built without "
+		               "fault injection (cmake -DCKPT_FAULT_INJECTION=ON, for tests only): "
+		               "unset it");
 	return 0;
 }
 

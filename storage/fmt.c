@@ -21,12 +21,11 @@ int fmt_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_
 	const json_t *v = json_object_get(obj, key);
 
 	if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
-		return ipc_errf(err, -EINVAL,
-		                "%s: %s: \"%s\" is %s, expected an integer in %lld..%lld", what,
-		                where, key,
-		                v ? (json_is_integer(v) ? "out of range" : "not an integer")
-		                  : "missing",
-		                (long long)min, (long long)max);
+		return ipc_errf(
+		    err, -EINVAL, "%s: %s: \"%s\" is %s, expected an integer in %lld..%lld", what,
+		    where, key,
+		    v ? (json_is_integer(v) ? "out of range" : "not an integer") : "missing",
+		    (long long)min, (long long)max);
 	*out = json_integer_value(v);
 	return 0;
 }
@@ -107,7 +106,8 @@ static json_t *chunk_json(const struct manifest_tensor *t, const struct manifest
 	char hex[17];
 
 	o = json_pack("{s:i}", "rank", c->rank);
-	if (o && t->sharded && json_object_set_new(o, "global_offset", fmt_ints(c->global_offset, t->ndim)))
+	if (o && t->sharded &&
+	    json_object_set_new(o, "global_offset", fmt_ints(c->global_offset, t->ndim)))
 		goto fail;
 	if (o && json_object_set_new(o, "shape", fmt_ints(c->shape, t->ndim)))
 		goto fail;
@@ -287,8 +287,9 @@ int fmt_check_chunk(const struct manifest_tensor *t, size_t j, const struct mani
 	int rc;
 
 	if (c->rank < 0 || c->rank >= world)
-		return ipc_errf(err, -EINVAL, "%s: tensor '%s' chunk %zu: rank %d is outside world %d",
-		                what, t->name, j, c->rank, world);
+		return ipc_errf(err, -EINVAL,
+		                "%s: tensor '%s' chunk %zu: rank %d is outside world %d", what,
+		                t->name, j, c->rank, world);
 	rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, c->shape, &nbytes, msg);
 	if (rc)
 		return ipc_errf(err, rc, "%s: chunk %zu (rank %d): %s", what, j, c->rank, msg);

@@ -31,9 +31,9 @@
  *                  start, checked later, opened again if made anew
  *
  * Everything goes through the root's descriptor (never closed while the
- * backend lives; local_root.c), one path component at a time with O_NOFOLLOW, and through the fsops table (tests inject faults).
- * What is read back (names, objects) is treated as hostile: no symlink is
- * followed, no read is unbounded, no FIFO can block an open.
+ * backend lives; local_root.c), one path component at a time with O_NOFOLLOW, and through the fsops
+ * table (tests inject faults). What is read back (names, objects) is treated as hostile: no symlink
+ * is followed, no read is unbounded, no FIFO can block an open.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -174,10 +174,10 @@ int local_open_job_step(struct local *l, const char *job, int64_t step, int *job
 		*stepfd = -1;
 		local_close_fd(jobfd);
 		local_path_of(l, p, sizeof(p), job, step, NULL);
-		return rc == -ENOENT ? ipc_errf(err, rc, "no checkpoint of job '%s' at step %" PRId64
-		                                         " (%s)",
-		                                job, step, p)
-		                     : dir_error(rc, p, err);
+		return rc == -ENOENT
+		           ? ipc_errf(err, rc, "no checkpoint of job '%s' at step %" PRId64 " (%s)",
+		                      job, step, p)
+		           : dir_error(rc, p, err);
 	}
 	return 0;
 }
@@ -438,8 +438,9 @@ static int create_exclusive(struct local *l, int stepfd, int rank, char *file, c
 		fd = open_shard_file(l, stepfd, file, O_WRONLY | O_CREAT | O_EXCL, &st);
 	}
 	if (fd == -EEXIST)
-		return ipc_errf(err, fd, "%d shards of rank %d by node %s are in %s already: clear "
-		                         "out the step",
+		return ipc_errf(err, fd,
+		                "%d shards of rank %d by node %s are in %s already: clear "
+		                "out the step",
 		                LOCAL_MAX_ATTEMPTS, rank, l->node, dir);
 	if (fd < 0)
 		return ipc_errf(err, fd, "cannot create shard %s/%s: %s", dir, file, strerror(-fd));
@@ -657,7 +658,8 @@ static int local_shard_stat(struct storage *s, const char *job, int64_t step, co
 	char p[PATH_MAX];
 	struct stat st;
 
-	if ((rc = check_file(file, err)) || (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
+	if ((rc = check_file(file, err)) ||
+	    (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
 		return rc;
 	local_path_of(l, p, sizeof(p), job, step, file);
 	rc = fstatat(stepfd, file, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
@@ -679,12 +681,13 @@ static int local_shard_unlink(struct storage *s, const char *job, int64_t step, 
 	int jobfd, stepfd, rc;
 	char p[PATH_MAX];
 
-	if ((rc = check_file(file, err)) || (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
+	if ((rc = check_file(file, err)) ||
+	    (rc = local_open_job_step(l, job, step, &jobfd, &stepfd, err)))
 		return rc;
 	rc = l->ops->unlinkat(stepfd, file, 0);
 	if (rc < 0)
-		ipc_errf(err, rc, "cannot remove %s: %s", local_path_of(l, p, sizeof(p), job, step, file),
-		         strerror(-rc));
+		ipc_errf(err, rc, "cannot remove %s: %s",
+		         local_path_of(l, p, sizeof(p), job, step, file), strerror(-rc));
 	close(stepfd);
 	close(jobfd);
 	return rc;

@@ -245,8 +245,9 @@ int local_obj_get(struct storage *s, const char *key, size_t max, char **buf, si
 		return ipc_errf(err, rc, "%s is larger than %zu bytes: not a file ckptd wrote",
 		                k.path, max);
 	if (rc == -ELOOP || rc == -EINVAL)
-		return ipc_errf(err, rc, "%s is not a regular file (a link?): ckptd does not "
-		                         "follow links",
+		return ipc_errf(err, rc,
+		                "%s is not a regular file (a link?): ckptd does not "
+		                "follow links",
 		                k.path);
 	if (rc < 0)
 		return ipc_errf(err, rc, "cannot read %s: %s", k.path, strerror(-rc));

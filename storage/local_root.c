@@ -129,7 +129,8 @@ int local_root_open(struct local *l, const char *root, char *err)
 	rc = l->rootfd = l->ops->openat(AT_FDCWD, root, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 	if (rc < 0) {
 		l->rootfd = -1;
-		return ipc_errf(err, rc, "cannot open the storage root %s: %s", root, strerror(-rc));
+		return ipc_errf(err, rc, "cannot open the storage root %s: %s", root,
+		                strerror(-rc));
 	}
 	if (fstat(l->rootfd, &st) < 0)
 		return ipc_errf(err, -errno, "cannot stat the storage root %s: %s", root,
@@ -213,10 +214,11 @@ static int probe_write(struct local *l, char *err)
 	fd = l->ops->openat(l->rootfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
 	                    0600);
 	if (fd < 0)
-		return ipc_errf(err, fd,
-		                "storage root %s is not writable (creating a file in it: %s): saves "
-		                "fail until it is; check its permissions, its mount and free space",
-		                l->root, strerror(-fd));
+		return ipc_errf(
+		    err, fd,
+		    "storage root %s is not writable (creating a file in it: %s): saves "
+		    "fail until it is; check its permissions, its mount and free space",
+		    l->root, strerror(-fd));
 	close(fd);
 	rc = l->ops->unlinkat(l->rootfd, name, 0);
 	if (rc < 0)

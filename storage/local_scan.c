@@ -241,7 +241,8 @@ static int to_trash(struct local *l, int jobfd, const char *sname, const char *p
 	utimensat(jobfd, sname, NULL, AT_SYMLINK_NOFOLLOW); /* best effort: see above */
 	rc = l->ops->renameat(jobfd, sname, jobfd, trash);
 	if (rc < 0)
-		return ipc_errf(err, rc, "cannot remove %s (rename failed): %s", path, strerror(-rc));
+		return ipc_errf(err, rc, "cannot remove %s (rename failed): %s", path,
+		                strerror(-rc));
 	/*
 	 * Durably out of sight: without this fsync a crash during the
 	 * deletion below could bring the step back under its name with part
@@ -255,9 +256,11 @@ static int to_trash(struct local *l, int jobfd, const char *sname, const char *p
 		return put_back(l, jobfd, trash, sname, path, "was committed", err) ?: -EEXIST;
 	if ((keep & TRASH_UNLESS_PINNED) && holds(l, jobfd, trash, PIN_NAME)) {
 		rc = put_back(l, jobfd, trash, sname, path, "was pinned", err);
-		return rc ?: ipc_errf(err, -EBUSY, "%s is pinned (perhaps through another node's "
-		                                   "agent): unpin it first",
-		                      path);
+		return rc
+		           ?: ipc_errf(err, -EBUSY,
+		                       "%s is pinned (perhaps through another node's "
+		                       "agent): unpin it first",
+		                       path);
 	}
 	rc = rm_tree(l, jobfd, trash, 0);
 	if (rc < 0)
@@ -435,8 +438,8 @@ static bool scan_parts(struct scan *c, int stepfd)
 	return rest;
 }
 
-static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t step,
-                        int64_t latest, const char *path, char *err)
+static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t step, int64_t latest,
+                        const char *path, char *err)
 {
 	int fd = local_open_dir(c->l, jobfd, sname);
 	bool committed, parts;
@@ -445,7 +448,8 @@ static int cleanup_step(struct scan *c, int jobfd, const char *sname, int64_t st
 	int rc;
 
 	if (fd < 0)
-		return fd == -ENOENT ? 0 : ipc_errf(err, fd, "cannot open %s: %s", path, strerror(-fd));
+		return fd == -ENOENT ? 0
+		                     : ipc_errf(err, fd, "cannot open %s: %s", path, strerror(-fd));
 	committed = local_maybe_regular_at(fd, MANIFEST_NAME); /* unsure: it is */
 	if (committed && !c->pol->at_start) { /* a checkpoint: nothing to do while running */
 		close(fd);
@@ -535,20 +539,23 @@ static int cleanup_entry(struct scan *c, int jobfd, const char *job, const char 
 
 	snprintf(p, sizeof(p), "%s/%s/%s", c->l->root, job, name);
 	if (local_parse_step_name(name, &step))
-		return local_dir_at(jobfd, name) ? cleanup_step(c, jobfd, name, step, latest, p, err)
-		                                 : 0;
+		return local_dir_at(jobfd, name)
+		           ? cleanup_step(c, jobfd, name, step, latest, p, err)
+		           : 0;
 	if (strncmp(name, TRASH_PREFIX, strlen(TRASH_PREFIX)) == 0) {
 		/*
 		 * Out of sight already: a removal a crash interrupted. Ours at
 		 * start-up (no removal of ours is running); anyone's once old: a
 		 * removal may be deleting it right now, or about to put it back.
 		 */
-		if (!(c->pol->at_start && trash_of(c->l, name)) && !old(c, mtime_at(c, jobfd, name)))
+		if (!(c->pol->at_start && trash_of(c->l, name)) &&
+		    !old(c, mtime_at(c, jobfd, name)))
 			return 0;
 		/* a pinned step that could not go back (said when it failed): never deleted */
 		if (holds(c->l, jobfd, name, PIN_NAME))
-			return ipc_errf(err, -EBUSY, "%s holds a pinned checkpoint: move it back "
-			                             "under its step name by hand",
+			return ipc_errf(err, -EBUSY,
+			                "%s holds a pinned checkpoint: move it back "
+			                "under its step name by hand",
 			                p);
 		rc = rm_tree(c->l, jobfd, name, 0);
 		if (rc == 0)

@@ -99,8 +99,9 @@ int shard_file_check(int rank, const char *name, char *err)
 	int r = -1;
 
 	if (!name || strnlen(name, SHARD_FILE_MAX) >= SHARD_FILE_MAX)
-		return ipc_errf(err, -EINVAL, "rank %d: no file name, or a name of %d characters or "
-		                              "more",
+		return ipc_errf(err, -EINVAL,
+		                "rank %d: no file name, or a name of %d characters or "
+		                "more",
 		                rank, SHARD_FILE_MAX);
 	rest = after_rank(name, &r);
 	n = rest ? node_part(rest) : 0;
@@ -230,7 +231,8 @@ static int check_tensor(const struct manifest *m, size_t i, const struct manifes
 	for (size_t j = 0; j < t->nchunks; j++) {
 		const struct manifest_chunk *c = &t->chunks[j];
 
-		rc = fmt_check_chunk(t, j, c->rank >= 0 && c->rank < m->world ? &m->ranks[c->rank] : NULL,
+		rc = fmt_check_chunk(t, j,
+		                     c->rank >= 0 && c->rank < m->world ? &m->ranks[c->rank] : NULL,
 		                     m->world, MF, err);
 		if (rc)
 			return rc;
@@ -302,12 +304,14 @@ static int check_parts(const struct manifest *m, char *err)
 
 			if (r < 0 || r >= m->world || (j > 0 && r <= p->ranks[j - 1]))
 				rc = ipc_errf(err, -EINVAL,
-				              MF_PREFIX "part of node '%s': rank %d is outside world "
-				                        "%d or out of order",
+				              MF_PREFIX
+				              "part of node '%s': rank %d is outside world "
+				              "%d or out of order",
 				              p->node, r, m->world);
 			else if (seen[r]++)
 				rc = ipc_errf(err, -EINVAL,
-				              MF_PREFIX "rank %d is in two parts (the second: node '%s')",
+				              MF_PREFIX
+				              "rank %d is in two parts (the second: node '%s')",
 				              r, p->node);
 		}
 	}
@@ -408,8 +412,8 @@ static json_t *parts_json(const struct manifest *m)
 				json_decref(ranks);
 				ranks = NULL;
 			}
-		if (json_array_append_new(a, json_pack("{s:s, s:o}", "node", p->node, "ranks",
-		                                       ranks))) {
+		if (json_array_append_new(
+		        a, json_pack("{s:s, s:o}", "node", p->node, "ranks", ranks))) {
 			json_decref(a);
 			return NULL;
 		}
@@ -422,7 +426,8 @@ static json_t *tensors_json(const struct manifest *m)
 	json_t *o = json_object();
 
 	for (size_t i = 0; o && i < m->ntensors; i++)
-		if (json_object_set_new(o, m->tensors[i].name, fmt_tensor_json(&m->tensors[i], true))) {
+		if (json_object_set_new(o, m->tensors[i].name,
+		                        fmt_tensor_json(&m->tensors[i], true))) {
 			json_decref(o);
 			return NULL;
 		}
@@ -440,11 +445,10 @@ static json_t *root_json(const struct manifest *m, json_t *meta)
 	                 "s:{s:f, s:f, s:f}, s:o, s:o, s:o}",
 	                 "format", MANIFEST_FORMAT, "version", m->version, "job", m->job, "run",
 	                 m->run, "step", (json_int_t)m->step, "world", m->world, "time", when,
-	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes",
-	                 bytes, "durations", "capture_seconds", m->capture_seconds,
-	                 "durable_seconds", m->durable_seconds, "commit_seconds",
-	                 m->commit_seconds, "parts", parts_json(m), "ranks", ranks_json(m),
-	                 "tensors", tensors_json(m));
+	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes", bytes,
+	                 "durations", "capture_seconds", m->capture_seconds, "durable_seconds",
+	                 m->durable_seconds, "commit_seconds", m->commit_seconds, "parts",
+	                 parts_json(m), "ranks", ranks_json(m), "tensors", tensors_json(m));
 	/* format 1 had neither: written back as it was read */
 	if (root && m->version == 1) {
 		json_object_del(root, "run");
@@ -519,8 +523,8 @@ static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 		                                     (uint64_t)hb, NULL};
 		if (!m->ranks[r].file)
 			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
-		if (m->version > 1 &&
-		    (rc = fmt_meta_text(json_object_get(o, "meta"), &m->ranks[r].meta_json, MF, err)))
+		if (m->version > 1 && (rc = fmt_meta_text(json_object_get(o, "meta"),
+		                                          &m->ranks[r].meta_json, MF, err)))
 			return rc;
 	}
 	return 0; /* missing ranks: manifest_check */
@@ -533,7 +537,8 @@ static int parse_parts(struct manifest *m, const json_t *a, char *err)
 
 	if (!json_is_array(a) || json_array_size(a) > (size_t)m->world)
 		return ipc_errf(err, -EINVAL,
-		                MF_PREFIX "\"parts\" is missing, not an array or longer than world");
+		                MF_PREFIX
+		                "\"parts\" is missing, not an array or longer than world");
 	m->parts = calloc(json_array_size(a) + 1, sizeof(*m->parts));
 	if (!m->parts)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
@@ -546,8 +551,9 @@ static int parse_parts(struct manifest *m, const json_t *a, char *err)
 		if (rc)
 			return rc;
 		if (!json_is_array(ranks) || json_array_size(ranks) > (size_t)m->world)
-			return ipc_errf(err, -EINVAL, MF_PREFIX "%s: \"ranks\" is not an array of "
-			                                        "at most world ranks",
+			return ipc_errf(err, -EINVAL,
+			                MF_PREFIX "%s: \"ranks\" is not an array of "
+			                          "at most world ranks",
 			                where);
 		p->ranks = calloc(json_array_size(ranks) + 1, sizeof(*p->ranks));
 		if (!p->ranks)
@@ -558,7 +564,8 @@ static int parse_parts(struct manifest *m, const json_t *a, char *err)
 			if (!json_is_integer(v) || json_integer_value(v) < 0 ||
 			    json_integer_value(v) >= m->world)
 				return ipc_errf(err, -EINVAL,
-				                MF_PREFIX "%s: ranks[%zu] is not a rank of world %d",
+				                MF_PREFIX
+				                "%s: ranks[%zu] is not a rank of world %d",
 				                where, j, m->world);
 			p->ranks[p->nranks++] = (int)json_integer_value(v);
 		}
@@ -623,7 +630,8 @@ static int parse_root(struct manifest *m, const json_t *root, char *err)
 		rc = ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
 	if (rc == 0)
 		rc = fmt_int(root, "step", 0, IPC_MAX_STEP, &m->step, MF, "top level", err);
-	if (rc == 0 && (rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, MF, "top level", err)) == 0)
+	if (rc == 0 &&
+	    (rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, MF, "top level", err)) == 0)
 		m->world = (int)v;
 	if (rc == 0)
 		rc = fmt_str(root, "time", &s, MF, "top level", err);

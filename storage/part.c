@@ -120,15 +120,17 @@ static int check_rank(const struct part *p, size_t i, char *err)
 	int rc;
 
 	if (k->rank < 0 || k->rank >= p->world || (i > 0 && k->rank <= p->ranks[i - 1].rank))
-		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d is outside world %d, or twice, or "
-		                                        "out of order",
+		return ipc_errf(err, -EINVAL,
+		                PT_PREFIX "rank %d is outside world %d, or twice, or "
+		                          "out of order",
 		                k->rank, p->world);
 	rc = shard_file_check(k->rank, k->file, msg);
 	if (rc)
 		return ipc_errf(err, rc, PT_PREFIX "%s", msg);
 	if (!shard_file_of_node(k->file, p->node))
-		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d: file '%s' is not one node '%s' made",
-		                k->rank, k->file, p->node);
+		return ipc_errf(err, -EINVAL,
+		                PT_PREFIX "rank %d: file '%s' is not one node '%s' made", k->rank,
+		                k->file, p->node);
 	if (k->header_bytes < 8 || k->header_bytes > k->size || k->size > INT64_MAX)
 		return ipc_errf(err, -EINVAL,
 		                PT_PREFIX "rank %d: header_bytes %" PRIu64
@@ -139,7 +141,8 @@ static int check_rank(const struct part *p, size_t i, char *err)
 	if (k->queued_unix_ns < 0 || k->captured_unix_ns < 0 || k->durable_unix_ns < 0)
 		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d: a time is negative", k->rank);
 	if (k->ntensors > IPC_MAX_TENSORS || (k->ntensors && !k->tensors))
-		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d: %zu tensors", k->rank, k->ntensors);
+		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d: %zu tensors", k->rank,
+		                k->ntensors);
 	spans = calloc(k->ntensors + 1, sizeof(*spans));
 	if (!spans)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
@@ -152,8 +155,8 @@ static int check_rank(const struct part *p, size_t i, char *err)
 			rc = ipc_errf(err, -EINVAL,
 			              PT_PREFIX "rank %d: tensor '%s' is out of order or twice",
 			              k->rank, t->name);
-		else if (!ipc_dtype_name(t->dtype) || t->ndim > IPC_MAX_NDIM ||
-		         t->nchunks != 1 || !t->chunks || t->chunks[0].rank != k->rank)
+		else if (!ipc_dtype_name(t->dtype) || t->ndim > IPC_MAX_NDIM || t->nchunks != 1 ||
+		         !t->chunks || t->chunks[0].rank != k->rank)
 			rc = ipc_errf(err, -EINVAL,
 			              PT_PREFIX "rank %d: tensor '%s' needs a known dtype, at most "
 			                        "%d dimensions and one chunk of this rank",
@@ -161,8 +164,8 @@ static int check_rank(const struct part *p, size_t i, char *err)
 		else
 			rc = fmt_check_chunk(t, 0, &view, p->world, PT, err);
 		if (!rc && t->chunks[0].end > t->chunks[0].begin)
-			spans[n++] = (struct fmt_span){k->rank, t->chunks[0].begin, t->chunks[0].end,
-			                               t->name};
+			spans[n++] = (struct fmt_span){k->rank, t->chunks[0].begin,
+			                               t->chunks[0].end, t->name};
 	}
 	if (!rc)
 		rc = fmt_check_spans(spans, n, one_file, &view, PT, err);
@@ -292,8 +295,9 @@ static int parse_rank(const json_t *o, size_t i, struct part_rank *k, char *err)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
 	if (!json_is_object(tensors) || json_object_size(tensors) > IPC_MAX_TENSORS)
 		return ipc_errf(err, -EINVAL,
-		                PT_PREFIX "%s: \"tensors\" is missing, not an object or larger than "
-		                          "%d",
+		                PT_PREFIX
+		                "%s: \"tensors\" is missing, not an object or larger than "
+		                "%d",
 		                where, IPC_MAX_TENSORS);
 	k->tensors = calloc(json_object_size(tensors) + 1, sizeof(*k->tensors));
 	if (!k->tensors)
@@ -332,7 +336,8 @@ static int parse_root(struct part *p, const json_t *root, char *err)
 		return rc;
 	if (!json_is_array(ranks) || json_array_size(ranks) > (size_t)p->world)
 		return ipc_errf(err, -EINVAL,
-		                PT_PREFIX "\"ranks\" is missing, not an array or longer than world");
+		                PT_PREFIX
+		                "\"ranks\" is missing, not an array or longer than world");
 	p->ranks = calloc(json_array_size(ranks) + 1, sizeof(*p->ranks));
 	if (!p->ranks)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
@@ -420,9 +425,9 @@ static int merge_tensor(struct manifest_tensor *mt, const struct entry *e, size_
 	for (size_t i = 0; i < n; i++) {
 		const struct manifest_tensor *t = e[i].t;
 
-		if (i > 0 && (!t->sharded || !t0->sharded || t->dtype != t0->dtype ||
-		              t->ndim != t0->ndim ||
-		              memcmp(t->global_shape, t0->global_shape, t->ndim * sizeof(int64_t))))
+		if (i > 0 &&
+		    (!t->sharded || !t0->sharded || t->dtype != t0->dtype || t->ndim != t0->ndim ||
+		     memcmp(t->global_shape, t0->global_shape, t->ndim * sizeof(int64_t))))
 			return ipc_errf(err, -EINVAL,
 			                "tensor '%s' is saved by ranks %d and %d, not as chunks of "
 			                "one sharded tensor",
@@ -448,12 +453,14 @@ static int check_set(struct part *const *v, size_t n, char *err)
 			rc = ipc_errf(err, -EINVAL,
 			              "the part of node %s is of job %s step %" PRId64
 			              " world %d, not job %s step %" PRId64 " world %d",
-			              p->node, p->job, p->step, p->world, p0->job, p0->step, p0->world);
+			              p->node, p->job, p->step, p->world, p0->job, p0->step,
+			              p0->world);
 		else if (strcmp(p->run, p0->run))
-			rc = ipc_errf(err, -ESTALE,
-			              "the part of node %s is of run %s, not run %s: a part of another "
-			              "run never joins a checkpoint",
-			              p->node, p->run, p0->run);
+			rc = ipc_errf(
+			    err, -ESTALE,
+			    "the part of node %s is of run %s, not run %s: a part of another "
+			    "run never joins a checkpoint",
+			    p->node, p->run, p0->run);
 		else if (i > 0 && strcmp(v[i - 1]->node, p->node) == 0)
 			rc = ipc_errf(err, -EINVAL, "two parts of node %s", p->node);
 		for (size_t j = 0; j < p->nranks && !rc; j++)
@@ -469,8 +476,7 @@ static int check_set(struct part *const *v, size_t n, char *err)
 	return rc;
 }
 
-static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size_t *nent,
-                       char *err)
+static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size_t *nent, char *err)
 {
 	int64_t t0 = INT64_MAX, cap = 0, dur = 0, last = 0;
 
@@ -530,7 +536,8 @@ static int merge_tensors(struct manifest *m, struct part *const *v, size_t n, si
 	for (size_t i = 0; i < n; i++)
 		for (size_t j = 0; j < v[i]->nranks; j++)
 			for (size_t t = 0; t < v[i]->ranks[j].ntensors; t++)
-				e[k++] = (struct entry){&v[i]->ranks[j].tensors[t], v[i]->ranks[j].rank};
+				e[k++] =
+				    (struct entry){&v[i]->ranks[j].tensors[t], v[i]->ranks[j].rank};
 	qsort(e, k, sizeof(*e), cmp_entry);
 	for (size_t i = 0, j; i < k && !rc; i = j) {
 		for (j = i + 1; j < k && strcmp(e[j].t->name, e[i].t->name) == 0; j++)

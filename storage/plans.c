@@ -54,7 +54,8 @@ static json_t *ranks_json(const struct plans_file *f)
 				json_decref(t);
 				t = NULL;
 			}
-		if (json_array_append_new(a, json_pack("{s:i, s:o}", "rank", k->rank, "tensors", t))) {
+		if (json_array_append_new(a,
+		                          json_pack("{s:i, s:o}", "rank", k->rank, "tensors", t))) {
 			json_decref(a);
 			return NULL;
 		}
@@ -82,7 +83,8 @@ int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err)
 	/* The digest: of everything else, so equal plan sets have equal files. */
 	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, &body, &blen, PL, err);
 	if (!rc) {
-		snprintf(f->digest, sizeof(f->digest), "%016" PRIx64, (uint64_t)XXH3_64bits(body, blen));
+		snprintf(f->digest, sizeof(f->digest), "%016" PRIx64,
+		         (uint64_t)XXH3_64bits(body, blen));
 		free(body);
 		if (json_object_set_new(root, "digest", json_string(f->digest)))
 			rc = ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
@@ -119,7 +121,8 @@ static int parse_tensor(const json_t *o, struct manifest_tensor *t, const char *
 		return ipc_errf(err, -EINVAL, PL_PREFIX "%s: unknown dtype '%.32s'", where, dt);
 	rc = fmt_dims(o, "shape", -1, c->shape, &t->ndim, PL, where, err);
 	if (!rc)
-		rc = fmt_dims(o, "global_shape", (long)t->ndim, t->global_shape, NULL, PL, where, err);
+		rc = fmt_dims(o, "global_shape", (long)t->ndim, t->global_shape, NULL, PL, where,
+		              err);
 	t->sharded = json_object_get(o, "global_offset") != NULL;
 	if (!rc && t->sharded)
 		rc = fmt_dims(o, "global_offset", (long)t->ndim, c->global_offset, NULL, PL, where,
@@ -221,7 +224,8 @@ static int parse_root(struct plans_file *f, const json_t *root, char *err)
 	if (rc)
 		return rc;
 	if (strlen(digest) != 16 || strspn(digest, "0123456789abcdef") != 16)
-		return ipc_errf(err, -EINVAL, PL_PREFIX "digest '%.32s' is not 16 hex digits", digest);
+		return ipc_errf(err, -EINVAL, PL_PREFIX "digest '%.32s' is not 16 hex digits",
+		                digest);
 	memcpy(f->digest, digest, 17);
 	if (!json_is_array(ranks) || json_array_size(ranks) < 1 ||
 	    json_array_size(ranks) > (size_t)f->world)

@@ -198,8 +198,8 @@ int store_put_part(struct storage *s, const struct part *p, char *err)
 
 /* ---- plans ------------------------------------------------------------- */
 
-int store_read_plans(struct storage *s, const char *job, const char *node,
-                     struct plans_file **out, char *err)
+int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
+                     char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
 	struct plans_file *f = NULL;
@@ -288,7 +288,7 @@ int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *
  * with `what`); another error from the backend.
  */
 static int job_number_get(struct storage *s, const char *job, const char *leaf, size_t digits,
-			  uint64_t *v, const char *none, const char *what, char *err)
+                          uint64_t *v, const char *none, const char *what, char *err)
 {
 	char key[STORE_KEY_MAX], *buf = NULL;
 	size_t len = 0;
@@ -320,18 +320,17 @@ int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err
 {
 	uint64_t v;
 	int rc = job_number_get(s, job, "OWNER", 10, &v, "no owner recorded",
-				"a uid: only root may use the job until it is repaired", err);
+	                        "a uid: only root may use the job until it is repaired", err);
 
 	if (!rc && v >= UINT32_MAX) /* (uid_t)-1 is nobody's */
 		rc = ipc_errf(err, -EBADMSG, "job '%s': OWNER %llu is not a uid", job,
-			      (unsigned long long)v);
+		              (unsigned long long)v);
 	if (!rc)
 		*uid = (uint32_t)v;
 	return rc;
 }
 
-int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner,
-		      char *err)
+int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner, char *err)
 {
 	char key[STORE_KEY_MAX], text[16];
 	int n = snprintf(text, sizeof(text), "%u\n", uid), rc;
@@ -353,7 +352,7 @@ int store_latest_get(struct storage *s, const char *job, int64_t *step, char *er
 {
 	uint64_t v;
 	int rc = job_number_get(s, job, "LATEST", 12, &v, "no LATEST (nothing committed yet?)",
-				"a step number", err);
+	                        "a step number", err);
 
 	if (rc == -EBADMSG)
 		rc = -EINVAL; /* what callers of LATEST have always been told */
@@ -436,8 +435,7 @@ bool store_committed(struct storage *s, const char *job, int64_t step)
  * again after writing, and move it on to what is there now, so that it
  * never stays behind a commit it saw.
  */
-static int latest_fix(struct storage *s, const char *job, int64_t except, bool *changed,
-                      char *err)
+static int latest_fix(struct storage *s, const char *job, int64_t except, bool *changed, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
 	int64_t cur = -1, newest = -1, wrote;

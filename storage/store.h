@@ -46,8 +46,8 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 int store_put_part(struct storage *s, const struct part *p, char *err);
 
 /* The plans a node serves: -ENOENT if it has published none. */
-int store_read_plans(struct storage *s, const char *job, const char *node,
-                     struct plans_file **out, char *err);
+int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
+                     char *err);
 /* Publishes them; *written: false when the same plan set was there already. */
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err);
 /* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
@@ -67,8 +67,7 @@ int store_latest_advance(struct storage *s, const char *job, int64_t step, char 
  */
 int store_owner_get(struct storage *s, const char *job, uint32_t *uid, char *err);
 /* Records uid as the owner unless one is; *owner: whoever owns it now. */
-int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner,
-                      char *err);
+int store_owner_claim(struct storage *s, const char *job, uint32_t uid, uint32_t *owner, char *err);
 
 /*
  * Makes the manifest of (job, step), which is there, durable under its name

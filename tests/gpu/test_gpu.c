@@ -28,7 +28,8 @@ int gpu_test_fill(uint32_t *d, uint64_t n, uint32_t seed, cudaStream_t s);
 int gpu_test_spin(uint64_t ns, cudaStream_t s);
 uint32_t gpu_test_value(uint32_t seed, uint64_t i);
 
-#define CU(x) ck_assert_msg((x) == cudaSuccess, "%s: %s", #x, cudaGetErrorString(cudaGetLastError()))
+#define CU(x)                                                                                      \
+	ck_assert_msg((x) == cudaSuccess, "%s: %s", #x, cudaGetErrorString(cudaGetLastError()))
 
 static double now(void)
 {
@@ -97,7 +98,7 @@ START_TEST(fence_keeps_the_snapshot)
 		ck_assert_int_eq(gpu_test_fill(B, M, 150u + (uint32_t)step, s), 0);
 		printf("step %d: host thread in save + fence %.3f ms\n", step, host * 1e3);
 		ck_assert_msg(ckpt_save_wait(sv, CKPT_COMMITTED, 120000) == 0, "%s",
-			      ckpt_save_reason(sv));
+		              ckpt_save_reason(sv));
 		ckpt_save_release(sv);
 	}
 	CU(cudaStreamSynchronize(s));
@@ -201,7 +202,7 @@ START_TEST(back_to_back_fenced_saves)
 	}
 	for (int step = 1; step <= SAVES; step++) {
 		ck_assert_msg(ckpt_save_wait(sv[step], CKPT_COMMITTED, 120000) == 0, "step %d: %s",
-			      step, ckpt_save_reason(sv[step]));
+		              step, ckpt_save_reason(sv[step]));
 		ckpt_save_release(sv[step]);
 	}
 	CU(cudaStreamSynchronize(s));
@@ -249,7 +250,8 @@ static int run_trainer(const struct agent_proc *a, long mib, const char *mode)
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		execl("/proc/self/exe", "test_gpu", "--trainer", a->endpoint, m, mode, (char *)NULL);
+		execl("/proc/self/exe", "test_gpu", "--trainer", a->endpoint, m, mode,
+		      (char *)NULL);
 		_exit(127);
 	}
 	return h_reap(pid);
@@ -290,8 +292,8 @@ START_TEST(killed_before_captured_releases)
 		usleep(50000);
 	}
 	ck_assert_msg(free1 + (64u << 20) >= free0,
-		      "GPU memory still held after the trainer died: %zu MiB free, %zu before",
-		      free1 >> 20, free0 >> 20);
+	              "GPU memory still held after the trainer died: %zu MiB free, %zu before",
+	              free1 >> 20, free0 >> 20);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show orphan 1"), 1);
 	h_agent_cleanup(&a);
 }

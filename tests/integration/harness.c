@@ -48,8 +48,8 @@ static void spawn(struct agent_proc *a)
 
 	/* --config /dev/null: a host's /etc/ckptd/ckptd.conf must not change the test */
 	snprintf(cmd, sizeof(cmd),
-		 "exec %s --config /dev/null --root %s --listen %s --log-level debug %s >>%s 2>&1",
-		 CKPTD_BIN, a->root, a->endpoint, a->args, a->log);
+	         "exec %s --config /dev/null --root %s --listen %s --log-level debug %s >>%s 2>&1",
+	         CKPTD_BIN, a->root, a->endpoint, a->args, a->log);
 	pid = fork();
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
@@ -108,8 +108,7 @@ static void make_dir(struct agent_proc *a)
 	ck_assert_msg(mkdtemp(a->dir), "mkdtemp %s: %s", a->dir, strerror(errno));
 }
 
-void h_agent_start_node(struct agent_proc *a, const char *root, const char *node,
-                        const char *args)
+void h_agent_start_node(struct agent_proc *a, const char *root, const char *node, const char *args)
 {
 	make_dir(a);
 	snprintf(a->root, sizeof(a->root), "%s", root);
@@ -132,7 +131,8 @@ void h_agent_start_env(struct agent_proc *a, const char *args, const char *env)
 	make_dir(a);
 	if (env)
 		ck_assert_msg(strlen(env) < sizeof(a->env) && strchr(env, '='),
-			      "'%s' is no NAME=value of at most %zu bytes", env, sizeof(a->env) - 1);
+		              "'%s' is no NAME=value of at most %zu bytes", env,
+		              sizeof(a->env) - 1);
 	snprintf(a->env, sizeof(a->env), "%s", env ? env : "");
 	snprintf(a->root, sizeof(a->root), "%s/root", a->dir);
 	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
@@ -283,8 +283,8 @@ void h_flip_byte(const char *path, uint64_t off)
 
 /* ---- test tensors ----------------------------------------------------- */
 
-static const enum ckpt_dtype dtypes[] = {CKPT_F32, CKPT_BF16, CKPT_U8, CKPT_I64, CKPT_F16,
-					 CKPT_BOOL, CKPT_F64, CKPT_I32};
+static const enum ckpt_dtype dtypes[] = {CKPT_F32, CKPT_BF16, CKPT_U8,  CKPT_I64,
+                                         CKPT_F16, CKPT_BOOL, CKPT_F64, CKPT_I32};
 static const unsigned dsize[] = {4, 2, 1, 8, 2, 1, 8, 4};
 
 static uint64_t mix(uint64_t x)
@@ -299,7 +299,7 @@ static uint64_t mix(uint64_t x)
 uint8_t h_value(uint64_t seed, size_t i, size_t j)
 {
 	return (uint8_t)(mix(seed * 0x9e3779b97f4a7c15ull + i * 0x100000001b3ull + j / 8) >>
-			 (j % 8 * 8));
+	                 (j % 8 * 8));
 }
 
 size_t h_tensor_bytes(const struct h_model *m, size_t i)
@@ -331,12 +331,12 @@ void h_model_make(struct h_model *m, struct ckpt_client *c, size_t n, size_t sca
 	ck_assert_msg(rc == 0, "ckpt_host_alloc(%zu): %s", m->bytes, ckpt_last_error(c));
 	for (size_t i = 0; i < n; i++) {
 		snprintf(m->name[i], sizeof(m->name[i]), "model.layer%02zu.%s", i,
-			 i % 2 ? "bias" : "weight");
+		         i % 2 ? "bias" : "weight");
 		m->t[i] = (struct ckpt_tensor){.name = m->name[i],
-					       .dtype = dtypes[i % 8],
-					       .ndim = 2,
-					       .shape = m->shape[i],
-					       .data = (char *)m->base + off};
+		                               .dtype = dtypes[i % 8],
+		                               .ndim = 2,
+		                               .shape = m->shape[i],
+		                               .data = (char *)m->base + off};
 		off += (h_tensor_bytes(m, i) + 63) / 64 * 64;
 	}
 }
@@ -386,7 +386,7 @@ unsigned h_free_port(void)
 
 	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
 	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind: %s",
-		      strerror(errno));
+	              strerror(errno));
 	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
 	close(fd);
 	return ntohs(sa.sin_port);
@@ -411,7 +411,7 @@ int h_cred_token(const struct agent_proc *a, char *hex)
 	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	ck_assert_int_ge(sock, 0);
 	ck_assert_msg(connect(sock, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
-		      sa.sun_path, strerror(errno));
+	              sa.sun_path, strerror(errno));
 	ck_assert_int_eq(ipc_cred_recv(sock, &m, &fd, 10000), 0);
 	ck_assert_int_eq(fd, -1);
 	ck_assert_int_eq((int)m.op, IPC_CRED_HELLO);
@@ -421,13 +421,13 @@ int h_cred_token(const struct agent_proc *a, char *hex)
 }
 
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
-	       char *msg, size_t msglen)
+               char *msg, size_t msglen)
 {
 	return h_raw_call_as(a, method, buf, len, msg, msglen, true);
 }
 
 int h_raw_call_as(const struct agent_proc *a, const char *method, const void *buf, size_t len,
-		  char *msg, size_t msglen, bool with_token)
+                  char *msg, size_t msglen, bool with_token)
 {
 	char token[IPC_TOKEN_HEX + 1] = "";
 	int sock = with_token ? h_cred_token(a, token) : -1;
@@ -439,11 +439,11 @@ int h_raw_call_as(const struct agent_proc *a, const char *method, const void *bu
 }
 
 int h_raw_call_token(const struct agent_proc *a, const char *token, const char *method,
-		     const void *buf, size_t len, char *msg, size_t msglen)
+                     const void *buf, size_t len, char *msg, size_t msglen)
 {
 	bool with_token = token != NULL;
 	grpc_metadata md = {.key = grpc_slice_from_static_string(IPC_CRED_META),
-			    .value = grpc_slice_from_static_string(token ? token : "")};
+	                    .value = grpc_slice_from_static_string(token ? token : "")};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 	grpc_slice payload = grpc_slice_from_copied_buffer(buf, len);
 	grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&payload, 1), *in = NULL;
@@ -460,8 +460,8 @@ int h_raw_call_token(const struct agent_proc *a, const char *token, const char *
 	ch = grpc_channel_create(a->endpoint, creds, NULL);
 	cq = grpc_completion_queue_create_for_pluck(NULL);
 	call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-					grpc_slice_from_static_string(method), NULL,
-					gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	                                grpc_slice_from_static_string(method), NULL,
+	                                gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 	grpc_metadata_array_init(&imd);
 	grpc_metadata_array_init(&tmd);
 	memset(ops, 0, sizeof(ops));
@@ -501,7 +501,7 @@ int h_raw_call_token(const struct agent_proc *a, const char *token, const char *
 }
 
 bool h_wait_state(const struct agent_proc *a, const char *job, long long step, const char *state,
-		  int timeout_ms)
+                  int timeout_ms)
 {
 	static char out[1 << 20];
 
@@ -520,8 +520,8 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
 				if (json_integer_value(json_object_get(c, "step")) != step || !st)
 					continue;
 				found |= strcmp(st, state) == 0 ||
-					 (strcmp(state, "IN_FLIGHT") == 0 &&
-					  strcmp(st, "COMMITTED") && strcmp(st, "FAILED"));
+				         (strcmp(state, "IN_FLIGHT") == 0 &&
+				          strcmp(st, "COMMITTED") && strcmp(st, "FAILED"));
 			}
 			json_decref(j);
 			if (found)

@@ -15,13 +15,13 @@
 
 struct agent_proc {
 	pid_t pid;
-	char dir[256];      /* the test's temporary directory */
-	char root[320];     /* <dir>/root */
+	char dir[256]; /* the test's temporary directory */
+	char root[320]; /* <dir>/root */
 	char endpoint[340]; /* unix:<dir>/ckptd.sock */
-	char log[320];      /* <dir>/agent.log */
-	char args[512];     /* extra flags given at start */
-	char node[72];      /* its --node, or "" (the host name) */
-	char env[8192];     /* "NAME=value" added to its environment, or "" */
+	char log[320]; /* <dir>/agent.log */
+	char args[512]; /* extra flags given at start */
+	char node[72]; /* its --node, or "" (the host name) */
+	char env[8192]; /* "NAME=value" added to its environment, or "" */
 };
 
 /* Makes the directory and starts ckptd with `args` (may be NULL); waits until it serves. */
@@ -36,8 +36,7 @@ void h_agent_start_env(struct agent_proc *a, const char *args, const char *env);
  * (one node each, the many nodes of a job on one machine); its socket and
  * log in a directory of its own. h_agent_cleanup leaves the root alone.
  */
-void h_agent_start_node(struct agent_proc *a, const char *root, const char *node,
-                        const char *args);
+void h_agent_start_node(struct agent_proc *a, const char *root, const char *node, const char *args);
 /* Starts it again on the same directory and flags. */
 void h_agent_restart(struct agent_proc *a);
 /* SIGTERM and wait; returns its exit status. */
@@ -56,20 +55,20 @@ struct ckpt_client *h_connect(const struct agent_proc *a);
 
 /* Runs ckptctl --endpoint <a> <args>; stdout+stderr into out; returns its exit status. */
 int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 /*
  * Sends `len` raw bytes as the request of `method` ("/ckpt.v1.Ckpt/Save"),
  * bypassing libckpt's checks; returns the gRPC status code, its message in msg.
  */
 int h_raw_call(const struct agent_proc *a, const char *method, const void *buf, size_t len,
-	       char *msg, size_t msglen);
+               char *msg, size_t msglen);
 /* The same with a given token (NULL: none). */
 int h_raw_call_token(const struct agent_proc *a, const char *token, const char *method,
-		     const void *buf, size_t len, char *msg, size_t msglen);
+                     const void *buf, size_t len, char *msg, size_t msglen);
 /* The same with or without a token (without: as an anonymous gRPC client). */
 int h_raw_call_as(const struct agent_proc *a, const char *method, const void *buf, size_t len,
-		  char *msg, size_t msglen, bool with_token);
+                  char *msg, size_t msglen, bool with_token);
 /*
  * Connects to the agent's credentials socket and reads its hello: the
  * token (hex) into hex[IPC_TOKEN_HEX + 1]; returns the socket (close it to
@@ -81,11 +80,11 @@ int h_cred_token(const struct agent_proc *a, char *hex);
  * whether it did. "IN_FLIGHT" matches any state short of COMMITTED/FAILED.
  */
 bool h_wait_state(const struct agent_proc *a, const char *job, long long step, const char *state,
-		  int timeout_ms);
+                  int timeout_ms);
 
 /* A path under the agent's root: "<root>/<rel>". */
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 bool h_exists(const char *path);
 /*
  * The path of rank's shard of (job, step), as the step's manifest names it

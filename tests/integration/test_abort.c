@@ -2,8 +2,8 @@
  * Saves that end early, read from the agent's own counters (/metrics): a
  * trainer SIGKILLed before CAPTURED stops the copies within a chunk or two
  * and the next trainer's save commits; a failed step missing a rank that
- * never comes is let go of (ckptd_checkpoints_held back to 0); a save still writing when the agent is told to
- * stop commits before it exits.
+ * never comes is let go of (ckptd_checkpoints_held back to 0); a save still writing when the agent
+ * is told to stop commits before it exits.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -106,8 +106,7 @@ static int blob_plan(struct ckpt_client *c, const char *job, long step, long mb,
  * "two-die" saves job-a and then job-b, mb MiB each (both ready before the
  * first save), drops job-b's plan as soon as its save is queued, and dies.
  */
-static int trainer_main(const char *endpoint, const char *job, long step, long mb,
-                        const char *mode)
+static int trainer_main(const char *endpoint, const char *job, long step, long mb, const char *mode)
 {
 	struct ckpt_client *c;
 	struct ckpt_plan *p[2];
@@ -187,8 +186,9 @@ START_TEST(abort_stops_copies)
 	              "the steps were not let go");
 	captured = metric(port, "ckptd_captured_bytes_total");
 	written = metric(port, "ckptd_written_bytes_total");
-	fprintf(stderr, "abort_stops_copies: %.1f MiB copied of the two saves' 1024, %.1f written\n",
-		captured / MIB, written / MIB);
+	fprintf(stderr,
+	        "abort_stops_copies: %.1f MiB copied of the two saves' 1024, %.1f written\n",
+	        captured / MIB, written / MIB);
 	ck_assert_msg(captured <= half + 2 * MIB,
 	              "%g MiB copied of the two saves' 1024: the copies went on after the abort",
 	              captured / MIB);
@@ -224,7 +224,7 @@ START_TEST(failed_step_let_go)
 	for (int r = 0; r < 2; r++) {
 		snprintf(name[r], sizeof(name[r]), "rank%d.w", r);
 		t[r] = (struct ckpt_tensor){name[r], CKPT_U8, 1, shape, (char *)mem + r * shape[0],
-		                            NULL, NULL};
+		                            NULL,    NULL};
 		ck_assert_msg(ckpt_plan_create(c, "half", r, 2, &t[r], 1, &p[r]) == 0, "%s",
 		              ckpt_last_error(c));
 	}
@@ -284,8 +284,8 @@ static bool log_soon(const struct agent_proc *a, const char *needle, int timeout
 
 struct stopped {
 	bool committed; /* the log says so, and ckptctl verify after a restart agrees */
-	bool waited;    /* the stop logged what it waited for after the freeze */
-	bool cut;       /* the save FAILED at stop_timeout with bytes left to write */
+	bool waited; /* the stop logged what it waited for after the freeze */
+	bool cut; /* the save FAILED at stop_timeout with bytes left to write */
 };
 
 /*
@@ -360,10 +360,11 @@ START_TEST(stop_commits_captured_save)
 #else
 	const int freeze_ms = 125000; /* past the 120 s a stop used to give saves */
 #endif
-	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock",
-	                                  1, freeze_ms);
+	struct stopped r = save_then_stop(
+	    "--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock", 1, freeze_ms);
 
-	ck_assert_msg(r.committed, "the save past CAPTURED was not committed before the agent exited");
+	ck_assert_msg(r.committed,
+	              "the save past CAPTURED was not committed before the agent exited");
 	ck_assert_msg(r.waited, "the save was written before the stop began: nothing tested");
 }
 END_TEST
@@ -375,9 +376,10 @@ END_TEST
  */
 START_TEST(stop_timeout_fails_save)
 {
-	struct stopped r = save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock "
-	                                  "--stop-timeout 1",
-	                                  2, 1500);
+	struct stopped r =
+	    save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock "
+	                   "--stop-timeout 1",
+	                   2, 1500);
 
 	ck_assert_msg(!r.committed, "a save still writing at stop_timeout was committed");
 	ck_assert_msg(r.cut, "the save cut short at stop is logged FAILED with what was left");

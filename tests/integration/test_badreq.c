@@ -53,14 +53,14 @@ static void still_serving(void)
 	ckpt_plan_destroy(p);
 }
 
-static void expect_plan(const char *job, int rank, int world, const struct ckpt_tensor *t,
-			size_t n, int want, const char *words)
+static void expect_plan(const char *job, int rank, int world, const struct ckpt_tensor *t, size_t n,
+                        int want, const char *words)
 {
 	struct ckpt_plan *p = NULL;
 	int rc = ckpt_plan_create(c, job, rank, world, t, n, &p);
 
 	ck_assert_msg(rc == want, "plan (%s, %d/%d): got %d (%s), want %d", job, rank, world, rc,
-		      ckpt_last_error(c), want);
+	              ckpt_last_error(c), want);
 	ck_assert_ptr_null(p);
 	ck_assert_msg(strstr(ckpt_last_error(c), words), "'%s' in: %s", words, ckpt_last_error(c));
 }
@@ -120,7 +120,7 @@ static int raw(enum ipc_method meth, const ProtobufCMessage *req, char *msg, siz
  * on the agent would unpack as a shorter string ("a~b" -> "a").
  */
 static int raw_nul(enum ipc_method meth, const ProtobufCMessage *req, const char *near, char *msg,
-		   size_t len)
+                   size_t len)
 {
 	size_t n = protobuf_c_message_get_packed_size(req);
 	uint8_t *buf = malloc(n + 1);
@@ -141,13 +141,13 @@ static int raw_nul(enum ipc_method meth, const ProtobufCMessage *req, const char
 		char msg_[1024];                                                                   \
 		int st_ = raw_nul(meth, &(req).base, near, msg_, sizeof(msg_));                    \
 		ck_assert_msg(st_ == GRPC_STATUS_INVALID_ARGUMENT, "status %d (%s), want %d", st_, \
-			      msg_, GRPC_STATUS_INVALID_ARGUMENT);                                 \
+		              msg_, GRPC_STATUS_INVALID_ARGUMENT);                                 \
 		ck_assert_msg(strstr(msg_, words), "'%s' in: %s", words, msg_);                    \
 	} while (0)
 
 /* A plan request for the model, to spoil one field at a time. */
 static void plan_req(Ckpt__V1__CreatePlanRequest *r, Ckpt__V1__TensorSpec *specs,
-		     Ckpt__V1__TensorSpec **pv, uint64_t region)
+                     Ckpt__V1__TensorSpec **pv, uint64_t region)
 {
 	static int64_t shape[1] = {100};
 	uint64_t off = 0;
@@ -178,7 +178,7 @@ static void plan_req(Ckpt__V1__CreatePlanRequest *r, Ckpt__V1__TensorSpec *specs
 	do {                                                                                       \
 		char msg_[1024];                                                                   \
 		int st_ = raw(meth, &(req).base, msg_, sizeof(msg_));                              \
-		ck_assert_msg(st_ == (status), "status %d (%s), want %d", st_, msg_, status);     \
+		ck_assert_msg(st_ == (status), "status %d (%s), want %d", st_, msg_, status);      \
 		ck_assert_msg(strstr(msg_, words), "'%s' in: %s", words, msg_);                    \
 	} while (0)
 
@@ -263,7 +263,8 @@ START_TEST(agent_refuses_nul_in_names)
 	EXPECT_NUL(IPC_CREATE_PLAN, r, "a~b", "CreatePlanRequest.job has a NUL at byte 1");
 	plan_req(&r, specs, pv, region);
 	specs[1].name = "b~c";
-	EXPECT_NUL(IPC_CREATE_PLAN, r, "b~c", "CreatePlanRequest.tensors[1].name has a NUL at byte 1");
+	EXPECT_NUL(IPC_CREATE_PLAN, r, "b~c",
+	           "CreatePlanRequest.tensors[1].name has a NUL at byte 1");
 	plan_req(&r, specs, pv, region);
 	r.run = "r1~";
 	EXPECT_NUL(IPC_CREATE_PLAN, r, "r1~", "CreatePlanRequest.run has a NUL at byte 2");
@@ -316,13 +317,13 @@ START_TEST(agent_refuses_calls)
 	EXPECT_RAW(IPC_DELETE, del, GRPC_STATUS_NOT_FOUND, "no committed step 3");
 	/* bytes that are no protobuf message at all */
 	memset(junk, 0xff, sizeof(junk));
-	ck_assert_int_eq(h_raw_call(&a, ipc_methods[IPC_CREATE_PLAN].path, junk, sizeof(junk), msg,
-				    sizeof(msg)),
-			 GRPC_STATUS_INVALID_ARGUMENT);
+	ck_assert_int_eq(
+	    h_raw_call(&a, ipc_methods[IPC_CREATE_PLAN].path, junk, sizeof(junk), msg, sizeof(msg)),
+	    GRPC_STATUS_INVALID_ARGUMENT);
 	ck_assert_msg(strstr(msg, "not a well-formed"), "%s", msg);
 	/* a method that does not exist */
 	ck_assert_int_eq(h_raw_call(&a, "/ckpt.v1.Ckpt/Format", junk, 4, msg, sizeof(msg)),
-			 GRPC_STATUS_UNIMPLEMENTED);
+	                 GRPC_STATUS_UNIMPLEMENTED);
 	still_serving();
 }
 END_TEST
@@ -360,7 +361,8 @@ START_TEST(cuda_plan_without_gpu)
 	r.cuda_regions = &preg;
 	r.fence_region = c->allocs->region_id;
 	EXPECT_RAW(IPC_CREATE_PLAN, r, GRPC_STATUS_UNIMPLEMENTED,
-		   strstr(out, "no usable GPU") ? "cudaGetDeviceCount" : "without the CUDA toolkit");
+	           strstr(out, "no usable GPU") ? "cudaGetDeviceCount"
+	                                        : "without the CUDA toolkit");
 	/* a host plan's save with a CUDA event */
 	ck_assert_int_eq(ckpt_plan_create(c, "hostonly", 0, 1, m.t, m.n, &p), 0);
 	save.plan_id = p->id;
@@ -403,7 +405,7 @@ START_TEST(connect_to_nothing)
 		ck_assert_int_eq(rc, -ECONNREFUSED);
 		ck_assert_ptr_null(x);
 		ck_assert_msg(t1.tv_sec - t0.tv_sec < 10, "refused only after %ld s",
-			      (long)(t1.tv_sec - t0.tv_sec));
+		              (long)(t1.tv_sec - t0.tv_sec));
 	}
 	still_serving();
 }

@@ -111,8 +111,8 @@ static int rank_main(char **v)
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
 		snprintf(meta, sizeof(meta), "{\"rank\":%d,\"step\":%lld}", rank, (long long)step);
 		if (!back || strcmp(back, meta) != 0)
-			return fprintf(stderr, "rank %d: meta %s, want %s\n", rank, back ? back : "-",
-			               meta),
+			return fprintf(stderr, "rank %d: meta %s, want %s\n", rank,
+			               back ? back : "-", meta),
 			       13;
 		if (!holds(emb, opt, optn, step, rank))
 			return fprintf(stderr, "rank %d: bytes differ from step %lld\n", rank,
@@ -130,7 +130,8 @@ static int rank_main(char **v)
 		fill(emb, opt, optn, k, rank);
 		snprintf(meta, sizeof(meta), "{\"rank\": %d, \"step\": %ld}", rank, k);
 		if (ckpt_save(p, k, meta, &s))
-			return fprintf(stderr, "rank %d step %ld: %s\n", rank, k, ckpt_last_error(c)),
+			return fprintf(stderr, "rank %d step %ld: %s\n", rank, k,
+			               ckpt_last_error(c)),
 			       15;
 		if (strcmp(mode, "hold") == 0) {
 			for (;;)
@@ -173,8 +174,8 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, const char 
 	if (pid == 0) {
 		dup2(fds[1], STDOUT_FILENO);
 		close(fds[0]);
-		execl("/proc/self/exe", "test_cluster", "--rank", a->endpoint, job, run, r, w, f, l, m,
-		      mode, (char *)NULL);
+		execl("/proc/self/exe", "test_cluster", "--rank", a->endpoint, job, run, r, w, f, l,
+		      m, mode, (char *)NULL);
 		_exit(127);
 	}
 	close(fds[1]);
@@ -246,8 +247,9 @@ static void save_all(struct cluster *c, const char *job, const char *run, int wo
 		pid[r] = spawn_rank(&c->a[r * c->n / world], job, run, r, world, first, last, 1,
 		                    "commit", NULL);
 	for (int r = 0; r < world; r++)
-		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of job %s (steps %ld..%ld) did not commit",
-		              r, job, first, last);
+		ck_assert_msg(h_reap(pid[r]) == 0,
+		              "rank %d of job %s (steps %ld..%ld) did not commit", r, job, first,
+		              last);
 }
 
 /* Every rank restores LATEST through its own agent; the step they all got. */
@@ -263,7 +265,8 @@ static long restore_all(struct cluster *c, const char *job, const char *run, int
 		                    &fd[r]);
 	for (int r = 0; r < world; r++) {
 		read_all(fd[r], out, sizeof(out));
-		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d could not restore LATEST byte-exact", r);
+		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d could not restore LATEST byte-exact",
+		              r);
 		ck_assert_msg(step == -2 || step == atol(out), "ranks restored different steps");
 		step = atol(out);
 	}
@@ -364,20 +367,21 @@ START_TEST(world8_four_nodes)
 		ck_assert_int_eq(json_array_size(json_object_get(m, "ranks")), 8);
 		parts = json_object_get(m, "parts");
 		ck_assert_int_eq(json_array_size(parts), 4);
-		ck_assert_str_eq(json_string_value(json_object_get(json_array_get(parts, 2), "node")),
-		                 "n2");
-		ck_assert_int_eq(json_array_size(json_object_get(json_array_get(parts, 2), "ranks")),
-		                 2);
+		ck_assert_str_eq(
+		    json_string_value(json_object_get(json_array_get(parts, 2), "node")), "n2");
+		ck_assert_int_eq(
+		    json_array_size(json_object_get(json_array_get(parts, 2), "ranks")), 2);
 		ck_assert_str_eq(json_string_value(json_object_get(m, "run")), "r1");
-		ck_assert_int_eq(json_array_size(json_object_get(
-		                     json_object_get(json_object_get(m, "tensors"), "emb"), "chunks")),
-		                 8);
+		ck_assert_int_eq(
+		    json_array_size(json_object_get(
+		        json_object_get(json_object_get(m, "tensors"), "emb"), "chunks")),
+		    8);
 		/* each rank's meta is its own */
-		ck_assert_int_eq(json_integer_value(json_object_get(
-		                     json_object_get(json_array_get(json_object_get(m, "ranks"), 5),
-		                                     "meta"),
-		                     "rank")),
-		                 5);
+		ck_assert_int_eq(
+		    json_integer_value(json_object_get(
+		        json_object_get(json_array_get(json_object_get(m, "ranks"), 5), "meta"),
+		        "rank")),
+		    5);
 		json_decref(m);
 	}
 	ck_assert_int_eq(latest_of(&c, "w8"), 3);
@@ -410,8 +414,8 @@ START_TEST(node_killed_mid_save)
 	for (int tries = 0; lost_race && tries < 3; tries++, step++) {
 		for (int r = 0; r < 8; r++)
 			pid[r] = spawn_rank(&c.a[r / 2], "k", "r", r, 8, step, step,
-			                    r / 2 == 2 ? 256 : 1, r / 2 == 2 ? "hold" : "expect-fail",
-			                    &fd[r]);
+			                    r / 2 == 2 ? 256 : 1,
+			                    r / 2 == 2 ? "hold" : "expect-fail", &fd[r]);
 		ck_assert(h_wait_state(&c.a[2], "k", step, "IN_FLIGHT", 30000));
 		h_agent_kill(&c.a[2]);
 		kill(pid[4], SIGKILL);
@@ -438,11 +442,10 @@ START_TEST(node_killed_mid_save)
 		size_t i;
 
 		ck_assert_ptr_nonnull(j);
-		json_array_foreach(json_object_get(j, "checkpoints"), i, e)
-		    ck_assert_msg(json_integer_value(json_object_get(e, "step")) != step ||
-		                      strcmp(json_string_value(json_object_get(e, "state")),
-		                             "COMMITTED") != 0,
-		                  "step %ld listed committed", step);
+		json_array_foreach(json_object_get(j, "checkpoints"), i, e) ck_assert_msg(
+		    json_integer_value(json_object_get(e, "step")) != step ||
+		        strcmp(json_string_value(json_object_get(e, "state")), "COMMITTED") != 0,
+		    "step %ld listed committed", step);
 		json_decref(j);
 	}
 	/* metrics and counters aside: back, the next step commits */
@@ -605,8 +608,8 @@ START_TEST(late_writer_changes_nothing)
 	m = manifest_of(&c, "l", 5);
 	ck_assert_str_eq(json_string_value(json_object_get(m, "run")), "b");
 	snprintf(file, sizeof(file), "%s/l/step-%012d/%s", c.root, 5,
-	         json_string_value(json_object_get(json_array_get(json_object_get(m, "ranks"), 0),
-	                                           "file")));
+	         json_string_value(
+	             json_object_get(json_array_get(json_object_get(m, "ranks"), 0), "file")));
 	json_decref(m);
 	ck_assert_msg(strstr(file, ".n1.0.safetensors"), "%s", file);
 	snprintf(mpath, sizeof(mpath), "%s/l/step-%012d/manifest.json", c.root, 5);
@@ -773,7 +776,8 @@ START_TEST(hostile_files)
 		const char *rel, *text, *says;
 	} cases[] = {
 	    {"plans/n1.json", "{not json", "no node has published plans for them (run r)"},
-	    {"step-000000000004/parts/n1.json", "[1,2]", "parts/n1.json: part: is not a JSON object"},
+	    {"step-000000000004/parts/n1.json", "[1,2]",
+	     "parts/n1.json: part: is not a JSON object"},
 	    {NULL, "ranks", "parts/n1.json: part: rank 1 is outside world 2, or twice"},
 	    {NULL, "size", "is not the size its part says"},
 	};
@@ -806,19 +810,21 @@ START_TEST(hostile_files)
 				struct timespec ts;
 
 				clock_gettime(CLOCK_REALTIME, &ts);
-				json_object_set_new(part, "time_unix_ns",
-				                    json_integer((json_int_t)ts.tv_sec * 1000000000 +
-				                                 ts.tv_nsec));
+				json_object_set_new(
+				    part, "time_unix_ns",
+				    json_integer((json_int_t)ts.tv_sec * 1000000000 + ts.tv_nsec));
 			}
 			if (i == 2)
-				json_array_append(json_object_get(part, "ranks"),
-				                  json_array_get(json_object_get(part, "ranks"), 0));
+				json_array_append(
+				    json_object_get(part, "ranks"),
+				    json_array_get(json_object_get(part, "ranks"), 0));
 			else {
 				json_t *k = json_array_get(json_object_get(part, "ranks"), 0);
 
-				json_object_set_new(k, "size",
-				                    json_integer(json_integer_value(json_object_get(k, "size")) +
-				                                 4096));
+				json_object_set_new(
+				    k, "size",
+				    json_integer(json_integer_value(json_object_get(k, "size")) +
+				                 4096));
 			}
 			snprintf(p, sizeof(p), "step-%012ld/parts/n1.json", step);
 			{
@@ -831,8 +837,9 @@ START_TEST(hostile_files)
 			if (i == 3) { /* and the shards it names */
 				char cmd[1400];
 
-				snprintf(cmd, sizeof(cmd), "cp %s/h/step-%012d/rank-00001.n1.0.safetensors "
-				                           "%s/h/step-%012ld/",
+				snprintf(cmd, sizeof(cmd),
+				         "cp %s/h/step-%012d/rank-00001.n1.0.safetensors "
+				         "%s/h/step-%012ld/",
 				         c.root, 1, c.root, step);
 				ck_assert_int_eq(system(cmd), 0);
 			}
@@ -842,7 +849,8 @@ START_TEST(hostile_files)
 		ck_assert_int_eq(h_reap(pr), 0);
 		ck_assert_msg(strstr(why, cases[i].says), "case %zu: %s", i, why);
 		if (i == 0)
-			ck_assert_msg(strstr(why, "plans/n1.json: plans: not valid JSON"), "%s", why);
+			ck_assert_msg(strstr(why, "plans/n1.json: plans: not valid JSON"), "%s",
+			              why);
 		ck_assert_int_eq(h_ctl(&c.a[0], out, sizeof(out), "status"), 0);
 		if (i == 0) { /* plans back: n1 publishes them again when a plan of its changes */
 			snprintf(p, sizeof(p), "%s/h/plans/n1.json", c.root);

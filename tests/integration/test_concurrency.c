@@ -21,7 +21,7 @@
 
 /* A rank process: this program again with --rank (no gRPC state across fork). */
 static int rank_main(const char *endpoint, const char *job, int rank, int world, long step,
-		     const char *mode)
+                     const char *mode)
 {
 	/* "big": 192 MiB, still in flight a while after it is queued */
 	int64_t shape[1] = {strcmp(mode, "big") == 0 ? 192 << 20 : 3 << 20};
@@ -60,8 +60,8 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 	return rc ? 14 : 0;
 }
 
-static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, int world,
-			long step, const char *mode, int *out_fd)
+static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, int world, long step,
+                        const char *mode, int *out_fd)
 {
 	char r[8], w[8], st[24];
 	int fds[2];
@@ -99,7 +99,8 @@ START_TEST(skip_policy_ranks_together)
 		for (int r = 0; r < 4; r++)
 			pid[r] = spawn_rank(&a, "sk", r, 4, step, "commit", NULL);
 		for (int r = 0; r < 4; r++)
-			ck_assert_msg(h_reap(pid[r]) == 0, "step %d rank %d did not commit", step, r);
+			ck_assert_msg(h_reap(pid[r]) == 0, "step %d rank %d did not commit", step,
+			              r);
 		ck_assert(h_wait_state(&a, "sk", step, "COMMITTED", 10000));
 	}
 	h_agent_cleanup(&a);
@@ -148,8 +149,8 @@ START_TEST(rank_never_came)
 	ck_assert_int_eq(h_reap(spawn_rank(&a, "nc", 0, 3, 9, "expect-fail", &fd)), 0);
 	read_all(fd, why, sizeof(why));
 	ck_assert_msg(strstr(why, "step 9: no save of ranks 1,2 here") &&
-			      strstr(why, "within 2 s (--commit-deadline)"),
-		      "%s", why);
+	                  strstr(why, "within 2 s (--commit-deadline)"),
+	              "%s", why);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -202,7 +203,7 @@ START_TEST(many_threads_one_client)
 	for (int i = 0; i < N; i++) {
 		pthread_join(th[i], NULL);
 		ck_assert_msg(w[i].errors == 0, "thread %d: %d failed saves: %s", i, w[i].errors,
-			      ckpt_last_error(c));
+		              ckpt_last_error(c));
 		ckpt_plan_destroy(w[i].p);
 	}
 	h_model_free(&m);
@@ -301,7 +302,7 @@ START_TEST(save_during_restore_refused)
 #ifdef CKPT_FAULT_INJECTION
 	/* reads made slow (64 of them, 20 ms late each): the save comes mid-restore */
 	h_agent_start_env(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1",
-			  "CKPT_FAULTS=io_read:slow=20:path=*/sr/*:count=inf");
+	                  "CKPT_FAULTS=io_read:slow=20:path=*/sr/*:count=inf");
 #else
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
 #endif
@@ -381,7 +382,7 @@ int main(int argc, char **argv)
 
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atol(argv[6]),
-				 argv[7]);
+		                 argv[7]);
 	s = suite_create("concurrency");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);

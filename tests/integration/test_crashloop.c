@@ -197,8 +197,9 @@ START_TEST(crash_loop)
 	ck_assert_uint_ge(n, 1);
 	ck_assert_int_eq(steps[n - 1], final);
 	for (size_t i = 0; i < n; i++)
-		ck_assert_msg(h_ctl(&ag[i % NODES], out, sizeof(out), "verify crash %ld", steps[i]) == 0,
-		              "visible step %ld does not verify: %s", steps[i], out);
+		ck_assert_msg(
+		    h_ctl(&ag[i % NODES], out, sizeof(out), "verify crash %ld", steps[i]) == 0,
+		    "visible step %ld does not verify: %s", steps[i], out);
 	snprintf(cmd, sizeof(cmd), "%s/crash/LATEST", root);
 	f = fopen(cmd, "r");
 	ck_assert_ptr_nonnull(f);

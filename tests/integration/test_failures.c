@@ -24,22 +24,25 @@ static void commit(struct ckpt_plan *p, int64_t step)
 
 	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
 	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step %lld: %s",
-		      (long long)step, ckpt_save_reason(s));
+	              (long long)step, ckpt_save_reason(s));
 	ckpt_save_release(s);
 }
 
 /* The byte range of tensor `name` of rank 0 in step's shard, from the manifest. */
 static void tensor_range(const struct agent_proc *a, const char *job, int64_t step,
-			 const char *name, uint64_t *begin, uint64_t *end)
+                         const char *name, uint64_t *begin, uint64_t *end)
 {
 	static char out[1 << 20];
 	json_t *j, *r;
 
-	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s %lld", job, (long long)step), 0);
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s %lld", job, (long long)step),
+	                 0);
 	j = json_loads(out, 0, NULL);
 	ck_assert_ptr_nonnull(j);
-	r = json_object_get(json_array_get(json_object_get(json_object_get(json_object_get(j,
-				"tensors"), name), "chunks"), 0), "byte_range");
+	r = json_object_get(
+	    json_array_get(
+	        json_object_get(json_object_get(json_object_get(j, "tensors"), name), "chunks"), 0),
+	    "byte_range");
 	ck_assert_ptr_nonnull(r);
 	*begin = (uint64_t)json_integer_value(json_array_get(r, 0));
 	*end = (uint64_t)json_integer_value(json_array_get(r, 1));
@@ -76,14 +79,14 @@ START_TEST(corrupt_byte)
 	rc = ckpt_restore(p, 2, NULL, NULL);
 	ck_assert_int_eq(rc, -EBADMSG);
 	ck_assert_msg(strstr(ckpt_last_error(c), m.name[2]) &&
-			      strstr(ckpt_last_error(c), strrchr(shard, '/') + 1) &&
-			      strstr(ckpt_last_error(c), "cor") && strstr(ckpt_last_error(c), "step 2"),
-		      "restore names job, step, tensor and file: %s", ckpt_last_error(c));
+	                  strstr(ckpt_last_error(c), strrchr(shard, '/') + 1) &&
+	                  strstr(ckpt_last_error(c), "cor") && strstr(ckpt_last_error(c), "step 2"),
+	              "restore names job, step, tensor and file: %s", ckpt_last_error(c));
 	rc = h_ctl(&a, out, sizeof(out), "verify cor 2");
 	ck_assert_int_eq(rc, 1);
 	ck_assert_msg(strstr(out, "CORRUPT") && strstr(out, m.name[2]) &&
-			      strstr(out, "checksum mismatch") && strstr(out, shard),
-		      "verify names the tensor and the file: %s", out);
+	                  strstr(out, "checksum mismatch") && strstr(out, shard),
+	              "verify names the tensor and the file: %s", out);
 	/* only that tensor */
 	ck_assert_msg(!strstr(out, m.name[1]) && !strstr(out, m.name[3]), "%s", out);
 
@@ -189,9 +192,11 @@ START_TEST(agent_killed_mid_save)
 		removed += (unsigned)json_integer_value(json_object_get(j, "removed_at_start"));
 		json_decref(j);
 		if (h_exists(dir)) { /* it finished before the kill: then it must be whole */
-			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify kill %d", 10 * k + 2), 0);
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify kill %d", 10 * k + 2),
+			                 0);
 		} else {
-			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show kill %d", 10 * k + 2), 1);
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show kill %d", 10 * k + 2),
+			                 1);
 		}
 		/* LATEST loads, and is byte-exact for its step */
 		c = h_connect(&a);
@@ -199,15 +204,16 @@ START_TEST(agent_killed_mid_save)
 		ck_assert_int_eq(ckpt_plan_create(c, "kill", 0, 1, m.t, m.n, &p), 0);
 		ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), 0);
 		ck_assert(step == 10 * k + 1 || step == 10 * k + 2);
-		ck_assert(h_model_check(&m, step == 10 * k + 1 ? 10 + (uint64_t)k : 20 + (uint64_t)k,
-					NULL));
+		ck_assert(h_model_check(
+		    &m, step == 10 * k + 1 ? 10 + (uint64_t)k : 20 + (uint64_t)k, NULL));
 		ckpt_plan_destroy(p);
 		h_model_free(&m);
 		ckpt_disconnect(c);
 	}
 	/* 40 MiB at one 1 MiB write at a time: at least one kill lands mid-write */
 	ck_assert_msg(removed >= 1, "a partial step was found and removed at restart");
-	ck_assert_msg(h_log_has(&a, "uncommitted step directories"), "the restart logs its cleanup");
+	ck_assert_msg(h_log_has(&a, "uncommitted step directories"),
+	              "the restart logs its cleanup");
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -215,8 +221,7 @@ END_TEST
 /* ---- trainers in their own processes ----------------------------------- */
 
 /* A trainer: one U8 tensor of mb MiB; saves `step` and then does `mode`. */
-static int trainer_main(const char *endpoint, const char *job, long step, long mb,
-			const char *mode)
+static int trainer_main(const char *endpoint, const char *job, long step, long mb, const char *mode)
 {
 	int64_t shape[1] = {mb << 20};
 	struct ckpt_tensor t = {"blob", CKPT_U8, 1, shape, NULL, NULL, NULL};
@@ -246,7 +251,7 @@ static int trainer_main(const char *endpoint, const char *job, long step, long m
 }
 
 static pid_t trainer(const struct agent_proc *a, const char *job, long step, long mb,
-		     const char *mode)
+                     const char *mode)
 {
 	char s[32], m[32];
 	pid_t pid;
@@ -271,7 +276,7 @@ START_TEST(trainer_killed_after_captured_commits)
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
 	ck_assert_int_eq(h_reap(trainer(&a, "orphan", 5, 40, "die-captured")), 128 + SIGKILL);
 	ck_assert_msg(h_wait_state(&a, "orphan", 5, "COMMITTED", 60000),
-		      "the save of a dead trainer commits");
+	              "the save of a dead trainer commits");
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify orphan 5"), 0);
 	h_agent_cleanup(&a);
 }
@@ -327,7 +332,7 @@ START_TEST(trainer_killed_before_captured_aborts)
 	ck_assert_msg(!h_exists(dir), "%s was removed", dir);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show victim 7"), 1);
 	ck_assert_msg(h_log_has(&a, "client test_failures") && h_log_has(&a, "1 regions released"),
-		      "the dead trainer's region is released");
+	              "the dead trainer's region is released");
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -364,7 +369,7 @@ START_TEST(skip_when_pool_full)
 		ck_assert_int_eq(rc, -ECANCELED);
 		ck_assert_int_eq(ckpt_save_state(s), CKPT_SKIPPED);
 		ck_assert_msg(strstr(ckpt_save_reason(s), "staging pool full"), "%s",
-			      ckpt_save_reason(s));
+		              ckpt_save_reason(s));
 		ckpt_save_release(s);
 		skipped = true;
 		break;

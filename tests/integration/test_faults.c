@@ -32,8 +32,8 @@
 #define DEADLINE_S 3 /* --commit-deadline: a commit that keeps failing ends after it */
 
 enum outcome {
-	FAILS,      /* step 2 FAILED, its reason naming the failure */
-	COMMITS,    /* step 2 COMMITTED all the same (retried, or the commit stands) */
+	FAILS, /* step 2 FAILED, its reason naming the failure */
+	COMMITS, /* step 2 COMMITTED all the same (retried, or the commit stands) */
 	FAILS_KEPT, /* FAILED, but its manifest is there, whole: committed after a restart */
 };
 
@@ -41,8 +41,8 @@ struct fcase {
 	const char *rules; /* {J}: the job's directory, as a glob ("*\/<job>") */
 	enum outcome want;
 	const char *needle[2]; /* in step 2's reason (FAILS) */
-	const char *op;        /* in the log: "fault injected: <op>(" */
-	bool latest_stays;     /* COMMITS, but LATEST still names step 1 */
+	const char *op; /* in the log: "fault injected: <op>(" */
+	bool latest_stays; /* COMMITS, but LATEST still names step 1 */
 };
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -67,12 +67,12 @@ static void commit_step(struct ckpt_plan *p, const char *job, int64_t step)
 	enum ckpt_state st = save_step(p, step, why, sizeof(why));
 
 	ck_assert_msg(st == CKPT_COMMITTED, "job %s step %lld: %s: %s", job, (long long)step,
-		      ckpt_state_name(st), why);
+	              ckpt_state_name(st), why);
 }
 
 /* The state `ckptctl --json list job` gives step, or "" when it is not listed. */
 static void listed(const struct agent_proc *a, const char *job, long long step, char *state,
-		   size_t len)
+                   size_t len)
 {
 	static char out[1 << 20];
 	json_t *j, *c;
@@ -126,7 +126,7 @@ static void plan_env(const char *prefix, const struct fcase *v, size_t n, char *
 		o += (size_t)snprintf(env + o, len - o, k ? ";" : "");
 		while ((j = strstr(r, "{J}"))) {
 			o += (size_t)snprintf(env + o, len - o, "%.*s*/%s%zu", (int)(j - r), r,
-					      prefix, k);
+			                      prefix, k);
 			r = j + 3;
 		}
 		o += (size_t)snprintf(env + o, len - o, "%s", r);
@@ -153,7 +153,7 @@ static void latest_of(const struct agent_proc *a, const char *job, char *buf, si
 
 /* One case: steps 1, 2 (the fault's) and 3 of job; see the top of the file. */
 static void run_case(struct agent_proc *a, struct ckpt_client *c, const char *job,
-		     const struct fcase *fc)
+                     const struct fcase *fc)
 {
 	struct ckpt_plan *p;
 	struct h_model m;
@@ -167,17 +167,19 @@ static void run_case(struct agent_proc *a, struct ckpt_client *c, const char *jo
 	h_model_fill(&m, 2);
 	s2 = save_step(p, 2, why, sizeof(why));
 	ck_assert_msg(fault_logged(a, fc->op, job), "job %s (%s): no fault was put in", job,
-		      fc->rules);
+	              fc->rules);
 	if (fc->want != COMMITS) {
 		ck_assert_msg(s2 == CKPT_FAILED, "job %s (%s): step 2 is %s, not FAILED", job,
-			      fc->rules, ckpt_state_name(s2));
+		              fc->rules, ckpt_state_name(s2));
 		for (int i = 0; i < 2; i++)
 			ck_assert_msg(!fc->needle[i] || strstr(why, fc->needle[i]),
-				      "job %s (%s): the reason does not say '%s': %s", job,
-				      fc->rules, fc->needle[i], why);
+			              "job %s (%s): the reason does not say '%s': %s", job,
+			              fc->rules, fc->needle[i], why);
 		listed(a, job, 2, st, sizeof(st));
-		ck_assert_msg(strcmp(st, "COMMITTED") != 0, "job %s: a failed step is listed "
-			      "COMMITTED", job);
+		ck_assert_msg(strcmp(st, "COMMITTED") != 0,
+		              "job %s: a failed step is listed "
+		              "COMMITTED",
+		              job);
 		{
 			/*
 			 * A manifest whose directory fsync failed stays (another node may
@@ -191,12 +193,12 @@ static void run_case(struct agent_proc *a, struct ckpt_client *c, const char *jo
 				ck_assert_int_ne(h_ctl(a, why, sizeof(why), "verify %s 2", job), 0);
 		}
 	} else {
-		ck_assert_msg(s2 == CKPT_COMMITTED, "job %s (%s): step 2 is %s: %s", job,
-			      fc->rules, ckpt_state_name(s2), why);
+		ck_assert_msg(s2 == CKPT_COMMITTED, "job %s (%s): step 2 is %s: %s", job, fc->rules,
+		              ckpt_state_name(s2), why);
 		verifies(a, job, 2);
 		latest_of(a, job, st, sizeof(st));
 		ck_assert_msg(strcmp(st, fc->latest_stays ? "1" : "2") == 0,
-			      "job %s (%s): LATEST says '%s'", job, fc->rules, st);
+		              "job %s (%s): LATEST says '%s'", job, fc->rules, st);
 	}
 	verifies(a, job, 1);
 	/* the fault's window is over: the agent serves, the next step commits */
@@ -214,8 +216,7 @@ static void run_case(struct agent_proc *a, struct ckpt_client *c, const char *jo
 }
 
 /* After a restart without faults: exactly steps 1, 3 (and 2 if it committed), all whole. */
-static void after_restart(struct agent_proc *a, const char *prefix, const struct fcase *v,
-			  size_t n)
+static void after_restart(struct agent_proc *a, const char *prefix, const struct fcase *v, size_t n)
 {
 	for (size_t k = 0; k < n; k++) {
 		char job[32], st[32];
@@ -226,8 +227,8 @@ static void after_restart(struct agent_proc *a, const char *prefix, const struct
 
 			listed(a, job, step, st, sizeof(st));
 			ck_assert_msg(want ? strcmp(st, "COMMITTED") == 0 : st[0] == '\0',
-				      "job %s (%s) step %lld after a restart: '%s'", job, v[k].rules,
-				      step, st);
+			              "job %s (%s) step %lld after a restart: '%s'", job,
+			              v[k].rules, step, st);
 			if (want)
 				verifies(a, job, step);
 		}
@@ -242,7 +243,7 @@ static void run_cases(const char *prefix, const struct fcase *v, size_t n)
 	struct ckpt_client *c;
 
 	snprintf(args, sizeof(args), "--staging-mb 32 --chunk-mb 1 --commit-deadline %d",
-		 DEADLINE_S);
+	         DEADLINE_S);
 	plan_env(prefix, v, n, env, sizeof(env));
 	h_agent_start_env(&a, args, env);
 	ck_assert_msg(h_log_has(&a, "fault injection: "), "the agent took the plan");
@@ -266,19 +267,29 @@ static void run_cases(const char *prefix, const struct fcase *v, size_t n)
 #define STEP2 "{J}/step-000000000002"
 
 /* A rule that fails step 2, its reason saying n1 and n2; one that lets it commit. */
-#define FAIL(rules, op, n1, n2) {rules, FAILS, {n1, n2}, op, false}
-#define PASS(rules, op) {rules, COMMITS, {NULL, NULL}, op, false}
-#define PASS_LATEST_STAYS(rules, op) {rules, COMMITS, {NULL, NULL}, op, true}
-#define FAIL_KEPT(rules, op, n1, n2) {rules, FAILS_KEPT, {n1, n2}, op, false}
+#define FAIL(rules, op, n1, n2)                                                                    \
+	{                                                                                          \
+		rules, FAILS, {n1, n2}, op, false                                                  \
+	}
+#define PASS(rules, op)                                                                            \
+	{                                                                                          \
+		rules, COMMITS, {NULL, NULL}, op, false                                            \
+	}
+#define PASS_LATEST_STAYS(rules, op)                                                               \
+	{                                                                                          \
+		rules, COMMITS, {NULL, NULL}, op, true                                             \
+	}
+#define FAIL_KEPT(rules, op, n1, n2)                                                               \
+	{                                                                                          \
+		rules, FAILS_KEPT, {n1, n2}, op, false                                             \
+	}
 
 static const struct fcase save_cases[] = {
     FAIL("mkdirat:EDQUOT:path=" STEP2, "mkdirat", "cannot create directory", "quota"),
-    FAIL("openat:ENOSPC:path=" STEP2 "/rank-*", "openat", "cannot create shard",
-         "No space left"),
+    FAIL("openat:ENOSPC:path=" STEP2 "/rank-*", "openat", "cannot create shard", "No space left"),
     FAIL("fallocate:ENOSPC:path=" STEP2 "/rank-*", "fallocate", "cannot reserve",
          "the disk is full"),
-    FAIL("io_write:EIO:path=" STEP2 "/rank-*:after=2", "io_write", "writing",
-         "Input/output error"),
+    FAIL("io_write:EIO:path=" STEP2 "/rank-*:after=2", "io_write", "writing", "Input/output error"),
     FAIL("io_write:ENOSPC:path=" STEP2 "/rank-*", "io_write", "writing", "No space left"),
     /* short writes are requeued by the engine: the save is whole */
     PASS("io_write:short:path=" STEP2 "/rank-*:count=6", "io_write"),
@@ -287,8 +298,7 @@ static const struct fcase save_cases[] = {
          "Input/output error"),
     FAIL("ftruncate:EIO:path=" STEP2 "/rank-*", "ftruncate", "making durable",
          "Input/output error"),
-    FAIL("io_fsync:EIO:path=" STEP2 "/rank-*", "io_fsync", "making durable",
-         "Input/output error"),
+    FAIL("io_fsync:EIO:path=" STEP2 "/rank-*", "io_fsync", "making durable", "Input/output error"),
     /* the directories' fsyncs, which make the shard's name and its step's durable */
     FAIL("io_fsync:EIO:path=" STEP2, "io_fsync", "making durable", "Input/output error"),
     FAIL("io_fsync:ENOSPC:path={J}:after=1", "io_fsync", "making durable", "No space left"),
@@ -312,10 +322,8 @@ static const struct fcase commit_cases[] = {
          "No space left"),
     FAIL("pwrite:ENOSPC:path=" STEP2 "/parts/*.tmp:count=inf", "pwrite", "this node's part",
          "No space left"),
-    FAIL("fsync:EIO:path=" STEP2 "/parts/*.tmp:count=inf", "fsync", "this node's part",
-         "fsync of"),
-    FAIL("linkat:EIO:path=" STEP2 "/parts/*:count=inf", "linkat", "this node's part",
-         "visible"),
+    FAIL("fsync:EIO:path=" STEP2 "/parts/*.tmp:count=inf", "fsync", "this node's part", "fsync of"),
+    FAIL("linkat:EIO:path=" STEP2 "/parts/*:count=inf", "linkat", "this node's part", "visible"),
     /* once: the next poll finds the part there, whole */
     PASS("fsync:EIO:path=" STEP2 "/parts", "fsync"),
     /* the manifest */
@@ -384,7 +392,7 @@ static void job_restores(struct job *j, int64_t step)
 	h_model_fill(&j->m, 999);
 	rc = ckpt_restore(j->p, step, NULL, NULL);
 	ck_assert_msg(rc == 0, "restore %s %lld: %s", j->name, (long long)step,
-		      ckpt_last_error(j->m.c));
+	              ckpt_last_error(j->m.c));
 	ck_assert(h_model_check(&j->m, (uint64_t)step, NULL));
 }
 
@@ -400,7 +408,7 @@ static void is_listed(const struct agent_proc *a, const char *job, long long ste
 
 	listed(a, job, step, st, sizeof(st));
 	ck_assert_msg(want ? strcmp(st, "COMMITTED") == 0 : st[0] == '\0',
-		      "job %s step %lld is listed '%s'", job, step, st);
+	              "job %s step %lld is listed '%s'", job, step, st);
 }
 
 /* Whether job's directory holds anything out of sight (".trash."). */
@@ -425,12 +433,11 @@ static bool has_trash(const struct agent_proc *a, const char *job)
  * directory: OWNER and plans/ made, LATEST of steps 1 and 2, then the removal's),
  * rm3 deleting the files once out of sight, gc0 the GC's rename of step 1.
  */
-static const char removal_plan[] =
-    "CKPT_FAULTS=renameat:EIO:path=*/rm0/step-000000000001"
-    ";renameat:ENOSPC:path=*/rm1/LATEST:after=2"
-    ";fsync:EIO:path=*/rm2:after=4"
-    ";unlinkat:EIO:path=*/rm3/.trash.step-000000000001.*/rank-*"
-    ";renameat:EIO:path=*/gc0/step-000000000001";
+static const char removal_plan[] = "CKPT_FAULTS=renameat:EIO:path=*/rm0/step-000000000001"
+                                   ";renameat:ENOSPC:path=*/rm1/LATEST:after=2"
+                                   ";fsync:EIO:path=*/rm2:after=4"
+                                   ";unlinkat:EIO:path=*/rm3/.trash.step-000000000001.*/rank-*"
+                                   ";renameat:EIO:path=*/gc0/step-000000000001";
 
 START_TEST(removal_faults)
 {
@@ -454,7 +461,7 @@ START_TEST(removal_faults)
 	/* the rename out of sight fails: the step stays, whole */
 	rc = h_ctl(&a, out, sizeof(out), "delete rm0 1");
 	ck_assert_msg(rc != 0 && strstr(out, "rename failed") && strstr(out, "Input/output error"),
-		      "delete rm0 1 (%d): %s", rc, out);
+	              "delete rm0 1 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "renameat", "rm0"));
 	is_listed(&a, "rm0", 1, true);
 	verifies(&a, "rm0", 1);
@@ -466,7 +473,7 @@ START_TEST(removal_faults)
 	/* LATEST cannot move off the step: nothing is removed */
 	rc = h_ctl(&a, out, sizeof(out), "delete rm1 2");
 	ck_assert_msg(rc != 0 && strstr(out, "LATEST") && strstr(out, "No space left"),
-		      "delete rm1 2 (%d): %s", rc, out);
+	              "delete rm1 2 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "renameat", "rm1"));
 	is_listed(&a, "rm1", 2, true);
 	verifies(&a, "rm1", 2);
@@ -481,8 +488,8 @@ START_TEST(removal_faults)
 	ck_assert_msg(!fault_logged(&a, "fsync", "rm2"), "the rm2 rule fired before the delete");
 	rc = h_ctl(&a, out, sizeof(out), "delete rm2 1");
 	ck_assert_msg(rc != 0 && strstr(out, "fsync of the directory") &&
-			      strstr(out, "Input/output error"),
-		      "delete rm2 1 (%d): %s", rc, out);
+	                  strstr(out, "Input/output error"),
+	              "delete rm2 1 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "fsync", "rm2"));
 	is_listed(&a, "rm2", 1, false);
 	verifies(&a, "rm2", 2);
@@ -490,7 +497,7 @@ START_TEST(removal_faults)
 	/* out of sight, its files not all deleted: said; a clean-up takes them later */
 	rc = h_ctl(&a, out, sizeof(out), "delete rm3 1");
 	ck_assert_msg(rc != 0 && strstr(out, "out of sight") && strstr(out, "Input/output error"),
-		      "delete rm3 1 (%d): %s", rc, out);
+	              "delete rm3 1 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "unlinkat", "rm3"));
 	is_listed(&a, "rm3", 1, false);
 	ck_assert(has_trash(&a, "rm3"));
@@ -542,14 +549,13 @@ END_TEST
 
 /* ---- restore and verify ------------------------------------------------- */
 
-static const char read_plan[] =
-    "CKPT_FAULTS=io_read:EIO:path=*/rs/step-000000000001/rank-*"
-    ";io_read:EIO:path=*/rs/step-000000000002/rank-*:after=1"
-    ";io_read:short=0:path=*/rs/step-000000000003/rank-*"
-    ";io_read:short:path=*/rs/step-000000000004/rank-*:count=4"
-    ";openat:EIO:path=*/rs/step-000000000005/rank-*:after=1"
-    ";pread:EIO:path=*/rs/step-000000000006/manifest.json"
-    ";io_read:short=0:path=*/rs/step-000000000007/rank-*";
+static const char read_plan[] = "CKPT_FAULTS=io_read:EIO:path=*/rs/step-000000000001/rank-*"
+                                ";io_read:EIO:path=*/rs/step-000000000002/rank-*:after=1"
+                                ";io_read:short=0:path=*/rs/step-000000000003/rank-*"
+                                ";io_read:short:path=*/rs/step-000000000004/rank-*:count=4"
+                                ";openat:EIO:path=*/rs/step-000000000005/rank-*:after=1"
+                                ";pread:EIO:path=*/rs/step-000000000006/manifest.json"
+                                ";io_read:short=0:path=*/rs/step-000000000007/rank-*";
 
 /* A restore refused with err, its message saying n1 and n2; then it succeeds. */
 static void refused_once(struct job *j, int64_t step, int err, const char *n1, const char *n2)
@@ -559,9 +565,9 @@ static void refused_once(struct job *j, int64_t step, int err, const char *n1, c
 	h_model_fill(&j->m, 999);
 	rc = ckpt_restore(j->p, step, NULL, NULL);
 	ck_assert_msg(rc == err && strstr(ckpt_last_error(j->m.c), n1) &&
-			      strstr(ckpt_last_error(j->m.c), n2),
-		      "restore rs %lld: %d (%s), not %d with '%s' and '%s'", (long long)step, rc,
-		      ckpt_last_error(j->m.c), err, n1, n2);
+	                  strstr(ckpt_last_error(j->m.c), n2),
+	              "restore rs %lld: %d (%s), not %d with '%s' and '%s'", (long long)step, rc,
+	              ckpt_last_error(j->m.c), err, n1, n2);
 	job_restores(j, step);
 }
 
@@ -583,7 +589,7 @@ START_TEST(read_faults)
 	/* verify: refused too (CORRUPT is for bytes, this says the error) */
 	rc = h_ctl(&a, out, sizeof(out), "verify rs 2");
 	ck_assert_msg(rc != 0 && strstr(out, "Input/output error") && strstr(out, "rank-"),
-		      "verify rs 2 (%d): %s", rc, out);
+	              "verify rs 2 (%d): %s", rc, out);
 	verifies(&a, "rs", 2);
 	/* a read that meets the end of the file early: the bytes are not all there */
 	refused_once(&j, 3, -EBADMSG, "ends before", "rank-");
@@ -602,8 +608,12 @@ START_TEST(read_faults)
 		char dir[32];
 
 		snprintf(dir, sizeof(dir), "rs/step-%012d", k);
-		ck_assert_msg(fault_logged(&a, k == 5 ? "openat" : k == 6 ? "pread" : "io_read", dir),
-			      "step %d: no fault was put in", k);
+		ck_assert_msg(fault_logged(&a,
+		                           k == 5   ? "openat"
+		                           : k == 6 ? "pread"
+		                                    : "io_read",
+		                           dir),
+		              "step %d: no fault was put in", k);
 	}
 	/* and it goes on: a save commits, every step verifies after a restart */
 	job_commit(&j, 8, 8);
@@ -630,9 +640,10 @@ static int start_with(const char *plan, char *out, size_t len)
 
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	setenv("CKPT_FAULTS", plan, 1);
-	snprintf(cmd, sizeof(cmd), "timeout 30 %s --config /dev/null --root %s/root "
-		 "--listen unix:%s/s.sock --staging-mb 16 2>&1; rc=$?; rm -rf %s; exit $rc",
-		 CKPTD_BIN, dir, dir, dir);
+	snprintf(cmd, sizeof(cmd),
+	         "timeout 30 %s --config /dev/null --root %s/root "
+	         "--listen unix:%s/s.sock --staging-mb 16 2>&1; rc=$?; rm -rf %s; exit $rc",
+	         CKPTD_BIN, dir, dir, dir);
 	f = popen(cmd, "r");
 	unsetenv("CKPT_FAULTS");
 	ck_assert_ptr_nonnull(f);
@@ -664,7 +675,7 @@ START_TEST(bad_plans_refused)
 		int rc = start_with(bad[i].plan, out, sizeof(out));
 
 		ck_assert_msg(rc != 0 && strstr(out, "CKPT_FAULTS") && strstr(out, bad[i].says),
-			      "CKPT_FAULTS=%s: exit %d: %s", bad[i].plan, rc, out);
+		              "CKPT_FAULTS=%s: exit %d: %s", bad[i].plan, rc, out);
 	}
 }
 END_TEST

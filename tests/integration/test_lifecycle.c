@@ -57,8 +57,7 @@ static void save_commits(const struct agent_proc *a, const char *job, int64_t st
  * Runs a second ckptd (at most 60 s: it must stop by itself); its exit
  * status, its output into out.
  */
-static int run_second(const char *root, const char *listen, const char *node, char *out,
-                      size_t len)
+static int run_second(const char *root, const char *listen, const char *node, char *out, size_t len)
 {
 	char cmd[2048];
 	size_t n = 0;
@@ -174,8 +173,7 @@ static void root_state(const struct agent_proc *a, char *state, size_t len, char
 }
 
 /* Polls status until the root's state is `want` (the agent checks every few seconds). */
-static void wait_root_state(const struct agent_proc *a, const char *want, char *error,
-                            size_t elen)
+static void wait_root_state(const struct agent_proc *a, const char *want, char *error, size_t elen)
 {
 	char state[32] = "";
 
@@ -198,7 +196,8 @@ static size_t listed(const struct agent_proc *a, const char *job, long long *ste
 	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json list %s", job), 0);
 	j = json_loads(out, 0, NULL);
 	ck_assert_msg(j != NULL, "not JSON: %s", out);
-	json_array_foreach(json_object_get(j, "checkpoints"), i, v) {
+	json_array_foreach(json_object_get(j, "checkpoints"), i, v)
+	{
 		if (n < max)
 			steps[n++] = (long long)json_integer_value(json_object_get(v, "step"));
 	}
@@ -285,8 +284,10 @@ START_TEST(root_removed_and_made_again)
 	ck_assert_int_eq(mkdir(a.root, 0755), 0);
 	wait_root_state(&a, "ok", err, sizeof(err));
 	ck_assert_int_eq(ckpt_save(p, 4, NULL, &s), 0);
-	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step 4 after the root came "
-	              "back: %s", ckpt_save_reason(s));
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0,
+	              "step 4 after the root came "
+	              "back: %s",
+	              ckpt_save_reason(s));
 	ckpt_save_release(s);
 	n = listed(&a, "gone", steps, 8);
 	ck_assert_msg(n == 1 && steps[0] == 4, "list after the root came back: %zu steps", n);
@@ -306,8 +307,10 @@ START_TEST(root_removed_and_made_again)
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir '%s'", a.root, a.root);
 	ck_assert_int_eq(system(cmd), 0);
 	ck_assert_int_eq(ckpt_save(p, 5, NULL, &s), 0);
-	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step 5 in a root made "
-	              "anew: %s", ckpt_save_reason(s));
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0,
+	              "step 5 in a root made "
+	              "anew: %s",
+	              ckpt_save_reason(s));
 	ckpt_save_release(s);
 	n = listed(&a, "gone", steps, 8);
 	ck_assert_msg(n == 1 && steps[0] == 5, "list after the root was replaced: %zu steps", n);

@@ -79,7 +79,8 @@ static void *rank_main(void *arg)
 		pthread_barrier_wait(r->bar); /* every rank saves at once */
 		waits++;
 		if (ckpt_save(p, step, NULL, &s)) {
-			snprintf(r->err, sizeof(r->err), "step %ld: save: %s", step, ckpt_last_error(c));
+			snprintf(r->err, sizeof(r->err), "step %ld: save: %s", step,
+			         ckpt_last_error(c));
 			break;
 		}
 		if (step == 1) {
@@ -118,16 +119,15 @@ out:
 }
 
 static void run_ranks(struct rank *rk, const struct agent_proc *a, const char *job,
-                      enum ckpt_backpressure bp,
-                      long steps)
+                      enum ckpt_backpressure bp, long steps)
 {
 	pthread_barrier_t bar;
 	pthread_t th[RANKS];
 
 	pthread_barrier_init(&bar, NULL, RANKS);
 	for (int i = 0; i < RANKS; i++) {
-		rk[i] = (struct rank){.a = a, .job = job, .id = i, .backpressure = bp,
-		                      .steps = steps, .bar = &bar};
+		rk[i] = (struct rank){
+		    .a = a, .job = job, .id = i, .backpressure = bp, .steps = steps, .bar = &bar};
 		ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &rk[i]), 0);
 	}
 	for (int i = 0; i < RANKS; i++)
@@ -241,8 +241,7 @@ START_TEST(skip_only_when_it_must)
 	ck_assert_msg(rc == -ECANCELED && ckpt_save_state(s) == CKPT_SKIPPED,
 	              "a save while another job holds the pool: %d, %s: %s", rc,
 	              ckpt_state_name(ckpt_save_state(s)), ckpt_save_reason(s));
-	ck_assert_msg(strstr(ckpt_save_reason(s), "staging pool full"), "%s",
-	              ckpt_save_reason(s));
+	ck_assert_msg(strstr(ckpt_save_reason(s), "staging pool full"), "%s", ckpt_save_reason(s));
 	ckpt_save_release(s);
 	pthread_join(th, NULL);
 	for (int i = 0; i < RANKS; i++)

@@ -66,8 +66,9 @@ START_TEST(save_right_after_restore)
 		              ckpt_save_reason(s));
 		ckpt_save_release(s);
 	}
-	ck_assert_msg(refused == 0, "%d of 300 saves sent right after a restore returned were "
-	                            "refused as if it were still writing",
+	ck_assert_msg(refused == 0,
+	              "%d of 300 saves sent right after a restore returned were "
+	              "refused as if it were still writing",
 	              refused);
 	ck_assert(h_model_check(&m, 1, NULL));
 	ckpt_plan_destroy(p);
@@ -114,8 +115,8 @@ START_TEST(failed_step_saved_again_at_once)
 	ck_assert_int_eq(ckpt_host_alloc(c, 2 * (size_t)shape[0], (void **)&mem), 0);
 	for (int r = 0; r < 2; r++) {
 		snprintf(name[r], sizeof(name[r]), "rank%d.w", r);
-		t[r] = (struct ckpt_tensor){name[r], CKPT_U8, 1, shape, mem + r * shape[0], NULL,
-		                            NULL};
+		t[r] = (struct ckpt_tensor){name[r], CKPT_U8, 1, shape, mem + r * shape[0],
+		                            NULL,    NULL};
 		ck_assert_msg(ckpt_plan_create(c, "again", r, 2, &t[r], 1, &p[r]) == 0, "%s",
 		              ckpt_last_error(c));
 	}

@@ -17,7 +17,7 @@
 #include "harness.h"
 
 static void save_and_wait(struct ckpt_plan *p, int64_t step, const char *meta,
-			  enum ckpt_state until)
+                          enum ckpt_state until)
 {
 	struct ckpt_save *s;
 	int rc = ckpt_save(p, step, meta, &s);
@@ -25,7 +25,7 @@ static void save_and_wait(struct ckpt_plan *p, int64_t step, const char *meta,
 	ck_assert_msg(rc == 0, "save %lld: %s", (long long)step, ckpt_strerror(rc));
 	rc = ckpt_save_wait(s, until, 60000);
 	ck_assert_msg(rc == 0, "save %lld to %s: %s (%s)", (long long)step, ckpt_state_name(until),
-		      ckpt_strerror(rc), ckpt_save_reason(s));
+	              ckpt_strerror(rc), ckpt_save_reason(s));
 	ckpt_save_release(s);
 }
 
@@ -45,7 +45,7 @@ START_TEST(roundtrip_odd_sizes)
 	h_model_make(&m, c, 13, 100003); /* 13 tensors, ~100 KB each, 8 dtypes, some empty */
 	for (size_t i = 0; i < m.n; i++)
 		ck_assert_msg(h_tensor_bytes(&m, i) % 4096 != 0 || h_tensor_bytes(&m, i) == 0,
-			      "tensor %zu is a multiple of 4096", i);
+		              "tensor %zu is a multiple of 4096", i);
 	rc = ckpt_plan_create(c, "rt", 0, 1, m.t, m.n, &p);
 	ck_assert_msg(rc == 0, "plan: %s", ckpt_last_error(c));
 	h_model_fill(&m, 7);
@@ -73,7 +73,7 @@ START_TEST(roundtrip_odd_sizes)
 	rc = ckpt_restore(p, 41, NULL, NULL);
 	ck_assert_int_eq(rc, -ENOENT);
 	ck_assert_msg(strstr(ckpt_last_error(c), "rt") && strstr(ckpt_last_error(c), "41"),
-		      "the error names job and step: %s", ckpt_last_error(c));
+	              "the error names job and step: %s", ckpt_last_error(c));
 	/* the same step twice is refused, and says so */
 	{
 		struct ckpt_save *s;
@@ -81,7 +81,7 @@ START_TEST(roundtrip_odd_sizes)
 		rc = ckpt_save(p, 42, NULL, &s);
 		ck_assert_int_eq(rc, -EEXIST);
 		ck_assert_msg(strstr(ckpt_last_error(c), "already committed"), "%s",
-			      ckpt_last_error(c));
+		              ckpt_last_error(c));
 	}
 	ckpt_plan_destroy(p);
 	h_model_free(&m);
@@ -119,8 +119,8 @@ START_TEST(rewrite_after_captured)
 	for (int k = 0; k < 3; k++) {
 		ck_assert_int_eq(ckpt_restore(p, k + 1, NULL, NULL), 0);
 		ck_assert_msg(h_model_check(&m, 100 + (uint64_t)k, &bad),
-			      "step %d: tensor %s does not hold the saved values", k + 1,
-			      m.name[bad]);
+		              "step %d: tensor %s does not hold the saved values", k + 1,
+		              m.name[bad]);
 	}
 	ckpt_plan_destroy(p);
 	h_model_free(&m);
@@ -230,7 +230,7 @@ static void run_ranks(const struct agent_proc *a, bool restore)
 
 		ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
 		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with %d", r,
-			      WEXITSTATUS(st));
+		              WEXITSTATUS(st));
 	}
 }
 
@@ -247,8 +247,8 @@ START_TEST(four_ranks_one_checkpoint)
 	ck_assert_msg(j, "list --json is JSON: %s", out);
 	ck_assert_int_eq(json_array_size(json_object_get(j, "checkpoints")), 1);
 	ck_assert_int_eq(json_integer_value(json_object_get(
-				 json_array_get(json_object_get(j, "checkpoints"), 0), "world")),
-			 4);
+	                     json_array_get(json_object_get(j, "checkpoints"), 0), "world")),
+	                 4);
 	json_decref(j);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json show dp 10"), 0);
 	j = json_loads(out, 0, NULL);
@@ -257,10 +257,10 @@ START_TEST(four_ranks_one_checkpoint)
 	embed = json_object_get(json_object_get(j, "tensors"), "embed");
 	chunks = json_object_get(embed, "chunks");
 	ck_assert_int_eq(json_array_size(chunks), 4);
-	ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(embed, "global_shape"), 0)),
-			 400);
+	ck_assert_int_eq(
+	    json_integer_value(json_array_get(json_object_get(embed, "global_shape"), 0)), 400);
 	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "meta"), "ranks")),
-			 4);
+	                 4);
 	json_decref(j);
 	for (int r = 0; r < 4; r++) {
 		h_shard(&a, path, sizeof(path), "dp", 10, r);

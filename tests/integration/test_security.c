@@ -36,7 +36,7 @@ static void save_wait(struct ckpt_plan *p, int64_t step, enum ckpt_state until)
 	ck_assert_msg(rc == 0, "save %lld: %s", (long long)step, ckpt_strerror(rc));
 	rc = ckpt_save_wait(s, until, 60000);
 	ck_assert_msg(rc == 0, "save %lld: %s (%s)", (long long)step, ckpt_strerror(rc),
-		      ckpt_save_reason(s));
+	              ckpt_save_reason(s));
 	ckpt_save_release(s);
 }
 
@@ -100,7 +100,8 @@ START_TEST(region_cannot_shrink)
 		ck_assert_int_eq(errno, EPERM);
 		close(fd);
 	} else {
-		fprintf(stderr, "note: /proc/self/map_files needs CAP_SYS_ADMIN: shrink not tried\n");
+		fprintf(stderr,
+		        "note: /proc/self/map_files needs CAP_SYS_ADMIN: shrink not tried\n");
 	}
 	save_wait(p, 1, CKPT_COMMITTED);
 	ck_assert_int_eq(kill(a.pid, 0), 0);
@@ -185,9 +186,9 @@ START_TEST(bad_regions_refused)
 	reg.ticket = hand_over(sock, fd, 1 << 20);
 	close(fd);
 	ck_assert_int_eq(h_raw_call_token(&a, token, ipc_methods[IPC_REGISTER_REGION].path, buf,
-					  ckpt__v1__register_region_request__pack(&reg, buf), msg,
-					  sizeof(msg)),
-			 GRPC_STATUS_INVALID_ARGUMENT);
+	                                  ckpt__v1__register_region_request__pack(&reg, buf), msg,
+	                                  sizeof(msg)),
+	                 GRPC_STATUS_INVALID_ARGUMENT);
 	ck_assert_msg(strstr(msg, "sealed"), "%s", msg);
 	/* sealed but never allocated: the agent's first touch could fault */
 	fd = memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -196,9 +197,9 @@ START_TEST(bad_regions_refused)
 	reg.ticket = hand_over(sock, fd, 1 << 20);
 	close(fd);
 	ck_assert_int_eq(h_raw_call_token(&a, token, ipc_methods[IPC_REGISTER_REGION].path, buf,
-					  ckpt__v1__register_region_request__pack(&reg, buf), msg,
-					  sizeof(msg)),
-			 GRPC_STATUS_INVALID_ARGUMENT);
+	                                  ckpt__v1__register_region_request__pack(&reg, buf), msg,
+	                                  sizeof(msg)),
+	                 GRPC_STATUS_INVALID_ARGUMENT);
 	ck_assert_msg(strstr(msg, "allocated"), "%s", msg);
 	/* a ticket is claimed once, by its own connection */
 	fd = memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -208,13 +209,13 @@ START_TEST(bad_regions_refused)
 	reg.ticket = hand_over(sock, fd, 1 << 20);
 	close(fd);
 	ck_assert_int_eq(h_raw_call(&a, ipc_methods[IPC_REGISTER_REGION].path, buf,
-				    ckpt__v1__register_region_request__pack(&reg, buf), msg,
-				    sizeof(msg)),
-			 GRPC_STATUS_NOT_FOUND);
+	                            ckpt__v1__register_region_request__pack(&reg, buf), msg,
+	                            sizeof(msg)),
+	                 GRPC_STATUS_NOT_FOUND);
 	ck_assert_int_eq(h_raw_call_token(&a, token, ipc_methods[IPC_REGISTER_REGION].path, buf,
-					  ckpt__v1__register_region_request__pack(&reg, buf), msg,
-					  sizeof(msg)),
-			 GRPC_STATUS_OK);
+	                                  ckpt__v1__register_region_request__pack(&reg, buf), msg,
+	                                  sizeof(msg)),
+	                 GRPC_STATUS_OK);
 	close(sock);
 	ck_assert_int_eq(kill(a.pid, 0), 0);
 	ckpt_disconnect(c);
@@ -235,18 +236,18 @@ START_TEST(anonymous_reaches_status_only)
 	h_agent_start(&a, NULL);
 	lr.job = "j";
 	ck_assert_int_eq(h_raw_call_as(&a, ipc_methods[IPC_LIST].path, buf,
-				       ckpt__v1__list_request__pack(&lr, buf), msg, sizeof(msg),
-				       false),
-			 GRPC_STATUS_PERMISSION_DENIED);
+	                               ckpt__v1__list_request__pack(&lr, buf), msg, sizeof(msg),
+	                               false),
+	                 GRPC_STATUS_PERMISSION_DENIED);
 	ck_assert_msg(strstr(msg, ".cred") && strstr(msg, "ckpt-cred"), "%s", msg);
 	ck_assert_int_eq(h_raw_call_token(&a, "0123456789abcdef0123456789abcdef",
-					  ipc_methods[IPC_LIST].path, buf,
-					  ckpt__v1__list_request__pack(&lr, buf), msg, sizeof(msg)),
-			 GRPC_STATUS_PERMISSION_DENIED);
+	                                  ipc_methods[IPC_LIST].path, buf,
+	                                  ckpt__v1__list_request__pack(&lr, buf), msg, sizeof(msg)),
+	                 GRPC_STATUS_PERMISSION_DENIED);
 	ck_assert_int_eq(h_raw_call_as(&a, ipc_methods[IPC_STATUS].path, buf,
-				       ckpt__v1__status_request__pack(&sr, buf), msg, sizeof(msg),
-				       false),
-			 GRPC_STATUS_OK);
+	                               ckpt__v1__status_request__pack(&sr, buf), msg, sizeof(msg),
+	                               false),
+	                 GRPC_STATUS_OK);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -264,8 +265,9 @@ START_TEST(failed_plan_claims_nothing)
 	req.job = "squat";
 	req.world = 1;
 	ck_assert_int_eq(h_raw_call(&a, ipc_methods[IPC_CREATE_PLAN].path, buf,
-				    ckpt__v1__create_plan_request__pack(&req, buf), msg, sizeof(msg)),
-			 GRPC_STATUS_NOT_FOUND);
+	                            ckpt__v1__create_plan_request__pack(&req, buf), msg,
+	                            sizeof(msg)),
+	                 GRPC_STATUS_NOT_FOUND);
 	h_path(&a, path, sizeof(path), "squat/OWNER");
 	ck_assert_msg(!h_exists(path), "a refused plan recorded an owner");
 	h_agent_cleanup(&a);
@@ -328,7 +330,7 @@ START_TEST(connection_flood)
 		usleep(100000);
 	ck_assert_msg(h_log_has(&a, "connections_per_user"), "no connection was refused");
 	ck_assert_msg(fd_count(a.pid) <= before + 2 * 8 + 4, "the agent holds %d descriptors",
-		      fd_count(a.pid));
+	              fd_count(a.pid));
 	while (n--)
 		close(v[n]);
 	for (int i = 0; i < 50 && h_ctl(&a, out, sizeof(out), "status"); i++)
@@ -352,7 +354,7 @@ START_TEST(connection_flood)
 	for (int i = 0; i < 100 && h_ctl(&a, out, sizeof(out), "status"); i++)
 		usleep(100000);
 	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0,
-		      "the agent does not answer after running out of descriptors: %s", out);
+	              "the agent does not answer after running out of descriptors: %s", out);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -401,7 +403,7 @@ START_TEST(limits_per_user)
 	int rc;
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --max-sessions 2 --max-watchers 1 "
-			  "--max-tensors 3 --max-connections 6");
+	                  "--max-tensors 3 --max-connections 6");
 	c1 = h_connect(&a);
 	c2 = h_connect(&a);
 	rc = ckpt_connect(a.endpoint, &c3);
@@ -413,8 +415,11 @@ START_TEST(limits_per_user)
 		char *name = malloc(8);
 
 		snprintf(name, 8, "t%d", i);
-		t[i] = (struct ckpt_tensor){.name = name, .dtype = CKPT_U8, .ndim = 1,
-					    .shape = shape, .data = (char *)mem + 16 * i};
+		t[i] = (struct ckpt_tensor){.name = name,
+		                            .dtype = CKPT_U8,
+		                            .ndim = 1,
+		                            .shape = shape,
+		                            .data = (char *)mem + 16 * i};
 	}
 	ck_assert_int_eq(ckpt_plan_create(c1, "lim", 0, 1, t, 4, &p), -EAGAIN);
 	ck_assert_msg(strstr(ckpt_last_error(c1), "tensors_per_user"), "%s", ckpt_last_error(c1));

@@ -41,7 +41,7 @@ static bool ensure_users(void)
 		if (getpwnam(users[i]))
 			continue;
 		snprintf(cmd, sizeof(cmd), "useradd -M -N -s /usr/sbin/nologin %s%s", users[i],
-			 strcmp(users[i], U_OPS) == 0 ? " -G " G_ADMIN : "");
+		         strcmp(users[i], U_OPS) == 0 ? " -G " G_ADMIN : "");
 		if (system(cmd) != 0)
 			return false;
 	}
@@ -61,7 +61,7 @@ static void become(const char *user)
 
 /* ckptctl as `user`; its exit code, its output into out. */
 static int ctl_as(const struct agent_proc *a, const char *user, char *out, size_t len,
-		  const char *args)
+                  const char *args)
 {
 	char cmd[1024];
 	FILE *f;
@@ -69,7 +69,7 @@ static int ctl_as(const struct agent_proc *a, const char *user, char *out, size_
 	int st;
 
 	snprintf(cmd, sizeof(cmd), "runuser -u %s -- %s --endpoint %s %s 2>&1", user, CKPTCTL_BIN,
-		 a->endpoint, args);
+	         a->endpoint, args);
 	f = popen(cmd, "r");
 	ck_assert_ptr_nonnull(f);
 	n = fread(out, 1, len - 1, f);
@@ -108,7 +108,8 @@ static int trainer_as(const struct agent_proc *a, const char *user, int64_t step
 		{
 			struct ckpt_save *s;
 
-			if (ckpt_save(p, step, NULL, &s) || ckpt_save_wait(s, CKPT_COMMITTED, 60000))
+			if (ckpt_save(p, step, NULL, &s) ||
+			    ckpt_save_wait(s, CKPT_COMMITTED, 60000))
 				_exit(15);
 			ckpt_save_release(s);
 		}
@@ -122,20 +123,21 @@ START_TEST(other_users_refused)
 {
 	struct agent_proc a;
 	char out[8192];
-	const char *denied[] = {"list priv",	"show priv 1",	"verify priv 1", "delete priv 1",
-				"pin priv 1",	"unpin priv 1", "gc priv",	 "commit --finish priv 1"};
+	const char *denied[] = {
+	    "list priv",  "show priv 1",  "verify priv 1", "delete priv 1",
+	    "pin priv 1", "unpin priv 1", "gc priv",       "commit --finish priv 1"};
 
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --socket-mode 0666 --admin-group " G_ADMIN);
 	ck_assert_int_eq(chmod(a.dir, 0755), 0); /* under /tmp: everyone reaches the socket */
 	ck_assert_msg(ctl_as(&a, U_OTHER, out, sizeof(out), "status") == 0,
-		      "another user cannot reach the socket: %s", out);
+	              "another user cannot reach the socket: %s", out);
 	ck_assert_int_eq(trainer_as(&a, U_OWNER, 1, true), 0);
 	/* another user: refused on each operation, and the job not listed to it */
 	ck_assert_int_eq(trainer_as(&a, U_OTHER, 2, false), 0);
 	for (size_t i = 0; i < sizeof(denied) / sizeof(*denied); i++) {
 		ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), denied[i]), 1);
 		ck_assert_msg(strstr(out, "another user") || strstr(out, "ermission"), "%s: %s",
-			      denied[i], out);
+		              denied[i], out);
 	}
 	ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), "--json list"), 0);
 	ck_assert_msg(!strstr(out, "priv"), "another user's list: %s", out);

@@ -367,12 +367,15 @@ START_TEST(watch_json_lines_parse)
 		    !strcmp(json_string_value(json_object_get(j, "state")), "COMMITTED")) {
 			double bps = json_real_value(json_object_get(j, "bytes_per_second"));
 			double secs = json_real_value(json_object_get(j, "durable_seconds"));
-			double bytes = (double)json_integer_value(json_object_get(j, "bytes_written"));
+			double bytes =
+			    (double)json_integer_value(json_object_get(j, "bytes_written"));
 
-			durable += strcmp(json_string_value(json_object_get(j, "state")), "DURABLE") == 0;
+			durable +=
+			    strcmp(json_string_value(json_object_get(j, "state")), "DURABLE") == 0;
 			ck_assert_msg(bps > 0 && secs > 0 && bps > bytes / secs * 0.999 &&
 			                  bps < bytes / secs * 1.001,
-			              "bytes_per_second is bytes_written / durable_seconds: %s", line);
+			              "bytes_per_second is bytes_written / durable_seconds: %s",
+			              line);
 		}
 		json_decref(j);
 		n++;

@@ -227,7 +227,8 @@ static int list_steps(struct storage *s, const char *job, struct storage_step **
 			}
 		if (!seen) {
 			v = realloc(v, (k + 1) * sizeof(*v));
-			v[k++] = (struct storage_step){step, strcmp(rest, "manifest.json") == 0, false};
+			v[k++] =
+			    (struct storage_step){step, strcmp(rest, "manifest.json") == 0, false};
 		}
 	}
 	for (size_t i = 0; i < k; i++) /* sorted, as backends give them */

@@ -75,8 +75,8 @@ static void fill_rank(struct part_rank *k, const char *node, int r, int world)
 
 	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
 	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
-	*k = (struct part_rank){r, strdup(file), 80, 64, strdup(meta), T0, T0 + 1 * S + r,
-	                        T0 + 2 * S + r, 1, t};
+	*k = (struct part_rank){
+	    r, strdup(file), 80, 64, strdup(meta), T0, T0 + 1 * S + r, T0 + 2 * S + r, 1, t};
 }
 
 static struct part *mk_part(const char *run, const char *nd, int world, int64_t step,
@@ -84,8 +84,9 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 {
 	struct part *p = calloc(1, sizeof(*p));
 
-	*p = (struct part){PART_VERSION, strdup(JOB), strdup(run), strdup(nd), step, world,
-	                   T0 + 3 * S, n, calloc(n, sizeof(struct part_rank))};
+	*p = (struct part){PART_VERSION, strdup(JOB), strdup(run),
+	                   strdup(nd),   step,        world,
+	                   T0 + 3 * S,   n,           calloc(n, sizeof(struct part_rank))};
 	for (size_t i = 0; i < n; i++) {
 		fill_rank(&p->ranks[i], nd, ranks[i], world);
 		fake_add_shard(fs, JOB, step, p->ranks[i].file, 80);
@@ -95,8 +96,9 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 
 static void plans(const char *nd, const char *run, int world, const int *ranks, size_t n)
 {
-	struct plans_file f = {PLANS_VERSION, JOB, (char *)nd, (char *)run, world, "", n,
-	                       calloc(n, sizeof(struct plans_rank))};
+	struct plans_file f = {
+	    PLANS_VERSION, JOB, (char *)nd, (char *)run,
+	    world,         "",  n,          calloc(n, sizeof(struct plans_rank))};
 	bool wrote;
 
 	for (size_t i = 0; i < n; i++) {
@@ -486,7 +488,8 @@ START_TEST(test_missing_shard)
 	else
 		fake_put(fs, key, "79", 2);
 	ca = start(a, p, true, 0);
-	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING); /* maybe a cache: until the deadline */
+	ck_assert_int_eq(poll_at(ca, 0, &r),
+	                 COMMIT_WAITING); /* maybe a cache: until the deadline */
 	commit_result_free(&r);
 	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
 	ck_assert_msg(strstr(r.reason, "rank 0's shard") && strstr(r.reason, "(node a)") &&
@@ -514,7 +517,8 @@ START_TEST(test_part_write_fails)
 	commit_result_free(&r);
 	fake_fail_put(fs, "parts/a.json", -EIO);
 	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
-	ck_assert_msg(strstr(r.reason, "writing this node's part: ") && strstr(r.reason, "injected"),
+	ck_assert_msg(strstr(r.reason, "writing this node's part: ") &&
+	                  strstr(r.reason, "injected"),
 	              "%s", r.reason);
 	commit_result_free(&r);
 	commit_destroy(ca);

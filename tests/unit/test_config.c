@@ -484,8 +484,9 @@ static const struct bad_flags bad_flags[] = {
     {{"--bogus"}, "unknown option '--bogus'"},
     {{"--root"}, "--root needs a value"},
     {{"--root", "/a", "extra"}, "unexpected argument 'extra'"},
-    {{"--node", "../n1"}, "--node '../n1': node name '../n1' has '/' at byte 2: use letters, digits, "
-                          "'.', '_' and '-' only"},
+    {{"--node", "../n1"},
+     "--node '../n1': node name '../n1' has '/' at byte 2: use letters, digits, "
+     "'.', '_' and '-' only"},
     {{"--node", ".."},
      "--node '..': node name '..' begins with '.': names beginning with '.' are the agent's "
      "own"},
@@ -655,15 +656,31 @@ START_TEST(test_check_config_prints)
 	ck_assert_msg(has_line(r.out, "; socket_group = (not set", "; default"), "%s", r.out);
 	ck_assert_msg(has_line(r.out, ";   --chunk-mb 8 ", "; default"), "%s", r.out);
 	for (int s = 0; s < CS_CHUNK_MB; s++) {
-		static const char *const keys[] = {"listen",      "socket_mode", "socket_group",
-		                                   "log_level",   "stop_timeout", "root", "io_engine",
-		                                   "queue_depth", "size_mb",     "backpressure",
-		                                   "keep_last",   "keep_every",  "listen",
-		                                   "node",        "commit_deadline", "abandon_after",
-		                                   "admin_group", "umask", "connections_per_user",
-		                                   "sessions_per_user", "plans_per_user",
-		                                   "tensors_per_user", "regions_per_user",
-		                                   "region_mb_per_user", "watchers_per_user",
+		static const char *const keys[] = {"listen",
+		                                   "socket_mode",
+		                                   "socket_group",
+		                                   "log_level",
+		                                   "stop_timeout",
+		                                   "root",
+		                                   "io_engine",
+		                                   "queue_depth",
+		                                   "size_mb",
+		                                   "backpressure",
+		                                   "keep_last",
+		                                   "keep_every",
+		                                   "listen",
+		                                   "node",
+		                                   "commit_deadline",
+		                                   "abandon_after",
+		                                   "admin_group",
+		                                   "umask",
+		                                   "connections_per_user",
+		                                   "sessions_per_user",
+		                                   "plans_per_user",
+		                                   "tensors_per_user",
+		                                   "regions_per_user",
+		                                   "region_mb_per_user",
+		                                   "watchers_per_user",
 		                                   "watch_buffer_kb"};
 		char key[64];
 

@@ -59,7 +59,7 @@ START_TEST(refused_free_timed_out_retired)
 	ring(&g, 0);
 	a = cl_gpu_event_take(&g, err);
 	cl_gpu_event_done(&g, a, false, 0); /* the agent refused it */
-	b = cl_gpu_event_take(&g, err);     /* timed out: never given back */
+	b = cl_gpu_event_take(&g, err); /* timed out: never given back */
 	ck_assert_int_eq(b, 1);
 	for (int i = 0; i < 3 * CL_GPU_EVENTS; i++) {
 		int s = cl_gpu_event_take(&g, err);

@@ -21,7 +21,7 @@ struct fake {
 #define FAKE_SIZE 4096 /* every fake allocation's size */
 
 static int fake_open(void *ctx, int dev, const uint8_t *handle, void **ptr, uint64_t *size,
-		     char *err)
+                     char *err)
 {
 	struct fake *f = ctx;
 
@@ -94,7 +94,8 @@ START_TEST(keys_are_device_and_handle)
 	handle(b, 2);
 	ck_assert_int_eq(ipc_cache_get(c, 0, a, FAKE_SIZE, &pa, err), 0);
 	ck_assert_int_eq(ipc_cache_get(c, 0, b, FAKE_SIZE, &pb, err), 0);
-	ck_assert_int_eq(ipc_cache_get(c, 1, a, FAKE_SIZE, &pc, err), 0); /* same bytes, other GPU */
+	ck_assert_int_eq(ipc_cache_get(c, 1, a, FAKE_SIZE, &pc, err),
+	                 0); /* same bytes, other GPU */
 	ck_assert_int_eq(f.opens, 3);
 	ck_assert_ptr_ne(pa, pb);
 	ck_assert_int_eq(f.last_dev, 1);

@@ -88,7 +88,6 @@ static const char *fdn(int fd)
 	return fd >= 0 && fd < MAXFD && rec.fdname[fd][0] ? rec.fdname[fd] : "?";
 }
 
-
 /* Logs "op:name" and says whether this call is the one to fail. */
 static int note(const char *op, const char *name, const char *extra)
 {
@@ -97,8 +96,8 @@ static int note(const char *op, const char *name, const char *extra)
 	pthread_mutex_lock(&rec.m);
 	if (rec.n < MAXLOG)
 		snprintf(rec.log[rec.n++], sizeof(rec.log[0]), "%s:%s%s", op, name, extra);
-	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 && (!rec.fail_name || matches(rec.fail_name, name)) &&
-	    ++rec.seen == rec.fail_nth)
+	if (rec.fail_op && strcmp(rec.fail_op, op) == 0 &&
+	    (!rec.fail_name || matches(rec.fail_name, name)) && ++rec.seen == rec.fail_nth)
 		rc = rec.fail_err;
 	pthread_mutex_unlock(&rec.m);
 	return rc;
@@ -193,8 +192,8 @@ static int r_direct(int fd)
 /* Every request the I/O engine completes: "io-fsync:<name>" and so on. */
 static int64_t r_io_result(const struct io_req *r, int64_t res)
 {
-	static const char *const ops[] = {[IO_WRITE] = "io-write", [IO_READ] = "io-read",
-	                                  [IO_FSYNC] = "io-fsync"};
+	static const char *const ops[] = {
+	    [IO_WRITE] = "io-write", [IO_READ] = "io-read", [IO_FSYNC] = "io-fsync"};
 	int rc = note(ops[r->op], fdn(r->fd), "");
 
 	return rc ? rc : res;
@@ -358,7 +357,6 @@ static char *slurp(const char *p)
 	return buf;
 }
 
-
 /* ---- helpers ------------------------------------------------------------ */
 
 #define SHARD0 "rank-00000.n0.0.safetensors"
@@ -504,12 +502,9 @@ static const struct {
 	int err;
 	bool visible; /* the failure comes after the object is in place */
 } put_faults[] = {
-    {"openat", ".n0~*", -EACCES, false},
-    {"pwrite", ".n0~*", -ENOSPC, false},
-    {"fsync", ".n0~*", -EIO, false},
-    {"linkat", ".n0~*", -EIO, false},
-    {"fsync", "parts", -EIO, true},
-    {"mkdirat", "parts", -EDQUOT, false},
+    {"openat", ".n0~*", -EACCES, false}, {"pwrite", ".n0~*", -ENOSPC, false},
+    {"fsync", ".n0~*", -EIO, false},     {"linkat", ".n0~*", -EIO, false},
+    {"fsync", "parts", -EIO, true},      {"mkdirat", "parts", -EDQUOT, false},
 };
 
 /* A failure at each step: the error comes back; before the link nothing is visible. */
@@ -526,7 +521,8 @@ START_TEST(test_put_faults)
 	ck_assert_msg(rec.seen >= 1, "fault %d not reached", _i);
 	rec_reset();
 	ck_assert_msg(rc == put_faults[_i].err, "fault %d: rc %d (%s)", _i, rc, err);
-	ck_assert_msg(strstr(err, "step-000000000002/parts"), "the message names the path: %s", err);
+	ck_assert_msg(strstr(err, "step-000000000002/parts"), "the message names the path: %s",
+	              err);
 	ck_assert_int_eq(exists(at("%s", key)), put_faults[_i].visible);
 	if (exists(at("job/step-000000000002/parts")))
 		ck_assert_uint_eq(count_dot(at("job/step-000000000002/parts"), "\\.n0~"), 0);
@@ -582,8 +578,8 @@ END_TEST
 START_TEST(test_bad_keys)
 {
 	static const char *const bad[] = {
-	    "../x/y", "job/../x", ".job/x", "job//x", "job", "/job/x", "job/x/",
-	    "job/a/b/c/d", "job/.hidden", "a b/x", "job/\x01", NULL,
+	    "../x/y", "job/../x",    ".job/x",      "job//x", "job",      "/job/x",
+	    "job/x/", "job/a/b/c/d", "job/.hidden", "a b/x",  "job/\x01", NULL,
 	};
 	char long_key[300], *buf;
 	size_t len;
@@ -609,15 +605,13 @@ START_TEST(test_hostile_objects)
 	mkdirs(at("job/step-000000000001"));
 	puts_at(at("elsewhere"), "secret");
 	ck_assert_int_eq(symlink(at("elsewhere"), at("job/step-000000000001/manifest.json")), 0);
-	ck_assert_int_lt(st->ops->obj_get(st, "job/step-000000000001/manifest.json", 100, &buf,
-	                                  &len, err),
-	                 0);
+	ck_assert_int_lt(
+	    st->ops->obj_get(st, "job/step-000000000001/manifest.json", 100, &buf, &len, err), 0);
 	/* a put replaces the link itself, never what it points at */
 	ck_assert_int_eq(put_obj("job/step-000000000001/manifest.json", "mine", OBJ_REPLACE), 0);
 	ck_assert_str_eq(slurp(at("elsewhere")), "secret");
 	ck_assert_int_eq(mkfifo(at("job/step-000000000001/pinned"), 0644), 0); /* must not hang */
-	ck_assert_int_lt(st->ops->obj_get(st, "job/step-000000000001/pinned", 100, &buf, &len,
-	                                  err),
+	ck_assert_int_lt(st->ops->obj_get(st, "job/step-000000000001/pinned", 100, &buf, &len, err),
 	                 0);
 	ck_assert_int_eq(symlink(at("job"), at("alias")), 0); /* a link on the way */
 	ck_assert_int_lt(put_obj("alias/step-000000000001/x.json", "x", OBJ_CREATE), 0);
@@ -1192,8 +1186,8 @@ START_TEST(test_cleanup)
 	ck_assert(exists(at("job/step-000000000003/manifest.json")));
 	ck_assert(exists(at("job/notes.txt")));
 	ck_assert_uint_eq(r.partial_removed, 1); /* 5 */
-	ck_assert_uint_eq(r.own_removed, 2);     /* 5's and 6's */
-	ck_assert_uint_eq(r.partial_kept, 4);    /* 0, 4, 6, 7 */
+	ck_assert_uint_eq(r.own_removed, 2); /* 5's and 6's */
+	ck_assert_uint_eq(r.partial_kept, 4); /* 0, 4, 6, 7 */
 	ck_assert_int_eq(latest("job"), 3);
 	/* again: nothing more to do */
 	ck_assert_int_eq(cleanup(true, &r), 0);
@@ -1276,7 +1270,8 @@ START_TEST(test_cleanup_spares_late_commit)
 }
 END_TEST
 
-/* ... and another node's late writer made the step's name anew meanwhile: the committed one wins. */
+/* ... and another node's late writer made the step's name anew meanwhile: the committed one wins.
+ */
 static void commit_step_2_and_recreate(void)
 {
 	struct manifest *m = mk_manifest("job", 2, 100);
@@ -1491,7 +1486,8 @@ static Suite *suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_put_sequence);
-	tcase_add_loop_test(tc, test_put_faults, 0, (int)(sizeof(put_faults) / sizeof(put_faults[0])));
+	tcase_add_loop_test(tc, test_put_faults, 0,
+	                    (int)(sizeof(put_faults) / sizeof(put_faults[0])));
 	tcase_add_test(tc, test_create_once_replace);
 	tcase_add_test(tc, test_bad_keys);
 	tcase_add_test(tc, test_hostile_objects);

@@ -141,7 +141,8 @@ static void assert_same(const struct manifest *a, const struct manifest *b)
 	for (size_t i = 0; i < a->nparts; i++) {
 		ck_assert_str_eq(a->parts[i].node, b->parts[i].node);
 		ck_assert_uint_eq(a->parts[i].nranks, b->parts[i].nranks);
-		ck_assert_mem_eq(a->parts[i].ranks, b->parts[i].ranks, a->parts[i].nranks * sizeof(int));
+		ck_assert_mem_eq(a->parts[i].ranks, b->parts[i].ranks,
+		                 a->parts[i].nranks * sizeof(int));
 	}
 	ck_assert_int_eq(a->time_unix_ns, b->time_unix_ns);
 	ck_assert_uint_eq(a->bytes, b->bytes);
@@ -375,11 +376,10 @@ EDIT(part_rank_twice, json_object_set_new(json_array_get(json_object_get(root, "
                                           "ranks", json_pack("[i]", 0)))
 EDIT(part_rank_outside, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1),
                                             "ranks", json_pack("[i]", 2)))
-EDIT(part_node_slash, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1),
-                                          "node", json_string("../n1")))
-EDIT(parts_unsorted,
-     json_object_set_new(json_array_get(json_object_get(root, "parts"), 0), "node",
-                         json_string("zz")))
+EDIT(part_node_slash, json_object_set_new(json_array_get(json_object_get(root, "parts"), 1), "node",
+                                          json_string("../n1")))
+EDIT(parts_unsorted, json_object_set_new(json_array_get(json_object_get(root, "parts"), 0), "node",
+                                         json_string("zz")))
 EDIT(rank_file_other_rank,
      json_object_set_new(rank_of(root, 1), "file", json_string("rank-00000.n1.0.safetensors")))
 EDIT(rank_file_old_form,

@@ -38,26 +38,46 @@ static void fill_rank(struct part_rank *k, const char *nd, int r, int world)
 	ck_assert_int_eq(shard_file_name(r, nd, 0, file, sizeof(file)), 0);
 	snprintf(meta, sizeof(meta), "{\"rank\":%d}", r);
 	if (r == 0) {
-		t[0] = (struct manifest_tensor){xstrdup("bias"), ipc_dtype_from_name("BF16"), 1, {2},
-		                                false, 1, calloc(1, sizeof(struct manifest_chunk))};
-		t[0].chunks[0] = (struct manifest_chunk){.rank = 0, .shape = {2}, .begin = 80,
-		                                         .end = 84, .xxh3 = 3};
+		t[0] = (struct manifest_tensor){xstrdup("bias"),
+		                                ipc_dtype_from_name("BF16"),
+		                                1,
+		                                {2},
+		                                false,
+		                                1,
+		                                calloc(1, sizeof(struct manifest_chunk))};
+		t[0].chunks[0] = (struct manifest_chunk){
+		    .rank = 0, .shape = {2}, .begin = 80, .end = 84, .xxh3 = 3};
 	}
-	t[n - 1] = (struct manifest_tensor){xstrdup("w"), ipc_dtype_from_name("F32"), 1, {4 * world},
-	                                    true, 1, calloc(1, sizeof(struct manifest_chunk))};
-	t[n - 1].chunks[0] = (struct manifest_chunk){.rank = r, .global_offset = {4 * r},
-	                                             .shape = {4}, .begin = 64, .end = 80,
+	t[n - 1] = (struct manifest_tensor){xstrdup("w"),
+	                                    ipc_dtype_from_name("F32"),
+	                                    1,
+	                                    {4 * world},
+	                                    true,
+	                                    1,
+	                                    calloc(1, sizeof(struct manifest_chunk))};
+	t[n - 1].chunks[0] = (struct manifest_chunk){.rank = r,
+	                                             .global_offset = {4 * r},
+	                                             .shape = {4},
+	                                             .begin = 64,
+	                                             .end = 80,
 	                                             .xxh3 = 100 + (uint64_t)r};
-	*k = (struct part_rank){r, xstrdup(file), r == 0 ? 84 : 80, 64, xstrdup(meta),
-	                        1000 + r, 2000 + r, 3000 + r, n, t};
+	*k = (struct part_rank){r,        xstrdup(file), r == 0 ? 84 : 80, 64, xstrdup(meta),
+	                        1000 + r, 2000 + r,      3000 + r,         n,  t};
 }
 
 static struct part *mk(const char *run, const char *nd, int world, const int *ranks, size_t n)
 {
 	struct part *p = calloc(1, sizeof(*p));
 
-	*p = (struct part){PART_VERSION, xstrdup("job"), xstrdup(run), xstrdup(nd), 7, world,
-	                   4000, n, calloc(n, sizeof(struct part_rank))};
+	*p = (struct part){PART_VERSION,
+	                   xstrdup("job"),
+	                   xstrdup(run),
+	                   xstrdup(nd),
+	                   7,
+	                   world,
+	                   4000,
+	                   n,
+	                   calloc(n, sizeof(struct part_rank))};
 	for (size_t i = 0; i < n; i++)
 		fill_rank(&p->ranks[i], nd, ranks[i], world);
 	return p;
@@ -107,12 +127,11 @@ static json_t *rank0(json_t *root)
 static json_t *w_chunk(json_t *root, size_t r)
 {
 	return json_array_get(
-	    json_object_get(json_object_get(json_object_get(json_array_get(json_object_get(root,
-	                                                                                   "ranks"),
-	                                                                   r),
-	                                                    "tensors"),
-	                                    "w"),
-	                    "chunks"),
+	    json_object_get(
+	        json_object_get(
+	            json_object_get(json_array_get(json_object_get(root, "ranks"), r), "tensors"),
+	            "w"),
+	        "chunks"),
 	    0);
 }
 
@@ -126,9 +145,10 @@ EDIT(no_edit, (void)root)
 EDIT(format_manifest, json_object_set_new(root, "format", json_string("ckptd-manifest")))
 EDIT(version_9, json_object_set_new(root, "version", json_integer(9)))
 EDIT(node_slash, json_object_set_new(root, "node", json_string("a/b")))
-EDIT(node_long, json_object_set_new(root, "node",
-                                    json_string("nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
-                                                "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")))
+EDIT(node_long,
+     json_object_set_new(root, "node",
+                         json_string("nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+                                     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")))
 EDIT(run_missing, json_object_del(root, "run"))
 EDIT(rank_twice, json_object_set_new(json_array_get(json_object_get(root, "ranks"), 1), "rank",
                                      json_integer(0)))
@@ -142,17 +162,17 @@ EDIT(size_small, json_object_set_new(rank0(root), "size", json_integer(70)))
 EDIT(header_past, json_object_set_new(rank0(root), "header_bytes", json_integer(900)))
 EDIT(time_negative, json_object_set_new(rank0(root), "queued_unix_ns", json_integer(-1)))
 EDIT(chunk_rank, json_object_set_new(w_chunk(root, 1), "rank", json_integer(0)))
-EDIT(chunk_in_header, json_object_set_new(w_chunk(root, 1), "byte_range", json_pack("[i,i]", 0, 16)))
+EDIT(chunk_in_header,
+     json_object_set_new(w_chunk(root, 1), "byte_range", json_pack("[i,i]", 0, 16)))
 EDIT(chunk_overlap, json_object_set_new(w_chunk(root, 0), "byte_range", json_pack("[i,i]", 68, 84)))
 EDIT(chunk_box_out, json_object_set_new(w_chunk(root, 1), "global_offset", json_pack("[i]", 14)))
-EDIT(two_chunks, json_array_append(json_object_get(json_object_get(json_object_get(rank0(root),
-                                                                                    "tensors"),
-                                                                    "w"),
-                                                    "chunks"),
-                                   w_chunk(root, 0)))
+EDIT(two_chunks,
+     json_array_append(
+         json_object_get(json_object_get(json_object_get(rank0(root), "tensors"), "w"), "chunks"),
+         w_chunk(root, 0)))
 EDIT(tensors_array, json_object_set_new(rank0(root), "tensors", json_array()))
-EDIT(ranks_many, for (int i = 0; i < 4; i++) json_array_append(json_object_get(root, "ranks"),
-                                                               rank0(root)))
+EDIT(ranks_many,
+     for (int i = 0; i < 4; i++) json_array_append(json_object_get(root, "ranks"), rank0(root)))
 
 static const struct {
 	const char *what;
@@ -236,7 +256,8 @@ static char *merged(struct part **v, size_t n)
 START_TEST(test_merge)
 {
 	static const int a[] = {0, 1}, b[] = {2}, c[] = {3};
-	struct part *v[3] = {mk("r", "n0", 4, a, 2), mk("r", "n1", 4, b, 1), mk("r", "n2", 4, c, 1)};
+	struct part *v[3] = {mk("r", "n0", 4, a, 2), mk("r", "n1", 4, b, 1),
+	                     mk("r", "n2", 4, c, 1)};
 	struct part *w[3] = {v[2], v[0], v[1]};
 	struct manifest *m;
 	char *one = merged(v, 3), *two = merged(w, 3);
@@ -270,7 +291,8 @@ START_TEST(test_merge_refusals)
 
 	v[1] = other;
 	ck_assert_int_eq(manifest_merge(v, 2, &m, err), -ESTALE);
-	ck_assert_msg(strstr(err, "is of run old, not run r") || strstr(err, "is of run r, not run old"),
+	ck_assert_msg(strstr(err, "is of run old, not run r") ||
+	                  strstr(err, "is of run r, not run old"),
 	              "%s", err);
 	ck_assert_ptr_null(m);
 	v[1] = twice;
@@ -307,8 +329,14 @@ static struct plans_file *mk_plans(void)
 	struct plans_file *f = calloc(1, sizeof(*f));
 	struct part *p = mk("r", "n0", 4, (const int[]){0, 1}, 2);
 
-	*f = (struct plans_file){PLANS_VERSION, xstrdup("job"), xstrdup("n0"), xstrdup("r"), 4, "",
-	                         2, calloc(2, sizeof(struct plans_rank))};
+	*f = (struct plans_file){PLANS_VERSION,
+	                         xstrdup("job"),
+	                         xstrdup("n0"),
+	                         xstrdup("r"),
+	                         4,
+	                         "",
+	                         2,
+	                         calloc(2, sizeof(struct plans_rank))};
 	for (int i = 0; i < 2; i++) { /* the part's tensors, without their bytes */
 		f->ranks[i] = (struct plans_rank){i, p->ranks[i].ntensors, p->ranks[i].tensors};
 		p->ranks[i].tensors = NULL;
@@ -356,23 +384,27 @@ START_TEST(test_plans)
 		};
 
 		for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
-			json_t *c = json_deep_copy(root), *r1 = json_array_get(json_object_get(c, "ranks"), 1);
+			json_t *c = json_deep_copy(root),
+			       *r1 = json_array_get(json_object_get(c, "ranks"), 1);
 			char *t;
 
 			if (i == 0)
 				json_object_set_new(r1, "rank", json_integer(0));
 			else if (i == 1)
-				json_array_append(json_object_get(r1, "tensors"),
-				                  json_array_get(json_object_get(r1, "tensors"), 0));
+				json_array_append(
+				    json_object_get(r1, "tensors"),
+				    json_array_get(json_object_get(r1, "tensors"), 0));
 			else if (i == 2)
-				json_object_set_new(json_array_get(json_object_get(r1, "tensors"), 0),
-				                    "global_offset", json_pack("[i]", 14));
+				json_object_set_new(
+				    json_array_get(json_object_get(r1, "tensors"), 0),
+				    "global_offset", json_pack("[i]", 14));
 			else if (i == 3)
 				json_object_set_new(c, "world", json_integer(1));
 			else
 				json_object_set_new(c, "digest", json_string("xyz"));
 			t = json_dumps(c, JSON_COMPACT);
-			ck_assert_msg(plans_from_json(t, strlen(t), &back, err) < 0, "%s accepted", edits[i][0]);
+			ck_assert_msg(plans_from_json(t, strlen(t), &back, err) < 0, "%s accepted",
+			              edits[i][0]);
 			ck_assert_msg(strstr(err, edits[i][1]), "%s: %s", edits[i][0], err);
 			free(t);
 			json_decref(c);

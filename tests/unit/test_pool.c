@@ -152,7 +152,7 @@ static int resv_join(struct resv_thread *rt)
 
 /* ---- a capture, waiting for a chunk as a job of a work queue ----------- */
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 /* One job at a time; a job that waits lets the next one run (work.h). */
 static struct workq *make_tq(void)

@@ -39,7 +39,7 @@ START_TEST(fault_is_an_error)
 
 	ck_assert_int_eq(safecopy_init(err), 0);
 	m = shrunk_mapping(1 << 16);
-	ck_assert_int_eq(safe_copy(buf, m, 1 << 16), -EFAULT);  /* reading it */
+	ck_assert_int_eq(safe_copy(buf, m, 1 << 16), -EFAULT); /* reading it */
 	ck_assert_int_eq(safe_copy(m + 4096, buf, 100), -EFAULT); /* writing it */
 	memset(buf, 7, 4096);
 	ck_assert_int_eq(safe_copy(buf + 4096, buf, 4096), 0); /* and a good copy after */

@@ -65,13 +65,13 @@ START_TEST(map_refuses)
 	ck_assert_int_eq(ipc_shm_map(memfd(8192, true, F_SEAL_GROW), 8192, &a, err), -EINVAL);
 	/* sealed but not allocated: the first touch could fault */
 	ck_assert_int_eq(
-		ipc_shm_map(memfd(8192, false, F_SEAL_SHRINK | F_SEAL_GROW), 8192, &a, err), -EINVAL);
+	    ipc_shm_map(memfd(8192, false, F_SEAL_SHRINK | F_SEAL_GROW), 8192, &a, err), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "allocated"));
 	/* another size than said, or not a page multiple */
-	ck_assert_int_eq(
-		ipc_shm_map(memfd(8192, true, F_SEAL_SHRINK | F_SEAL_GROW), 4096, &a, err), -EINVAL);
-	ck_assert_int_eq(
-		ipc_shm_map(memfd(8192, true, F_SEAL_SHRINK | F_SEAL_GROW), 4095, &a, err), -EINVAL);
+	ck_assert_int_eq(ipc_shm_map(memfd(8192, true, F_SEAL_SHRINK | F_SEAL_GROW), 4096, &a, err),
+	                 -EINVAL);
+	ck_assert_int_eq(ipc_shm_map(memfd(8192, true, F_SEAL_SHRINK | F_SEAL_GROW), 4095, &a, err),
+	                 -EINVAL);
 	/* a file, a pipe: not memory from memfd_create */
 	fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);

@@ -57,15 +57,15 @@ START_TEST(tensor_names)
 	ck_assert_msg(strstr(err, "control character 0x7f at byte 1"), "says where: %s", err);
 	ck_assert_int_eq(ipc_check_tensor_name("ab\xc3", err), -EINVAL);
 	ck_assert_msg(strstr(err, "not valid UTF-8 at byte 2"), "says where: %s", err);
-	ck_assert_int_eq(ipc_check_tensor_name("\xc3", err), -EINVAL);         /* truncated */
-	ck_assert_int_eq(ipc_check_tensor_name("\xc0\xaf", err), -EINVAL);     /* overlong */
+	ck_assert_int_eq(ipc_check_tensor_name("\xc3", err), -EINVAL); /* truncated */
+	ck_assert_int_eq(ipc_check_tensor_name("\xc0\xaf", err), -EINVAL); /* overlong */
 	ck_assert_int_eq(ipc_check_tensor_name("\xed\xa0\x80", err), -EINVAL); /* surrogate */
 	ck_assert_int_eq(ipc_check_tensor_name("\xf4\x90\x80\x80", err), -EINVAL);
 	memset(huge, 'n', 10000);
 	huge[10000] = '\0';
 	ck_assert_int_eq(ipc_check_tensor_name(huge, err), -EINVAL);
 	ck_assert_msg(strstr(err, "longer than 512") && strlen(err) < 200,
-		      "says why, without echoing 10,000 bytes: %s", err);
+	              "says why, without echoing 10,000 bytes: %s", err);
 	free(huge);
 }
 END_TEST
@@ -133,13 +133,15 @@ static int sizes(void *ctx, int kind, uint64_t region, uint64_t *size)
 }
 
 #define T(name, region, off, rows, cols)                                                           \
-	{name, 12, 2, (const int64_t[]){rows, cols}, CKPT__V1__REGION_KIND__REGION_HOST, region, off, \
-	 (uint64_t)(rows) * (cols)*4, 0, NULL, NULL}
+	{                                                                                          \
+		name, 12, 2, (const int64_t[]){rows, cols}, CKPT__V1__REGION_KIND__REGION_HOST,    \
+		    region, off, (uint64_t)(rows) * (cols)*4, 0, NULL, NULL                        \
+	}
 
 START_TEST(plan_extents)
 {
 	struct ipc_tensor ok[] = {T("a", 1, 0, 10, 10), T("b", 1, 400, 2, 3), T("c", 2, 0, 5, 5),
-				  T("empty", 1, 400, 0, 3)};
+	                          T("empty", 1, 400, 0, 3)};
 	struct ipc_tensor outside[] = {T("a", 2, 64, 5, 2)}; /* 40 bytes at 64 of 100 */
 	struct ipc_tensor wrap[] = {T("a", 1, UINT64_MAX - 3, 1, 2)};
 	struct ipc_tensor overlap[] = {T("a", 1, 0, 10, 10), T("b", 1, 396, 1, 2)};
@@ -154,7 +156,8 @@ START_TEST(plan_extents)
 	ck_assert_msg(strstr(err, "'a'") && strstr(err, "outside"), "%s", err);
 	ck_assert_int_eq(ipc_check_tensors(wrap, 1, sizes, NULL, err), -ERANGE);
 	ck_assert_int_eq(ipc_check_tensors(overlap, 2, sizes, NULL, err), -EINVAL);
-	ck_assert_msg(strstr(err, "'a'") && strstr(err, "'b'") && strstr(err, "overlap"), "%s", err);
+	ck_assert_msg(strstr(err, "'a'") && strstr(err, "'b'") && strstr(err, "overlap"), "%s",
+	              err);
 	ck_assert_int_eq(ipc_check_tensors(dup, 2, sizes, NULL, err), -EINVAL);
 	ck_assert_msg(strstr(err, "twice"), "%s", err);
 	ck_assert_int_eq(ipc_check_tensors(noregion, 1, sizes, NULL, err), -ENOENT);
@@ -177,8 +180,8 @@ END_TEST
 
 START_TEST(status_mapping)
 {
-	const int errs[] = {EINVAL, ENOENT, EEXIST, EACCES, EAGAIN, EBUSY, ECANCELED,
-			    ETIMEDOUT, ERANGE, EBADMSG, ENOTSUP, ECONNREFUSED, EIO};
+	const int errs[] = {EINVAL,    ENOENT, EEXIST,  EACCES,  EAGAIN,       EBUSY, ECANCELED,
+	                    ETIMEDOUT, ERANGE, EBADMSG, ENOTSUP, ECONNREFUSED, EIO};
 
 	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
 		ck_assert_int_eq(ipc_status_to_errno(ipc_errno_to_status(-errs[i])), -errs[i]);
