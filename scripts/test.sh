@@ -9,7 +9,9 @@
 # no io_uring) report skipped. Last, the fuzz stage: every parser's
 # libFuzzer target (fuzz/README.md), built with clang in build-fuzz, runs
 # CKPT_FUZZ_SECONDS (default 20) each and must not crash, leak or time out.
-#   scripts/test.sh [plain|asan|tsan|nocuda|fuzz]...   (default: all five)
+# First of all, the format stage: every C file in the house format
+# (scripts/format.sh --check).
+#   scripts/test.sh [format|plain|asan|tsan|nocuda|fuzz]...   (default: all six)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --test
@@ -21,10 +23,14 @@ fi
 
 jobs=$(nproc)
 builds=("$@")
-((${#builds[@]})) || builds=(plain asan tsan nocuda fuzz)
+((${#builds[@]})) || builds=(format plain asan tsan nocuda fuzz)
 for b in "${builds[@]}"; do
 	cuda=ON tests=. faults=ON
 	case $b in
+	format)
+		scripts/format.sh --check
+		continue
+		;;
 	fuzz)
 		scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-20}"
 		continue
@@ -33,7 +39,7 @@ for b in "${builds[@]}"; do
 	asan) dir=build-asan san=address,undefined ;;
 	tsan) dir=build-tsan san=thread ;;
 	nocuda) dir=build-nocuda san= cuda=OFF faults=OFF tests='unit/|test_roundtrip|test_badreq' ;;
-	*) echo "test.sh: unknown build '$b' (plain, asan, tsan, nocuda, fuzz)" >&2; exit 2 ;;
+	*) echo "test.sh: unknown build '$b' (format, plain, asan, tsan, nocuda, fuzz)" >&2; exit 2 ;;
 	esac
 	echo "== $b build ($dir)"
 	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
