@@ -553,8 +553,12 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 	rpc_reply(c, &rep.base);
 }
 
-/* A CUDA plan waiting for its GPU side, opened on a capture worker. */
-struct gpu_open {
+/*
+ * A CreatePlan call handed to a worker: a CUDA plan waiting for its GPU side
+ * (capture worker), a plan of a job whose owner is not known here yet, found
+ * or recorded first (commit thread).
+ */
+struct plan_job {
 	struct work w;
 	struct agent *a;
 	struct rpc *c;
@@ -563,7 +567,7 @@ struct gpu_open {
 
 static void gpu_open_run(struct work *w)
 {
-	struct gpu_open *go = container_of(w, struct gpu_open, w);
+	struct plan_job *go = container_of(w, struct plan_job, w);
 	struct plan_gpu *g = NULL;
 	char err[IPC_ERRLEN];
 	int rc;
@@ -588,7 +592,7 @@ static void gpu_open_run(struct work *w)
  */
 static bool create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req)
 {
-	struct gpu_open *go;
+	struct plan_job *go;
 
 	if (!req->n_cuda_regions) {
 		create_plan_with(a, c, req, NULL);
@@ -599,7 +603,7 @@ static bool create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequ
 		rpc_fail(c, -ENOMEM, "plan for job %s: out of memory", req->job);
 		return false;
 	}
-	*go = (struct gpu_open){.w.fn = gpu_open_run, .a = a, .c = c, .req = req};
+	*go = (struct plan_job){.w.fn = gpu_open_run, .a = a, .c = c, .req = req};
 	workq_push(a->capture, &go->w);
 	return true;
 }
@@ -616,18 +620,10 @@ static bool job_has_steps(struct agent *a, const char *job)
 	return rc == 0 && n > 0;
 }
 
-/* A plan of a job whose owner is not known here yet: found or recorded first. */
-struct owner_claim {
-	struct work w;
-	struct agent *a;
-	struct rpc *c;
-	Ckpt__V1__CreatePlanRequest *req;
-};
-
 /* Commit thread: the owner read from the root, or the caller recorded as it. */
 static void claim_run(struct work *w)
 {
-	struct owner_claim *oc = container_of(w, struct owner_claim, w);
+	struct plan_job *oc = container_of(w, struct plan_job, w);
 	struct agent *a = oc->a;
 	char err[IPC_ERRLEN];
 	const struct peer *who = rpc_peer(oc->c);
@@ -664,7 +660,7 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__CreatePlanRequest *req = (Ckpt__V1__CreatePlanRequest *)m;
 	struct agent *a = ctx;
-	struct owner_claim *oc;
+	struct plan_job *oc;
 	char err[IPC_ERRLEN];
 	uint32_t owner;
 	int rc;
@@ -708,7 +704,7 @@ void rpc_create_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rpc_fail(c, -ENOMEM, "out of memory");
 		goto out;
 	}
-	*oc = (struct owner_claim){.w.fn = claim_run, .a = a, .c = c, .req = req};
+	*oc = (struct plan_job){.w.fn = claim_run, .a = a, .c = c, .req = req};
 	workq_push(a->commit, &oc->w);
 	return;
 out:

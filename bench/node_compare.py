@@ -8,12 +8,11 @@ one series per size and run, and the main figures of each.
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 
 from node_report import ordered
+from report import gnuplot
 
 
 def main():
@@ -57,11 +56,7 @@ set xrange [0.5:8.5]
 set yrange [0:*]
 plot {", ".join(plots)}
 """
-    r = subprocess.run([gp], input=script, text=True, capture_output=True)
-    os.unlink(data)
-    if r.returncode:
-        sys.exit("gnuplot failed: " + r.stderr.strip())
-    print(a.png)
+    print(gnuplot(script, data, a.png))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ import platform
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 
-from report import MIB, fmt, summary
+from report import MIB, fmt, gnuplot, summary
 
 
 def load(raw):
@@ -183,11 +182,7 @@ set xrange [0.5:{max(r['ranks'] for r in res) + 0.5}]
 set yrange [0:*]
 plot {", ".join(plots)}
 """
-    r = subprocess.run([gp], input=script, text=True, capture_output=True)
-    os.unlink(data)
-    if r.returncode:
-        return "gnuplot failed: " + r.stderr.strip()
-    return png
+    return gnuplot(script, data, png)
 
 
 def main():

@@ -167,7 +167,12 @@ plot '{data}' using 1:4 with linespoints lw 2 title 'in-trainer write+fsync: sta
      '' using 1:2 with linespoints lw 2 title 'ckptd: stall (save -> CAPTURED)', \\
      '' using 1:5 with linespoints dt 2 title 'memcpy of the same bytes'
 """
-    r = subprocess.run([gp], input=script, text=True, capture_output=True)
+    return gnuplot(script, data, png)
+
+
+def gnuplot(script, data, png):
+    """Runs the script (which reads `data`, then removed); png, or why not."""
+    r = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
     os.unlink(data)
     if r.returncode:
         return "gnuplot failed: " + r.stderr.strip()
