@@ -509,8 +509,15 @@ void agent_destroy(struct agent *a)
 	/* The engine first: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);
 	/* Each queue before the ones its last jobs may push to. */
-	workq_destroy(a->capture);
-	a->capture = NULL; /* plans freed from here on close their GPU side at once */
+	workq_destroy(a->capture); /* its last jobs may still push to it (a CUDA plan's next) */
+	/*
+	 * Plans let go from here on close their GPU side at once (release_gpu
+	 * reads this under mu). Nothing is in flight by now (agent_run waited
+	 * for it), so no other thread lets a plan go in between.
+	 */
+	pthread_mutex_lock(&a->mu);
+	a->capture = NULL;
+	pthread_mutex_unlock(&a->mu);
 	workq_destroy(a->hasher);
 	root_watch_stop(a); /* after the captures (they check it), before the commit queue */
 	workq_destroy(a->commit);

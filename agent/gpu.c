@@ -166,7 +166,7 @@ void gpu_pin(struct gpu *g, int dev, void *base, uint64_t len)
 {
 	if (!gpu_usable(g))
 		return;
-	/* held throughout: a second plan's copies wait for the pool to be pinned */
+	/* held throughout: a second plan's open waits until the pool is pinned */
 	pthread_mutex_lock(&g->mu);
 	if (!g->pin_tried)
 		pin(g, dev, base, len);

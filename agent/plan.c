@@ -69,8 +69,11 @@ static void gpu_side_close(struct agent *a, struct plan_gpu *g)
 static void gpu_side_close_job(struct work *w)
 {
 	struct plan_gpu *g = container_of(w, struct plan_gpu, close);
+	struct workq *q = g->agent->capture;
 
+	workq_wait_begin(q); /* its stream's last copies, not a copy of ours */
 	gpu_side_close(g->agent, g);
+	workq_wait_end(q);
 }
 
 /* Under mu: the GPU side goes (its CUDA teardown on a worker, outside the lock). */
@@ -546,11 +549,16 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 	rep.header_bytes = p->header_len;
 	rep.run = p->run;
 	rep.node = (char *)a->cfg.node;
-	pthread_mutex_unlock(&a->mu);
+	/*
+	 * Logged and packed under the lock: off the control thread (a worker
+	 * made the GPU side, or the commit thread the owner), the trainer's
+	 * session may end, and free p, as soon as the lock is let go.
+	 */
 	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s, uid %u): %zu tensors, %llu bytes",
 	        p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
 	        (unsigned long long)p->shard_bytes);
 	rpc_reply(c, &rep.base);
+	pthread_mutex_unlock(&a->mu);
 }
 
 /*
@@ -593,9 +601,24 @@ static void gpu_open_run(struct work *w)
 static bool create_plan(struct agent *a, struct rpc *c, Ckpt__V1__CreatePlanRequest *req)
 {
 	struct plan_job *go;
+	struct session *sess;
+	struct ipc_tensor *v = NULL;
+	char err[IPC_ERRLEN];
+	int rc;
 
 	if (!req->n_cuda_regions) {
 		create_plan_with(a, c, req, NULL);
+		return false;
+	}
+	/* Nothing is opened on a GPU for a caller the plan would refuse anyway. */
+	pthread_mutex_lock(&a->mu);
+	rc = access_job(a, rpc_peer(c), req->job, ACCESS_OWN, err);
+	if (!rc)
+		rc = request_check(a, c, req, &sess, &v, err);
+	pthread_mutex_unlock(&a->mu);
+	free(v);
+	if (rc) {
+		rpc_fail(c, rc, "plan for job %s rank %d: %s", req->job, req->rank, err);
 		return false;
 	}
 	go = calloc(1, sizeof(*go));

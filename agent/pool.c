@@ -4,13 +4,16 @@
  * admission of saves to it by reservation.
  *
  *   pool_create / pool_destroy   start-up and shutdown, agent main thread
- *   pool_reserve / pool_release  a save's worker thread
- *   pool_take                    a save's worker thread (capture)
- *   pool_give                    the I/O thread, once a chunk's write is done
+ *   pool_reserve                 a capture worker (saves, restores), maint (verify)
+ *   pool_take / pool_try_take    the same threads: captures and readers
+ *   pool_give                    whoever finishes a chunk last: the I/O thread,
+ *                                the hasher, a reader
+ *   pool_release                 the capture worker, or the I/O thread (a
+ *                                save's pipeline end)
  *
  * Accounting, all under p->mu. Every chunk is either on the free list
  * (p->nfree) or taken (p->in_use), and then counted in the `held` of the
- * reservation that took it. Reservations are on p->list, oldest first, from
+ * reservation that took it. Reservations are on p->first..last, oldest first, from
  * admission until they are released and every chunk they took is back.
  *
  * Who may take a free chunk (may_take): a reservation below its window

@@ -35,6 +35,8 @@ struct workq {
 	char name[16];
 };
 
+static void spare(struct workq *q);
+
 static void *worker(void *arg)
 {
 	struct workq *q = arg;
@@ -79,6 +81,15 @@ static void *worker(void *arg)
 		if (!q->head)
 			q->tail = NULL;
 		q->running++;
+		/*
+		 * More queued: a push may have signalled a worker already woken
+		 * (counted idle until it runs) and so woken none; wake one now,
+		 * or start one if every other is in a job.
+		 */
+		if (q->head) {
+			spare(q);
+			pthread_cond_signal(&q->cv);
+		}
 		pthread_mutex_unlock(&q->mu);
 		w->fn(w);
 		pthread_mutex_lock(&q->mu);
