@@ -1,9 +1,26 @@
-# Sourced by bench/run.sh, bench/gpu_run.sh and bench/node_run.sh: the run's agent.
+# Sourced by the bench/*_run.sh scripts and bench/run.sh: building, the work directory, the run's agent.
 #   start_agent [ckptd flags...]
 # starts $ckptd on $work/root with a staging pool of $staging_mb MiB if set,
 # else one the largest of $sizes fits in, waits until it serves, saves its
 # status in $raw/status.json, and on exit stops it and removes $work. Sets
 # sock and agent. kill_agent stops it alone (the next start_agent may follow).
+#   bench_build PROGRAM    builds ckptd, ckptctl and bench/PROGRAM in $build
+#                          (RelWithDebInfo, no sanitizer) unless $quick and
+#                          it is there already
+#   bench_workdir NAME     $work (under $dir, else /var/tmp), $raw and $out made
+
+bench_build() {
+	if [[ ! -x $build/bench/$1 ]] || ((! ${quick:-0})); then
+		cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
+		cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl "$1" >/dev/null
+	fi
+}
+
+bench_workdir() {
+	work=$(mktemp -d "${dir:-/var/tmp}/$1.XXXXXX")
+	raw=$work/raw
+	mkdir -p "$raw" "$out"
+}
 
 start_agent() {
 	local largest staging

@@ -29,14 +29,10 @@ while (($#)); do
 	shift
 done
 
-if [[ ! -x $build/bench/cluster_bench ]] || ((! quick)); then
-	cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
-	cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl cluster_bench >/dev/null
-fi
+. "$top/bench/agent.sh"
+bench_build cluster_bench
 ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
-work=$(mktemp -d "${dir:-/var/tmp}/ckpt-cluster.XXXXXX")
-raw=$work/raw
-mkdir -p "$raw" "$out"
+bench_workdir ckpt-cluster
 pids=()
 stop_all() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -33,15 +33,10 @@ while (($#)); do
 done
 command -v fio >/dev/null || { echo "bench: fio is needed (apt-get install fio)" >&2; exit 77; }
 
-if [[ ! -x $build/bench/ckpt_bench ]] || ((! quick)); then
-	cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
-	cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl ckpt_bench >/dev/null
-fi
-work=$(mktemp -d "${dir:-/var/tmp}/ckpt-node.XXXXXX")
-raw=$work/raw
-mkdir -p "$raw" "$out"
-ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
 . "$top/bench/agent.sh"
+bench_build ckpt_bench
+bench_workdir ckpt-node
+ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
 trap stop_agent EXIT
 
 fio_run() { # rw rank_mib total_mib rep: 8 jobs, one file each, in $work/fio

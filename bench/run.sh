@@ -27,15 +27,10 @@ while (($#)); do
 done
 command -v fio >/dev/null || { echo "bench: fio is needed (apt-get install fio)" >&2; exit 77; }
 
-if [[ ! -x $build/bench/ckpt_bench ]] || ((! quick)); then
-	cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
-	cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl ckpt_bench >/dev/null
-fi
-work=$(mktemp -d "${dir:-/var/tmp}/ckpt-bench.XXXXXX")
-raw=$work/raw
-mkdir -p "$raw" "$out"
-ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
 . "$top/bench/agent.sh"
+bench_build ckpt_bench
+bench_workdir ckpt-bench
+ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
 start_agent
 
 fio_run() { # rw size_mib rep [tag extra-flags...]
