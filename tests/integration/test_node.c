@@ -3,17 +3,18 @@
  * pool, saved side by side (with block and with skip) and restored all at
  * once; and skip refusing a save only when other checkpoints hold the pool.
  *
- * Ranks are threads, each with its own client (as trainer processes would
- * be). The pool is 32 chunks of 1 MiB; each rank's shard is about 36 MiB,
- * larger than the whole pool, so the step is nine times the pool and every
- * rank streams.
+ * Ranks are processes, each with its own client, as trainers are. The pool
+ * is 32 chunks of 1 MiB; each rank's shard is about 35 MiB, larger than the
+ * whole pool, so the step is nine times the pool and every rank streams.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@
 
 #define RANKS 8
 #define POOL "--staging-mb 32 --chunk-mb 1"
-#define SCALE (5u << 20) /* bytes per tensor, about: 8 tensors (one empty) ~ 36 MiB */
+#define SCALE (5u << 20) /* bytes per tensor, about: 8 tensors (one empty) ~ 35 MiB */
 
 struct rank {
 	const struct agent_proc *a;
@@ -54,20 +55,73 @@ static int count_shards(const struct agent_proc *a, const char *job, long step)
 	return n;
 }
 
+/*
+ * A rank's tensors: 8 of odd sizes (the 5th empty) in one host region. Its
+ * own code, not the harness's model: a rank process runs outside the test
+ * runner, where no ck_assert may be called.
+ */
+struct tensors {
+	struct ckpt_tensor t[8];
+	int64_t shape[8][1];
+	char name[8][32];
+	char *base;
+};
+
+static int tensors_make(struct tensors *m, struct ckpt_client *c, int rank)
+{
+	size_t off = 0;
+
+	for (size_t i = 0; i < 8; i++) {
+		m->shape[i][0] = i == 4 ? 0 : (int64_t)(SCALE + i * 4097 + 13);
+		snprintf(m->name[i], sizeof(m->name[i]), "rank%d.layer%02zu", rank, i);
+		off += ((size_t)m->shape[i][0] + 63) / 64 * 64;
+	}
+	if (ckpt_host_alloc(c, off, (void **)&m->base))
+		return -1;
+	off = 0;
+	for (size_t i = 0; i < 8; i++) {
+		m->t[i] = (struct ckpt_tensor){.name = m->name[i],
+		                               .dtype = CKPT_U8,
+		                               .ndim = 1,
+		                               .shape = m->shape[i],
+		                               .data = m->base + off};
+		off += ((size_t)m->shape[i][0] + 63) / 64 * 64;
+	}
+	return 0;
+}
+
+/* Writes seed's bytes (fill) or finds the first tensor that differs (check: -1 if none). */
+static int tensors_pass(struct tensors *m, uint64_t seed, bool fill)
+{
+	for (size_t i = 0; i < 8; i++) {
+		uint8_t *d = m->t[i].data;
+
+		for (size_t j = 0; j < (size_t)m->shape[i][0]; j++) {
+			if (fill)
+				d[j] = h_value(seed, i, j);
+			else if (d[j] != h_value(seed, i, j))
+				return (int)i;
+		}
+	}
+	return -1;
+}
+
 static void *rank_main(void *arg)
 {
 	struct rank *r = arg;
 	struct ckpt_plan_opts o = {.size = sizeof(o), .backpressure = r->backpressure};
-	struct ckpt_client *c = h_connect(r->a);
-	struct ckpt_plan *p;
-	struct h_model m;
+	struct ckpt_client *c = NULL;
+	struct ckpt_plan *p = NULL;
+	struct tensors m = {0};
 	int waits = 0; /* barriers passed: every rank passes steps + 1 of them, whatever happens */
-	size_t bad;
+	int bad;
 
-	h_model_make(&m, c, 8, SCALE);
-	for (size_t i = 0; i < m.n; i++) /* each rank's tensors its own */
-		snprintf(m.name[i], sizeof(m.name[i]), "rank%d.layer%02zu", r->id, i);
-	if (ckpt_plan_create_opts(c, r->job, r->id, RANKS, m.t, m.n, &o, &p)) {
+	if (ckpt_connect(r->a->endpoint, &c) || tensors_make(&m, c, r->id)) {
+		snprintf(r->err, sizeof(r->err), "connect or host memory: %s",
+		         c ? ckpt_last_error(c) : "no client");
+		goto out;
+	}
+	if (ckpt_plan_create_opts(c, r->job, r->id, RANKS, m.t, 8, &o, &p)) {
 		snprintf(r->err, sizeof(r->err), "plan: %s", ckpt_last_error(c));
 		goto out;
 	}
@@ -75,7 +129,7 @@ static void *rank_main(void *arg)
 		struct ckpt_save *s;
 		int rc;
 
-		h_model_fill(&m, (uint64_t)(step * 100 + r->id));
+		tensors_pass(&m, (uint64_t)(step * 100 + r->id), true);
 		pthread_barrier_wait(r->bar); /* every rank saves at once */
 		waits++;
 		if (ckpt_save(p, step, NULL, &s)) {
@@ -94,7 +148,7 @@ static void *rank_main(void *arg)
 		ckpt_save_release(s);
 	}
 	/* All at once: the last step back into memory that holds something else. */
-	h_model_fill(&m, 7);
+	tensors_pass(&m, 7, true);
 	pthread_barrier_wait(r->bar);
 	waits++;
 	if (!r->err[0]) {
@@ -105,34 +159,101 @@ static void *rank_main(void *arg)
 			snprintf(r->err, sizeof(r->err), "restore: %s", ckpt_last_error(c));
 		else if (got != r->steps)
 			snprintf(r->err, sizeof(r->err), "restore gave step %lld", (long long)got);
-		else if (!h_model_check(&m, (uint64_t)(r->steps * 100 + r->id), &bad))
-			snprintf(r->err, sizeof(r->err), "restored tensor %zu differs", bad);
+		else if ((bad = tensors_pass(&m, (uint64_t)(r->steps * 100 + r->id), false)) >= 0)
+			snprintf(r->err, sizeof(r->err), "restored tensor %d differs", bad);
 		free(meta);
 	}
-	ckpt_plan_destroy(p);
 out:
 	for (; waits < r->steps + 1; waits++)
 		pthread_barrier_wait(r->bar);
-	h_model_free(&m);
-	ckpt_disconnect(c);
+	if (p)
+		ckpt_plan_destroy(p);
+	if (c)
+		ckpt_disconnect(c);
 	return NULL;
 }
 
+/* What the rank processes share: their barrier and what each found. */
+struct shared {
+	pthread_barrier_t bar;
+	struct {
+		int shards_at_durable;
+		char err[512];
+	} r[RANKS];
+};
+
+/* A rank process (this program again, with --rank: no gRPC state across fork). */
+static int rank_process(char **argv)
+{
+	struct agent_proc a = {0};
+	struct shared *sh;
+	struct rank r;
+	int id = atoi(argv[4]);
+
+	snprintf(a.endpoint, sizeof(a.endpoint), "%s", argv[1]);
+	snprintf(a.root, sizeof(a.root), "%s", argv[2]);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED, atoi(argv[7]), 0);
+	if (sh == MAP_FAILED || id < 0 || id >= RANKS)
+		return 10;
+	r = (struct rank){.a = &a,
+	                  .job = argv[3],
+	                  .id = id,
+	                  .backpressure = (enum ckpt_backpressure)atoi(argv[5]),
+	                  .steps = atol(argv[6]),
+	                  .bar = &sh->bar};
+	rank_main(&r);
+	sh->r[id].shards_at_durable = r.shards_at_durable;
+	snprintf(sh->r[id].err, sizeof(sh->r[id].err), "%s", r.err);
+	return 0;
+}
+
+/*
+ * Eight rank processes (as trainers are: one client each, and no two
+ * clients' gRPC in one process), meeting at a barrier in shared memory.
+ */
 static void run_ranks(struct rank *rk, const struct agent_proc *a, const char *job,
                       enum ckpt_backpressure bp, long steps)
 {
-	pthread_barrier_t bar;
-	pthread_t th[RANKS];
+	pthread_barrierattr_t ba;
+	struct shared *sh;
+	pid_t pid[RANKS];
+	char id[RANKS][8], bps[8], st[24], fds[16];
+	int fd = memfd_create("test_node", 0); /* inherited across exec */
 
-	pthread_barrier_init(&bar, NULL, RANKS);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, sizeof(*sh)), 0);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ck_assert(sh != MAP_FAILED);
+	memset(sh, 0, sizeof(*sh));
+	pthread_barrierattr_init(&ba);
+	pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+	pthread_barrier_init(&sh->bar, &ba, RANKS);
+	snprintf(bps, sizeof(bps), "%d", (int)bp);
+	snprintf(st, sizeof(st), "%ld", steps);
+	snprintf(fds, sizeof(fds), "%d", fd);
 	for (int i = 0; i < RANKS; i++) {
-		rk[i] = (struct rank){
-		    .a = a, .job = job, .id = i, .backpressure = bp, .steps = steps, .bar = &bar};
-		ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &rk[i]), 0);
+		snprintf(id[i], sizeof(id[i]), "%d", i);
+		snprintf(sh->r[i].err, sizeof(sh->r[i].err), "the rank process ended early");
+		pid[i] = fork();
+		ck_assert_int_ge(pid[i], 0);
+		if (pid[i] == 0) {
+			execl("/proc/self/exe", "test_node", "--rank", a->endpoint, a->root, job,
+			      id[i], bps, st, fds, (char *)NULL);
+			_exit(127);
+		}
 	}
-	for (int i = 0; i < RANKS; i++)
-		pthread_join(th[i], NULL);
-	pthread_barrier_destroy(&bar);
+	for (int i = 0; i < RANKS; i++) {
+		int code = h_reap(pid[i]);
+
+		rk[i] = (struct rank){.id = i, .shards_at_durable = sh->r[i].shards_at_durable};
+		snprintf(rk[i].err, sizeof(rk[i].err), "%s", sh->r[i].err);
+		if (code && !rk[i].err[0])
+			snprintf(rk[i].err, sizeof(rk[i].err), "the rank process exited with %d",
+			         code);
+	}
+	pthread_barrier_destroy(&sh->bar);
+	munmap(sh, sizeof(*sh));
+	close(fd);
 }
 
 #ifdef CKPT_FAULT_INJECTION /* the slow disk: CKPT_FAULTS */
@@ -258,13 +379,17 @@ START_TEST(skip_only_when_it_must)
 END_TEST
 #endif
 
-int main(void)
+int main(int argc, char **argv)
 {
-	Suite *s = suite_create("node");
-	TCase *tc = tcase_create("agent");
+	Suite *s;
+	TCase *tc;
 	SRunner *sr;
 	int failed;
 
+	if (argc == 9 && strcmp(argv[1], "--rank") == 0)
+		return rank_process(argv + 1);
+	s = suite_create("node");
+	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
 #ifdef CKPT_FAULT_INJECTION /* the slow disk: CKPT_FAULTS */
 	tcase_add_test(tc, eight_ranks_block);
