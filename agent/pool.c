@@ -53,7 +53,6 @@
 #define POOL_HUGE (2u << 20)
 
 struct waiter {
-	unsigned n;
 	struct waiter *next;
 };
 
@@ -503,7 +502,7 @@ bool pool_may_admit(struct pool *p, const void *group, unsigned want)
 int pool_reserve(struct pool *p, struct pool_resv *r, unsigned want, const void *group, bool wait,
                  const atomic_bool *abort, struct workq *q)
 {
-	struct waiter me = {.n = want};
+	struct waiter me = {0};
 	bool waiting = false;
 	int rc = 0;
 
