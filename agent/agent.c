@@ -51,6 +51,23 @@ static void fault_note(const char *line)
 	log_msg(LOG_WARNING, "%s", line);
 }
 
+/* An s3:// root (storage.h): the store is the root; the I/O engine stays idle. */
+static int open_s3(struct agent *a, char *err)
+{
+	const struct agent_config *c = &a->cfg;
+	struct s3_opts so = {c->root,           c->s3.endpoint,           c->s3.region,
+	                     c->s3.credentials, c->s3.virtual_host,       c->s3.connections,
+	                     c->s3.max_tries,   c->s3.timeout_s,          0,
+	                     c->node,           pool_chunk_bytes(a->pool)};
+	char what[IPC_ERRLEN];
+	int rc = s3_create(&so, &a->store, err);
+
+	if (rc)
+		return rc;
+	a->store->ops->describe(a->store, what, sizeof(what));
+	log_msg(LOG_NOTICE, "root %s: %s", c->root, what);
+	return 0;
+}
 static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
@@ -62,7 +79,8 @@ static int start_storage(struct agent *a, char *err)
 	/* At start nothing of ours is in flight: this node's own leftovers are dead. */
 	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
 	                              true};
-	struct commit_opts co = {NULL, a->cfg.node, (int64_t)a->cfg.commit_deadline_s * 1000000000};
+	struct commit_opts co = {NULL, a->cfg.node, (int64_t)a->cfg.commit_deadline_s * 1000000000,
+	                         false};
 	const struct iovec *iov;
 	char why[IPC_ERRLEN];
 	unsigned n;
@@ -82,7 +100,7 @@ static int start_storage(struct agent *a, char *err)
 	if (ioeng_register_buffers(a->io, iov, n, why))
 		log_msg(LOG_NOTICE, "staging pool not registered with io_uring: %s", why);
 	lo.io = a->io;
-	rc = local_create(&lo, &a->store, err);
+	rc = storage_is_s3(a->cfg.root) ? open_s3(a, err) : local_create(&lo, &a->store, err);
 	if (rc)
 		return rc;
 	/*
@@ -102,6 +120,7 @@ static int start_storage(struct agent *a, char *err)
 		        a->recovered.own_removed, a->recovered.temp_removed,
 		        a->recovered.latest_fixed, a->recovered.partial_kept);
 	co.store = a->store;
+	co.single_writer = !s3_create_once(a->store);
 	rc = committer_create(&co, &a->cm, err);
 	if (rc)
 		return rc;

@@ -101,6 +101,11 @@ struct agent_config {
 	long admin_gid; /* its gid, or -1 */
 	unsigned umask; /* applied to every file and directory the agent makes */
 	struct agent_limits lim;
+	struct { /* [s3]: an s3:// root */
+		const char *endpoint, *region, *credentials;
+		bool virtual_host;
+		unsigned connections, max_tries, timeout_s;
+	} s3;
 };
 
 struct catalog;

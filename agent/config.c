@@ -75,8 +75,10 @@ static const struct choice policies[] = {
     {NULL, 0},
 };
 
-static const char *const sections[] = {"agent",   "storage", "staging", "jobs",
-                                       "metrics", "cluster", "limits",  NULL};
+static const struct choice addressing[] = {{"path", 0}, {"virtual", 1}, {NULL, 0}};
+
+static const char *const sections[] = {"agent",   "storage", "staging", "jobs", "metrics",
+                                       "cluster", "limits",  "s3",      NULL};
 
 static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LISTEN] = {"agent", "listen", "listen", "unix:PATH",
@@ -94,8 +96,9 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                          "0: as long as they take)",
                          K_NUMBER, 0, 86400 * 7, .def = 0},
     [CS_ROOT] = {"storage", "root", "root", "DIR",
-                 "where checkpoints live (default /var/lib/ckptd)", K_TEXT,
-                 .def_str = "/var/lib/ckptd"},
+                 "where checkpoints live: a directory or s3://BUCKET[/PREFIX] (default "
+                 "/var/lib/ckptd)",
+                 K_TEXT, .def_str = "/var/lib/ckptd"},
     [CS_IO_ENGINE] = {"storage", "io_engine", "io-engine", "E",
                       "auto, io_uring or pwrite (default auto)", K_CHOICE, .choices = engines,
                       "auto, io_uring or pwrite", .def = IOENG_AUTO},
@@ -156,6 +159,27 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LIM_WATCH_KB] = {"limits", "watch_buffer_kb", "watch-buffer-kb", "N",
                          "KiB queued for a Watch stream before it is cut (default 256)", K_NUMBER,
                          4, 1 << 20, .def = 256},
+    [CS_S3_ENDPOINT] = {"s3", "endpoint", "s3-endpoint", "URL",
+                        "the object store: http://HOST:PORT or https://HOST (an s3:// root)",
+                        K_TEXT},
+    [CS_S3_REGION] = {"s3", "region", "s3-region", "R",
+                      "the region requests are signed for (default us-east-1)", K_TEXT,
+                      .def_str = "us-east-1"},
+    [CS_S3_CREDENTIALS] = {"s3", "credentials", "s3-credentials", "FILE",
+                           "access_key = ... and secret_key = ... lines, mode 0600", K_TEXT},
+    [CS_S3_ADDRESSING] = {"s3", "addressing", "s3-addressing", "A",
+                          "path (HOST/BUCKET/KEY) or virtual (BUCKET.HOST/KEY) (default path)",
+                          K_CHOICE, .choices = addressing, "path or virtual", .def = 0},
+    [CS_S3_CONNECTIONS] = {"s3", "connections", "s3-connections", "N",
+                           "requests in flight to the store (default 16)", K_NUMBER, 1, 256,
+                           .def = 16},
+    [CS_S3_MAX_TRIES] = {"s3", "max_tries", "s3-max-tries", "N",
+                         "tries of a request the store answers 5xx/429 or that times out "
+                         "(default 8)",
+                         K_NUMBER, 1, 100, .def = 8},
+    [CS_S3_TIMEOUT] = {"s3", "timeout", "s3-timeout", "S",
+                       "a request moving no byte for S seconds is tried again (default 60)",
+                       K_NUMBER, 1, 3600, .def = 60},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -354,7 +378,7 @@ static void check_header(struct ini_ctx *x, const char *line, size_t n)
 	if (!section_known(name))
 		ini_error(x,
 		          "[%s]: unknown section (known: [agent] [storage] [staging] [jobs] "
-		          "[metrics])",
+		          "[metrics] [cluster] [limits] [s3])",
 		          name);
 }
 
@@ -749,6 +773,43 @@ static int default_node(struct config *c, char *err)
 	return c->str[CS_NODE] ? 0 : ipc_errf(err, -ENOMEM, "out of memory");
 }
 
+/* An s3:// root: where the store is and how to reach it, checked before anything starts. */
+static int s3_settings(struct config *c, char *err)
+{
+	struct agent_config *a = &c->cfg;
+	char bucket[64], prefix[256];
+	int rc;
+
+	a->s3.endpoint = c->str[CS_S3_ENDPOINT];
+	a->s3.region = c->str[CS_S3_REGION];
+	a->s3.credentials = c->str[CS_S3_CREDENTIALS];
+	a->s3.virtual_host = c->num[CS_S3_ADDRESSING] == 1;
+	a->s3.connections = (unsigned)c->num[CS_S3_CONNECTIONS];
+	a->s3.max_tries = (unsigned)c->num[CS_S3_MAX_TRIES];
+	a->s3.timeout_s = (unsigned)c->num[CS_S3_TIMEOUT];
+	if (!storage_is_s3(a->root))
+		return 0;
+	rc = s3_root_parse(a->root, bucket, sizeof(bucket), prefix, sizeof(prefix), err);
+	if (rc)
+		return rc;
+	if (!a->s3.endpoint)
+		return ipc_errf(err, -EINVAL,
+		                "root %s: set [s3] endpoint (or --s3-endpoint), e.g. "
+		                "https://s3.us-east-1.amazonaws.com",
+		                a->root);
+	if (!a->s3.credentials)
+		return ipc_errf(err, -EINVAL,
+		                "root %s: set [s3] credentials = FILE (access_key = ... and "
+		                "secret_key = ... lines, mode 0600)",
+		                a->root);
+	if (a->chunk_mb < 5)
+		return ipc_errf(err, -EINVAL,
+		                "root %s: --chunk-mb %llu: each staging chunk is a part of an "
+		                "upload, and S3 parts are at least 5 MiB",
+		                a->root, (unsigned long long)a->chunk_mb);
+	return 0;
+}
+
 int config_finish(struct config *c, char *err)
 {
 	struct agent_config *a = &c->cfg;
@@ -808,7 +869,7 @@ int config_finish(struct config *c, char *err)
 	a->lim.watchers = (unsigned)n[CS_LIM_WATCHERS];
 	a->lim.watch_bytes = (uint64_t)n[CS_LIM_WATCH_KB] << 10;
 	a->config_path = c->path;
-	return 0;
+	return s3_settings(c, err);
 }
 
 int config_load(struct config *c, const struct config_args *a, const char *default_path, char *err)
@@ -869,7 +930,8 @@ static void print_setting(const struct config *c, int s, FILE *f)
 		snprintf(line, sizeof(line), "; %s = (not set%s)", settings[s].key,
 		         s == CS_METRICS_LISTEN ? ": no metrics endpoint"
 		         : s == CS_ADMIN_GROUP  ? ": only root manages other users' jobs"
-		                                : ": the socket keeps the agent's group");
+		         : s == CS_SOCKET_GROUP ? ": the socket keeps the agent's group"
+		                                : ": only an s3:// root needs it");
 	if (s == CS_NODE && c->from[s] == CONFIG_DEFAULT)
 		snprintf(from, sizeof(from), "default: the host name");
 	if (s == CS_SOCKET_GROUP && set)

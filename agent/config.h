@@ -7,13 +7,16 @@
  *
  *   [agent]    listen, socket_mode (octal), socket_group, log_level, stop_timeout,
  *              admin_group, umask (octal)
- *   [storage]  root, io_engine (auto|io_uring|pwrite), queue_depth
+ *   [storage]  root (a directory, or s3://BUCKET[/PREFIX]), io_engine
+ *              (auto|io_uring|pwrite), queue_depth
  *   [staging]  size_mb
  *   [jobs]     backpressure (block|skip), keep_last, keep_every
  *   [metrics]  listen (HOST:PORT; absent: no metrics endpoint)
  *   [cluster]  node (default: the host name), commit_deadline, abandon_after
  *   [limits]   per user: connections, sessions, plans, tensors, regions,
  *              region_mb, watchers; watch_buffer_kb per Watch stream
+ *   [s3]       endpoint, region, credentials (a file), addressing
+ *              (path|virtual), connections, max_tries, timeout: an s3:// root
  *
  * Unknown sections and keys, bad values, keys set twice, malformed lines and
  * an unreadable file are errors naming the file, the line and the key.
@@ -59,6 +62,13 @@ enum config_setting {
 	CS_LIM_REGION_MB,
 	CS_LIM_WATCHERS,
 	CS_LIM_WATCH_KB,
+	CS_S3_ENDPOINT,
+	CS_S3_REGION,
+	CS_S3_CREDENTIALS,
+	CS_S3_ADDRESSING,
+	CS_S3_CONNECTIONS,
+	CS_S3_MAX_TRIES,
+	CS_S3_TIMEOUT,
 	/* flags only */
 	CS_CHUNK_MB,
 	CS_CAPTURE_THREADS,

@@ -47,10 +47,14 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.listen = (char *)a->cfg.listen;
 	rep.io_engine = (char *)ioeng_name(a->io);
 	/* Direct I/O is learnt on the first shard: say what is known now. */
-	snprintf(io, sizeof(io), "%s; %s", ioeng_detail(a->io),
-	         local_direct(a->store, &why) ? "O_DIRECT"
-	         : why && *why                ? why
-	                                      : "buffered writes (--no-direct)");
+	if (a->store->ops->describe) {
+		rep.io_engine = (char *)a->store->ops->name;
+		a->store->ops->describe(a->store, io, sizeof(io));
+	} else
+		snprintf(io, sizeof(io), "%s; %s", ioeng_detail(a->io),
+		         local_direct(a->store, &why) ? "O_DIRECT"
+		         : why && *why                ? why
+		                                      : "buffered writes (--no-direct)");
 	rep.io_detail = io;
 	rep.pool_bytes = ps.bytes;
 	rep.pool_used_bytes = (uint64_t)ps.in_use * ps.chunk_bytes;
@@ -58,6 +62,15 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.pool_locked = ps.locked;
 	rep.pool_registered = ioeng_registered(a->io);
 	rep.pool_detail = (char *)pool_detail(a->pool);
+	if (a->store->ops->stats) {
+		struct storage_stats ss;
+
+		a->store->ops->stats(a->store, &ss);
+		is.bytes_written = ss.bytes_written;
+		is.bytes_read = ss.bytes_read;
+		is.errors = ss.errors;
+		is.retries = ss.retries;
+	}
 	rep.bytes_written = is.bytes_written;
 	rep.bytes_read = is.bytes_read;
 	rep.io_errors = is.errors;

@@ -146,11 +146,13 @@ static void pipeline_end(struct save *s, bool durable, const char *failure)
 
 static void io_failure(struct save *s, const char *what, int err, char *buf, size_t len)
 {
+	const struct storage_ops *ops = s->a->store->ops;
+	const char *why = s->shard && ops->shard_error ? ops->shard_error(s->shard) : NULL;
 	char path[512];
 
-	s->a->store->ops->shard_path(s->a->store, s->plan->job, s->step, s->file, path,
-	                             sizeof(path));
-	snprintf(buf, len, "%s %s: %s", what, path, strerror(-err));
+	ops->shard_path(s->a->store, s->plan->job, s->step, s->file, path, sizeof(path));
+	/* the backend's words where it has them (an HTTP status and the store's code) */
+	snprintf(buf, len, "%s %s: %s", what, path, why ? why : strerror(-err));
 }
 
 static void finish_done(struct io_req *r)

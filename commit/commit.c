@@ -445,7 +445,8 @@ int commit_create(struct committer *cm, struct part *part, bool first, int64_t t
 	c->first = first;
 	c->t0 = t0;
 	c->deadline = t0 + cm->o.deadline_ns;
-	c->takeover_at = t0 + cm->o.deadline_ns / 2;
+	/* one writer where create-once is not atomic: rank 0's node, and no other */
+	c->takeover_at = cm->o.single_writer ? INT64_MAX : t0 + cm->o.deadline_ns / 2;
 	c->backoff = COMMIT_BACKOFF_FIRST_NS;
 	*out = c;
 	return 0;

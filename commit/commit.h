@@ -42,6 +42,12 @@ struct commit_opts {
 	struct storage *store;
 	const char *node; /* this node's name */
 	int64_t deadline_ns; /* a step's parts must all be in by then (from this node's) */
+	/*
+	 * The storage's create-once is not atomic (an object store that ignores
+	 * If-None-Match): only the node hosting rank 0 writes manifests; the
+	 * others never take over (a `ckptctl commit --finish` still may).
+	 */
+	bool single_writer;
 };
 
 int committer_create(const struct commit_opts *o, struct committer **out, char *err);

@@ -58,6 +58,11 @@ struct storage_recovery {
 	unsigned latest_fixed; /* LATEST files rewritten */
 };
 
+struct storage_stats {
+	uint64_t bytes_written, bytes_read;
+	uint64_t errors, retries;
+};
+
 /* Small objects: plans, parts, manifests, LATEST, pins. */
 enum obj_put_mode {
 	OBJ_CREATE = 0, /* create-once: -EEXIST if the key exists, nothing changed */
@@ -111,6 +116,12 @@ struct storage_ops {
 	/* "<root>/<job>/step-.../<file>", for messages. */
 	void (*shard_path)(struct storage *s, const char *job, int64_t step, const char *file,
 	                   char *buf, size_t len);
+	/*
+	 * Why a request of the shard failed, in words (the HTTP status and the
+	 * store's error code, say), once one has; NULL: only the errno says.
+	 * NULL op: the backend's errors are all in their errno.
+	 */
+	const char *(*shard_error)(struct storage_shard *sh);
 
 	/* Small objects, by exact key: durable when the call returns. */
 	int (*obj_put)(struct storage *s, const char *key, const void *buf, size_t len,
@@ -158,6 +169,10 @@ struct storage_ops {
 	 * NULL: the backend cannot tell (taken as usable).
 	 */
 	int (*root_check)(struct storage *s, bool *reopened, char *err);
+	/* What the backend is and how it is doing, one line for status; NULL: none. */
+	void (*describe)(struct storage *s, char *buf, size_t len);
+	/* Its own transfer counters; NULL: the I/O engine's are the backend's. */
+	void (*stats)(struct storage *s, struct storage_stats *out);
 	void (*destroy)(struct storage *s);
 };
 
@@ -177,6 +192,42 @@ struct local_opts {
 int local_create(const struct local_opts *o, struct storage **out, char *err);
 /* Whether shard files are opened with O_DIRECT, and why not. */
 bool local_direct(const struct storage *s, const char **why);
+
+struct s3_opts {
+	const char *root; /* "s3://BUCKET[/PREFIX]" */
+	const char *endpoint; /* "http://host:port", "https://host" */
+	const char *region; /* NULL: us-east-1 */
+	const char *credentials; /* a file, mode 0600: access_key = ..., secret_key = ... */
+	bool virtual_host; /* BUCKET.host/key instead of host/BUCKET/key */
+	unsigned connections; /* requests in flight (0: 8) */
+	unsigned max_tries; /* of a request the store or the network answers "later" */
+	unsigned timeout_s; /* a request that moves no byte this long is tried again */
+	unsigned backoff_ms; /* the first retry's delay ceiling, doubled per try */
+	const char *node; /* this node: names its shards */
+	uint64_t part_bytes; /* the staging chunk: a part of a shard's upload, >= 5 MiB */
+};
+
+/* Whether root names an object store ("s3://..."). */
+static inline bool storage_is_s3(const char *root)
+{
+	return root && root[0] == 's' && root[1] == '3' && root[2] == ':' && root[3] == '/' &&
+	       root[4] == '/';
+}
+
+/*
+ * The S3 backend (s3.c, DESIGN.md §4.6): checks the bucket is there and
+ * writable with these credentials, and probes whether the store honours
+ * If-None-Match on PUT.
+ */
+int s3_create(const struct s3_opts *o, struct storage **out, char *err);
+/* Splits "s3://BUCKET[/PREFIX]", checking both. */
+int s3_root_parse(const char *root, char *bucket, size_t blen, char *prefix, size_t plen,
+                  char *err);
+/*
+ * Whether create-once objects are atomic (a filesystem; a store that
+ * honours If-None-Match): else only one node may write manifests.
+ */
+bool s3_create_once(const struct storage *s);
 
 /*
  * Lock files that name their holder (pidlock.c): an exclusive flock on the

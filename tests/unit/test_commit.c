@@ -42,7 +42,7 @@ static void teardown(void)
 
 static struct committer *node(const char *name)
 {
-	struct commit_opts o = {st, name, DEADLINE};
+	struct commit_opts o = {st, name, DEADLINE, false};
 	struct committer *cm;
 
 	ck_assert_msg(committer_create(&o, &cm, err) == 0, "%s", err);

@@ -117,7 +117,15 @@ START_TEST(test_every_key)
 	         "regions_per_user = 14\n" /* 32 */
 	         "region_mb_per_user = 15\n" /* 33 */
 	         "watchers_per_user = 16\n" /* 34 */
-	         "watch_buffer_kb = 17\n", /* 35 */
+	         "watch_buffer_kb = 17\n" /* 35 */
+	         "[s3]\n" /* 36 */
+	         "endpoint = https://s3.example.net\n" /* 37 */
+	         "region = eu-west-3\n" /* 38 */
+	         "credentials = /etc/ckptd/s3.key\n" /* 39 */
+	         "addressing = virtual\n" /* 40 */
+	         "connections = 4\n" /* 41 */
+	         "max_tries = 3\n" /* 42 */
+	         "timeout = 9\n", /* 43 */
 	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -149,11 +157,18 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.lim.region_bytes, 15ull << 20);
 	ck_assert_uint_eq(c.cfg.lim.watchers, 16);
 	ck_assert_uint_eq(c.cfg.lim.watch_bytes, 17ull << 10);
+	ck_assert_str_eq(c.cfg.s3.endpoint, "https://s3.example.net");
+	ck_assert_str_eq(c.cfg.s3.region, "eu-west-3");
+	ck_assert_str_eq(c.cfg.s3.credentials, "/etc/ckptd/s3.key");
+	ck_assert(c.cfg.s3.virtual_host);
+	ck_assert_uint_eq(c.cfg.s3.connections, 4);
+	ck_assert_uint_eq(c.cfg.s3.max_tries, 3);
+	ck_assert_uint_eq(c.cfg.s3.timeout_s, 9);
 	/* where each came from: the file, at its line */
 	{
-		static const unsigned lines[CS_CHUNK_MB] = {3,  4,  5,  6,  7,  9,  10, 11, 13,
-		                                            15, 16, 17, 19, 21, 22, 23, 25, 26,
-		                                            28, 29, 30, 31, 32, 33, 34, 35};
+		static const unsigned lines[CS_CHUNK_MB] = {
+		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25,
+		    26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -539,6 +554,60 @@ START_TEST(test_abandon_vs_deadline)
 }
 END_TEST
 
+/* An s3:// root is checked before anything starts: its name, its endpoint, its parts. */
+static struct {
+	const char *argv[12];
+	const char *want;
+} s3_roots[] = {
+    {{"ckptd", "--root", "s3://b", NULL}, "a bucket name has 3 to 63 characters"},
+    {{"ckptd", "--root", "s3://Big_Bucket/p", NULL}, "lower-case letters, digits"},
+    {{"ckptd", "--root", "s3://bkt/a/../b", NULL}, "'..' component in the prefix"},
+    {{"ckptd", "--root", "s3://bkt/a b", NULL}, "(byte 10 is 0x20)"},
+    {{"ckptd", "--root", "s3://bkt/p", NULL}, "set [s3] endpoint"},
+    {{"ckptd", "--root", "s3://bkt/p", "--s3-endpoint", "http://h:1", NULL},
+     "set [s3] credentials = FILE"},
+    {{"ckptd", "--root", "s3://bkt/p", "--s3-endpoint", "http://h:1", "--s3-credentials", "/k",
+      "--chunk-mb", "4", NULL},
+     "S3 parts are at least 5 MiB"},
+};
+
+START_TEST(test_s3_root)
+{
+	char err[IPC_ERRLEN] = "";
+	struct config c;
+
+	ck_assert_int_eq(load_argv(&c, NULL, err, s3_roots[_i].argv), -EINVAL);
+	ck_assert_msg(strstr(err, s3_roots[_i].want), "%s: %s", s3_roots[_i].want, err);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_s3_root_good)
+{
+	const char *argv[] = {"ckptd",
+	                      "--root",
+	                      "s3://my-bkt.1/a/b-c/",
+	                      "--s3-endpoint",
+	                      "http://127.0.0.1:1",
+	                      "--s3-credentials",
+	                      "/etc/ckptd/s3.key",
+	                      NULL};
+	char err[IPC_ERRLEN] = "", bucket[64], prefix[256];
+	struct config c;
+
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "%s", err);
+	ck_assert_uint_eq(c.cfg.s3.connections, 16);
+	ck_assert_uint_eq(c.cfg.s3.max_tries, 8);
+	ck_assert_str_eq(c.cfg.s3.region, "us-east-1");
+	ck_assert(!c.cfg.s3.virtual_host);
+	ck_assert_int_eq(
+	    s3_root_parse(c.cfg.root, bucket, sizeof(bucket), prefix, sizeof(prefix), err), 0);
+	ck_assert_str_eq(bucket, "my-bkt.1");
+	ck_assert_str_eq(prefix, "a/b-c");
+	config_free(&c);
+}
+END_TEST
+
 /* --commit-timeout, the single-node name, is --commit-deadline. */
 START_TEST(test_commit_timeout_alias)
 {
@@ -681,7 +750,14 @@ START_TEST(test_check_config_prints)
 		                                   "regions_per_user",
 		                                   "region_mb_per_user",
 		                                   "watchers_per_user",
-		                                   "watch_buffer_kb"};
+		                                   "watch_buffer_kb",
+		                                   "endpoint",
+		                                   "region",
+		                                   "credentials",
+		                                   "addressing",
+		                                   "connections",
+		                                   "max_tries",
+		                                   "timeout"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);
@@ -780,6 +856,8 @@ static Suite *config_suite(void)
 	tcase_add_test(cli, test_node_too_long);
 	tcase_add_test(cli, test_commit_timeout_alias);
 	tcase_add_test(cli, test_abandon_vs_deadline);
+	tcase_add_loop_test(cli, test_s3_root, 0, sizeof(s3_roots) / sizeof(s3_roots[0]));
+	tcase_add_test(cli, test_s3_root_good);
 	tcase_add_test(cli, test_hostport);
 	tcase_add_test(cli, test_check_config_prints);
 	tcase_add_test(cli, test_command_line_exits);

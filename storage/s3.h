@@ -1,0 +1,83 @@
+/*
+ * storage/s3.h: private to the S3 backend (s3.c, s3_scan.c); nothing
+ * outside storage/ includes it. The backend object and the helpers the two
+ * files share. The public calls (s3_create, s3_root_parse) are in
+ * storage.h; the layout and threads are described at the top of s3.c.
+ */
+#ifndef CKPT_STORAGE_S3_H
+#define CKPT_STORAGE_S3_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "s3http.h"
+#include "storage.h"
+
+#define S3_MAX_PARTS 10000u /* S3's limit on the parts of one upload */
+#define S3_MIN_PART (5ull << 20) /* every part but the last */
+#define S3_MANIFEST "manifest.json"
+#define S3_PIN "pinned"
+#define S3_LIST_MAX 1000000u /* keys one listing agrees to look at */
+
+struct s3 {
+	struct storage base; /* first: a struct storage * is a struct s3 * */
+	struct s3http *http;
+	char bucket[64];
+	char prefix[256]; /* "" or "a/b": keys are "<prefix>/<job>/..." */
+	char node[IPC_MAX_JOB + 1];
+	char endpoint[256];
+	uint64_t part_bytes;
+	unsigned connections;
+	bool create_once; /* the store honours If-None-Match: * on PUT */
+
+	pthread_mutex_t mu; /* writing, nwriting: the shard keys uploads are open for */
+	char (*writing)[S3_KEY_MAX];
+	size_t nwriting, capwriting;
+};
+
+static inline struct s3 *to_s3(struct storage *s)
+{
+	return (struct s3 *)s;
+}
+
+/* "<prefix>/<rel>" (or rel alone), -ENAMETOOLONG with err filled. */
+int s3_key(const struct s3 *s, const char *rel, char *buf, size_t len, char *err);
+/* "<prefix>/<job>/step-<12d>/<leaf>"; leaf "" gives the step's prefix, '/' ended. */
+int s3_step_key(const struct s3 *s, const char *job, int64_t step, const char *leaf, char *buf,
+                size_t len, char *err);
+/* Whether an upload of this key is open in this agent (its writes in flight). */
+bool s3_writing(struct s3 *s, const char *key);
+
+/* ---- s3_scan.c: listings, removal, clean-up --------------------------- */
+
+struct s3_obj {
+	char *key; /* relative to the listed prefix */
+	uint64_t size;
+	int64_t mtime; /* the store's clock, unix seconds */
+};
+
+/*
+ * Every object under `prefix` (a full key prefix), or with delim, those
+ * directly under it and the sub-prefixes (as keys ending in '/').
+ * *date: the store's clock when it answered. Sorted by key.
+ */
+int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, size_t *n,
+            int64_t *date, char *err);
+void s3_objs_free(struct s3_obj *v, size_t n);
+/* Aborts the multipart uploads under prefix that keep(ctx, key, initiated) lets go. */
+int s3_abort_uploads(struct s3 *s, const char *prefix,
+                     bool (*go)(void *ctx, const char *key, int64_t initiated), void *ctx,
+                     unsigned *aborted, char *err);
+/* "2026-11-23T21:40:00.000Z" to unix seconds; -1 if not that. */
+int64_t s3_parse_time(const char *iso);
+
+int s3_obj_list(struct storage *st, const char *dir, char ***names, size_t *n, char *err);
+int s3_list_jobs(struct storage *st, char ***jobs, size_t *n, char *err);
+int s3_list_steps(struct storage *st, const char *job, struct storage_step **steps, size_t *n,
+                  char *err);
+int s3_remove(struct storage *st, const char *job, int64_t step, char *err);
+int s3_cleanup(struct storage *st, const char *job, int64_t latest,
+               const struct storage_cleanup *pol, struct storage_recovery *rec, char *err);
+
+#endif /* CKPT_STORAGE_S3_H */
