@@ -11,6 +11,12 @@
 # CKPT_FUZZ_SECONDS (default 20) each and must not crash, leak or time out.
 # First of all, the format stage: every C file in the house format
 # (scripts/format.sh --check).
+# The S3 tests talk to a real S3 server: for the stages that run ctest, a
+# RADOS Gateway (scripts/rgw.sh) in build-rgw, on RGW_PORT or else the first
+# free of 7480, 7490, ..., stopped at the end; its CKPT_TEST_S3_* variables
+# are in the tests' environment. Where the ceph packages are missing or it
+# does not start, there is none and those tests skip. CKPT_TEST_S3=0 starts
+# none: the tests take the CKPT_TEST_S3_* given, if any.
 #   scripts/test.sh [format|plain|asan|tsan|nocuda|fuzz]...   (default: all six)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +30,27 @@ fi
 jobs=$(nproc)
 builds=("$@")
 ((${#builds[@]})) || builds=(format plain asan tsan nocuda fuzz)
+
+rgw=0
+for b in "${builds[@]}"; do
+	case $b in plain | asan | tsan | nocuda) rgw=1 ;; esac
+done
+if ((rgw)) && [[ ${CKPT_TEST_S3:-1} != 0 ]]; then
+	unset CKPT_TEST_S3_ENDPOINT CKPT_TEST_S3_CREDENTIALS CKPT_TEST_S3_REGION CKPT_TEST_S3_DIR
+	if ! command -v radosgw >/dev/null; then
+		echo "== no S3 server (radosgw is not installed): the S3 tests skip"
+	else
+		echo "== S3 server (build-rgw)"
+		scripts/rgw.sh down build-rgw >/dev/null || true # what a killed run left
+		trap 'scripts/rgw.sh down build-rgw' EXIT
+		if RGW_PORT=${RGW_PORT:-auto} scripts/rgw.sh up build-rgw; then
+			# shellcheck disable=SC1091 # written by rgw.sh up
+			source build-rgw/env
+		else
+			echo "== no S3 server (it did not start, above): the S3 tests skip"
+		fi
+	fi
+fi
 for b in "${builds[@]}"; do
 	cuda=ON tests=. faults=ON
 	case $b in
