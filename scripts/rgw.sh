@@ -75,10 +75,13 @@ alive() {
 
 # Starts daemon NAME in the foreground of a background job (its output to
 # DIR/log/NAME.out) and keeps its PID.
+# In a session of its own: a caller's process group may be killed when it
+# ends (libcheck kills a test's), and a gateway started again by a test
+# outlives it.
 start() {
 	local name=$1
 	shift
-	"$@" -c "$conf" -f </dev/null >>"$dir/log/$name.out" 2>&1 &
+	setsid "$@" -c "$conf" -f </dev/null >>"$dir/log/$name.out" 2>&1 &
 	echo $! >"$dir/pid.$name"
 }
 

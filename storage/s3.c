@@ -97,8 +97,8 @@ static int check_file(const char *file, char *err)
 		      (file[i] >= '0' && file[i] <= '9') || file[i] == '.' || file[i] == '_' ||
 		      file[i] == '-'))
 			return ipc_errf(err, -EINVAL,
-			                "shard name '%.64s': byte %zu (0x%02x) is not allowed", file,
-			                i, (unsigned char)file[i]);
+			                "shard name '%.64s': byte %zu (0x%02x) is not allowed",
+			                file, i, (unsigned char)file[i]);
 	return 0;
 }
 
@@ -199,8 +199,9 @@ static int open_upload(struct s3 *s, struct storage_shard *sh, char *err)
 	}
 	rc = s3xml_text(q->reply ? q->reply : "", q->reply_len, "UploadId", id, sizeof(id) / 3);
 	if (rc || !id[0] || s3_encode(id, sh->upload, sizeof(sh->upload))) {
-		rc = ipc_errf(err, -EPROTO, "starting the upload of %s: the store's reply has no "
-		                            "usable UploadId",
+		rc = ipc_errf(err, -EPROTO,
+		              "starting the upload of %s: the store's reply has no "
+		              "usable UploadId",
 		              sh->key);
 		goto out;
 	}
@@ -443,10 +444,68 @@ static void s3_shard_finish(struct storage_shard *sh, struct io_req *r)
 	s3http_submit(sh->s->http, &sh->fin);
 }
 
+/* The HTTP thread: an abort that failed is remembered, to be tried again. */
 static void aborted(struct s3req *q)
 {
-	/* an abort that failed leaves the upload to the clean-up (its key is ours) */
-	shard_free(q->ctx);
+	struct storage_shard *sh = q->ctx;
+	struct s3 *s = sh->s;
+	struct s3_unaborted *u;
+
+	if (q->res && q->res != -ENOENT && (u = calloc(1, sizeof(*u)))) {
+		snprintf(u->key, sizeof(u->key), "%s", sh->key);
+		snprintf(u->upload, sizeof(u->upload), "%s", sh->upload);
+		pthread_mutex_lock(&s->mu);
+		u->next = s->unaborted;
+		s->unaborted = u;
+		s->nunaborted++;
+		pthread_mutex_unlock(&s->mu);
+	}
+	shard_free(sh);
+}
+
+/*
+ * Aborts that failed before, tried again (the root check, every few
+ * seconds): so that a store that was away keeps no parts of ours.
+ */
+static void abort_again(struct s3 *s)
+{
+	struct s3_unaborted *list, *u, *keep = NULL;
+	struct s3req *q = malloc(sizeof(*q));
+	unsigned left = 0;
+
+	if (!q)
+		return;
+	pthread_mutex_lock(&s->mu);
+	list = s->unaborted;
+	s->unaborted = NULL;
+	s->nunaborted = 0;
+	pthread_mutex_unlock(&s->mu);
+	while ((u = list)) {
+		int rc;
+
+		list = u->next;
+		s3req_init(q, S3_DELETE, u->key);
+		snprintf(q->query, sizeof(q->query), "uploadId=%s", u->upload);
+		rc = s3http_do(s->http, q);
+		s3req_clear(q);
+		if (rc == 0 || rc == -ENOENT) {
+			free(u);
+		} else {
+			u->next = keep;
+			keep = u;
+			left++;
+		}
+	}
+	free(q);
+	if (!keep)
+		return;
+	pthread_mutex_lock(&s->mu);
+	for (u = keep; u->next; u = u->next)
+		;
+	u->next = s->unaborted;
+	s->unaborted = keep;
+	s->nunaborted += left;
+	pthread_mutex_unlock(&s->mu);
 }
 
 static void s3_shard_close(struct storage_shard *sh)
@@ -691,6 +750,7 @@ static int s3_root_check(struct storage *st, bool *reopened, char *err)
 {
 	struct s3 *s = to_s3(st);
 	struct s3req *q = malloc(sizeof(*q));
+	unsigned pending;
 	int rc;
 
 	*reopened = false;
@@ -705,6 +765,11 @@ static int s3_root_check(struct storage *st, bool *reopened, char *err)
 		ipc_errf(err, rc, "bucket %s at %s: %s", s->bucket, s->endpoint, q->err);
 	s3req_clear(q);
 	free(q);
+	pthread_mutex_lock(&s->mu);
+	pending = s->nunaborted;
+	pthread_mutex_unlock(&s->mu);
+	if (!rc && pending)
+		abort_again(s);
 	return rc;
 }
 
@@ -739,6 +804,12 @@ static void s3_destroy(struct storage *st)
 	struct s3 *s = to_s3(st);
 
 	s3http_destroy(s->http);
+	while (s->unaborted) {
+		struct s3_unaborted *u = s->unaborted;
+
+		s->unaborted = u->next;
+		free(u);
+	}
 	free(s->writing);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
@@ -775,8 +846,7 @@ static const struct storage_ops s3_ops = {
 
 /* ---- start-up ------------------------------------------------------------ */
 
-int s3_root_parse(const char *root, char *bucket, size_t blen, char *prefix, size_t plen,
-                  char *err)
+int s3_root_parse(const char *root, char *bucket, size_t blen, char *prefix, size_t plen, char *err)
 {
 	const char *b = root + 5, *slash;
 	size_t n, p = 0;
@@ -803,11 +873,12 @@ int s3_root_parse(const char *root, char *bucket, size_t blen, char *prefix, siz
 		size_t k = e ? (size_t)(e - c) : strlen(c);
 
 		if (k == 0 || (k == 1 && c[0] == '.') || (k == 2 && c[0] == '.' && c[1] == '.'))
-			return ipc_errf(err, -EINVAL, "%s: an empty, '.' or '..' component in the prefix",
-			                root);
+			return ipc_errf(err, -EINVAL,
+			                "%s: an empty, '.' or '..' component in the prefix", root);
 		for (size_t i = 0; i < k; i++)
 			if (!((c[i] >= 'a' && c[i] <= 'z') || (c[i] >= 'A' && c[i] <= 'Z') ||
-			      (c[i] >= '0' && c[i] <= '9') || c[i] == '.' || c[i] == '_' || c[i] == '-'))
+			      (c[i] >= '0' && c[i] <= '9') || c[i] == '.' || c[i] == '_' ||
+			      c[i] == '-'))
 				return ipc_errf(err, -EINVAL,
 				                "%s: the prefix is made of [A-Za-z0-9._-] and '/' "
 				                "(byte %zu is 0x%02x)",
@@ -854,8 +925,9 @@ static int read_credentials(const char *path, char *access, char *secret, size_t
 	}
 	if (st.st_uid != geteuid() && st.st_uid != 0) {
 		close(fd);
-		return ipc_errf(err, -EPERM, "credentials %s: owned by uid %u, not by this user (%u)",
-		                path, (unsigned)st.st_uid, (unsigned)geteuid());
+		return ipc_errf(err, -EPERM,
+		                "credentials %s: owned by uid %u, not by this user (%u)", path,
+		                (unsigned)st.st_uid, (unsigned)geteuid());
 	}
 	n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
@@ -875,21 +947,20 @@ static int read_credentials(const char *path, char *access, char *secret, size_t
 			continue;
 		eq = strchr(k, '=');
 		if (!eq)
-			return ipc_errf(err, -EINVAL, "credentials %s:%u: expected key = value", path,
-			                lineno);
+			return ipc_errf(err, -EINVAL, "credentials %s:%u: expected key = value",
+			                path, lineno);
 		for (end = eq; end > k && (end[-1] == ' ' || end[-1] == '\t'); end--)
 			;
 		*end = '\0';
 		for (v = eq + 1; *v == ' ' || *v == '\t'; v++)
 			;
-		for (end = v + strlen(v); end > v && (end[-1] == ' ' || end[-1] == '\t' ||
-		                                      end[-1] == '\r');
-		     end--)
+		for (end = v + strlen(v);
+		     end > v && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'); end--)
 			;
 		*end = '\0';
 		if (strlen(v) >= len)
-			return ipc_errf(err, -EINVAL, "credentials %s:%u: the value is too long", path,
-			                lineno);
+			return ipc_errf(err, -EINVAL, "credentials %s:%u: the value is too long",
+			                path, lineno);
 		if (!strcmp(k, "access_key") || !strcmp(k, "aws_access_key_id"))
 			snprintf(access, len, "%s", v);
 		else if (!strcmp(k, "secret_key") || !strcmp(k, "aws_secret_access_key"))
@@ -902,7 +973,8 @@ static int read_credentials(const char *path, char *access, char *secret, size_t
 	}
 	explicit_bzero(buf, sizeof(buf));
 	if (!access[0] || !secret[0])
-		return ipc_errf(err, -EINVAL, "credentials %s: needs access_key and secret_key", path);
+		return ipc_errf(err, -EINVAL, "credentials %s: needs access_key and secret_key",
+		                path);
 	return 0;
 }
 
@@ -948,8 +1020,9 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 		                "https://host)",
 		                o->root);
 	if (strncmp(o->endpoint, "http://", 7) && strncmp(o->endpoint, "https://", 8))
-		return ipc_errf(err, -EINVAL, "[s3] endpoint %s: expected http://HOST[:PORT] or "
-		                              "https://HOST[:PORT]",
+		return ipc_errf(err, -EINVAL,
+		                "[s3] endpoint %s: expected http://HOST[:PORT] or "
+		                "https://HOST[:PORT]",
 		                o->endpoint);
 	if (!o->credentials || !*o->credentials)
 		return ipc_errf(err, -EINVAL,
@@ -970,17 +1043,17 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 	s->connections = o->connections ? o->connections : 8;
 	snprintf(s->node, sizeof(s->node), "%s", o->node);
 	snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
-	rc = s3_root_parse(o->root, s->bucket, sizeof(s->bucket), s->prefix, sizeof(s->prefix),
-	                   err);
+	rc =
+	    s3_root_parse(o->root, s->bucket, sizeof(s->bucket), s->prefix, sizeof(s->prefix), err);
 	if (rc)
 		goto fail;
 	rc = read_credentials(o->credentials, access, secret, sizeof(access), err);
 	if (rc)
 		goto fail;
-	ho = (struct s3http_opts){o->endpoint, s->bucket,     o->virtual_host,
-	                          o->region ? o->region : "us-east-1",
-	                          access,      secret,        s->connections,
-	                          o->max_tries, o->timeout_s, o->backoff_ms};
+	ho = (struct s3http_opts){
+	    o->endpoint,  s->bucket,    o->virtual_host, o->region ? o->region : "us-east-1",
+	    access,       secret,       s->connections,  o->max_tries,
+	    o->timeout_s, o->backoff_ms};
 	rc = s3http_create(&ho, &s->http, err);
 	explicit_bzero(access, sizeof(access));
 	explicit_bzero(secret, sizeof(secret));

@@ -31,9 +31,18 @@ struct s3 {
 	unsigned connections;
 	bool create_once; /* the store honours If-None-Match: * on PUT */
 
-	pthread_mutex_t mu; /* writing, nwriting: the shard keys uploads are open for */
+	pthread_mutex_t mu; /* writing: the shard keys uploads are open for; unaborted */
 	char (*writing)[S3_KEY_MAX];
 	size_t nwriting, capwriting;
+	struct s3_unaborted *unaborted; /* uploads whose abort failed: tried again later */
+	unsigned nunaborted;
+};
+
+/* An upload whose abort failed (the store was away): the root check tries again. */
+struct s3_unaborted {
+	struct s3_unaborted *next;
+	char key[S3_KEY_MAX];
+	char upload[S3_QUERY_MAX / 2]; /* encoded */
 };
 
 static inline struct s3 *to_s3(struct storage *s)

@@ -1,0 +1,429 @@
+/*
+ * Object storage: real agents with an s3:// root on a real Ceph RADOS
+ * Gateway that the test command starts (scripts/rgw.sh; its env file names
+ * the endpoint, the credentials and the helper's directory). Skipped (77)
+ * where no gateway runs (CKPT_TEST_S3_ENDPOINT unset). Trainer ranks are
+ * test_cluster's rank processes (`test_cluster --rank ...`).
+ *
+ *   - shards below, at and above the part size (5 MiB chunks), not multiples
+ *     of 4096: saved, committed, restored byte-exact, verified; each shard
+ *     object downloaded with curl loads in the safetensors library; no
+ *     multipart upload left behind
+ *   - world 8 over 4 agents on one bucket: every step commits on the store,
+ *     the manifest lists 8 ranks and 4 parts, every rank restores LATEST
+ *   - the store stopped in the middle of an upload: the save FAILS naming
+ *     the HTTP failure, the agent keeps serving, the checkpoint before is
+ *     intact, its upload is aborted once the store is back, and the next
+ *     save commits
+ *   - bad credentials, a missing bucket, an unreachable endpoint, a
+ *     credentials file others can read: the agent does not start, and says
+ *     why
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+static const char *endpoint, *creds, *region, *rgwdir;
+static unsigned bucket_seq;
+
+/* ---- the gateway, through scripts/rgw.sh ------------------------------- */
+
+/* Runs `scripts/rgw.sh CMD DIR ARGS`; its stdout into out (if given); its exit code. */
+static int rgw(char *out, size_t len, const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int rgw(char *out, size_t len, const char *cmd, const char *fmt, ...)
+{
+	char args[1024], line[2048];
+	size_t n = 0;
+	va_list ap;
+	FILE *p;
+	int status;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	snprintf(line, sizeof(line), "%s/scripts/rgw.sh %s '%s' %s", CKPT_SOURCE_DIR, cmd, rgwdir,
+	         args);
+	p = popen(line, "r");
+	ck_assert_msg(p, "popen %s", line);
+	if (out && len) {
+		n = fread(out, 1, len - 1, p);
+		out[n] = '\0';
+	}
+	while (fgetc(p) != EOF)
+		;
+	status = pclose(p);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A fresh bucket for one test: "ckt-<pid>-<n>". */
+static void new_bucket(char *name, size_t len)
+{
+	snprintf(name, len, "ckt-%d-%u", (int)getpid(), bucket_seq++);
+	ck_assert_msg(rgw(NULL, 0, "mkbucket", "%s", name) == 0, "cannot make bucket %s", name);
+}
+
+/* The multipart uploads open in a bucket ("<Upload>" elements of ListMultipartUploads). */
+static int open_uploads(const char *bucket)
+{
+	char out[65536];
+	int n = 0;
+
+	ck_assert_int_eq(rgw(out, sizeof(out), "curl", "-s '%s/%s?uploads='", endpoint, bucket), 0);
+	ck_assert_msg(strstr(out, "ListMultipartUploadsResult"), "not a listing: %s", out);
+	for (const char *p = out; (p = strstr(p, "<Upload>")); p++)
+		n++;
+	return n;
+}
+
+/* Downloads bucket/key into path with curl: its HTTP status. */
+static int download(const char *bucket, const char *key, const char *path)
+{
+	char out[64];
+
+	rgw(out, sizeof(out), "curl", "-s -o '%s' -w '%%{http_code}' '%s/%s/%s'", path, endpoint,
+	    bucket, key);
+	return atoi(out);
+}
+
+static void s3_args(char *buf, size_t len, const char *extra)
+{
+	snprintf(buf, len,
+	         "--s3-endpoint %s --s3-credentials %s --s3-region %s --chunk-mb 5 --staging-mb 64 "
+	         "--s3-max-tries 3 %s",
+	         endpoint, creds, region, extra ? extra : "");
+}
+
+/* ---- trainer ranks: test_cluster's ----------------------------------------- */
+
+static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, int world,
+                        long first, long last, long mb, const char *mode, int *out_fd)
+{
+	char r[8], w[8], f[24], l[24], m[24];
+	int fds[2];
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	snprintf(r, sizeof(r), "%d", rank);
+	snprintf(w, sizeof(w), "%d", world);
+	snprintf(f, sizeof(f), "%ld", first);
+	snprintf(l, sizeof(l), "%ld", last);
+	snprintf(m, sizeof(m), "%ld", mb);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(fds[1], STDOUT_FILENO);
+		close(fds[0]);
+		execl(CKPT_CLUSTER_BIN, "test_cluster", "--rank", a->endpoint, job, "0", r, w, f, l, m,
+		      mode, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	if (out_fd)
+		*out_fd = fds[0];
+	else
+		close(fds[0]);
+	return pid;
+}
+
+static void read_all(int fd, char *buf, size_t len)
+{
+	size_t n = 0;
+	ssize_t r;
+
+	while (n + 1 < len && (r = read(fd, buf + n, len - 1 - n)) > 0)
+		n += (size_t)r;
+	buf[n] = '\0';
+	close(fd);
+}
+
+/* Ranks spread over agents a[0..n): saves first..last, each COMMITTED. */
+static void save_all(struct agent_proc *a, int n, const char *job, int world, long first,
+                     long last, long mb)
+{
+	pid_t pid[16];
+
+	for (int r = 0; r < world; r++)
+		pid[r] = spawn_rank(&a[r * n / world], job, r, world, first, last, mb, "commit", NULL);
+	for (int r = 0; r < world; r++)
+		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s (steps %ld..%ld) did not commit", r,
+		              job, first, last);
+}
+
+/* Every rank restores LATEST, byte-exact with its meta: the step. */
+static long restore_all(struct agent_proc *a, int n, const char *job, int world, long mb)
+{
+	pid_t pid[16];
+	int fd[16];
+	char out[64];
+	long step = -2;
+
+	for (int r = 0; r < world; r++)
+		pid[r] = spawn_rank(&a[r * n / world], job, r, world, 0, 0, mb, "restore", &fd[r]);
+	for (int r = 0; r < world; r++) {
+		read_all(fd[r], out, sizeof(out));
+		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s could not restore LATEST", r, job);
+		ck_assert_msg(step == -2 || step == atol(out), "ranks restored different steps");
+		step = atol(out);
+	}
+	return step;
+}
+
+static void start_on(struct agent_proc *a, const char *bucket, const char *node,
+                     const char *extra)
+{
+	char root[128], args[1024];
+
+	snprintf(root, sizeof(root), "s3://%s/ckpt", bucket);
+	s3_args(args, sizeof(args), extra);
+	h_agent_start_node(a, root, node, args);
+}
+
+static json_t *manifest_of(const struct agent_proc *a, const char *bucket, const char *job,
+                           long step)
+{
+	char key[256], path[400];
+	json_error_t je;
+	json_t *m;
+
+	snprintf(key, sizeof(key), "ckpt/%s/step-%012ld/manifest.json", job, step);
+	snprintf(path, sizeof(path), "%s/manifest.%ld.json", a->dir, step);
+	ck_assert_int_eq(download(bucket, key, path), 200);
+	m = json_load_file(path, 0, &je);
+	ck_assert_msg(m, "%s: %s", path, je.text);
+	return m;
+}
+
+/* ---- the tests ----------------------------------------------------------- */
+
+/*
+ * MiB of the rank's second tensor: with the 64 KiB first one and the
+ * header, 1 is one part (a single PUT), 4 is just under a part, 12 is three
+ * parts; no size is a multiple of 4096 (the header's length is not).
+ */
+static const long sizes[] = {1, 4, 12};
+
+START_TEST(roundtrip_part_sizes)
+{
+	struct agent_proc a = {0};
+	char bucket[64], job[32], key[256], file[400], cmd[1200], out[4096];
+	long mb = sizes[_i];
+	json_t *m;
+
+	new_bucket(bucket, sizeof(bucket));
+	start_on(&a, bucket, "n0", NULL);
+	snprintf(job, sizeof(job), "rt%ld", mb);
+	save_all(&a, 1, job, 2, 1, 2, mb);
+	ck_assert_int_eq(restore_all(&a, 1, job, 2, mb), 2);
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "verify %s 2", job) == 0, "verify: %s", out);
+	ck_assert_msg(strstr(out, "OK"), "%s", out);
+
+	/* each shard object, fetched with curl, is a safetensors file of what was saved */
+	m = manifest_of(&a, bucket, job, 2);
+	for (int r = 0; r < 2; r++) {
+		json_t *rank = json_array_get(json_object_get(m, "ranks"), (size_t)r);
+		const char *name = json_string_value(json_object_get(rank, "file"));
+		json_int_t size = json_integer_value(json_object_get(rank, "size"));
+
+		ck_assert_msg(name && size > 0, "manifest rank %d: no file or size", r);
+		ck_assert_msg(size % 4096 != 0, "rank %d's shard is a multiple of 4096", r);
+		snprintf(key, sizeof(key), "ckpt/%s/step-%012d/%s", job, 2, name);
+		snprintf(file, sizeof(file), "%s/rank%d.safetensors", a.dir, r);
+		ck_assert_int_eq(download(bucket, key, file), 200);
+		snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' 2 %d %ld", CKPT_PYTHON, CKPT_S3_LOAD, file,
+		         r, mb);
+		ck_assert_msg(system(cmd) == 0, "%s: does not load as what was saved", cmd);
+	}
+	json_decref(m);
+	ck_assert_int_eq(open_uploads(bucket), 0);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+START_TEST(world8_over_four_agents)
+{
+	struct agent_proc a[4] = {{0}};
+	char bucket[64], node[8];
+	json_t *m;
+
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < 4; i++) {
+		snprintf(node, sizeof(node), "n%d", i);
+		start_on(&a[i], bucket, node, NULL);
+	}
+	save_all(a, 4, "wide", 8, 1, 2, 6);
+	ck_assert_int_eq(restore_all(a, 4, "wide", 8, 6), 2);
+	m = manifest_of(&a[0], bucket, "wide", 2);
+	ck_assert_int_eq(json_array_size(json_object_get(m, "ranks")), 8);
+	ck_assert_int_eq(json_array_size(json_object_get(m, "parts")), 4);
+	json_decref(m);
+	ck_assert_int_eq(open_uploads(bucket), 0);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_int_eq(h_agent_stop(&a[i]), 0);
+		h_agent_cleanup(&a[i]);
+	}
+}
+END_TEST
+
+/* The agent's bytes sent to the store so far (ckptctl status --json). */
+static long long bytes_sent(const struct agent_proc *a)
+{
+	char out[16384];
+	const char *p;
+
+	if (h_ctl(a, out, sizeof(out), "status --json") != 0)
+		return -1;
+	p = strstr(out, "\"bytes_written\"");
+	return p ? atoll(strchr(p, ':') + 1) : -1;
+}
+
+START_TEST(store_stops_mid_upload)
+{
+	struct agent_proc a = {0};
+	char bucket[64], reason[1024], out[4096];
+	long long base;
+	int fd, tries = 0;
+	pid_t pid;
+
+	new_bucket(bucket, sizeof(bucket));
+	start_on(&a, bucket, "n0", "--s3-timeout 5");
+	save_all(&a, 1, "cut", 1, 1, 1, 1);
+	base = bytes_sent(&a);
+	ck_assert_int_gt(base, 0);
+
+	/* 200 MiB through a 64 MiB pool: the upload goes on well after the save starts */
+	pid = spawn_rank(&a, "cut", 0, 1, 2, 2, 200, "expect-fail", &fd);
+	while (bytes_sent(&a) < base + (16 << 20) && tries++ < 2000)
+		usleep(5000);
+	ck_assert_msg(bytes_sent(&a) >= base + (16 << 20), "the upload never started");
+	ck_assert_int_eq(rgw(NULL, 0, "stop-gw", "%s", ""), 0);
+	read_all(fd, reason, sizeof(reason));
+	ck_assert_int_eq(h_reap(pid), 0);
+	ck_assert_msg(strstr(reason, "s3://") && (strstr(reason, "curl") || strstr(reason, "HTTP")),
+	              "the reason does not name the failure: %s", reason);
+	fprintf(stderr, "store stopped mid-upload: FAILED: %s", reason);
+	/* the agent still serves while the store is away */
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0, "%s", out);
+	ck_assert_int_eq(rgw(NULL, 0, "start-gw", "%s", ""), 0);
+
+	/* what was committed before is whole; the failed upload is aborted once the store is back */
+	ck_assert_int_eq(restore_all(&a, 1, "cut", 1, 1), 1);
+	for (tries = 0; open_uploads(bucket) > 0 && tries < 100; tries++)
+		usleep(200000);
+	ck_assert_msg(open_uploads(bucket) == 0, "a multipart upload is left behind");
+	save_all(&a, 1, "cut", 1, 3, 3, 1);
+	ck_assert_int_eq(restore_all(&a, 1, "cut", 1, 1), 3);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* ckptd with these flags must refuse to start, saying `want`. */
+static void refuses(const char *root, const char *flags, const char *want)
+{
+	char dir[] = "/tmp/ckt3.XXXXXX", cmd[2048], log[600], buf[8192] = "";
+	int status;
+	FILE *f;
+	size_t n;
+
+	ck_assert(mkdtemp(dir));
+	snprintf(log, sizeof(log), "%s/log", dir);
+	snprintf(cmd, sizeof(cmd),
+	         "timeout 120 %s --config /dev/null --root %s --listen unix:%s/s.sock --node n0 "
+	         "--staging-mb 16 --chunk-mb 5 --s3-max-tries 2 %s >%s 2>&1",
+	         CKPTD_BIN, root, dir, flags, log);
+	status = system(cmd);
+	f = fopen(log, "r");
+	ck_assert(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124,
+	              "ckptd %s did not refuse to start (status %d): %s", flags, status, buf);
+	ck_assert_msg(strstr(buf, want), "no '%s' in: %s", want, buf);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(start_errors)
+{
+	char bucket[64], root[128], flags[1024], bad[300];
+	int fd;
+
+	new_bucket(bucket, sizeof(bucket));
+	snprintf(root, sizeof(root), "s3://%s/p", bucket);
+	/* a wrong secret */
+	snprintf(bad, sizeof(bad), "%s/badcreds.%d",
+	         getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp", (int)getpid());
+	fd = open(bad, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert(dprintf(fd, "access_key = %s\nsecret_key = not-the-secret\n", "nobody") > 0);
+	close(fd);
+	snprintf(flags, sizeof(flags), "--s3-endpoint %s --s3-credentials %s", endpoint, bad);
+	refuses(root, flags, "HTTP 403");
+	/* readable by others */
+	ck_assert_int_eq(chmod(bad, 0644), 0);
+	refuses(root, flags, "chmod 600");
+	unlink(bad);
+	/* a bucket that is not there */
+	snprintf(flags, sizeof(flags), "--s3-endpoint %s --s3-credentials %s --s3-region %s",
+	         endpoint, creds, region);
+	refuses("s3://no-such-bucket-ckpt/p", flags, "no such bucket");
+	/* nobody listening */
+	snprintf(flags, sizeof(flags), "--s3-endpoint http://127.0.0.1:1 --s3-credentials %s",
+	         creds);
+	refuses(root, flags, "Couldn't connect");
+}
+END_TEST
+
+/* ---- main ------------------------------------------------------------------ */
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("s3");
+	TCase *t = tcase_create("rgw");
+
+	tcase_set_timeout(t, 300);
+	tcase_add_loop_test(t, roundtrip_part_sizes, 0, sizeof(sizes) / sizeof(sizes[0]));
+	tcase_add_test(t, world8_over_four_agents);
+	tcase_add_test(t, store_stops_mid_upload);
+	tcase_add_test(t, start_errors);
+	suite_add_tcase(s, t);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	endpoint = getenv("CKPT_TEST_S3_ENDPOINT");
+	creds = getenv("CKPT_TEST_S3_CREDENTIALS");
+	region = getenv("CKPT_TEST_S3_REGION");
+	rgwdir = getenv("CKPT_TEST_S3_DIR");
+	if (!endpoint || !creds || !region || !rgwdir) {
+		fprintf(stderr, "no S3 gateway (CKPT_TEST_S3_* unset: scripts/rgw.sh up starts one)\n");
+		return 77;
+	}
+	sr = srunner_create(suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
