@@ -119,8 +119,9 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 	do {
 		s3req_init(q, S3_GET, "");
 		if (s3_encode(token, etoken, sizeof(etoken))) {
-			rc = ipc_errf(err, -EPROTO, "listing %s: the store's continuation token is "
-			                            "too long",
+			rc = ipc_errf(err, -EPROTO,
+			              "listing %s: the store's continuation token is "
+			              "too long",
 			              prefix);
 			break;
 		}
@@ -137,13 +138,14 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 			*date = q->date;
 		l.rc = 0;
 		if (s3xml_each(q->reply, q->reply_len, "Contents", on_contents, &l) ||
-		    (delim && s3xml_each(q->reply, q->reply_len, "CommonPrefixes", on_prefix, &l)) ||
+		    (delim &&
+		     s3xml_each(q->reply, q->reply_len, "CommonPrefixes", on_prefix, &l)) ||
 		    l.rc) {
-			rc = ipc_errf(err, l.rc ? l.rc : -EPROTO,
-			              "listing %s: %s", prefix,
+			rc = ipc_errf(err, l.rc ? l.rc : -EPROTO, "listing %s: %s", prefix,
 			              l.rc == -E2BIG ? "more keys than a listing looks at"
-			              : l.rc == -ENOMEM ? "out of memory"
-			                                : "the store's reply is not a listing of it");
+			              : l.rc == -ENOMEM
+			                  ? "out of memory"
+			                  : "the store's reply is not a listing of it");
 			break;
 		}
 		more[0] = '\0';
@@ -190,7 +192,8 @@ static int on_upload(void *ctx, const char *in, size_t n)
 	struct s3req *q;
 	int rc;
 
-	if (s3xml_text(in, n, "Key", key, sizeof(key)) || s3xml_text(in, n, "UploadId", id, sizeof(id)) ||
+	if (s3xml_text(in, n, "Key", key, sizeof(key)) ||
+	    s3xml_text(in, n, "UploadId", id, sizeof(id)) ||
 	    strncmp(key, u->prefix, strlen(u->prefix)) != 0 || s3_encode(id, eid, sizeof(eid)))
 		return 0; /* not one of ours to touch */
 	s3xml_text(in, n, "Initiated", when, sizeof(when));
@@ -217,7 +220,7 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 {
 	struct uploads u = {s, prefix, go, ctx, 0, 0, ""};
 	char enc[S3_KEY_MAX * 3], kmark[S3_KEY_MAX] = "", umark[512] = "", ek[S3_KEY_MAX * 3],
-	                                                   eu[1536], more[8];
+	                          eu[1536], more[8];
 	struct s3req *q = malloc(sizeof(*q));
 	int rc = 0;
 
@@ -231,17 +234,18 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 			rc = ipc_errf(err, -EPROTO, "uploads under %s: markers too long", prefix);
 			break;
 		}
-		snprintf(q->query, sizeof(q->query), "%s%s%sprefix=%s%s%s%suploads=",
-		         *kmark ? "key-marker=" : "", ek, *kmark ? "&" : "", enc,
-		         *umark ? "&upload-id-marker=" : "", eu, "&");
+		snprintf(q->query, sizeof(q->query),
+		         "%s%s%sprefix=%s%s%s%suploads=", *kmark ? "key-marker=" : "", ek,
+		         *kmark ? "&" : "", enc, *umark ? "&upload-id-marker=" : "", eu, "&");
 		rc = s3http_do(s->http, q);
 		if (rc) {
 			ipc_errf(err, rc, "listing the uploads under %s: %s", prefix, q->err);
 			break;
 		}
 		if (s3xml_each(q->reply, q->reply_len, "Upload", on_upload, &u) < 0) {
-			rc = ipc_errf(err, -EPROTO, "uploads under %s: the store's reply is not a "
-			                            "listing of them",
+			rc = ipc_errf(err, -EPROTO,
+			              "uploads under %s: the store's reply is not a "
+			              "listing of them",
 			              prefix);
 			break;
 		}
@@ -250,7 +254,8 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 		if (strcmp(more, "true") != 0)
 			break;
 		if (s3xml_text(q->reply, q->reply_len, "NextKeyMarker", kmark, sizeof(kmark)) ||
-		    s3xml_text(q->reply, q->reply_len, "NextUploadIdMarker", umark, sizeof(umark))) {
+		    s3xml_text(q->reply, q->reply_len, "NextUploadIdMarker", umark,
+		               sizeof(umark))) {
 			rc = ipc_errf(err, -EPROTO, "uploads under %s: truncated without markers",
 			              prefix);
 			break;

@@ -165,7 +165,8 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 		rc |= add_header(r, line);
 	}
 	if (r->ranged) {
-		snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
+		snprintf(line, sizeof(line), "Range: bytes=%llu-%llu",
+		         (unsigned long long)r->range_off,
 		         (unsigned long long)(r->range_off + r->range_len - 1));
 		rc |= add_header(r, line);
 	}
@@ -409,12 +410,12 @@ static int outcome(struct s3http *h, struct s3req *r, CURLcode cc)
 
 	s3http_name(h, r->key, name, sizeof(name));
 	if (cc == CURLE_WRITE_ERROR && r->too_big)
-		return ipc_errf(r->err, -EFBIG, "%s %s: the reply is larger than %llu bytes",
-		                method_name(r->method), name,
-		                (unsigned long long)(r->into && !r->error_body
-		                                         ? r->into_cap
-		                                         : (r->reply_max ? r->reply_max
-		                                                         : S3_REPLY_MAX)));
+		return ipc_errf(
+		    r->err, -EFBIG, "%s %s: the reply is larger than %llu bytes",
+		    method_name(r->method), name,
+		    (unsigned long long)(r->into && !r->error_body
+		                             ? r->into_cap
+		                             : (r->reply_max ? r->reply_max : S3_REPLY_MAX)));
 	if (cc != CURLE_OK) {
 		again = retryable_curl(cc);
 		if (again && r->tries < h->max_tries)
@@ -507,8 +508,8 @@ static void start(struct s3http *h, struct s3req *r)
 		h->idle[h->nidle++] = e;
 		r->easy = NULL;
 		r->res = ipc_errf(r->err, rc, "%s %s: cannot set up the request (%s)",
-		                  method_name(r->method), s3http_name(h, r->key, name, sizeof(name)),
-		                  strerror(-rc));
+		                  method_name(r->method),
+		                  s3http_name(h, r->key, name, sizeof(name)), strerror(-rc));
 		complete(h, r);
 		return;
 	}

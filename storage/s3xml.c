@@ -15,8 +15,8 @@
 #include "s3http.h"
 
 /* Whether xml[i] opens element `name` ("<name>", "<name ...>"); *body: after its '>'. */
-static bool opens(const char *xml, size_t len, size_t i, const char *name, size_t nl,
-                  size_t *body, bool *empty)
+static bool opens(const char *xml, size_t len, size_t i, const char *name, size_t nl, size_t *body,
+                  bool *empty)
 {
 	const char *gt;
 
