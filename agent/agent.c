@@ -51,23 +51,57 @@ static void fault_note(const char *line)
 	log_msg(LOG_WARNING, "%s", line);
 }
 
-/* An s3:// root (storage.h): the store is the root; the I/O engine stays idle. */
-static int open_s3(struct agent *a, char *err)
+/* The S3 backend of an s3:// root or of the upload tier, as configured. */
+static int s3_open(struct agent *a, const char *root, struct storage **out, char *err)
 {
 	const struct agent_config *c = &a->cfg;
-	struct s3_opts so = {c->root,           c->s3.endpoint,           c->s3.region,
-	                     c->s3.credentials, c->s3.virtual_host,       c->s3.connections,
-	                     c->s3.max_tries,   c->s3.timeout_s,          0,
-	                     c->node,           pool_chunk_bytes(a->pool)};
+	struct s3_opts so = {root,
+	                     c->s3.endpoint,
+	                     c->s3.region,
+	                     c->s3.credentials,
+	                     c->s3.virtual_host,
+	                     c->s3.connections,
+	                     c->s3.max_tries,
+	                     c->s3.timeout_s,
+	                     0,
+	                     c->node,
+	                     pool_chunk_bytes(a->pool)};
 	char what[IPC_ERRLEN];
-	int rc = s3_create(&so, &a->store, err);
+	int rc = s3_create(&so, out, err);
 
 	if (rc)
 		return rc;
-	a->store->ops->describe(a->store, what, sizeof(what));
-	log_msg(LOG_NOTICE, "root %s: %s", c->root, what);
+	(*out)->ops->describe(*out, what, sizeof(what));
+	log_msg(LOG_NOTICE, "%s %s: %s", root == c->root ? "root" : "upload tier", root, what);
 	return 0;
 }
+
+/*
+ * The upload tier: its clean-up (this node's uploads that died with the
+ * last agent), its thread, and what it has yet to receive, queued.
+ */
+static int open_upload(struct agent *a, char *err)
+{
+	struct storage_cleanup pol = {(int64_t)a->cfg.abandon_after_s, ipc_now_ns() / 1000000000,
+	                              true};
+	struct storage_recovery rec = {0};
+	struct storage *tier;
+	char why[IPC_ERRLEN];
+	int rc = s3_open(a, a->cfg.upload.root, &tier, err);
+
+	if (rc)
+		return rc;
+	if (store_cleanup(tier, NULL, &pol, &rec, why))
+		log_msg(LOG_WARNING, "upload tier %s: clean-up: %s", a->cfg.upload.root, why);
+	rc = upload_create(a, tier, &a->up, err);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&a->mu);
+	upload_resume(a->up);
+	pthread_mutex_unlock(&a->mu);
+	return 0;
+}
+
 static int start_storage(struct agent *a, char *err)
 {
 	struct ioeng_opts io = {a->cfg.io_engine, a->cfg.queue_depth, &fsops_posix};
@@ -100,7 +134,8 @@ static int start_storage(struct agent *a, char *err)
 	if (ioeng_register_buffers(a->io, iov, n, why))
 		log_msg(LOG_NOTICE, "staging pool not registered with io_uring: %s", why);
 	lo.io = a->io;
-	rc = storage_is_s3(a->cfg.root) ? open_s3(a, err) : local_create(&lo, &a->store, err);
+	rc = storage_is_s3(a->cfg.root) ? s3_open(a, a->cfg.root, &a->store, err)
+	                                : local_create(&lo, &a->store, err);
 	if (rc)
 		return rc;
 	/*
@@ -128,7 +163,11 @@ static int start_storage(struct agent *a, char *err)
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
 	rc = catalog_load(a->cat, a->store, err);
-	return rc ? rc : owners_load_all(a, err);
+	if (!rc)
+		rc = owners_load_all(a, err);
+	if (!rc && a->cfg.upload.root)
+		rc = open_upload(a, err);
+	return rc;
 }
 
 /*
@@ -520,12 +559,20 @@ static void free_objects(struct agent *a)
 
 void agent_destroy(struct agent *a)
 {
+	struct uploader *up;
+
 	if (!a)
 		return;
 	metrics_destroy(a->metrics); /* first: a scrape reads the pool and the engine */
 	server_destroy(a->srv);
 	cred_destroy(a->cred); /* after the handlers that ask it */
-	/* The engine first: its last completions may still queue commit-thread work. */
+	/* Uploads first: they read the root through the engine; commits queue them. */
+	pthread_mutex_lock(&a->mu);
+	up = a->up;
+	a->up = NULL;
+	pthread_mutex_unlock(&a->mu);
+	upload_destroy(up);
+	/* The engine next: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);
 	/* Each queue before the ones its last jobs may push to. */
 	workq_destroy(a->capture); /* its last jobs may still push to it (a CUDA plan's next) */

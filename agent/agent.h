@@ -58,6 +58,7 @@
 #include "server.h"
 #include "storage.h"
 #include "store.h"
+#include "upload.h"
 #include "work.h"
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
@@ -106,6 +107,12 @@ struct agent_config {
 		bool virtual_host;
 		unsigned connections, max_tries, timeout_s;
 	} s3;
+	struct { /* [upload]: the upload tier behind a filesystem root */
+		const char *root; /* s3://...; NULL: none */
+		unsigned keep_last;
+		int64_t keep_every;
+		uint64_t max_mbps; /* megabits per second; 0: no limit */
+	} upload;
 };
 
 struct catalog;
@@ -141,6 +148,7 @@ struct agent {
 	struct workq *capture, *commit, *maint, *readers, *hasher;
 	struct copier *copier;
 	struct gpu *gpu;
+	struct uploader *up; /* the upload tier ([upload] root); NULL: none. Read under mu */
 	int64_t started_mono;
 	struct storage_recovery recovered;
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */

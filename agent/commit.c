@@ -615,6 +615,7 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step,
 		        r->reason);
 	supersede(a, cp);
+	upload_queue(a->up, cp->job, cp->step); /* the upload tier's copy (upload.c) */
 	/* Retention: the node that committed applies it (maint thread); the others look. */
 	if (r->wrote)
 		gc_queue(a, cp->job);

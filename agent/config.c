@@ -77,8 +77,8 @@ static const struct choice policies[] = {
 
 static const struct choice addressing[] = {{"path", 0}, {"virtual", 1}, {NULL, 0}};
 
-static const char *const sections[] = {"agent",   "storage", "staging", "jobs", "metrics",
-                                       "cluster", "limits",  "s3",      NULL};
+static const char *const sections[] = {"agent",   "storage", "staging", "jobs",   "metrics",
+                                       "cluster", "limits",  "s3",      "upload", NULL};
 
 static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_LISTEN] = {"agent", "listen", "listen", "unix:PATH",
@@ -180,6 +180,18 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_S3_TIMEOUT] = {"s3", "timeout", "s3-timeout", "S",
                        "a request moving no byte for S seconds is tried again (default 60)",
                        K_NUMBER, 1, 3600, .def = 60},
+    [CS_UPLOAD_ROOT] = {"upload", "root", "upload-root", "s3://BUCKET[/PREFIX]",
+                        "copy each committed checkpoint there (the upload tier; default: none)",
+                        K_TEXT},
+    [CS_UPLOAD_KEEP_LAST] = {"upload", "keep_last", "upload-keep-last", "K",
+                             "the upload tier keeps the last K checkpoints of a job (0: all)",
+                             K_NUMBER, 0, 1000000},
+    [CS_UPLOAD_KEEP_EVERY] = {"upload", "keep_every", "upload-keep-every", "M",
+                              "and every one whose step is a multiple of M (0: none)", K_NUMBER, 0,
+                              IPC_MAX_STEP},
+    [CS_UPLOAD_MAX_MBPS] = {"upload", "max_mbps", "upload-max-mbps", "N",
+                            "uploads send at most N megabits per second (default 0: no limit)",
+                            K_NUMBER, 0, 1000000000},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -378,7 +390,7 @@ static void check_header(struct ini_ctx *x, const char *line, size_t n)
 	if (!section_known(name))
 		ini_error(x,
 		          "[%s]: unknown section (known: [agent] [storage] [staging] [jobs] "
-		          "[metrics] [cluster] [limits] [s3])",
+		          "[metrics] [cluster] [limits] [s3] [upload])",
 		          name);
 }
 
@@ -778,6 +790,7 @@ static int s3_settings(struct config *c, char *err)
 {
 	struct agent_config *a = &c->cfg;
 	char bucket[64], prefix[256];
+	const char *s3root;
 	int rc;
 
 	a->s3.endpoint = c->str[CS_S3_ENDPOINT];
@@ -787,26 +800,39 @@ static int s3_settings(struct config *c, char *err)
 	a->s3.connections = (unsigned)c->num[CS_S3_CONNECTIONS];
 	a->s3.max_tries = (unsigned)c->num[CS_S3_MAX_TRIES];
 	a->s3.timeout_s = (unsigned)c->num[CS_S3_TIMEOUT];
-	if (!storage_is_s3(a->root))
+	a->upload.root = c->str[CS_UPLOAD_ROOT];
+	a->upload.keep_last = (unsigned)c->num[CS_UPLOAD_KEEP_LAST];
+	a->upload.keep_every = c->num[CS_UPLOAD_KEEP_EVERY];
+	a->upload.max_mbps = (uint64_t)c->num[CS_UPLOAD_MAX_MBPS];
+	if (a->upload.root && storage_is_s3(a->root))
+		return ipc_errf(err, -EINVAL,
+		                "[upload] root %s: the root %s is an object store already (the "
+		                "upload tier is for a filesystem root)",
+		                a->upload.root, a->root);
+	if (a->upload.root && !storage_is_s3(a->upload.root))
+		return ipc_errf(err, -EINVAL, "[upload] root %s: expected s3://BUCKET[/PREFIX]",
+		                a->upload.root);
+	s3root = a->upload.root ? a->upload.root : a->root;
+	if (!storage_is_s3(s3root))
 		return 0;
-	rc = s3_root_parse(a->root, bucket, sizeof(bucket), prefix, sizeof(prefix), err);
+	rc = s3_root_parse(s3root, bucket, sizeof(bucket), prefix, sizeof(prefix), err);
 	if (rc)
 		return rc;
 	if (!a->s3.endpoint)
 		return ipc_errf(err, -EINVAL,
-		                "root %s: set [s3] endpoint (or --s3-endpoint), e.g. "
+		                "%s: set [s3] endpoint (or --s3-endpoint), e.g. "
 		                "https://s3.us-east-1.amazonaws.com",
-		                a->root);
+		                s3root);
 	if (!a->s3.credentials)
 		return ipc_errf(err, -EINVAL,
-		                "root %s: set [s3] credentials = FILE (access_key = ... and "
+		                "%s: set [s3] credentials = FILE (access_key = ... and "
 		                "secret_key = ... lines, mode 0600)",
-		                a->root);
+		                s3root);
 	if (a->chunk_mb < 5)
 		return ipc_errf(err, -EINVAL,
-		                "root %s: --chunk-mb %llu: each staging chunk is a part of an "
+		                "%s: --chunk-mb %llu: each staging chunk is a part of an "
 		                "upload, and S3 parts are at least 5 MiB",
-		                a->root, (unsigned long long)a->chunk_mb);
+		                s3root, (unsigned long long)a->chunk_mb);
 	return 0;
 }
 
@@ -931,7 +957,8 @@ static void print_setting(const struct config *c, int s, FILE *f)
 		         s == CS_METRICS_LISTEN ? ": no metrics endpoint"
 		         : s == CS_ADMIN_GROUP  ? ": only root manages other users' jobs"
 		         : s == CS_SOCKET_GROUP ? ": the socket keeps the agent's group"
-		                                : ": only an s3:// root needs it");
+		         : s == CS_UPLOAD_ROOT  ? ": no upload tier"
+		                                : ": only an s3:// root or upload tier needs it");
 	if (s == CS_NODE && c->from[s] == CONFIG_DEFAULT)
 		snprintf(from, sizeof(from), "default: the host name");
 	if (s == CS_SOCKET_GROUP && set)

@@ -16,7 +16,10 @@
  *   [limits]   per user: connections, sessions, plans, tensors, regions,
  *              region_mb, watchers; watch_buffer_kb per Watch stream
  *   [s3]       endpoint, region, credentials (a file), addressing
- *              (path|virtual), connections, max_tries, timeout: an s3:// root
+ *              (path|virtual), connections, max_tries, timeout: an s3://
+ *              root or upload tier
+ *   [upload]   root (s3://BUCKET[/PREFIX]), keep_last, keep_every, max_mbps:
+ *              the upload tier behind a filesystem root
  *
  * Unknown sections and keys, bad values, keys set twice, malformed lines and
  * an unreadable file are errors naming the file, the line and the key.
@@ -69,6 +72,10 @@ enum config_setting {
 	CS_S3_CONNECTIONS,
 	CS_S3_MAX_TRIES,
 	CS_S3_TIMEOUT,
+	CS_UPLOAD_ROOT,
+	CS_UPLOAD_KEEP_LAST,
+	CS_UPLOAD_KEEP_EVERY,
+	CS_UPLOAD_MAX_MBPS,
 	/* flags only */
 	CS_CHUNK_MB,
 	CS_CAPTURE_THREADS,

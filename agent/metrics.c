@@ -147,6 +147,8 @@ struct snapshot {
 	bool root_ok;
 	struct ioeng_stats io;
 	struct pool_stats pool;
+	bool upload_tier;
+	struct upload_stats up;
 };
 
 static void take_snapshot(struct metrics *m, struct snapshot *s)
@@ -160,6 +162,8 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->plans = a->nplans;
 	s->root_ok = a->root.state == ROOT_OK;
 	s->ckpts = a->nckpts;
+	s->upload_tier = a->up != NULL;
+	upload_get_stats(a->up, &s->up);
 	pthread_mutex_unlock(&a->mu);
 	s->captured = atomic_load(&a->captured_bytes);
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
@@ -170,6 +174,15 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->restored_bytes = m->restored_bytes;
 	pthread_mutex_unlock(&m->mu);
 	ioeng_get_stats(a->io, &s->io);
+	if (a->store->ops->stats) { /* an object store: its own transfers, not the engine's */
+		struct storage_stats ss;
+
+		a->store->ops->stats(a->store, &ss);
+		s->io.bytes_written = ss.bytes_written;
+		s->io.bytes_read = ss.bytes_read;
+		s->io.errors = ss.errors;
+		s->io.retries = ss.retries;
+	}
 	pool_get_stats(a->pool, &s->pool);
 }
 
@@ -199,6 +212,7 @@ static void put_saves(FILE *f, const struct snapshot *s)
 		int state;
 		const char *label;
 	} st[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
+	          {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
 	          {CKPT__V1__STATE__STATE_FAILED, "failed"},
 	          {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
 
@@ -269,6 +283,16 @@ static void render(struct metrics *m, FILE *f)
 	    "1 while the storage root is there, the same directory and writable; 0 while saves "
 	    "fail for want of it (ckptctl status says why).",
 	    s.root_ok);
+	if (!s.upload_tier)
+		return;
+	put(f, "ckptd_uploads_total", "counter",
+	    "Checkpoints this node uploaded and saw committed on the upload tier.",
+	    (double)s.up.uploaded);
+	put(f, "ckptd_upload_retries_total", "counter",
+	    "Uploads that failed and were queued again after a back-off.", (double)s.up.retried);
+	put(f, "ckptd_upload_bytes_total", "counter", "Shard bytes sent to the upload tier.",
+	    (double)s.up.bytes);
+	put(f, "ckptd_uploads_queued", "gauge", "Uploads waiting or under way.", s.up.queued);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len,

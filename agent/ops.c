@@ -33,7 +33,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	struct pool_stats ps;
 	struct ioeng_stats is;
 	Ckpt__V1__CheckpointSummary *flight = NULL, **pflight = NULL;
-	char last[512], io[512], (*notes)[96] = NULL;
+	char last[512], io[512], up[768], (*notes)[96] = NULL;
 	const char *why = NULL;
 	size_t n = 0;
 
@@ -89,6 +89,21 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.root_state = (char *)root_state_name(a->root.state);
 	rep.root_since_unix_ns = a->root.since_unix_ns;
 	rep.root_error = a->root.error;
+	if (a->up) {
+		struct storage *t = upload_tier(a->up);
+		struct upload_stats us;
+		size_t o;
+
+		upload_get_stats(a->up, &us);
+		t->ops->describe(t, up, sizeof(up));
+		o = strlen(up);
+		snprintf(up + o, sizeof(up) - o,
+		         "; %llu checkpoints uploaded, %llu retried, %u waiting; %llu bytes sent",
+		         (unsigned long long)us.uploaded, (unsigned long long)us.retried, us.queued,
+		         (unsigned long long)us.bytes);
+		rep.upload_root = (char *)a->cfg.upload.root;
+		rep.upload_detail = up;
+	}
 	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
 		if (!ipc_state_final(s))
 			continue;

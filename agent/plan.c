@@ -549,6 +549,7 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 	rep.header_bytes = p->header_len;
 	rep.run = p->run;
 	rep.node = (char *)a->cfg.node;
+	rep.uploads = a->up != NULL;
 	/*
 	 * Logged and packed under the lock: off the control thread (a worker
 	 * made the GPU side, or the commit thread the owner), the trainer's

@@ -96,8 +96,11 @@ void save_fence_release(struct save *s)
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason)
 {
 	int64_t now = ipc_mono_ns();
+	/* COMMITTED is final, but for the upload tier's UPLOADED after it */
+	bool uploaded = s->state == CKPT__V1__STATE__STATE_COMMITTED &&
+	                state == CKPT__V1__STATE__STATE_UPLOADED;
 
-	if (ipc_state_final(s->state) || state <= s->state)
+	if ((ipc_state_final(s->state) && !uploaded) || state <= s->state)
 		return;
 	s->state = state;
 	if (reason)
@@ -115,7 +118,9 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 	 */
 	if (state == CKPT__V1__STATE__STATE_CAPTURED || (ipc_state_final(state) && !s->capturing))
 		save_fence_release(s);
-	if (ipc_state_final(state)) {
+	if (uploaded) {
+		a->finals[state]++;
+	} else if (ipc_state_final(state)) {
 		a->inflight--;
 		a->nfinished++;
 		a->finals[state]++;

@@ -163,6 +163,10 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	                              (int)r->abandon_after, "kept_at_start",
 	                              (int)r->kept_at_start));
 	json_object_set_new(j, "in_flight", flight);
+	if (*r->upload_root)
+		json_object_set_new(
+		    j, "upload",
+		    json_pack("{s:s, s:s}", "root", r->upload_root, "detail", r->upload_detail));
 	json_object_set_new(j, "root_state",
 	                    json_pack("{s:s, s:I, s:s}", "state", r->root_state, "since_unix_ns",
 	                              (json_int_t)r->root_since_unix_ns, "error", r->root_error));
@@ -187,6 +191,8 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 		       r->root_error);
 	}
 	printf("%-12s %s (%s)\n", "I/O", r->io_engine, r->io_detail);
+	if (*r->upload_root)
+		printf("%-12s %s (%s)\n", "upload tier", r->upload_root, r->upload_detail);
 	ctl_human_bytes(r->pool_bytes, a, sizeof(a));
 	ctl_human_bytes(r->pool_used_bytes, b, sizeof(b));
 	ctl_human_bytes(r->chunk_bytes, c, sizeof(c));

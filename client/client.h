@@ -82,6 +82,7 @@ struct ckpt_save {
 	int state;
 	char reason[IPC_ERRLEN];
 	uint64_t plan_id;
+	bool uploads; /* its plan's */
 	bool cuda; /* a save of a CUDA plan: */
 	uint32_t fence_seq; /* its number on the plan's fence */
 	uintptr_t fence_dev; /* the fence word as the GPU sees it; 0 once the plan is gone */
@@ -95,6 +96,7 @@ struct ckpt_plan {
 	char job[IPC_MAX_JOB + 1];
 	int rank, world;
 	uint64_t shard_bytes;
+	bool uploads; /* the agent has an upload tier: its saves reach UPLOADED */
 	/* CUDA plans */
 	bool cuda;
 	struct cl_gpu_plan gpu;

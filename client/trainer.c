@@ -417,6 +417,7 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	p->rank = rank;
 	p->world = world;
 	p->shard_bytes = rep->shard_bytes;
+	p->uploads = rep->uploads;
 	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	pthread_mutex_lock(&c->mu);
 	p->next = c->plans;
@@ -584,6 +585,7 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	s->c = c;
 	s->id = rep->save_id;
 	s->plan_id = p->id;
+	s->uploads = p->uploads;
 	s->state = rep->state;
 	s->cuda = p->cuda;
 	s->fence_seq = rep->fence_seq;
@@ -678,9 +680,10 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 		return -EINVAL;
 	if (!c)
 		return -ENOTCONN;
-	if (until > CKPT_COMMITTED)
-		return cl_fail(c, -ENOTSUP,
-		               "this agent has no object-store tier: nothing is UPLOADED");
+	if (until > CKPT_COMMITTED && !s->uploads)
+		return cl_fail(
+		    c, -ENOTSUP,
+		    "this agent has no upload tier ([upload] root): nothing is UPLOADED");
 	pthread_mutex_lock(&c->mu);
 	c->waiters++;
 	for (;;) {

@@ -248,22 +248,45 @@ static int pick_name(struct s3 *s, struct storage_shard *sh, const char *job, in
 	return rc;
 }
 
+static int too_many_parts(const struct s3 *s, uint64_t size, const char *file, char *err)
+{
+	uint64_t parts = (size + s->part_bytes - 1) / s->part_bytes;
+
+	if (parts <= S3_MAX_PARTS)
+		return 0;
+	return ipc_errf(err, -EFBIG,
+	                "%s: a shard of %llu bytes would be %llu parts of %llu MiB; S3 allows %u: "
+	                "raise --chunk-mb to %llu or more",
+	                file, (unsigned long long)size, (unsigned long long)parts,
+	                (unsigned long long)(s->part_bytes >> 20), S3_MAX_PARTS,
+	                (unsigned long long)((size / S3_MAX_PARTS >> 20) + 1));
+}
+
+/* A claimed shard's parts, and its upload when it has more than one. */
+static int shard_begin(struct s3 *s, struct storage_shard *sh, uint64_t size, char *err)
+{
+	uint64_t parts = (size + s->part_bytes - 1) / s->part_bytes;
+
+	sh->size = size;
+	sh->nparts = parts ? (unsigned)parts : 1;
+	sh->etag = calloc(sh->nparts, sizeof(*sh->etag));
+	if (!sh->etag)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	return sh->nparts > 1 ? open_upload(s, sh, err) : 0;
+}
+
 static int s3_shard_create(struct storage *st, const char *job, int64_t step, int rank,
                            uint64_t size, char *file, struct storage_shard **out, char *err)
 {
 	struct s3 *s = to_s3(st);
 	struct storage_shard *sh;
-	uint64_t parts = (size + s->part_bytes - 1) / s->part_bytes;
+	char what[32];
 	int rc;
 
 	*out = NULL;
-	if (parts > S3_MAX_PARTS)
-		return ipc_errf(err, -EFBIG,
-		                "rank %d's shard of %llu bytes would be %llu parts of %llu MiB; S3 "
-		                "allows %u: raise --chunk-mb to %llu or more",
-		                rank, (unsigned long long)size, (unsigned long long)parts,
-		                (unsigned long long)(s->part_bytes >> 20), S3_MAX_PARTS,
-		                (unsigned long long)((size / S3_MAX_PARTS >> 20) + 1));
+	snprintf(what, sizeof(what), "rank %d", rank);
+	if ((rc = too_many_parts(s, size, what, err)))
+		return rc;
 	sh = shard_new(s, true);
 	if (!sh)
 		return ipc_errf(err, -ENOMEM, "out of memory");
@@ -273,18 +296,48 @@ static int s3_shard_create(struct storage *st, const char *job, int64_t step, in
 		shard_free(sh);
 		return rc;
 	}
-	sh->size = size;
-	sh->nparts = parts ? (unsigned)parts : 1;
-	sh->etag = calloc(sh->nparts, sizeof(*sh->etag));
-	if (!sh->etag) {
-		shard_free(sh);
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	}
-	if (sh->nparts > 1 && (rc = open_upload(s, sh, err))) {
+	if ((rc = shard_begin(s, sh, size, err))) {
 		shard_free(sh);
 		return rc;
 	}
 	snprintf(file, SHARD_FILE_MAX, "%s", sh->file);
+	*out = sh;
+	return 0;
+}
+
+/*
+ * The shard `file` of (job, step), by that name: a copy of another tier's
+ * (the upload tier). An object there already is replaced when this one
+ * completes: it is derived data, never named by a manifest of the tier
+ * until every copy is whole.
+ */
+static int s3_shard_create_as(struct storage *st, const char *job, int64_t step, const char *file,
+                              uint64_t size, struct storage_shard **out, char *err)
+{
+	struct s3 *s = to_s3(st);
+	struct storage_shard *sh;
+	int rc;
+
+	*out = NULL;
+	if ((rc = check_file(file, err)) || (rc = too_many_parts(s, size, file, err)))
+		return rc;
+	sh = shard_new(s, false);
+	if (!sh)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	snprintf(sh->file, sizeof(sh->file), "%s", file);
+	if ((rc = s3_step_key(s, job, step, file, sh->key, sizeof(sh->key), err))) {
+		shard_free(sh);
+		return rc;
+	}
+	if (!claim(s, sh->key)) {
+		shard_free(sh);
+		return ipc_errf(err, -EBUSY, "%s: an upload of it is under way", sh->key);
+	}
+	sh->write = true;
+	if ((rc = shard_begin(s, sh, size, err))) {
+		shard_free(sh);
+		return rc;
+	}
 	*out = sh;
 	return 0;
 }
@@ -818,6 +871,7 @@ static void s3_destroy(struct storage *st)
 static const struct storage_ops s3_ops = {
     .name = "s3",
     .shard_create = s3_shard_create,
+    .shard_create_as = s3_shard_create_as,
     .shard_write = s3_shard_write,
     .shard_finish = s3_shard_finish,
     .shard_open = s3_shard_open,

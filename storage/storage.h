@@ -94,6 +94,14 @@ struct storage_ops {
 	 */
 	int (*shard_create)(struct storage *s, const char *job, int64_t step, int rank,
 	                    uint64_t size, char *file, struct storage_shard **out, char *err);
+	/*
+	 * The shard `file` of (job, step) by that exact name, a copy of one
+	 * another backend holds (the upload tier); what the key held before
+	 * is replaced once the copy completes. NULL: the backend makes no
+	 * copies.
+	 */
+	int (*shard_create_as)(struct storage *s, const char *job, int64_t step, const char *file,
+	                       uint64_t size, struct storage_shard **out, char *err);
 	/* Queues r (buf, len, off set by the caller; aligned) to the shard. */
 	void (*shard_write)(struct storage_shard *sh, struct io_req *r);
 	/*

@@ -125,7 +125,12 @@ START_TEST(test_every_key)
 	         "addressing = virtual\n" /* 40 */
 	         "connections = 4\n" /* 41 */
 	         "max_tries = 3\n" /* 42 */
-	         "timeout = 9\n", /* 43 */
+	         "timeout = 9\n" /* 43 */
+	         "[upload]\n" /* 44 */
+	         "root = s3://bkt/up\n" /* 45 */
+	         "keep_last = 5\n" /* 46 */
+	         "keep_every = 100\n" /* 47 */
+	         "max_mbps = 800\n", /* 48 */
 	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -164,11 +169,15 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.s3.connections, 4);
 	ck_assert_uint_eq(c.cfg.s3.max_tries, 3);
 	ck_assert_uint_eq(c.cfg.s3.timeout_s, 9);
+	ck_assert_str_eq(c.cfg.upload.root, "s3://bkt/up");
+	ck_assert_uint_eq(c.cfg.upload.keep_last, 5);
+	ck_assert_int_eq(c.cfg.upload.keep_every, 100);
+	ck_assert_uint_eq(c.cfg.upload.max_mbps, 800);
 	/* where each came from: the file, at its line */
 	{
 		static const unsigned lines[CS_CHUNK_MB] = {
-		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25,
-		    26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43};
+		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25, 26, 28,
+		    29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43, 45, 46, 47, 48};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -569,6 +578,11 @@ static struct {
     {{"ckptd", "--root", "s3://bkt/p", "--s3-endpoint", "http://h:1", "--s3-credentials", "/k",
       "--chunk-mb", "4", NULL},
      "S3 parts are at least 5 MiB"},
+    {{"ckptd", "--root", "s3://bkt/p", "--upload-root", "s3://bkt/q", NULL},
+     "is an object store already"},
+    {{"ckptd", "--upload-root", "/mnt/other", NULL}, "expected s3://BUCKET[/PREFIX]"},
+    {{"ckptd", "--upload-root", "s3://bkt/q", "--s3-endpoint", "http://h:1", NULL},
+     "s3://bkt/q: set [s3] credentials"},
 };
 
 START_TEST(test_s3_root)
@@ -757,7 +771,11 @@ START_TEST(test_check_config_prints)
 		                                   "addressing",
 		                                   "connections",
 		                                   "max_tries",
-		                                   "timeout"};
+		                                   "timeout",
+		                                   "root",
+		                                   "keep_last",
+		                                   "keep_every",
+		                                   "max_mbps"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);

@@ -1,0 +1,570 @@
+/*
+ * The upload tier (upload.h): committed checkpoints copied from the root to
+ * an object store and committed there.
+ *
+ * One upload of (job, step), on the upload thread, in steps that can each
+ * be done again (a retry, a restart) without harm:
+ *   1. the root's manifest names this node's part, and so its ranks' files;
+ *   2. each file is copied unless the tier has it whole already: read from
+ *      the root into the uploader's buffers (O_DIRECT, aligned), sent as
+ *      the parts of one multipart upload, several in flight, paced to
+ *      max_mbps; a copy that fails is aborted by the backend;
+ *   3. this node's part, as the root has it, is put on the tier (create-once);
+ *   4. the node hosting rank 0 waits for every node's part on the tier, then
+ *      puts the manifest (create-once: the same bytes whoever writes it) and
+ *      moves the tier's LATEST, and applies the tier's retention; the other
+ *      nodes wait for that manifest;
+ *   5. this node's saves of the step go COMMITTED -> UPLOADED.
+ * "Not yet" (another node's part, or the manifest, still missing) is looked
+ * at again soon; a failure (the store away, say) after a back-off from 2 s
+ * to 5 min, as long as the step is on the root.
+ *
+ * Threads: the upload thread runs the uploads; upload_queue runs under
+ * agent.mu and only queues; the I/O completes on the I/O engine's and the
+ * S3 backend's threads and is waited for here.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent.h"
+#include "retention.h"
+#include "upload.h"
+
+#define UP_BUFFERS 4 /* chunks read ahead of the parts in flight */
+#define UP_ALIGN 4096u
+#define RETRY_FIRST_NS (2LL * 1000000000)
+#define RETRY_MAX_NS (300LL * 1000000000)
+#define WAIT_NS (500LL * 1000000) /* another node's part, or the manifest, not there yet */
+
+struct up_job {
+	struct work work;
+	struct uploader *u;
+	struct list link; /* uploader.jobs */
+	char job[IPC_MAX_JOB + 1];
+	int64_t step; /* -1: the resume at start */
+	int64_t first_ns; /* when it was queued */
+	int64_t backoff_ns;
+	unsigned tries;
+};
+
+/* A request waited for on the upload thread. */
+struct up_io {
+	struct io_req r;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool busy;
+};
+
+struct uploader {
+	struct agent *a;
+	struct storage *tier;
+	struct workq *q;
+	uint64_t chunk; /* bytes read and sent at a time: the tier's part */
+	void *buf[UP_BUFFERS];
+	struct up_io io[UP_BUFFERS], fin;
+	int64_t next_send_ns; /* the pacer: when the next chunk may go */
+	struct ret_policy pol;
+	uint64_t max_bps; /* 0: unlimited */
+	atomic_bool quit; /* stopping: a copy under way ends at its next chunk */
+	/* under agent.mu */
+	struct list jobs;
+	bool stopping;
+	struct upload_stats st;
+};
+
+/* ---- waiting for I/O ------------------------------------------------------- */
+
+static void io_done(struct io_req *r)
+{
+	struct up_io *w = r->ctx;
+
+	pthread_mutex_lock(&w->mu);
+	w->busy = false;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
+static void io_start(struct up_io *w, enum io_op op, void *buf, uint64_t len, uint64_t off)
+{
+	w->r = (struct io_req){.op = op,
+	                       .buf = buf,
+	                       .len = len,
+	                       .off = off,
+	                       .buf_index = -1,
+	                       .done = io_done,
+	                       .ctx = w};
+	w->busy = true;
+}
+
+/* Waits for w's request: its result. */
+static int64_t io_wait(struct up_io *w)
+{
+	pthread_mutex_lock(&w->mu);
+	while (w->busy)
+		pthread_cond_wait(&w->cv, &w->mu);
+	pthread_mutex_unlock(&w->mu);
+	return w->r.res;
+}
+
+/* ---- one shard ----------------------------------------------------------- */
+
+/* The pacer: sleeps until n more bytes keep the rate under max_bps. */
+static void pace(struct uploader *u, uint64_t n)
+{
+	int64_t now = ipc_mono_ns();
+	struct timespec ts;
+
+	if (!u->max_bps)
+		return;
+	if (u->next_send_ns > now) {
+		int64_t d = u->next_send_ns - now;
+
+		ts.tv_sec = d / 1000000000;
+		ts.tv_nsec = d % 1000000000;
+		nanosleep(&ts, NULL);
+		now = u->next_send_ns;
+	}
+	u->next_send_ns = now + (int64_t)(n * 1000000000ull / u->max_bps);
+}
+
+/* Waits for every write in flight; the first failure's result. */
+static int64_t drain(struct uploader *u)
+{
+	int64_t first = 0;
+
+	for (unsigned b = 0; b < UP_BUFFERS; b++) {
+		int64_t res = io_wait(&u->io[b]);
+
+		if (res < 0 && !first)
+			first = res;
+	}
+	return first;
+}
+
+static int copy_failed(struct uploader *u, struct storage_shard *w, int rc, const char *what,
+                       const char *file, char *why)
+{
+	const struct storage_ops *t = u->tier->ops;
+	const char *detail = w && t->shard_error ? t->shard_error(w) : NULL;
+
+	return ipc_errf(why, rc, "%s %s: %s", what, file, detail ? detail : strerror(-rc));
+}
+
+/*
+ * The root's `file` of (job, step) onto the tier, unless it is there whole.
+ * *sent: the bytes sent.
+ */
+static int copy_shard(struct uploader *u, const char *job, int64_t step, const char *file,
+                      uint64_t size, uint64_t *sent, char *why)
+{
+	struct storage *root = u->a->store, *tier = u->tier;
+	struct storage_shard *r = NULL, *w = NULL;
+	uint64_t have = 0, rsize = 0, off = 0;
+	int64_t res = 0;
+	int rc;
+
+	rc = tier->ops->shard_stat(tier, job, step, file, &have, why);
+	if (rc == 0 && have == size)
+		return 0; /* whole on the tier: an earlier try, or another agent's */
+	rc = root->ops->shard_open(root, job, step, file, &r, &rsize, why);
+	if (rc)
+		return rc;
+	if (rsize != size) {
+		root->ops->shard_close(r);
+		return ipc_errf(why, -EIO, "%s on the root is %llu bytes, its manifest says %llu",
+		                file, (unsigned long long)rsize, (unsigned long long)size);
+	}
+	rc = tier->ops->shard_create_as(tier, job, step, file, size, &w, why);
+	if (rc) {
+		root->ops->shard_close(r);
+		return rc;
+	}
+	for (unsigned k = 0; off < size; k++, off += u->chunk) {
+		struct up_io *io = &u->io[k % UP_BUFFERS];
+		uint64_t n = size - off < u->chunk ? size - off : u->chunk;
+
+		res = io_wait(io); /* this buffer's last part is sent */
+		if (res < 0)
+			break;
+		if (atomic_load(&u->quit)) {
+			res = -ECANCELED;
+			break;
+		}
+		io_start(io, IO_READ, u->buf[k % UP_BUFFERS], u->chunk, off);
+		root->ops->shard_read(r, &io->r);
+		res = io_wait(io);
+		if (res >= 0 && (uint64_t)res < n)
+			res = -EIO; /* the file is shorter than it was */
+		if (res < 0) {
+			rc = ipc_errf(why, (int)res, "reading %s from the root: %s", file,
+			              strerror((int)-res));
+			goto out;
+		}
+		pace(u, n);
+		io_start(io, IO_WRITE, u->buf[k % UP_BUFFERS], n, off);
+		tier->ops->shard_write(w, &io->r);
+	}
+	if (res >= 0) /* every part sent before the upload is completed */
+		res = drain(u);
+	if (res < 0) {
+		rc = copy_failed(u, w, (int)res, "sending", file, why);
+		goto out;
+	}
+	io_start(&u->fin, IO_FSYNC, NULL, 0, 0);
+	tier->ops->shard_finish(w, &u->fin.r);
+	res = io_wait(&u->fin);
+	if (res < 0)
+		rc = copy_failed(u, w, (int)res, "completing", file, why);
+	else
+		*sent += size;
+out:
+	drain(u);
+	root->ops->shard_close(r);
+	tier->ops->shard_close(w); /* a copy that did not complete is aborted */
+	return rc;
+}
+
+/* ---- one checkpoint ------------------------------------------------------- */
+
+static const struct manifest_part *our_part(const struct manifest *m, const char *node)
+{
+	for (size_t i = 0; i < m->nparts; i++)
+		if (strcmp(m->parts[i].node, node) == 0)
+			return &m->parts[i];
+	return NULL;
+}
+
+/* The tier's retention for job, after this node committed a step there. */
+static void tier_retention(struct uploader *u, const char *job)
+{
+	struct storage *t = u->tier;
+	struct storage_step *v = NULL;
+	struct ret_step *rs;
+	char err[IPC_ERRLEN];
+	size_t n = 0, k = 0;
+
+	if (!u->pol.keep_last || t->ops->list_steps(t, job, &v, &n, err))
+		return;
+	rs = calloc(n ? n : 1, sizeof(*rs));
+	for (size_t i = 0; rs && i < n; i++)
+		if (v[i].committed)
+			rs[k++] = (struct ret_step){.step = v[i].step, .pinned = v[i].pinned};
+	if (rs && k) {
+		rs[k - 1].latest = true;
+		retention_decide(&u->pol, rs, k);
+		for (size_t i = 0; i < k; i++)
+			if (rs[i].why == RET_REMOVE) {
+				if (store_remove(t, job, rs[i].step, err))
+					log_msg(LOG_WARNING, "upload tier: %s", err);
+				else
+					log_msg(LOG_INFO,
+					        "upload tier: removed job %s step %lld (retention)",
+					        job, (long long)rs[i].step);
+			}
+	}
+	free(rs);
+	free(v);
+}
+
+/*
+ * 0: uploaded (or nothing of it is this node's); -EAGAIN: not yet (why
+ * says what is awaited); -ENOENT: the step is no longer on the root; else
+ * failed.
+ */
+static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_t *sent, char *why)
+{
+	struct agent *a = u->a;
+	const char *me = a->cfg.node;
+	const struct manifest_part *mine;
+	struct manifest *m = NULL;
+	struct part *p = NULL;
+	char key[STORE_KEY_MAX];
+	uint64_t size;
+	int rc;
+
+	rc = store_read_manifest(a->store, job, step, &m, why);
+	if (rc)
+		return rc;
+	if (!m->nparts) { /* an old single-node manifest: it names no node */
+		rc = ipc_errf(why, -ENOENT, "its manifest (format %d) names no parts", m->version);
+		manifest_free(m);
+		return rc;
+	}
+	mine = our_part(m, me);
+	for (size_t i = 0; mine && !rc && i < mine->nranks; i++) {
+		const struct manifest_rank *r = &m->ranks[mine->ranks[i]];
+
+		rc = copy_shard(u, job, step, r->file, r->size, sent, why);
+	}
+	if (!rc && mine && (rc = store_read_part(a->store, job, step, me, &p, why)) == 0)
+		rc = store_put_part(u->tier, p, why);
+	part_free(p);
+	if (rc)
+		goto out;
+	if (!mine || strcmp(manifest_node_of(m, 0), me) != 0) {
+		/* rank 0's node commits on the tier: ours is done once its manifest is there */
+		if (!store_committed(u->tier, job, step))
+			rc = ipc_errf(why, -EAGAIN, "waiting for node %s to commit it on the tier",
+			              manifest_node_of(m, 0));
+		goto out;
+	}
+	for (size_t i = 0; i < m->nparts; i++) {
+		store_part_key(key, sizeof(key), job, step, m->parts[i].node);
+		rc = u->tier->ops->obj_stat(u->tier, key, &size, why);
+		if (rc == -ENOENT)
+			rc = ipc_errf(why, -EAGAIN, "waiting for node %s's part on the tier",
+			              m->parts[i].node);
+		if (rc)
+			goto out;
+	}
+	rc = store_put_manifest(u->tier, m, why);
+	if (rc == -EEXIST)
+		rc = 0; /* the same bytes, from an earlier try */
+	if (!rc)
+		rc = store_latest_advance(u->tier, job, step, why);
+	if (!rc)
+		tier_retention(u, job);
+out:
+	manifest_free(m);
+	return rc;
+}
+
+/* Under mu: this node's saves of (job, step) are UPLOADED. */
+static void uploaded(struct agent *a, const char *job, int64_t step)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->saves)
+	{
+		struct save *s = container_of(pos, struct save, link);
+
+		if (s->step == step && strcmp(s->job, job) == 0 &&
+		    s->state == CKPT__V1__STATE__STATE_COMMITTED)
+			save_set_state(a, s, CKPT__V1__STATE__STATE_UPLOADED, NULL);
+	}
+}
+
+static void job_free(struct up_job *j)
+{
+	list_del(&j->link);
+	free(j);
+}
+
+static void resume_run(struct uploader *u);
+
+static void upload_run(struct work *w)
+{
+	struct up_job *j = container_of(w, struct up_job, work);
+	struct uploader *u = j->u;
+	struct agent *a = u->a;
+	char why[IPC_ERRLEN] = "";
+	uint64_t sent = 0;
+	int64_t t0 = ipc_mono_ns();
+	int rc;
+
+	if (atomic_load(&u->quit))
+		return; /* stopping: upload_destroy frees it */
+	if (j->step < 0) {
+		resume_run(u);
+		pthread_mutex_lock(&a->mu);
+		job_free(j);
+		pthread_mutex_unlock(&a->mu);
+		return;
+	}
+	rc = upload_one(u, j->job, j->step, &sent, why);
+	pthread_mutex_lock(&a->mu);
+	u->st.bytes += sent;
+	j->tries++;
+	if (rc == 0) {
+		u->st.uploaded++;
+		uploaded(a, j->job, j->step);
+		log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent in %.3f s", j->job,
+		        (long long)j->step, (unsigned long long)sent,
+		        (double)(ipc_mono_ns() - t0) / 1e9);
+	} else if (rc == -ENOENT) {
+		log_msg(LOG_NOTICE, "upload of job %s step %lld dropped: %s", j->job,
+		        (long long)j->step, why);
+	} else if (!u->stopping) {
+		/* "not yet" is looked at again soon; a failure after a back-off */
+		int64_t delay = rc == -EAGAIN ? WAIT_NS : j->backoff_ns;
+
+		if (rc != -EAGAIN) {
+			u->st.retried++;
+			log_msg(LOG_WARNING,
+			        "upload of job %s step %lld failed (try %u, again in %lld s): %s",
+			        j->job, (long long)j->step, j->tries,
+			        (long long)(delay / 1000000000), why);
+			j->backoff_ns =
+			    j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
+		}
+		workq_push_at(u->q, &j->work, ipc_mono_ns() + delay);
+		pthread_mutex_unlock(&a->mu);
+		return;
+	} else {
+		u->st.failed++;
+	}
+	job_free(j);
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- queueing ------------------------------------------------------------ */
+
+static void queue_job(struct uploader *u, const char *job, int64_t step)
+{
+	struct up_job *j;
+	struct list *pos;
+
+	if (u->stopping)
+		return;
+	list_for_each(pos, &u->jobs)
+	{
+		j = container_of(pos, struct up_job, link);
+		if (j->step == step && strcmp(j->job, job) == 0)
+			return; /* queued already */
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		log_msg(LOG_ERR, "upload of job %s step %lld: out of memory", job, (long long)step);
+		return;
+	}
+	j->u = u;
+	snprintf(j->job, sizeof(j->job), "%s", job);
+	j->step = step;
+	j->first_ns = ipc_mono_ns();
+	j->backoff_ns = RETRY_FIRST_NS;
+	j->work.fn = upload_run;
+	list_add_tail(&u->jobs, &j->link);
+	workq_push(u->q, &j->work);
+}
+
+void upload_queue(struct uploader *u, const char *job, int64_t step)
+{
+	if (u)
+		queue_job(u, job, step);
+}
+
+void upload_resume(struct uploader *u)
+{
+	if (u)
+		queue_job(u, "", -1);
+}
+
+/* The upload thread: what the root has committed and the tier has not, queued. */
+static void resume_run(struct uploader *u)
+{
+	struct agent *a = u->a;
+	struct storage *root = a->store;
+	char **jobs = NULL, err[IPC_ERRLEN];
+	size_t nj = 0;
+
+	if (root->ops->list_jobs(root, &jobs, &nj, err)) {
+		log_msg(LOG_WARNING, "upload tier: cannot resume uploads: %s", err);
+		return;
+	}
+	for (size_t i = 0; i < nj; i++) {
+		struct storage_step *v = NULL;
+		int64_t latest = -1;
+		size_t n = 0, from = 0, k = 0;
+
+		if (store_latest_get(u->tier, jobs[i], &latest, err))
+			latest = -1;
+		if (root->ops->list_steps(root, jobs[i], &v, &n, err) == 0) {
+			for (size_t s = 0; s < n; s++)
+				k += v[s].committed && v[s].step > latest;
+			/* the newest keep_last of them: older ones the tier would not keep */
+			if (u->pol.keep_last && k > u->pol.keep_last)
+				from = k - u->pol.keep_last;
+			pthread_mutex_lock(&a->mu);
+			for (size_t s = 0, c = 0; s < n; s++)
+				if (v[s].committed && v[s].step > latest && c++ >= from)
+					queue_job(u, jobs[i], v[s].step);
+			pthread_mutex_unlock(&a->mu);
+		}
+		free(v);
+		free(jobs[i]);
+	}
+	free(jobs);
+}
+
+/* ---- life ------------------------------------------------------------------ */
+
+int upload_create(struct agent *a, struct storage *tier, struct uploader **out, char *err)
+{
+	struct uploader *u = calloc(1, sizeof(*u));
+	int rc;
+
+	*out = NULL;
+	if (!u) {
+		storage_destroy(tier);
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	u->a = a;
+	u->tier = tier;
+	u->chunk = pool_chunk_bytes(a->pool);
+	u->pol = (struct ret_policy){a->cfg.upload.keep_last, a->cfg.upload.keep_every};
+	u->max_bps = (uint64_t)a->cfg.upload.max_mbps * 1000000 / 8;
+	list_init(&u->jobs);
+	pthread_mutex_init(&u->fin.mu, NULL);
+	pthread_cond_init(&u->fin.cv, NULL);
+	for (unsigned b = 0; b < UP_BUFFERS; b++) {
+		if (posix_memalign(&u->buf[b], UP_ALIGN, u->chunk)) {
+			upload_destroy(u);
+			return ipc_errf(err, -ENOMEM, "upload tier: no memory for its buffers");
+		}
+		pthread_mutex_init(&u->io[b].mu, NULL);
+		pthread_cond_init(&u->io[b].cv, NULL);
+	}
+	rc = workq_create("ckpt-upload", 1, &u->q, err);
+	if (rc) {
+		upload_destroy(u);
+		return rc;
+	}
+	*out = u;
+	return 0;
+}
+
+void upload_destroy(struct uploader *u)
+{
+	struct list *pos, *tmp;
+
+	if (!u)
+		return;
+	pthread_mutex_lock(&u->a->mu);
+	u->stopping = true;
+	pthread_mutex_unlock(&u->a->mu);
+	atomic_store(&u->quit, true);
+	workq_destroy(u->q);
+	list_for_each_safe(pos, tmp, &u->jobs) job_free(container_of(pos, struct up_job, link));
+	for (unsigned b = 0; b < UP_BUFFERS; b++) {
+		free(u->buf[b]);
+		if (u->buf[b]) {
+			pthread_mutex_destroy(&u->io[b].mu);
+			pthread_cond_destroy(&u->io[b].cv);
+		}
+	}
+	pthread_mutex_destroy(&u->fin.mu);
+	pthread_cond_destroy(&u->fin.cv);
+	storage_destroy(u->tier);
+	free(u);
+}
+
+struct storage *upload_tier(struct uploader *u)
+{
+	return u ? u->tier : NULL;
+}
+
+void upload_get_stats(struct uploader *u, struct upload_stats *out)
+{
+	struct list *pos;
+
+	memset(out, 0, sizeof(*out));
+	if (!u)
+		return;
+	*out = u->st;
+	list_for_each(pos, &u->jobs) out->queued++;
+}
