@@ -566,12 +566,8 @@ void agent_destroy(struct agent *a)
 	metrics_destroy(a->metrics); /* first: a scrape reads the pool and the engine */
 	server_destroy(a->srv);
 	cred_destroy(a->cred); /* after the handlers that ask it */
-	/* Uploads first: they read the root through the engine; commits queue them. */
-	pthread_mutex_lock(&a->mu);
-	up = a->up;
-	a->up = NULL;
-	pthread_mutex_unlock(&a->mu);
-	upload_destroy(up);
+	/* Uploads first: they read the root through the engine (the tier stays, for restores). */
+	upload_stop(a->up);
 	/* The engine next: its last completions may still queue commit-thread work. */
 	ioeng_destroy(a->io);
 	/* Each queue before the ones its last jobs may push to. */
@@ -589,6 +585,11 @@ void agent_destroy(struct agent *a)
 	workq_destroy(a->commit);
 	workq_destroy(a->maint);
 	workq_destroy(a->readers); /* after maint: it may queue a verify here */
+	pthread_mutex_lock(&a->mu);
+	up = a->up; /* no restore reads the tier any more */
+	a->up = NULL;
+	pthread_mutex_unlock(&a->mu);
+	upload_destroy(up);
 	copier_destroy(a->copier);
 	free_objects(a);
 	committer_destroy(a->cm);

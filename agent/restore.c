@@ -33,6 +33,8 @@ struct restore {
 	struct plan *plan;
 	int64_t step;
 	bool latest, fallback;
+	struct storage *tier; /* the upload tier, where the root lacks the step or fails; or NULL */
+	bool tier_only; /* the root has no such step: from the tier alone */
 	char **skipped;
 	size_t nskipped;
 };
@@ -81,7 +83,8 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	return 0;
 }
 
-static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
+static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
+                       char *err)
 {
 	struct agent *a = rs->a;
 	const struct plan *p = rs->plan;
@@ -91,6 +94,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 
 	rc = reader_init(&r, a, p->job, step, p->n);
 	r.q = a->capture;
+	r.store = store;
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
 	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
@@ -103,7 +107,7 @@ static int restore_one(struct restore *rs, int64_t step, char **meta, char *err)
 			goto out;
 		}
 	}
-	rc = store_read_manifest(a->store, p->job, step, &m, err);
+	rc = store_read_manifest(store, p->job, step, &m, err);
 	if (rc)
 		goto out;
 	if (m->world != p->world) {
@@ -178,6 +182,46 @@ static bool fall_back(struct restore *rs, int64_t *step, int rc, const char *err
 	return true;
 }
 
+/* A note for the reply and the log: what the root said, and that the tier restored. */
+static void note(struct restore *rs, const char *text)
+{
+	char **v = realloc(rs->skipped, (rs->nskipped + 1) * sizeof(*v));
+
+	if (!v)
+		return;
+	rs->skipped = v;
+	if ((v[rs->nskipped] = strdup(text)))
+		rs->nskipped++;
+}
+
+/*
+ * From the upload tier: the step the root could not give (why: what the
+ * root said; NULL: it has no committed step of the job), or the tier's
+ * LATEST.
+ */
+static int from_tier(struct restore *rs, int64_t *step, char **meta, const char *why, char *err)
+{
+	const struct plan *p = rs->plan;
+	char line[2 * IPC_ERRLEN + 96], terr[IPC_ERRLEN];
+	int rc = 0;
+
+	if (*step < 0 && (rc = store_latest_get(rs->tier, p->job, step, terr)))
+		return ipc_errf(err, rc,
+		                "the root has no committed checkpoint and the upload tier "
+		                "none either: %s",
+		                terr);
+	rc = restore_one(rs, rs->tier, *step, meta, terr);
+	if (rc)
+		return why ? ipc_errf(err, rc, "%s; the upload tier could not either: %s", why,
+		                      terr)
+		           : ipc_errf(err, rc, "not on the root; from the upload tier: %s", terr);
+	snprintf(line, sizeof(line), "step %lld restored from the upload tier (the root: %s)",
+	         (long long)*step, why ? why : "no such committed step");
+	note(rs, line);
+	log_msg(LOG_WARNING, "restore of job %s rank %d: %s", p->job, p->rank, line);
+	return 0;
+}
+
 static void restore_run(struct work *w)
 {
 	struct restore *rs = container_of(w, struct restore, work);
@@ -188,6 +232,10 @@ static void restore_run(struct work *w)
 	bool again;
 	int rc;
 
+	if (rs->tier_only) {
+		rc = from_tier(rs, &step, &meta, NULL, err);
+		goto reply;
+	}
 	if (rs->latest) {
 		/*
 		 * LATEST is the newest manifest: one another node committed since
@@ -207,7 +255,14 @@ static void restore_run(struct work *w)
 		pthread_mutex_unlock(&a->mu);
 	}
 	do {
-		rc = restore_one(rs, step, &meta, err);
+		rc = restore_one(rs, a->store, step, &meta, err);
+		/* the root failed it (missing, or its bytes do not verify): the tier's copy */
+		if (rc && rs->tier && rc != -EINVAL && rc != -ENOMEM) {
+			char why[IPC_ERRLEN];
+
+			snprintf(why, sizeof(why), "%s", err);
+			rc = from_tier(rs, &step, &meta, why, err);
+		}
 		pthread_mutex_lock(&a->mu);
 		e = catalog_find(a->cat, rs->plan->job, step);
 		if (e)
@@ -215,6 +270,7 @@ static void restore_run(struct work *w)
 		again = rc && fall_back(rs, &step, rc, err);
 		pthread_mutex_unlock(&a->mu);
 	} while (again);
+reply:
 	/*
 	 * The plan is idle before the trainer hears: a save it sends as soon as
 	 * the restore returns must not find the restore still writing.
@@ -250,9 +306,10 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 		                "job %s rank %d: a save or restore of this plan is "
 		                "using its memory: wait for CAPTURED",
 		                p->job, p->rank);
+	rs->tier = upload_tier(a->up);
 	if (req->step == -1) { /* CKPT_LATEST */
 		e = catalog_newest(a->cat, p->job, INT64_MAX);
-		if (!e)
+		if (!e && !rs->tier)
 			return ipc_errf(err, -ENOENT, "job %s has no committed checkpoint", p->job);
 	} else {
 		int rc = ipc_check_step(req->step, err);
@@ -260,7 +317,7 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 		if (rc)
 			return rc;
 		e = catalog_find(a->cat, p->job, req->step);
-		if (!e)
+		if (!e && !rs->tier)
 			return ipc_errf(err, -ENOENT,
 			                "job %s has no committed step %lld (ckptctl list %s shows "
 			                "what there is)",
@@ -268,11 +325,13 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	}
 	rs->a = a;
 	rs->plan = p;
-	rs->step = e->step;
+	rs->tier_only = !e; /* the root lacks it: the upload tier may have it */
+	rs->step = e ? e->step : req->step;
 	rs->latest = req->step < 0;
 	rs->fallback = req->fallback;
 	rs->work.fn = restore_run;
-	e->readers++;
+	if (e)
+		e->readers++;
 	plan_get(p);
 	plan_busy(p);
 	p->restoring++;

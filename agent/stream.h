@@ -75,6 +75,7 @@ struct extent {
 /* One restore or verify: set up with reader_init, then ext[0, n) filled. */
 struct reader {
 	struct agent *a;
+	struct storage *store; /* the root, or the upload tier (reader_init: the root) */
 	const char *job;
 	int64_t step;
 	struct extent *ext; /* sorted by (rank, begin) */

@@ -208,7 +208,7 @@ static bool read_ahead(struct reader *r, struct window *w, size_t *gi, size_t la
 	                            .done = window_done,
 	                            .ctx = w};
 	*pos = w->off + w->c->req.len;
-	r->a->store->ops->shard_read(r->sh, &w->c->req);
+	r->store->ops->shard_read(r->sh, &w->c->req);
 	return true;
 }
 
@@ -319,10 +319,10 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 
 		while (j < r->n && r->ext[j].rank == rank)
 			j++;
-		r->a->store->ops->shard_path(r->a->store, r->job, r->step, m->ranks[rank].file,
-		                             r->path, sizeof(r->path));
-		rc = r->a->store->ops->shard_open(r->a->store, r->job, r->step, m->ranks[rank].file,
-		                                  &r->sh, &r->size, err);
+		r->store->ops->shard_path(r->store, r->job, r->step, m->ranks[rank].file, r->path,
+		                          sizeof(r->path));
+		rc = r->store->ops->shard_open(r->store, r->job, r->step, m->ranks[rank].file,
+		                               &r->sh, &r->size, err);
 		if (rc)
 			reader_problem(r, rc == -ENOENT ? -ENOENT : -EIO, "rank %d (node %s): %s",
 			               rank, manifest_node_of(m, rank) ?: "-", err);
@@ -334,7 +334,7 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 			               m->ranks[rank].size);
 		else
 			read_file(r, i, j, xs);
-		r->a->store->ops->shard_close(r->sh);
+		r->store->ops->shard_close(r->sh);
 		r->sh = NULL;
 		i = j;
 	}
@@ -347,6 +347,7 @@ int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step
 {
 	memset(r, 0, sizeof(*r));
 	r->a = a;
+	r->store = a->store;
 	r->job = job;
 	r->step = step;
 	pthread_mutex_init(&r->mu, NULL);

@@ -528,18 +528,26 @@ int upload_create(struct agent *a, struct storage *tier, struct uploader **out, 
 	return 0;
 }
 
-void upload_destroy(struct uploader *u)
+void upload_stop(struct uploader *u)
 {
 	struct list *pos, *tmp;
 
-	if (!u)
+	if (!u || !u->q)
 		return;
 	pthread_mutex_lock(&u->a->mu);
 	u->stopping = true;
 	pthread_mutex_unlock(&u->a->mu);
 	atomic_store(&u->quit, true);
 	workq_destroy(u->q);
+	u->q = NULL;
 	list_for_each_safe(pos, tmp, &u->jobs) job_free(container_of(pos, struct up_job, link));
+}
+
+void upload_destroy(struct uploader *u)
+{
+	if (!u)
+		return;
+	upload_stop(u);
 	for (unsigned b = 0; b < UP_BUFFERS; b++) {
 		free(u->buf[b]);
 		if (u->buf[b]) {

@@ -33,7 +33,13 @@ struct upload_stats {
 
 /* Starts the upload thread over the tier (owned from here on, destroyed with it). */
 int upload_create(struct agent *a, struct storage *tier, struct uploader **out, char *err);
-/* Waits for the upload under way (no retry is started), stops the thread. NULL is fine. */
+/*
+ * Ends the upload under way at its next chunk, drops what is queued and
+ * stops the thread; the tier stays (a restore may still read it). Again is
+ * fine; NULL is fine.
+ */
+void upload_stop(struct uploader *u);
+/* upload_stop, then the tier goes. NULL is fine. */
 void upload_destroy(struct uploader *u);
 /* Under agent.mu: (job, step) was committed on the root: upload this node's part of it. */
 void upload_queue(struct uploader *u, const char *job, int64_t step);
