@@ -281,6 +281,8 @@ struct job_step_op {
 	struct rpc *call;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step;
+	struct storage *store; /* show: the root or the upload tier */
+	bool tier; /* the upload tier: the root's catalog says nothing of it */
 };
 
 /*
@@ -299,7 +301,7 @@ static void show_run(struct work *w)
 	size_t len;
 	int rc;
 
-	rc = store_read_manifest(a->store, op->job, op->step, &m, err);
+	rc = store_read_manifest(op->store, op->job, op->step, &m, err);
 	if (!rc)
 		rc = manifest_to_json(m, &json, &len, err);
 	if (rc) {
@@ -308,9 +310,9 @@ static void show_run(struct work *w)
 	}
 	catalog_entry_from_manifest(m, &e);
 	pthread_mutex_lock(&a->mu);
-	pinned = catalog_find(a->cat, op->job, op->step);
+	pinned = op->tier ? NULL : catalog_find(a->cat, op->job, op->step);
 	e.pinned = pinned && pinned->pinned;
-	newest = catalog_newest(a->cat, op->job, INT64_MAX);
+	newest = op->tier ? NULL : catalog_newest(a->cat, op->job, INT64_MAX);
 	summary_from_entry(&e, newest && newest->step == op->step, &sum);
 	pthread_mutex_unlock(&a->mu);
 	parts = parts_text(m);
@@ -366,16 +368,23 @@ static void delete_run(struct work *w)
 }
 
 static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
-                           int64_t step, enum access_want want, void (*fn)(struct work *),
-                           struct workq *q)
+                           int64_t step, const char *tier, enum access_want want,
+                           void (*fn)(struct work *), struct workq *q)
 {
+	struct storage *store = NULL;
 	struct job_step_op *op;
 	char err[IPC_ERRLEN];
+	bool is_tier = false;
 	int rc;
 
 	rc = ipc_check_job(job, err);
 	if (!rc)
 		rc = ipc_check_step(step, err);
+	if (!rc) {
+		pthread_mutex_lock(&a->mu);
+		rc = upload_pick_tier(a, tier, &store, &is_tier, err);
+		pthread_mutex_unlock(&a->mu);
+	}
 	if (rc) {
 		rpc_fail(c, rc, "%s: %s", what, err);
 		return;
@@ -391,6 +400,8 @@ static void queue_job_step(struct rpc *c, struct agent *a, const char *what, con
 	op->call = c;
 	snprintf(op->job, sizeof(op->job), "%s", job);
 	op->step = step;
+	op->store = store;
+	op->tier = is_tier;
 	op->work.fn = fn;
 	workq_push(q, &op->work);
 }
@@ -400,7 +411,8 @@ void rpc_show(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__ShowRequest *req = (Ckpt__V1__ShowRequest *)m;
 	struct agent *a = ctx;
 
-	queue_job_step(c, a, "show", req->job, req->step, ACCESS_READ, show_run, a->readers);
+	queue_job_step(c, a, "show", req->job, req->step, req->tier, ACCESS_READ, show_run,
+	               a->readers);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
@@ -409,7 +421,8 @@ void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__DeleteRequest *req = (Ckpt__V1__DeleteRequest *)m;
 	struct agent *a = ctx;
 
-	queue_job_step(c, a, "delete", req->job, req->step, ACCESS_MANAGE, delete_run, a->maint);
+	queue_job_step(c, a, "delete", req->job, req->step, NULL, ACCESS_MANAGE, delete_run,
+	               a->maint);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 

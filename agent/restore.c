@@ -373,6 +373,8 @@ struct verify {
 	struct rpc *call;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step;
+	struct storage *store; /* the root, or the upload tier */
+	bool tier; /* the upload tier: not in the root's catalog */
 };
 
 /*
@@ -484,9 +486,16 @@ static void verify_run(struct work *w)
 	size_t n = 0;
 	struct reader r;
 	struct cat_entry *e;
+	int rc;
 
 	memset(&r, 0, sizeof(r));
-	if (store_read_manifest(a->store, v->job, v->step, &m, err) == 0) {
+	rc = store_read_manifest(v->store, v->job, v->step, &m, err);
+	if (rc == -ENOENT && v->tier) {
+		rpc_fail(v->call, rc, "job %s has no committed step %lld on the upload tier",
+		         v->job, (long long)v->step);
+		goto out;
+	}
+	if (rc == 0) {
 		for (size_t i = 0; i < m->ntensors; i++)
 			n += m->tensors[i].nchunks;
 		hdr = calloc(m->nranks, sizeof(*hdr));
@@ -498,6 +507,7 @@ static void verify_run(struct work *w)
 		goto out;
 	}
 	r.collect = true;
+	r.store = v->store;
 	if (!m)
 		reader_problem(&r, -EBADMSG, "%s", err);
 	else if (verify_extents(&r, m, hdr, whole) || reader_run(&r, m, 2))
@@ -513,7 +523,7 @@ out:
 	manifest_free(m);
 	reader_free(&r);
 	pthread_mutex_lock(&a->mu);
-	e = catalog_find(a->cat, v->job, v->step);
+	e = v->tier ? NULL : catalog_find(a->cat, v->job, v->step);
 	if (e)
 		e->readers--;
 	pthread_mutex_unlock(&a->mu);
@@ -573,17 +583,27 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		goto out;
 	}
 	pthread_mutex_lock(&a->mu);
-	e = catalog_find(a->cat, req->job, req->step);
+	rc = upload_pick_tier(a, req->tier, &v->store, &v->tier, err);
+	e = rc || v->tier ? NULL : catalog_find(a->cat, req->job, req->step);
 	if (e)
 		e->readers++;
 	pthread_mutex_unlock(&a->mu);
+	if (rc) {
+		rpc_fail(c, rc, "verify: %s", err);
+		free(v);
+		goto out;
+	}
 	v->a = a;
 	v->call = c;
 	snprintf(v->job, sizeof(v->job), "%s", req->job);
 	v->step = req->step;
-	/* Listed: marked as read, straight to a reader. Not: the maint thread looks first. */
-	v->work.fn = e ? verify_run : verify_find;
-	workq_push(e ? a->readers : a->maint, &v->work);
+	/*
+	 * Listed: marked as read, straight to a reader. Not: the maint thread
+	 * looks first. The upload tier: a reader reads its manifest, or says
+	 * it has none.
+	 */
+	v->work.fn = e || v->tier ? verify_run : verify_find;
+	workq_push(e || v->tier ? a->readers : a->maint, &v->work);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }

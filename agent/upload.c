@@ -566,6 +566,22 @@ struct storage *upload_tier(struct uploader *u)
 	return u ? u->tier : NULL;
 }
 
+int upload_pick_tier(struct agent *a, const char *name, struct storage **out, bool *is_tier,
+                     char *err)
+{
+	*is_tier = name && strcmp(name, "upload") == 0;
+	if (!name || !*name || strcmp(name, "root") == 0) {
+		*out = a->store;
+		return 0;
+	}
+	if (!*is_tier)
+		return ipc_errf(err, -EINVAL, "tier '%.32s': expected root or upload", name);
+	if (!a->up)
+		return ipc_errf(err, -ENOENT, "this agent has no upload tier ([upload] root)");
+	*out = a->up->tier;
+	return 0;
+}
+
 void upload_get_stats(struct uploader *u, struct upload_stats *out)
 {
 	struct list *pos;

@@ -49,6 +49,13 @@ void upload_queue(struct uploader *u, const char *job, int64_t step);
  */
 void upload_resume(struct uploader *u);
 struct storage *upload_tier(struct uploader *u);
+/*
+ * Under agent.mu: the storage a request names ("" or "root": the root;
+ * "upload": the upload tier). -EINVAL for another name, -ENOENT when the
+ * agent has no upload tier; *is_tier: it is the upload tier.
+ */
+int upload_pick_tier(struct agent *a, const char *name, struct storage **out, bool *is_tier,
+                     char *err);
 /* Under agent.mu; u may be NULL (all zeros). */
 void upload_get_stats(struct uploader *u, struct upload_stats *out);
 

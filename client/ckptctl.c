@@ -27,8 +27,11 @@ void ctl_usage(FILE *f)
 	fprintf(f, "usage: ckptctl [--endpoint E] [--json] COMMAND\n"
 	           "  status              the agent: I/O path, staging pool, saves, last error\n"
 	           "  list [JOB]          committed checkpoints (and those in flight)\n"
-	           "  show JOB STEP       one checkpoint: ranks and tensors\n"
-	           "  verify JOB STEP     read every byte back and check every checksum\n"
+	           "  show [--tier T] JOB STEP\n"
+	           "                      one checkpoint: ranks and tensors\n"
+	           "  verify [--tier T] JOB STEP\n"
+	           "                      read every byte back and check every checksum\n"
+	           "                      (T: root, the default, or upload: the upload tier)\n"
 	           "  delete JOB STEP     remove a checkpoint\n"
 	           "  watch [JOB]         saves in flight, live (Ctrl-C quits); one line per\n"
 	           "                      event when stdout is not a terminal\n"
@@ -373,6 +376,27 @@ static void show_tensors(json_t *m)
 	}
 }
 
+/* A leading "--tier root|upload": *tier, and the arguments after it; false if bad. */
+static bool take_tier(int *argc, char ***argv, char **tier)
+{
+	if (*argc < 1 || strncmp((*argv)[0], "--tier", 6) != 0)
+		return true;
+	if ((*argv)[0][6] == '=') {
+		*tier = (*argv)[0] + 7;
+		(*argc)--, (*argv)++;
+	} else if (!(*argv)[0][6] && *argc >= 2) {
+		*tier = (*argv)[1];
+		*argc -= 2, *argv += 2;
+	} else {
+		return false;
+	}
+	if (strcmp(*tier, "root") != 0 && strcmp(*tier, "upload") != 0) {
+		fprintf(stderr, "ckptctl: --tier %s: expected root or upload\n", *tier);
+		return false;
+	}
+	return true;
+}
+
 static int cmd_show(struct ctl *x, int argc, char **argv)
 {
 	Ckpt__V1__ShowRequest req = CKPT__V1__SHOW_REQUEST__INIT;
@@ -381,6 +405,8 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 	size_t i;
 	int rc;
 
+	if (!take_tier(&argc, &argv, &req.tier))
+		return EXIT_USAGE;
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
 	if (!job_ok(argv[0]))
@@ -441,6 +467,8 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 	char size[32];
 	int rc;
 
+	if (!take_tier(&argc, &argv, &req.tier))
+		return EXIT_USAGE;
 	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
 		return ctl_usage(stderr), EXIT_USAGE;
 	if (!job_ok(argv[0]))
