@@ -69,6 +69,7 @@ static bool holds(const float *emb, const uint8_t *opt, size_t optn, long step, 
  * --rank ENDPOINT JOB RUN RANK WORLD FIRST LAST MB MODE: saves steps
  * FIRST..LAST, each with meta {"rank": R, "step": S}, and then
  *   commit       waits for COMMITTED each time (exit 20 + what went wrong)
+ *   upload       waits for UPLOADED each time (an agent with an upload tier)
  *   expect-fail  waits for FAILED and prints the reason (one step)
  *   hold         does not wait: sleeps until killed
  *   late         as commit, but sleeps 3 s after its plan is made (published)
@@ -137,7 +138,8 @@ static int rank_main(char **v)
 			for (;;)
 				pause();
 		}
-		rc = ckpt_save_wait(s, CKPT_COMMITTED, 120000);
+		rc = ckpt_save_wait(s, strcmp(mode, "upload") ? CKPT_COMMITTED : CKPT_UPLOADED,
+		                    120000);
 		if (strcmp(mode, "expect-fail") == 0) {
 			printf("%s\n", rc == -EIO ? ckpt_save_reason(s) : "NOT FAILED");
 			fflush(stdout);

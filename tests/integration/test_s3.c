@@ -129,8 +129,8 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
 	if (pid == 0) {
 		dup2(fds[1], STDOUT_FILENO);
 		close(fds[0]);
-		execl(CKPT_CLUSTER_BIN, "test_cluster", "--rank", a->endpoint, job, "0", r, w, f, l, m,
-		      mode, (char *)NULL);
+		execl(CKPT_CLUSTER_BIN, "test_cluster", "--rank", a->endpoint, job, "0", r, w, f, l,
+		      m, mode, (char *)NULL);
 		_exit(127);
 	}
 	close(fds[1]);
@@ -152,17 +152,23 @@ static void read_all(int fd, char *buf, size_t len)
 	close(fd);
 }
 
-/* Ranks spread over agents a[0..n): saves first..last, each COMMITTED. */
-static void save_all(struct agent_proc *a, int n, const char *job, int world, long first,
-                     long last, long mb)
+/* Ranks spread over agents a[0..n): saves first..last, each COMMITTED (or as mode says). */
+static void save_mode(struct agent_proc *a, int n, const char *job, int world, long first,
+                      long last, long mb, const char *mode)
 {
 	pid_t pid[16];
 
 	for (int r = 0; r < world; r++)
-		pid[r] = spawn_rank(&a[r * n / world], job, r, world, first, last, mb, "commit", NULL);
+		pid[r] = spawn_rank(&a[r * n / world], job, r, world, first, last, mb, mode, NULL);
 	for (int r = 0; r < world; r++)
-		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s (steps %ld..%ld) did not commit", r,
-		              job, first, last);
+		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s (steps %ld..%ld) did not %s", r,
+		              job, first, last, mode);
+}
+
+static void save_all(struct agent_proc *a, int n, const char *job, int world, long first, long last,
+                     long mb)
+{
+	save_mode(a, n, job, world, first, last, mb, "commit");
 }
 
 /* Every rank restores LATEST, byte-exact with its meta: the step. */
@@ -177,15 +183,15 @@ static long restore_all(struct agent_proc *a, int n, const char *job, int world,
 		pid[r] = spawn_rank(&a[r * n / world], job, r, world, 0, 0, mb, "restore", &fd[r]);
 	for (int r = 0; r < world; r++) {
 		read_all(fd[r], out, sizeof(out));
-		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s could not restore LATEST", r, job);
+		ck_assert_msg(h_reap(pid[r]) == 0, "rank %d of %s could not restore LATEST", r,
+		              job);
 		ck_assert_msg(step == -2 || step == atol(out), "ranks restored different steps");
 		step = atol(out);
 	}
 	return step;
 }
 
-static void start_on(struct agent_proc *a, const char *bucket, const char *node,
-                     const char *extra)
+static void start_on(struct agent_proc *a, const char *bucket, const char *node, const char *extra)
 {
 	char root[128], args[1024];
 
@@ -245,8 +251,8 @@ START_TEST(roundtrip_part_sizes)
 		snprintf(key, sizeof(key), "ckpt/%s/step-%012d/%s", job, 2, name);
 		snprintf(file, sizeof(file), "%s/rank%d.safetensors", a.dir, r);
 		ck_assert_int_eq(download(bucket, key, file), 200);
-		snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' 2 %d %ld", CKPT_PYTHON, CKPT_S3_LOAD, file,
-		         r, mb);
+		snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' 2 %d %ld", CKPT_PYTHON, CKPT_S3_LOAD,
+		         file, r, mb);
 		ck_assert_msg(system(cmd) == 0, "%s: does not load as what was saved", cmd);
 	}
 	json_decref(m);
@@ -322,7 +328,8 @@ START_TEST(store_stops_mid_upload)
 	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0, "%s", out);
 	ck_assert_int_eq(rgw(NULL, 0, "start-gw", "%s", ""), 0);
 
-	/* what was committed before is whole; the failed upload is aborted once the store is back */
+	/* what was committed before is whole; the failed upload is aborted once the store is back
+	 */
 	ck_assert_int_eq(restore_all(&a, 1, "cut", 1, 1), 1);
 	for (tries = 0; open_uploads(bucket) > 0 && tries < 100; tries++)
 		usleep(200000);
@@ -331,6 +338,129 @@ START_TEST(store_stops_mid_upload)
 	ck_assert_int_eq(restore_all(&a, 1, "cut", 1, 1), 3);
 	ck_assert_int_eq(h_agent_stop(&a), 0);
 	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* ---- the upload tier --------------------------------------------------- */
+
+struct tiered {
+	char dir[256], root[300], bucket[64];
+	struct agent_proc a[2];
+	int n;
+};
+
+/* n agents on one directory root, with an upload tier in a fresh bucket. */
+static void tiered_start(struct tiered *t, int n, const char *extra)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+	char args[1024], more[512], node[8];
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->dir, sizeof(t->dir), "%s/cks3.XXXXXX", tmp);
+	ck_assert(mkdtemp(t->dir));
+	snprintf(t->root, sizeof(t->root), "%s/shared", t->dir);
+	new_bucket(t->bucket, sizeof(t->bucket));
+	snprintf(more, sizeof(more), "--upload-root s3://%s/tier %s", t->bucket, extra);
+	s3_args(args, sizeof(args), more);
+	t->n = n;
+	for (int i = 0; i < n; i++) {
+		snprintf(node, sizeof(node), "n%d", i);
+		h_agent_start_node(&t->a[i], t->root, node, args);
+	}
+}
+
+static void tiered_stop(struct tiered *t)
+{
+	char cmd[400];
+
+	for (int i = 0; i < t->n; i++) {
+		ck_assert_int_eq(h_agent_stop(&t->a[i]), 0);
+		h_agent_cleanup(&t->a[i]);
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* The HTTP status of GET <bucket>/tier/<job>/step-<step>/manifest.json (into <dir>/m.json). */
+static int tier_manifest(const struct tiered *t, const char *job, long step)
+{
+	char key[256], path[400];
+
+	snprintf(key, sizeof(key), "tier/%s/step-%012ld/manifest.json", job, step);
+	snprintf(path, sizeof(path), "%s/m.json", t->dir);
+	return download(t->bucket, key, path);
+}
+
+/*
+ * Two nodes on a shared directory, an upload tier keeping 2: every save goes
+ * COMMITTED then UPLOADED; the tier holds the last two (with both nodes'
+ * parts), the root all three; with the root's copies deleted, every rank
+ * restores LATEST from the tier, and the agent says so; verify --tier upload
+ * reads it back whole.
+ */
+START_TEST(upload_tier_two_nodes)
+{
+	struct tiered t;
+	char out[4096];
+	json_error_t je;
+	json_t *m;
+
+	tiered_start(&t, 2, "--upload-keep-last 2");
+	save_mode(t.a, 2, "up", 4, 1, 3, 1, "upload");
+	ck_assert_int_eq(tier_manifest(&t, "up", 1), 404);
+	ck_assert_int_eq(tier_manifest(&t, "up", 2), 200);
+	ck_assert_int_eq(tier_manifest(&t, "up", 3), 200);
+	snprintf(out, sizeof(out), "%s/m.json", t.dir);
+	m = json_load_file(out, 0, &je);
+	ck_assert_msg(m, "%s", je.text);
+	ck_assert_int_eq(json_array_size(json_object_get(m, "parts")), 2);
+	ck_assert_int_eq(json_array_size(json_object_get(m, "ranks")), 4);
+	json_decref(m);
+	/* the root keeps what its own retention (off) keeps */
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "show up 1") == 0, "root lost step 1: %s",
+	              out);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload up 3") == 0, "%s",
+	              out);
+	for (long s = 1; s <= 3; s++)
+		ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete up %ld", s) == 0, "%s", out);
+	ck_assert_int_eq(restore_all(t.a, 2, "up", 4, 1), 3);
+	ck_assert(h_log_has(&t.a[0], "restored from the upload tier") ||
+	          h_log_has(&t.a[1], "restored from the upload tier"));
+	ck_assert_int_eq(open_uploads(t.bucket), 0);
+	tiered_stop(&t);
+}
+END_TEST
+
+/*
+ * The store away while a step commits on the root: the save is COMMITTED
+ * all the same and the upload is tried again; the agent is killed and
+ * started again once the store is back: it resumes the upload, and the tier
+ * has the step whole.
+ */
+START_TEST(upload_resumes_when_the_store_is_back)
+{
+	struct tiered t;
+	char out[4096];
+	int tries;
+
+	tiered_start(&t, 1, "--s3-max-tries 2");
+	ck_assert_int_eq(rgw(NULL, 0, "stop-gw", "%s", ""), 0);
+	save_all(t.a, 1, "later", 1, 1, 1, 1);
+	for (tries = 0; !h_log_has(&t.a[0], "upload of job later step 1 failed") && tries < 200;
+	     tries++)
+		usleep(50000);
+	ck_assert_msg(tries < 200, "no failed upload was logged");
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "status") == 0, "%s", out);
+	h_agent_kill(&t.a[0]);
+	ck_assert_int_eq(rgw(NULL, 0, "start-gw", "%s", ""), 0);
+	h_agent_restart(&t.a[0]);
+	for (tries = 0; tier_manifest(&t, "later", 1) != 200 && tries < 150; tries++)
+		usleep(200000);
+	ck_assert_int_eq(tier_manifest(&t, "later", 1), 200);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload later 1") == 0, "%s",
+	              out);
+	ck_assert_int_eq(open_uploads(t.bucket), 0);
+	tiered_stop(&t);
 }
 END_TEST
 
@@ -403,6 +533,8 @@ static Suite *suite(void)
 	tcase_add_loop_test(t, roundtrip_part_sizes, 0, sizeof(sizes) / sizeof(sizes[0]));
 	tcase_add_test(t, world8_over_four_agents);
 	tcase_add_test(t, store_stops_mid_upload);
+	tcase_add_test(t, upload_tier_two_nodes);
+	tcase_add_test(t, upload_resumes_when_the_store_is_back);
 	tcase_add_test(t, start_errors);
 	suite_add_tcase(s, t);
 	return s;
@@ -418,7 +550,8 @@ int main(void)
 	region = getenv("CKPT_TEST_S3_REGION");
 	rgwdir = getenv("CKPT_TEST_S3_DIR");
 	if (!endpoint || !creds || !region || !rgwdir) {
-		fprintf(stderr, "no S3 gateway (CKPT_TEST_S3_* unset: scripts/rgw.sh up starts one)\n");
+		fprintf(stderr,
+		        "no S3 gateway (CKPT_TEST_S3_* unset: scripts/rgw.sh up starts one)\n");
 		return 77;
 	}
 	sr = srunner_create(suite());
