@@ -272,7 +272,7 @@ static void tier_retention(struct uploader *u, const char *job)
 }
 
 /*
- * 0: uploaded (or nothing of it is this node's); -EAGAIN: not yet (why
+ * 0: uploaded; -ESRCH: nothing of it is this node's; -EAGAIN: not yet (why
  * says what is awaited); -ENOENT: the step is no longer on the root; else
  * failed.
  */
@@ -296,17 +296,21 @@ static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_
 		return rc;
 	}
 	mine = our_part(m, me);
-	for (size_t i = 0; mine && !rc && i < mine->nranks; i++) {
+	if (!mine) { /* another node's step: its agent uploads it */
+		manifest_free(m);
+		return -ESRCH;
+	}
+	for (size_t i = 0; !rc && i < mine->nranks; i++) {
 		const struct manifest_rank *r = &m->ranks[mine->ranks[i]];
 
 		rc = copy_shard(u, job, step, r->file, r->size, sent, why);
 	}
-	if (!rc && mine && (rc = store_read_part(a->store, job, step, me, &p, why)) == 0)
+	if (!rc && (rc = store_read_part(a->store, job, step, me, &p, why)) == 0)
 		rc = store_put_part(u->tier, p, why);
 	part_free(p);
 	if (rc)
 		goto out;
-	if (!mine || strcmp(manifest_node_of(m, 0), me) != 0) {
+	if (strcmp(manifest_node_of(m, 0), me) != 0) {
 		/* rank 0's node commits on the tier: ours is done once its manifest is there */
 		if (!store_committed(u->tier, job, step))
 			rc = ipc_errf(why, -EAGAIN, "waiting for node %s to commit it on the tier",
@@ -389,6 +393,15 @@ static void upload_run(struct work *w)
 	} else if (rc == -ENOENT) {
 		log_msg(LOG_NOTICE, "upload of job %s step %lld dropped: %s", j->job,
 		        (long long)j->step, why);
+	} else if (rc == -ESRCH) {
+		/* another node's step: nothing to do here */
+	} else if (rc == -EAGAIN &&
+	           ipc_mono_ns() - j->first_ns > (int64_t)a->cfg.commit_deadline_s * 1000000000) {
+		/* the other nodes upload nothing (no tier?), or rank 0's node is gone */
+		u->st.failed++;
+		log_msg(LOG_WARNING,
+		        "upload of job %s step %lld given up after the commit deadline (%u s): %s",
+		        j->job, (long long)j->step, a->cfg.commit_deadline_s, why);
 	} else if (!u->stopping) {
 		/* "not yet" is looked at again soon; a failure after a back-off */
 		int64_t delay = rc == -EAGAIN ? WAIT_NS : j->backoff_ns;
