@@ -8,7 +8,9 @@
 # nocuda one, like an install, without. Tests that cannot run here (no GPU,
 # no io_uring) report skipped. Last, the fuzz stage: every parser's
 # libFuzzer target (fuzz/README.md), built with clang in build-fuzz, runs
-# CKPT_FUZZ_SECONDS (default 20) each and must not crash, leak or time out.
+# CKPT_FUZZ_SECONDS (default 10) each and must not crash, leak or time out.
+# ctest runs with -j2, yet one test at a time but for those that mostly wait
+# (CKPT_TESTS_BESIDE in CMakeLists.txt: an agent frozen for two minutes).
 # First of all, the format stage: every C file in the house format
 # (scripts/format.sh --check).
 # The S3 tests talk to a real S3 server: for the stages that run ctest, a
@@ -59,7 +61,7 @@ for b in "${builds[@]}"; do
 		continue
 		;;
 	fuzz)
-		scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-20}"
+		scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"
 		continue
 		;;
 	plain) dir=build san= ;;
@@ -72,5 +74,5 @@ for b in "${builds[@]}"; do
 	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
 		-DCKPT_FAULT_INJECTION="$faults" >/dev/null
 	cmake --build "$dir" -j "$jobs" >/dev/null
-	(cd "$dir" && ctest --output-on-failure --timeout 900 -R "$tests")
+	(cd "$dir" && ctest --output-on-failure --timeout 900 -j2 -R "$tests")
 done
