@@ -5,6 +5,7 @@
  *   ckpt_bench --endpoint E --dir D --sizes 256,1024,4096 --ranks 1,4 --reps 5 --out F
  *   ckpt_bench --endpoint E --dir D --control-plane N --out F
  *   ckpt_bench --endpoint E --dir D --sizes 4096 --ranks 8 --node --out F
+ *   ckpt_bench --endpoint E --dir D --sizes 1024 --ranks 1 --node --uploaded --out F
  *
  * For each size (MiB, the whole checkpoint) and rank count (the size split
  * across that many ranks, each a thread with its own client, as separate
@@ -25,6 +26,11 @@
  * COMMITTED; restore) and every rank's final state with its reason; a save
  * that is SKIPPED or FAILED is recorded, not fatal, and the restore runs only
  * when every rank COMMITTED. No references (memcpy, in-trainer) are taken.
+ *
+ * --uploaded (with --node; bench/s3_run.sh), for an agent with an upload
+ * tier: each rank also waits, after COMMITTED, for UPLOADED, and records
+ * save -> UPLOADED ("rank_uploaded_seconds"); the restore and the step's
+ * delete come only after it, so neither runs beside the upload.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +54,7 @@ struct opts {
 	int nsizes, nranks, reps;
 	int control; /* > 0: only the control plane, with this many saves */
 	int node; /* per-rank records; a save that does not commit is recorded */
+	int uploaded; /* --node: wait for UPLOADED after COMMITTED, and record it */
 };
 
 struct rank {
@@ -62,8 +69,8 @@ struct rank {
 	/* one repetition */
 	int64_t step;
 	pthread_barrier_t *bar;
-	double t0, stall, durable, commit, rs0, rs1;
-	int state, keep_going, *ncommitted;
+	double t0, stall, durable, commit, upload, rs0, rs1;
+	int state, keep_going, wait_uploaded, *ncommitted;
 	char reason[256];
 };
 
@@ -216,6 +223,10 @@ static void *rank_rep(void *arg)
 	if (!rc)
 		rc = ckpt_save_wait(s, CKPT_COMMITTED, -1);
 	r->commit = now() - r->t0;
+	if (!rc && r->wait_uploaded) {
+		rc = ckpt_save_wait(s, CKPT_UPLOADED, -1);
+		r->upload = now() - r->t0;
+	}
 	r->state = s ? (int)ckpt_save_state(s) : 0;
 	snprintf(r->reason, sizeof(r->reason), "%s", s ? ckpt_save_reason(s) : ckpt_strerror(rc));
 	if (rc && !r->keep_going)
@@ -304,18 +315,21 @@ static void references(struct rank *r, const struct opts *o, long mib)
  */
 static void record_node_rep(long mib, int rep, const struct rank *r, int world, bool restored)
 {
-	double cap[16], dur[16], com[16], rst[16];
+	double cap[16], dur[16], com[16], upl[16], rst[16];
 
 	for (int k = 0; k < world; k++) {
 		cap[k] = r[k].stall;
 		dur[k] = r[k].durable;
 		com[k] = r[k].commit;
+		upl[k] = r[k].upload;
 		rst[k] = r[k].rs1 - r[k].rs0;
 	}
 	record_states(mib, rep, r, world);
 	record_ranks("rank_captured_seconds", mib, rep, cap, world);
 	record_ranks("rank_durable_seconds", mib, rep, dur, world);
 	record_ranks("rank_committed_seconds", mib, rep, com, world);
+	if (restored && r[0].wait_uploaded)
+		record_ranks("rank_uploaded_seconds", mib, rep, upl, world);
 	if (restored)
 		record_ranks("rank_restore_seconds", mib, rep, rst, world);
 }
@@ -337,6 +351,7 @@ static void run_size(const struct opts *o, long mib, long world)
 		                     .world = (int)world,
 		                     .bar = &bar,
 		                     .keep_going = o->node,
+		                     .wait_uploaded = o->uploaded,
 		                     .ncommitted = &ncommitted};
 		r[k].bytes = ((uint64_t)mib << 20) / (uint64_t)world;
 		rank_setup(&r[k], o, mib);
@@ -457,6 +472,7 @@ int main(int argc, char **argv)
 	    {"out", required_argument, NULL, 'o'},
 	    {"control-plane", required_argument, NULL, 'c'},
 	    {"node", no_argument, NULL, 'N'},
+	    {"uploaded", no_argument, NULL, 'U'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct opts o = {.reps = 5};
@@ -481,6 +497,8 @@ int main(int argc, char **argv)
 			o.control = atoi(optarg);
 		else if (opt == 'N')
 			o.node = 1;
+		else if (opt == 'U')
+			o.uploaded = 1;
 		else
 			return 2;
 	}
@@ -488,10 +506,10 @@ int main(int argc, char **argv)
 		if (o.ranks[k] > 16)
 			o.nranks = -1;
 	if (!o.endpoint || !o.dir || !o.out || o.nsizes < 1 || o.nranks < 1 || o.reps < 1 ||
-	    o.reps > 16) {
+	    o.reps > 16 || (o.uploaded && !o.node)) {
 		fprintf(stderr,
 		        "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
-		        "[--ranks N,...(at most 16)] [--reps 1..16] [--node]\n");
+		        "[--ranks N,...(at most 16)] [--reps 1..16] [--node [--uploaded]]\n");
 		return 2;
 	}
 	out = fopen(o.out, "w");
