@@ -4,15 +4,19 @@
 # else one the largest of $sizes fits in, waits until it serves, saves its
 # status in $raw/status.json, and on exit stops it and removes $work. Sets
 # sock and agent. kill_agent stops it alone (the next start_agent may follow).
-#   bench_build PROGRAM    builds ckptd, ckptctl and bench/PROGRAM in $build
+#   bench_build PROGRAM... builds ckptd, ckptctl and bench/PROGRAM... in $build
 #                          (RelWithDebInfo, no sanitizer) unless $quick and
-#                          it is there already
+#                          they are there already
 #   bench_workdir NAME     $work (under $dir, else /var/tmp), $raw and $out made
 
 bench_build() {
-	if [[ ! -x $build/bench/$1 ]] || ((! ${quick:-0})); then
+	local p missing=0
+	for p; do
+		[[ -x $build/bench/$p ]] || missing=1
+	done
+	if ((missing)) || ((! ${quick:-0})); then
 		cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE= >/dev/null
-		cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl "$1" >/dev/null
+		cmake --build "$build" -j "$(nproc)" --target ckptd ckptctl "$@" >/dev/null
 	fi
 }
 
