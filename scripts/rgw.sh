@@ -309,7 +309,9 @@ up() {
 		bluestore cache autotune = false
 		bluestore cache size = 134217728
 		[client.rgw.a]
-		rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+		# tcp_nodelay: else each small request on a kept-alive connection
+		# waits ~40 ms for the client's delayed ACK
+		rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
 		rgw data = $dir/rgw.a
 		rgw dns name = 127.0.0.1
 		rgw enable usage log = false
