@@ -433,6 +433,7 @@ struct save {
 	struct save *next_capture; /* plan_gpu's queue */
 	uint8_t cuda_event[GPU_EVENT_HANDLE_BYTES]; /* the trainer's event for this save */
 	bool pool_limited;
+	bool upload_failed; /* COMMITTED, and it will not be UPLOADED: reason says why */
 	unsigned want; /* chunks to reserve; counted in queued_chunks until then */
 	struct pool_resv resv;
 	struct storage_shard *shard;
@@ -463,6 +464,11 @@ void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu: moves s to `state` (monotonic), then tells its observers (save_observer_fn). */
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
+/*
+ * Under mu: a COMMITTED save will not be UPLOADED (upload.c gave it up): the
+ * trainer (waiting for UPLOADED) and watchers hear why; its state stays.
+ */
+void save_upload_failed(struct agent *a, struct save *s, const char *why);
 /* Under mu: fills `info` (strings point into s). */
 void save_info(struct save *s, Ckpt__V1__SaveInfo *info);
 /* Under mu: the client left; its saves tell nobody. */

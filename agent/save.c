@@ -48,6 +48,7 @@ void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 	info->world = s->world;
 	info->state = s->state;
 	info->reason = s->reason;
+	info->upload_failed = s->upload_failed;
 	info->bytes_total = s->bytes_total;
 	info->bytes_captured = atomic_load(&s->bytes_captured);
 	info->bytes_written = atomic_load(&s->bytes_written);
@@ -127,6 +128,17 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 	}
 	for (size_t i = 0; i < sizeof(observers) / sizeof(observers[0]); i++)
 		observers[i](a, s, state);
+}
+
+void save_upload_failed(struct agent *a, struct save *s, const char *why)
+{
+	if (s->state != CKPT__V1__STATE__STATE_COMMITTED || s->upload_failed)
+		return;
+	s->upload_failed = true;
+	snprintf(s->reason, sizeof(s->reason), "not uploaded: %s", why);
+	/* no new state: only those who show it to people hear (not the metrics) */
+	session_on_save(a, s, s->state);
+	watchers_on_save(a, s, s->state);
 }
 
 /* Under mu: this save fails, and its checkpoint with it. */

@@ -338,8 +338,11 @@ out:
 	return rc;
 }
 
-/* Under mu: this node's saves of (job, step) are UPLOADED. */
-static void uploaded(struct agent *a, const char *job, int64_t step)
+/*
+ * Under mu: this node's saves of (job, step) are UPLOADED, or (why) will
+ * not be.
+ */
+static void uploaded(struct agent *a, const char *job, int64_t step, const char *why)
 {
 	struct list *pos;
 
@@ -347,10 +350,32 @@ static void uploaded(struct agent *a, const char *job, int64_t step)
 	{
 		struct save *s = container_of(pos, struct save, link);
 
-		if (s->step == step && strcmp(s->job, job) == 0 &&
-		    s->state == CKPT__V1__STATE__STATE_COMMITTED)
+		if (s->step != step || strcmp(s->job, job) != 0 ||
+		    s->state != CKPT__V1__STATE__STATE_COMMITTED)
+			continue;
+		if (why)
+			save_upload_failed(a, s, why);
+		else
 			save_set_state(a, s, CKPT__V1__STATE__STATE_UPLOADED, NULL);
 	}
+}
+
+/*
+ * The step left the root before its upload ended (deleted, or removed by
+ * the root's retention): what this node put of it on the tier goes, unless
+ * the tier committed it (then it is the tier's checkpoint).
+ */
+static void forget(struct uploader *u, const char *job, int64_t step)
+{
+	char err[IPC_ERRLEN];
+	int rc;
+
+	if (store_committed(u->tier, job, step))
+		return;
+	rc = u->tier->ops->remove(u->tier, job, step, err);
+	if (rc && rc != -ENOENT)
+		log_msg(LOG_WARNING, "upload tier: job %s step %lld: %s", job, (long long)step,
+		        err);
 }
 
 static void job_free(struct up_job *j)
@@ -386,22 +411,36 @@ static void upload_run(struct work *w)
 	j->tries++;
 	if (rc == 0) {
 		u->st.uploaded++;
-		uploaded(a, j->job, j->step);
+		uploaded(a, j->job, j->step, NULL);
 		log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent in %.3f s", j->job,
 		        (long long)j->step, (unsigned long long)sent,
 		        (double)(ipc_mono_ns() - t0) / 1e9);
 	} else if (rc == -ENOENT) {
+		char note[IPC_ERRLEN + 64];
+
+		snprintf(note, sizeof(note),
+		         "the step left the root (deleted, or removed by retention) before its "
+		         "upload: %s",
+		         why);
 		log_msg(LOG_NOTICE, "upload of job %s step %lld dropped: %s", j->job,
-		        (long long)j->step, why);
+		        (long long)j->step, note);
+		uploaded(a, j->job, j->step, note);
+		pthread_mutex_unlock(&a->mu);
+		forget(u, j->job, j->step);
+		pthread_mutex_lock(&a->mu);
 	} else if (rc == -ESRCH) {
 		/* another node's step: nothing to do here */
 	} else if (rc == -EAGAIN &&
 	           ipc_mono_ns() - j->first_ns > (int64_t)a->cfg.commit_deadline_s * 1000000000) {
 		/* the other nodes upload nothing (no tier?), or rank 0's node is gone */
+		char note[IPC_ERRLEN + 64];
+
 		u->st.failed++;
-		log_msg(LOG_WARNING,
-		        "upload of job %s step %lld given up after the commit deadline (%u s): %s",
-		        j->job, (long long)j->step, a->cfg.commit_deadline_s, why);
+		snprintf(note, sizeof(note), "given up after the commit deadline (%u s): %s",
+		         a->cfg.commit_deadline_s, why);
+		log_msg(LOG_WARNING, "upload of job %s step %lld %s", j->job, (long long)j->step,
+		        note);
+		uploaded(a, j->job, j->step, note);
 	} else if (!u->stopping) {
 		/* "not yet" is looked at again soon; a failure after a back-off */
 		int64_t delay = rc == -EAGAIN ? WAIT_NS : j->backoff_ns;

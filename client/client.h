@@ -83,6 +83,7 @@ struct ckpt_save {
 	char reason[IPC_ERRLEN];
 	uint64_t plan_id;
 	bool uploads; /* its plan's */
+	bool upload_failed; /* COMMITTED, but it will not be UPLOADED (reason says why) */
 	bool cuda; /* a save of a CUDA plan: */
 	uint32_t fence_seq; /* its number on the plan's fence */
 	uintptr_t fence_dev; /* the fence word as the GPU sees it; 0 once the plan is gone */

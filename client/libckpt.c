@@ -45,6 +45,11 @@ static void apply_event(struct ckpt_client *c, const Ckpt__V1__SaveInfo *info)
 				snprintf(s->reason, sizeof(s->reason), "%s",
 				         info->reason ? info->reason : "");
 			}
+			if (info->upload_failed && !s->upload_failed) {
+				s->upload_failed = true; /* a waiter for UPLOADED wakes to it */
+				snprintf(s->reason, sizeof(s->reason), "%s",
+				         info->reason ? info->reason : "");
+			}
 			return;
 		}
 	e = &c->early[c->nearly++ % CL_EARLY];

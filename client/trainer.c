@@ -699,6 +699,11 @@ int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
 		}
 		if (s->state >= (int)until)
 			break;
+		if (until == CKPT_UPLOADED && s->upload_failed) {
+			rc = -EIO;
+			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
+			break;
+		}
 		if (c->gone) {
 			rc = -ENOTCONN;
 			snprintf(c->last_error, sizeof(c->last_error),

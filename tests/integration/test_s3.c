@@ -128,6 +128,8 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		dup2(fds[1], STDOUT_FILENO);
+		if (out_fd) /* what went wrong too, where the caller reads */
+			dup2(fds[1], STDERR_FILENO);
 		close(fds[0]);
 		execl(CKPT_CLUSTER_BIN, "test_cluster", "--rank", a->endpoint, job, "0", r, w, f, l,
 		      m, mode, (char *)NULL);
@@ -464,6 +466,41 @@ START_TEST(upload_resumes_when_the_store_is_back)
 }
 END_TEST
 
+/*
+ * A step deleted from the root while its upload runs (slowed to 80 Mbit/s):
+ * the upload is dropped, what it put on the tier goes, and the trainer
+ * waiting for UPLOADED is told it will not come (instead of waiting for
+ * ever).
+ */
+START_TEST(upload_of_a_deleted_step)
+{
+	struct tiered t;
+	char out[65536], key[128];
+	int tries, fd;
+	pid_t pid;
+
+	tiered_start(&t, 1, "--upload-max-mbps 80");
+	pid = spawn_rank(&t.a[0], "gone", 0, 1, 1, 1, 40, "upload", &fd);
+	ck_assert_msg(h_wait_state(&t.a[0], "gone", 1, "COMMITTED", 60000),
+	              "step 1 never committed");
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete gone 1") == 0, "%s", out);
+	read_all(fd, out, sizeof(out));
+	ck_assert_int_eq(h_reap(pid), 20); /* its wait for UPLOADED failed: told, not timed out */
+	ck_assert_msg(strstr(out, "not uploaded: the step left the root"), "%s", out);
+	for (tries = 0; !h_log_has(&t.a[0], "upload of job gone step 1 dropped") && tries < 300;
+	     tries++)
+		usleep(100000);
+	ck_assert_msg(tries < 300, "the upload of the deleted step was not dropped");
+	snprintf(key, sizeof(key), "tier%%2Fgone%%2Fstep-000000000001");
+	ck_assert_int_eq(rgw(out, sizeof(out), "curl", "-s '%s/%s?list-type=2&prefix=%s'", endpoint,
+	                     t.bucket, key),
+	                 0);
+	ck_assert_msg(!strstr(out, "<Key>"), "the tier keeps what was uploaded of it: %s", out);
+	ck_assert_int_eq(open_uploads(t.bucket), 0);
+	tiered_stop(&t);
+}
+END_TEST
+
 /* ckptd with these flags must refuse to start, saying `want`. */
 static void refuses(const char *root, const char *flags, const char *want)
 {
@@ -535,6 +572,7 @@ static Suite *suite(void)
 	tcase_add_test(t, store_stops_mid_upload);
 	tcase_add_test(t, upload_tier_two_nodes);
 	tcase_add_test(t, upload_resumes_when_the_store_is_back);
+	tcase_add_test(t, upload_of_a_deleted_step);
 	tcase_add_test(t, start_errors);
 	suite_add_tcase(s, t);
 	return s;
