@@ -14,34 +14,44 @@
 
 #include "s3http.h"
 
-/* Whether xml[i] opens element `name` ("<name>", "<name ...>"); *body: after its '>'. */
-static bool opens(const char *xml, size_t len, size_t i, const char *name, size_t nl, size_t *body,
-                  bool *empty)
+/*
+ * Whether xml[i] opens element `name` ("<name>", "<name ...>", "<name/>"):
+ * 1, *body just after its '>' and *empty for "<name/>"; 0 if not. -1 if it
+ * would but no '>' follows: no tag ends after i, so nothing more can be
+ * found, and the scan stops there (a reply of "<Key <Key ..." is read once,
+ * not once per '<').
+ */
+static int opens(const char *xml, size_t len, size_t i, const char *name, size_t nl, size_t *body,
+                 bool *empty)
 {
 	const char *gt;
+	char c;
 
 	if (xml[i] != '<' || len - i < nl + 2 || memcmp(xml + i + 1, name, nl) != 0)
-		return false;
-	if (xml[i + 1 + nl] != '>' && xml[i + 1 + nl] != ' ' && xml[i + 1 + nl] != '/' &&
-	    xml[i + 1 + nl] != '\t' && xml[i + 1 + nl] != '\n' && xml[i + 1 + nl] != '\r')
-		return false;
+		return 0;
+	c = xml[i + 1 + nl];
+	if (c != '>' && c != ' ' && c != '/' && c != '\t' && c != '\n' && c != '\r')
+		return 0;
 	gt = memchr(xml + i + 1 + nl, '>', len - i - 1 - nl);
 	if (!gt)
-		return false;
+		return -1;
 	*empty = gt[-1] == '/';
 	*body = (size_t)(gt - xml) + 1;
-	return true;
+	return 1;
 }
 
 /*
  * The end of the element whose inside starts at `from`: the offset of its
  * "</name>" (elements of the same name nested in it are counted), or -1.
+ * A tag of the name is passed over whole, so that each byte is looked at
+ * a bounded number of times.
  */
 static long closing(const char *xml, size_t len, size_t from, const char *name, size_t nl)
 {
 	unsigned depth = 0;
 	size_t body;
 	bool empty;
+	int o;
 
 	for (size_t i = from; i < len; i++) {
 		if (xml[i] != '<')
@@ -51,8 +61,14 @@ static long closing(const char *xml, size_t len, size_t from, const char *name, 
 			if (depth == 0)
 				return (long)i;
 			depth--;
-		} else if (opens(xml, len, i, name, nl, &body, &empty) && !empty) {
-			depth++;
+			continue;
+		}
+		o = opens(xml, len, i, name, nl, &body, &empty);
+		if (o < 0)
+			return -1;
+		if (o > 0) {
+			depth += !empty;
+			i = body - 1;
 		}
 	}
 	return -1;
@@ -66,7 +82,11 @@ int s3xml_each(const char *xml, size_t len, const char *name,
 	int rc;
 
 	for (size_t i = 0; i < len; i++) {
-		if (!opens(xml, len, i, name, nl, &body, &empty))
+		int o = opens(xml, len, i, name, nl, &body, &empty);
+
+		if (o < 0)
+			break;
+		if (!o)
 			continue;
 		if (empty) {
 			rc = fn(ctx, xml + body, 0);

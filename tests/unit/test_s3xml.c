@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <check.h>
 
@@ -277,9 +278,9 @@ START_TEST(test_unclosed)
 	TEXT_FAILS("<Key>abc</key>", "Key", -EINVAL); /* names are case-sensitive */
 	TEXT_FAILS("<Key>abc</ Key>", "Key", -EINVAL);
 	/* a second element that is not closed: the first was seen, then the error */
-	ck_assert_int_eq(each_of("<Contents><Key>a</Key></Contents><Contents><Key>b</Key>",
-	                         "Contents", &s),
-	                 -EINVAL);
+	ck_assert_int_eq(
+	    each_of("<Contents><Key>a</Key></Contents><Contents><Key>b</Key>", "Contents", &s),
+	    -EINVAL);
 	ck_assert_uint_eq(s.n, 1);
 	ck_assert_str_eq(s.in[0], "<Key>a</Key>");
 }
@@ -321,9 +322,8 @@ START_TEST(test_too_long)
 	ck_assert_int_eq(text_of("<Key>12345678</Key>", "Key", out, sizeof(out)), -ENAMETOOLONG);
 	ck_assert_str_eq(out, "");
 	/* an entity counts as the one byte it gives */
-	ck_assert_int_eq(text_of("<Key>&amp;&amp;&amp;&amp;&amp;&amp;&amp;</Key>", "Key", out,
-	                         sizeof(out)),
-	                 0);
+	ck_assert_int_eq(
+	    text_of("<Key>&amp;&amp;&amp;&amp;&amp;&amp;&amp;</Key>", "Key", out, sizeof(out)), 0);
 	ck_assert_str_eq(out, "&&&&&&&");
 	ck_assert_int_eq(text_of("<Key></Key>", "Key", out, 1), 0);
 	ck_assert_int_eq(text_of("<Key>1</Key>", "Key", out, 1), -ENAMETOOLONG);
@@ -358,12 +358,75 @@ START_TEST(test_len_bounds)
 	ck_assert_str_eq(out, "abc");
 	ck_assert_int_eq(s3xml_text(x, strlen("<Key>abc</Key>"), "Code", out, sizeof(out)),
 	                 -ENOENT);
-	ck_assert_int_eq(s3xml_text(x, strlen("<Key>abc</Key") , "Key", out, sizeof(out)),
-	                 -EINVAL);
+	ck_assert_int_eq(s3xml_text(x, strlen("<Key>abc</Key"), "Key", out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(s3xml_text(x, strlen("<Key>"), "Key", out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(s3xml_text(x, strlen("<Key"), "Key", out, sizeof(out)), -ENOENT);
 	ck_assert_int_eq(s3xml_text(x, 0, "Key", out, sizeof(out)), -ENOENT);
 	ck_assert_int_eq(s3xml_text(NULL, 0, "Key", out, sizeof(out)), -ENOENT);
+}
+END_TEST
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* head, then pat again and again, then tail: a reply of 2 MiB in all. */
+static char *repeated(const char *head, const char *pat, const char *tail, size_t *len)
+{
+	size_t cap = 2u << 20, hl = strlen(head), pl = strlen(pat), tl = strlen(tail), o = 0;
+	char *x = malloc(cap);
+
+	ck_assert(x);
+	memcpy(x, head, hl);
+	for (o = hl; o + pl + tl <= cap; o += pl)
+		memcpy(x + o, pat, pl);
+	memcpy(x + o, tail, tl);
+	*len = o + tl;
+	return x;
+}
+
+static int no_element(void *ctx, const char *in, size_t inlen)
+{
+	(void)ctx, (void)in, (void)inlen;
+	return 1;
+}
+
+/*
+ * Tags that never end, or end only at the end of the reply: read in time
+ * linear in the reply, not once per '<' (a store's 1 MiB reply of them
+ * took seconds of the caller's thread per call).
+ */
+START_TEST(test_linear_time)
+{
+	static const struct {
+		const char *head, *pat, *tail, *name;
+		int text, each;
+	} cases[] = {
+	    {"", "<Key ", "", "Key", -ENOENT, 0},
+	    {"<Contents>", "<Contents ", ">", "Contents", -EINVAL, -EINVAL},
+	    {"<Key>", "<Key\t", ">", "Key", -EINVAL, -EINVAL},
+	    {"<Contents>", "<Contents><Key ", "", "Contents", -EINVAL, -EINVAL},
+	};
+	char out[64];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		size_t len;
+		char *x = repeated(cases[i].head, cases[i].pat, cases[i].tail, &len);
+		double t0 = now_s(), took;
+
+		ck_assert_int_eq(s3xml_text(x, len, cases[i].name, out, sizeof(out)),
+		                 cases[i].text);
+		ck_assert_int_eq(s3xml_each(x, len, cases[i].name, no_element, NULL),
+		                 cases[i].each);
+		took = now_s() - t0;
+		ck_assert_msg(took < 1.0, "case %zu: %.2f s for two calls on %zu bytes", i, took,
+		              len);
+		free(x);
+	}
 }
 END_TEST
 
@@ -386,6 +449,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_too_long);
 	tcase_add_test(tc, test_markup_in_text);
 	tcase_add_test(tc, test_len_bounds);
+	tcase_add_test(tc, test_linear_time);
 	suite_add_tcase(s, tc);
 	return s;
 }
