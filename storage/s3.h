@@ -19,6 +19,7 @@
 #define S3_MANIFEST "manifest.json"
 #define S3_PIN "pinned"
 #define S3_LIST_MAX 1000000u /* keys one listing agrees to look at */
+#define S3_LIST_PAGES 10000u /* and pages (a store whose tokens go round in a circle) */
 
 struct s3 {
 	struct storage base; /* first: a struct storage * is a struct s3 * */

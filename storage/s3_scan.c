@@ -3,8 +3,10 @@
  * ListMultipartUploads), what they are used for - the jobs and steps a
  * root holds, a step's removal, the clean-up - and nothing else: no
  * decision about a checkpoint rests on a listing (a manifest is read by its
- * exact key). Replies are hostile input: every key is checked to be under
- * the prefix asked for, and a listing stops at S3_LIST_MAX keys.
+ * exact key). Replies are hostile input: a reply must be the listing asked
+ * for (its root element), every key is checked to be under the prefix asked
+ * for, each page's token or markers must move on from the last page's, and
+ * a listing stops at S3_LIST_MAX keys or S3_LIST_PAGES pages.
  *
  * Threads: the caller's (the agent's maint, commit and reader threads),
  * blocking on the HTTP thread's requests.
@@ -102,13 +104,42 @@ static int cmp_obj(const void *a, const void *b)
 	return strcmp(((const struct s3_obj *)a)->key, ((const struct s3_obj *)b)->key);
 }
 
+static int count_one(void *ctx, const char *in, size_t n)
+{
+	(void)in, (void)n;
+	++*(unsigned *)ctx;
+	return 0;
+}
+
+/* Whether the reply is one element `root` (a 200 with no body, or a proxy's page, is not). */
+static bool is_reply(const struct s3req *q, const char *root)
+{
+	unsigned n = 0;
+
+	return s3xml_each(q->reply, q->reply_len, root, count_one, &n) == 0 && n == 1;
+}
+
+/* One page of a listing: Contents, and with delim CommonPrefixes; -EPROTO if not a listing. */
+static int list_page(struct listing *l, const struct s3req *q, bool delim)
+{
+	l->rc = 0;
+	if (!is_reply(q, "ListBucketResult"))
+		return -EPROTO;
+	if (s3xml_each(q->reply, q->reply_len, "Contents", on_contents, l) || l->rc)
+		return l->rc ? l->rc : -EPROTO;
+	if (delim && (s3xml_each(q->reply, q->reply_len, "CommonPrefixes", on_prefix, l) || l->rc))
+		return l->rc ? l->rc : -EPROTO;
+	return 0;
+}
+
 int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, size_t *n,
             int64_t *date, char *err)
 {
 	struct listing l = {prefix, strlen(prefix), NULL, 0, 0, 0};
-	char enc[S3_KEY_MAX * 3], token[1024] = "", etoken[3072], more[8];
+	char enc[S3_KEY_MAX * 3], token[1024] = "", last[1024] = "", etoken[3072], more[8];
 	struct s3req *q = malloc(sizeof(*q));
-	int rc = 0;
+	unsigned pages = 0;
+	int rc = 0, k;
 
 	*out = NULL;
 	*n = 0;
@@ -118,17 +149,18 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 		return free(q), ipc_errf(err, -ENAMETOOLONG, "prefix %s: too long", prefix);
 	do {
 		s3req_init(q, S3_GET, "");
-		if (s3_encode(token, etoken, sizeof(etoken))) {
+		/* sorted, encoded: signed as written (s3http.c) */
+		if (s3_encode(token, etoken, sizeof(etoken)) ||
+		    (k = snprintf(q->query, sizeof(q->query), "%s%s%s%slist-type=2&prefix=%s",
+		                  *token ? "continuation-token=" : "", etoken, *token ? "&" : "",
+		                  delim ? "delimiter=%2F&" : "", enc)) < 0 ||
+		    (size_t)k >= sizeof(q->query)) {
 			rc = ipc_errf(err, -EPROTO,
 			              "listing %s: the store's continuation token is "
 			              "too long",
 			              prefix);
 			break;
 		}
-		/* sorted, encoded: signed as written (s3http.c) */
-		snprintf(q->query, sizeof(q->query), "%s%s%s%slist-type=2&prefix=%s",
-		         *token ? "continuation-token=" : "", etoken, *token ? "&" : "",
-		         delim ? "delimiter=%2F&" : "", enc);
 		rc = s3http_do(s->http, q);
 		if (rc) {
 			ipc_errf(err, rc, "listing %s: %s", prefix, q->err);
@@ -136,20 +168,17 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 		}
 		if (date)
 			*date = q->date;
-		l.rc = 0;
-		if (s3xml_each(q->reply, q->reply_len, "Contents", on_contents, &l) ||
-		    (delim &&
-		     s3xml_each(q->reply, q->reply_len, "CommonPrefixes", on_prefix, &l)) ||
-		    l.rc) {
-			rc = ipc_errf(err, l.rc ? l.rc : -EPROTO, "listing %s: %s", prefix,
-			              l.rc == -E2BIG ? "more keys than a listing looks at"
-			              : l.rc == -ENOMEM
-			                  ? "out of memory"
-			                  : "the store's reply is not a listing of it");
+		rc = list_page(&l, q, delim);
+		if (rc) {
+			ipc_errf(err, rc, "listing %s: %s", prefix,
+			         rc == -E2BIG    ? "more keys than a listing looks at"
+			         : rc == -ENOMEM ? "out of memory"
+			                         : "the store's reply is not a listing of it");
 			break;
 		}
 		more[0] = '\0';
 		s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
+		snprintf(last, sizeof(last), "%s", token);
 		token[0] = '\0';
 		if (strcmp(more, "true") == 0 &&
 		    (s3xml_text(q->reply, q->reply_len, "NextContinuationToken", token,
@@ -157,6 +186,14 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 		     !token[0])) {
 			rc = ipc_errf(err, -EPROTO, "listing %s: truncated without a usable token",
 			              prefix);
+			break;
+		}
+		/* a token that does not move would list the same page for ever */
+		if (token[0] && (strcmp(token, last) == 0 || ++pages >= S3_LIST_PAGES)) {
+			rc = ipc_errf(err, -EPROTO, "listing %s: %s", prefix,
+			              strcmp(token, last) == 0
+			                  ? "the store gives the same continuation token again"
+			                  : "more pages than a listing looks at");
 			break;
 		}
 		s3req_clear(q);
@@ -220,44 +257,58 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 {
 	struct uploads u = {s, prefix, go, ctx, 0, 0, ""};
 	char enc[S3_KEY_MAX * 3], kmark[S3_KEY_MAX] = "", umark[512] = "", ek[S3_KEY_MAX * 3],
-	                          eu[1536], more[8];
+	                          eu[1536], more[8], klast[S3_KEY_MAX], ulast[512];
 	struct s3req *q = malloc(sizeof(*q));
-	int rc = 0;
+	unsigned pages = 0;
+	int rc = 0, k;
 
 	if (!q)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	if (s3_encode(prefix, enc, sizeof(enc)))
 		return free(q), ipc_errf(err, -ENAMETOOLONG, "prefix %s: too long", prefix);
-	for (unsigned pages = 0; pages < 10000; pages++) {
+	for (;;) {
 		s3req_init(q, S3_GET, "");
-		if (s3_encode(kmark, ek, sizeof(ek)) || s3_encode(umark, eu, sizeof(eu))) {
+		if (s3_encode(kmark, ek, sizeof(ek)) || s3_encode(umark, eu, sizeof(eu)) ||
+		    (k = snprintf(q->query, sizeof(q->query), "%s%s%sprefix=%s%s%s%suploads=",
+		                  *kmark ? "key-marker=" : "", ek, *kmark ? "&" : "", enc,
+		                  *umark ? "&upload-id-marker=" : "", eu, "&")) < 0 ||
+		    (size_t)k >= sizeof(q->query)) {
 			rc = ipc_errf(err, -EPROTO, "uploads under %s: markers too long", prefix);
 			break;
 		}
-		snprintf(q->query, sizeof(q->query),
-		         "%s%s%sprefix=%s%s%s%suploads=", *kmark ? "key-marker=" : "", ek,
-		         *kmark ? "&" : "", enc, *umark ? "&upload-id-marker=" : "", eu, "&");
 		rc = s3http_do(s->http, q);
 		if (rc) {
 			ipc_errf(err, rc, "listing the uploads under %s: %s", prefix, q->err);
 			break;
 		}
-		if (s3xml_each(q->reply, q->reply_len, "Upload", on_upload, &u) < 0) {
-			rc = ipc_errf(err, -EPROTO,
-			              "uploads under %s: the store's reply is not a "
-			              "listing of them",
-			              prefix);
+		if (!is_reply(q, "ListMultipartUploadsResult") ||
+		    s3xml_each(q->reply, q->reply_len, "Upload", on_upload, &u) < 0) {
+			rc = ipc_errf(err, u.rc ? u.rc : -EPROTO, "uploads under %s: %s", prefix,
+			              u.rc == -ENOMEM
+			                  ? "out of memory"
+			                  : "the store's reply is not a listing of them");
 			break;
 		}
 		more[0] = '\0';
 		s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
 		if (strcmp(more, "true") != 0)
 			break;
+		snprintf(klast, sizeof(klast), "%s", kmark);
+		snprintf(ulast, sizeof(ulast), "%s", umark);
 		if (s3xml_text(q->reply, q->reply_len, "NextKeyMarker", kmark, sizeof(kmark)) ||
 		    s3xml_text(q->reply, q->reply_len, "NextUploadIdMarker", umark,
 		               sizeof(umark))) {
 			rc = ipc_errf(err, -EPROTO, "uploads under %s: truncated without markers",
 			              prefix);
+			break;
+		}
+		/* markers that do not move would list the same page for ever */
+		if ((strcmp(kmark, klast) == 0 && strcmp(umark, ulast) == 0) ||
+		    ++pages >= S3_LIST_PAGES) {
+			rc = ipc_errf(err, -EPROTO, "uploads under %s: %s", prefix,
+			              pages >= S3_LIST_PAGES
+			                  ? "more pages than a listing looks at"
+			                  : "the store gives the same markers again");
 			break;
 		}
 		s3req_clear(q);
