@@ -84,14 +84,16 @@ const char *s3http_name(const struct s3http *h, const char *key, char *buf, size
 	return buf;
 }
 
-int s3_encode(const char *s, char *buf, size_t len)
+/* Percent-encodes s into buf, every byte but the unreserved ones (and '/' if keep_slash). */
+static int encode(const char *s, bool keep_slash, char *buf, size_t len)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	size_t o = 0;
 
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
-		bool plain = isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~';
+		bool plain = isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' ||
+		             (keep_slash && c == '/');
 
 		if (o + (plain ? 1 : 3) >= len)
 			return -ENAMETOOLONG;
@@ -107,6 +109,11 @@ int s3_encode(const char *s, char *buf, size_t len)
 	return 0;
 }
 
+int s3_encode(const char *s, char *buf, size_t len)
+{
+	return encode(s, false, buf, len);
+}
+
 /* ---- the request's options ------------------------------------------- */
 
 static size_t on_body(char *p, size_t size, size_t n, void *ctx);
@@ -114,18 +121,29 @@ static size_t on_header(char *p, size_t size, size_t n, void *ctx);
 static size_t on_read(char *p, size_t size, size_t n, void *ctx);
 static int on_seek(void *ctx, curl_off_t off, int origin);
 
-static void build_url(const struct s3http *h, struct s3req *r)
+/*
+ * The request's URL; -ENAMETOOLONG if it does not fit. The key is
+ * percent-encoded ('/' kept): a key from a listing is the store's, and
+ * may hold '?', '#', spaces or "../" (curl is told to leave dot segments
+ * as they are: "a/../b" is a key, not a path to resolve).
+ */
+static int build_url(const struct s3http *h, struct s3req *r)
 {
 	const char *sep = strstr(h->endpoint, "://");
 	const char *host = sep ? sep + 3 : h->endpoint;
-	int scheme = sep ? (int)(sep - h->endpoint) : 0;
+	int scheme = sep ? (int)(sep - h->endpoint) : 0, n;
+	char key[S3_KEY_MAX * 3];
 
+	if (encode(r->key, true, key, sizeof(key)))
+		return -ENAMETOOLONG;
 	if (h->virtual_host)
-		snprintf(r->url, sizeof(r->url), "%.*s%s%s.%s/%s%s%s", scheme, h->endpoint,
-		         sep ? "://" : "", h->bucket, host, r->key, *r->query ? "?" : "", r->query);
+		n = snprintf(r->url, sizeof(r->url), "%.*s%s%s.%s/%s%s%s", scheme, h->endpoint,
+		             sep ? "://" : "", h->bucket, host, key, *r->query ? "?" : "",
+		             r->query);
 	else
-		snprintf(r->url, sizeof(r->url), "%s/%s%s%s%s%s", h->endpoint, h->bucket,
-		         *r->key ? "/" : "", r->key, *r->query ? "?" : "", r->query);
+		n = snprintf(r->url, sizeof(r->url), "%s/%s%s%s%s%s", h->endpoint, h->bucket,
+		             *key ? "/" : "", key, *r->query ? "?" : "", r->query);
+	return n < 0 || (size_t)n >= sizeof(r->url) ? -ENAMETOOLONG : 0;
 }
 
 static int add_header(struct s3req *r, const char *line)
@@ -155,7 +173,8 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	free(r->reply);
 	r->reply = NULL;
 	r->reply_len = r->reply_cap = 0;
-	build_url(h, r);
+	if ((rc = build_url(h, r)))
+		return rc;
 
 	rc |= add_header(r, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
 	if (r->if_none_match)
@@ -173,7 +192,9 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	if (rc)
 		return -ENOMEM;
 
-	if (curl_easy_setopt(e, CURLOPT_URL, r->url) || curl_easy_setopt(e, CURLOPT_PRIVATE, r) ||
+	if (curl_easy_setopt(e, CURLOPT_URL, r->url) ||
+	    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L) ||
+	    curl_easy_setopt(e, CURLOPT_PRIVATE, r) ||
 	    curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers) ||
 	    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, h->region_sig) ||
 	    curl_easy_setopt(e, CURLOPT_USERNAME, h->access) ||

@@ -82,7 +82,7 @@ struct s3req {
 	size_t reply_cap;
 	void *easy;
 	struct curl_slist *headers;
-	char url[S3_KEY_MAX + S3_QUERY_MAX + 320];
+	char url[S3_KEY_MAX * 3 + S3_QUERY_MAX + 320]; /* the key percent-encoded */
 };
 
 struct s3http_stats {
