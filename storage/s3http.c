@@ -258,11 +258,20 @@ static int on_seek(void *ctx, curl_off_t off, int origin)
 	return CURL_SEEKFUNC_OK;
 }
 
+/* The most bytes of a body r takes: into_cap, else its reply's limit (an error's: S3_REPLY_MAX). */
+static uint64_t body_cap(const struct s3req *r)
+{
+	bool ok = r->status >= 200 && r->status < 300;
+
+	if (r->into && ok && !r->error_body)
+		return r->into_cap;
+	return ok && r->reply_max ? r->reply_max : S3_REPLY_MAX;
+}
+
 /* Appends to the reply in memory, up to its limit. */
 static bool keep_reply(struct s3req *r, const char *p, size_t k)
 {
-	bool ok = r->status >= 200 && r->status < 300;
-	size_t max = ok && r->reply_max ? r->reply_max : S3_REPLY_MAX;
+	uint64_t max = body_cap(r);
 
 	if (r->reply_len + k > max)
 		return false;
@@ -350,6 +359,11 @@ static size_t on_header(char *p, size_t size, size_t n, void *ctx)
 		}
 	} else if (header_is(p, k, "Content-Length", v, sizeof(v))) {
 		r->length = strtoull(v, NULL, 10);
+		/* a body larger than it may be: refused before a byte of it (0 stops curl) */
+		if (r->method != S3_HEAD && r->status >= 200 && r->length > body_cap(r)) {
+			r->too_big = true;
+			return 0;
+		}
 	} else if (header_is(p, k, "Content-Range", v, sizeof(v))) {
 		const char *slash = strchr(v, '/');
 
@@ -431,12 +445,8 @@ static int outcome(struct s3http *h, struct s3req *r, CURLcode cc)
 
 	s3http_name(h, r->key, name, sizeof(name));
 	if (cc == CURLE_WRITE_ERROR && r->too_big)
-		return ipc_errf(
-		    r->err, -EFBIG, "%s %s: the reply is larger than %llu bytes",
-		    method_name(r->method), name,
-		    (unsigned long long)(r->into && !r->error_body
-		                             ? r->into_cap
-		                             : (r->reply_max ? r->reply_max : S3_REPLY_MAX)));
+		return ipc_errf(r->err, -EFBIG, "%s %s: the reply is larger than %llu bytes",
+		                method_name(r->method), name, (unsigned long long)body_cap(r));
 	if (cc != CURLE_OK) {
 		again = retryable_curl(cc);
 		if (again && r->tries < h->max_tries)
