@@ -253,9 +253,13 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		if (failed || ended) {
 			/* past a gap: nothing more of this file is taken */
 		} else if (got < 0) {
+			/* the backend's words where it has them (an HTTP status, a store's code) */
+			const struct storage_ops *ops = r->a->store->ops;
+			const char *why = ops->shard_error ? ops->shard_error(r->sh) : NULL;
+
 			failed = true;
 			reader_problem(r, -EIO, "reading %s at byte %" PRIu64 ": %s", r->path,
-			               w->off, strerror((int)-got));
+			               w->off, why ? why : strerror((int)-got));
 		} else if (r->collect || !atomic_load(&r->abort)) {
 			consume(r, w, (uint64_t)got, &ei, last, xs);
 			end_at = w->off + (uint64_t)got;

@@ -167,7 +167,8 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	r->headers = NULL;
 	r->sent = r->got = 0;
 	r->status = 0;
-	r->too_big = r->error_body = false;
+	r->too_big = r->error_body = r->has_range = false;
+	r->sent_first = r->sent_last = 0;
 	r->etag[0] = '\0';
 	r->length = r->total = 0;
 	free(r->reply);
@@ -366,9 +367,18 @@ static size_t on_header(char *p, size_t size, size_t n, void *ctx)
 		}
 	} else if (header_is(p, k, "Content-Range", v, sizeof(v))) {
 		const char *slash = strchr(v, '/');
+		unsigned long long a, b;
+		int used = 0;
 
 		if (slash && slash[1] != '*')
 			r->total = strtoull(slash + 1, NULL, 10);
+		/* "bytes A-B/T": which bytes the body is (checked against those asked for) */
+		if (sscanf(v, "bytes %llu-%llu%n", &a, &b, &used) == 2 && v[used] == '/' &&
+		    a <= b) {
+			r->has_range = true;
+			r->sent_first = a;
+			r->sent_last = b;
+		}
 	} else if (header_is(p, k, "Date", v, sizeof(v))) {
 		r->date = curl_getdate(v, NULL);
 		if (r->date < 0)
@@ -434,6 +444,36 @@ static const char *tries_text(const struct s3req *r, bool again, char *buf, size
 }
 
 /*
+ * A ranged GET answered: the bytes that came are those asked for, from
+ * range_off on (a 206 whose Content-Range says so, or a 200 of the whole
+ * object, when range_off is 0); -EPROTO if not: they would land in the
+ * caller's buffer as the wrong bytes.
+ */
+static int range_sent(struct s3req *r, const char *name)
+{
+	if (r->method != S3_GET || !r->ranged || r->error_body)
+		return 0;
+	if (r->status == 200 && r->range_off == 0)
+		return 0;
+	if (r->status == 206 && r->has_range && r->sent_first == r->range_off &&
+	    r->sent_last - r->sent_first + 1 == r->got)
+		return 0;
+	if (r->status == 206 && r->has_range)
+		return ipc_errf(r->err, -EPROTO,
+		                "GET %s: bytes %llu-%llu asked for, the store sent %llu bytes "
+		                "saying they are bytes %llu-%llu",
+		                name, (unsigned long long)r->range_off,
+		                (unsigned long long)(r->range_off + r->range_len - 1),
+		                (unsigned long long)r->got, (unsigned long long)r->sent_first,
+		                (unsigned long long)r->sent_last);
+	return ipc_errf(
+	    r->err, -EPROTO, "GET %s: bytes %llu-%llu asked for, the store answered HTTP %ld %s",
+	    name, (unsigned long long)r->range_off,
+	    (unsigned long long)(r->range_off + r->range_len - 1), r->status,
+	    r->status == 206 ? "without a usable Content-Range" : "with the object from its start");
+}
+
+/*
  * What an attempt came to: 0 done, 1 to be tried again, else the error
  * (r->err says it).
  */
@@ -462,7 +502,7 @@ static int outcome(struct s3http *h, struct s3req *r, CURLcode cc)
 	if (r->status == 200 && r->method == S3_POST && *code && strstr(body, "<Error"))
 		r->status = 500;
 	if (r->status >= 200 && r->status < 300)
-		return 0;
+		return range_sent(r, name);
 	again = r->status >= 500 || r->status == 429 ||
 	        (r->status == 400 && strcmp(code, "RequestTimeout") == 0);
 	if (again && r->tries < h->max_tries)

@@ -78,7 +78,8 @@ struct s3req {
 	struct s3req *next;
 	int64_t due_ns; /* a retry waits until then */
 	uint64_t sent, got;
-	bool sync_done, too_big, error_body;
+	uint64_t sent_first, sent_last; /* a ranged GET: the bytes its Content-Range says */
+	bool sync_done, too_big, error_body, has_range;
 	size_t reply_cap;
 	void *easy;
 	struct curl_slist *headers;
