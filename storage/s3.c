@@ -366,7 +366,7 @@ static void io_done(struct s3req *q)
 	} else if (q->method == S3_GET) {
 		io->res = (int64_t)q->length;
 	} else if (x->sh->upload[0] && !q->etag[0]) {
-		shard_fail(x->sh, "the store's reply to a part has no ETag");
+		shard_fail(x->sh, "the store's reply to a part has no usable ETag");
 		io->res = -EPROTO;
 	} else {
 		snprintf(x->sh->etag[x->part], S3_ETAG_MAX, "%s", q->etag);

@@ -351,10 +351,14 @@ static size_t on_header(char *p, size_t size, size_t n, void *ctx)
 	} else if (header_is(p, k, "ETag", v, sizeof(v))) {
 		size_t l = strlen(v);
 		const char *s = v;
+		bool usable = true;
 
 		if (l >= 2 && v[0] == '"' && v[l - 1] == '"')
 			s = v + 1, l -= 2;
-		if (l < sizeof(r->etag)) {
+		/* it goes into CompleteMultipartUpload's XML as is: printable, no markup */
+		for (size_t i = 0; i < l; i++)
+			usable &= s[i] > ' ' && s[i] <= '~' && !strchr("\"<>&", s[i]);
+		if (usable && l < sizeof(r->etag)) {
 			memcpy(r->etag, s, l);
 			r->etag[l] = '\0';
 		}
