@@ -20,7 +20,10 @@
  * may answer CompleteMultipartUpload so) are tried again after a random
  * delay up to backoff_ms doubled per try (30 s at most), max_tries in all;
  * then the request fails with the last status and the store's error code.
- * Anything else (4xx) fails at once: it will not get better.
+ * Anything else (4xx) fails at once: it will not get better. Once the
+ * backend is being destroyed, a retry waiting for its delay fails at once,
+ * and timeout_s later whatever is still queued or in flight is cut short:
+ * a store that trickles a byte a second holds the stop no longer.
  *
  * Divisions: the request's options - the callbacks - finishing - the
  * thread - the public calls.
@@ -618,6 +621,8 @@ static int64_t start_due(struct s3http *h, int64_t now)
 	return next;
 }
 
+static void cancel(struct s3http *h, struct s3req *r, const char *why);
+
 static void finished(struct s3http *h, CURLMsg *m)
 {
 	struct s3req *r = NULL;
@@ -650,13 +655,76 @@ static void finished(struct s3http *h, CURLMsg *m)
 			enqueue(h, r);
 			return;
 		}
-		rc = ipc_errf(r->err, -ECANCELED, "%s: not tried again: the agent is stopping",
-		              r->url);
+		cancel(h, r, "not tried again: the agent is stopping");
+		return;
 	}
 	curl_slist_free_all(r->headers);
 	r->headers = NULL;
 	r->res = rc;
 	complete(h, r);
+}
+
+/* Fails r at once, saying why (the agent is stopping). */
+static void cancel(struct s3http *h, struct s3req *r, const char *why)
+{
+	char name[S3_KEY_MAX + 80];
+
+	curl_slist_free_all(r->headers);
+	r->headers = NULL;
+	r->res = ipc_errf(r->err, -ECANCELED, "%s %s: %s (%u %s)", method_name(r->method),
+	                  s3http_name(h, r->key, name, sizeof(name)), why, r->tries,
+	                  r->tries == 1 ? "try" : "tries");
+	complete(h, r);
+}
+
+static bool is_idle(const struct s3http *h, CURL *e)
+{
+	for (unsigned i = 0; i < h->nidle; i++)
+		if (h->idle[i] == e)
+			return true;
+	return false;
+}
+
+/*
+ * At stop (since stop_ns): a retry waiting for its delay fails at once,
+ * and timeout_s on, whatever is still queued or in flight is cut short,
+ * so that a store that trickles a byte a second cannot hold the stop.
+ */
+static void stop_sweep(struct s3http *h, int64_t now, int64_t stop_ns)
+{
+	bool late = now - stop_ns >= (int64_t)h->timeout_s * 1000000000;
+	struct s3req **pp = &h->wait_head, *prev = NULL;
+
+	while (*pp) {
+		struct s3req *r = *pp;
+
+		if (r->tries == 0 && !late) {
+			prev = r;
+			pp = &r->next;
+			continue;
+		}
+		*pp = r->next;
+		if (h->wait_tail == r)
+			h->wait_tail = prev;
+		cancel(h, r, "not tried again: the agent is stopping");
+	}
+	for (unsigned i = 0; late && i < h->nconn; i++) {
+		CURL *e = h->easy[i];
+		struct s3req *r = NULL;
+
+		if (is_idle(h, e))
+			continue;
+		curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&r);
+		curl_multi_remove_handle(h->multi, e);
+		h->idle[h->nidle++] = e;
+		r->easy = NULL;
+		pthread_mutex_lock(&h->mu);
+		h->st.inflight--;
+		h->st.bytes_up += r->sent;
+		h->st.bytes_down += r->got;
+		pthread_mutex_unlock(&h->mu);
+		cancel(h, r, "cut short: the agent is stopping");
+	}
 }
 
 static int poll_ms(int64_t next, int64_t now)
@@ -669,12 +737,13 @@ static int poll_ms(int64_t next, int64_t now)
 static void *http_main(void *arg)
 {
 	struct s3http *h = arg;
+	int64_t stop_ns = 0; /* when the stop was first seen */
 
 	for (;;) {
 		struct s3req *in;
 		int64_t now = now_ns(), next;
 		int running = 0, left;
-		bool stopping;
+		bool stopping, more;
 		CURLMsg *m;
 
 		pthread_mutex_lock(&h->mu);
@@ -689,13 +758,23 @@ static void *http_main(void *arg)
 			in = in->next;
 			enqueue(h, r);
 		}
+		if (stopping) {
+			stop_ns = stop_ns ? stop_ns : now;
+			stop_sweep(h, now, stop_ns);
+		}
 		next = start_due(h, now);
 		curl_multi_perform(h->multi, &running);
 		while ((m = curl_multi_info_read(h->multi, &left)))
 			if (m->msg == CURLMSG_DONE)
 				finished(h, m);
-		if (stopping && !h->wait_head && h->nidle == h->nconn)
-			break;
+		if (stopping && !h->wait_head && h->nidle == h->nconn) {
+			/* a completion may have submitted more (a shard's abort) */
+			pthread_mutex_lock(&h->mu);
+			more = h->in_head != NULL;
+			pthread_mutex_unlock(&h->mu);
+			if (!more)
+				break;
+		}
 		/* until curl has work, a retry is due or a submit wakes it */
 		curl_multi_poll(h->multi, NULL, 0, poll_ms(next, now_ns()), NULL);
 	}

@@ -96,7 +96,11 @@ struct s3http;
 
 /* Starts the HTTP thread. */
 int s3http_create(const struct s3http_opts *o, struct s3http **out, char *err);
-/* Lets requests in flight finish (no more retries), stops the thread. NULL is fine. */
+/*
+ * Lets requests in flight finish for up to timeout_s (no more retries: a
+ * retry waiting for its delay fails at once), cuts short what is left,
+ * stops the thread. NULL is fine.
+ */
 void s3http_destroy(struct s3http *h);
 
 /* Zeroes r (its results included) and sets the method and the key. */
