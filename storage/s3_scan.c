@@ -204,7 +204,8 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 		s3_objs_free(l.v, l.n);
 		return rc;
 	}
-	qsort(l.v, l.n, sizeof(*l.v), cmp_obj);
+	if (l.n) /* l.v is NULL when nothing was listed */
+		qsort(l.v, l.n, sizeof(*l.v), cmp_obj);
 	*out = l.v;
 	*n = l.n;
 	return 0;
