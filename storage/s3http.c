@@ -743,7 +743,7 @@ static void *http_main(void *arg)
 		struct s3req *in;
 		int64_t now = now_ns(), next;
 		int running = 0, left;
-		bool stopping, more;
+		bool stopping, more, freed = false;
 		CURLMsg *m;
 
 		pthread_mutex_lock(&h->mu);
@@ -765,8 +765,13 @@ static void *http_main(void *arg)
 		next = start_due(h, now);
 		curl_multi_perform(h->multi, &running);
 		while ((m = curl_multi_info_read(h->multi, &left)))
-			if (m->msg == CURLMSG_DONE)
+			if (m->msg == CURLMSG_DONE) {
 				finished(h, m);
+				freed = true;
+			}
+		/* a handle came free with requests waiting: round again, not after the poll */
+		if (freed && h->wait_head)
+			next = now;
 		if (stopping && !h->wait_head && h->nidle == h->nconn) {
 			/* a completion may have submitted more (a shard's abort) */
 			pthread_mutex_lock(&h->mu);

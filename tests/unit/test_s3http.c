@@ -6,7 +6,8 @@
  * once); a key goes into the URL percent-encoded with its dot segments
  * left alone; a Content-Length over the request's cap is refused before
  * the body; a ranged GET answered with other bytes is refused; an ETag
- * holding markup is not taken.
+ * holding markup is not taken; more requests than connections do not wait
+ * for the thread's idle poll.
  */
 #define _GNU_SOURCE /* strcasestr */
 #include <arpa/inet.h>
@@ -426,6 +427,45 @@ START_TEST(test_etag_markup)
 }
 END_TEST
 
+/* More requests than connections: each starts as soon as one is free. */
+START_TEST(test_queue_moves)
+{
+	struct waiter w[8];
+	struct s3req *r = calloc(8, sizeof(*r));
+	struct s3http *h;
+	double t0, took;
+	bool all = false;
+
+	server_start(M_OK);
+	h = client(5, 1, 100); /* 2 connections */
+	t0 = now_s();
+	for (int i = 0; i < 8; i++) {
+		w[i] = (struct waiter){PTHREAD_MUTEX_INITIALIZER, false, 0, ""};
+		s3req_init(&r[i], S3_HEAD, "k");
+		r[i].done = on_done;
+		r[i].ctx = &w[i];
+		s3http_submit(h, &r[i]);
+	}
+	while (!all && now_s() - t0 < 10) {
+		usleep(1000);
+		all = true;
+		for (int i = 0; i < 8; i++) {
+			pthread_mutex_lock(&w[i].mu);
+			all &= w[i].done;
+			pthread_mutex_unlock(&w[i].mu);
+		}
+	}
+	took = now_s() - t0;
+	ck_assert(all);
+	ck_assert_msg(took < 0.8, "8 requests over 2 connections took %.2f s", took);
+	s3http_destroy(h);
+	for (int i = 0; i < 8; i++)
+		s3req_clear(&r[i]);
+	free(r);
+	server_stop();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("s3http");
@@ -438,6 +478,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_content_length_refused);
 	tcase_add_test(tc, test_range_checked);
 	tcase_add_test(tc, test_etag_markup);
+	tcase_add_test(tc, test_queue_moves);
 	suite_add_tcase(s, tc);
 	return s;
 }
