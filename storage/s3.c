@@ -250,7 +250,8 @@ static int pick_name(struct s3 *s, struct storage_shard *sh, const char *job, in
 
 static int too_many_parts(const struct s3 *s, uint64_t size, const char *file, char *err)
 {
-	uint64_t parts = (size + s->part_bytes - 1) / s->part_bytes;
+	/* no overflow: a size near 2^64 is as many parts as its whole chunks */
+	uint64_t parts = size / s->part_bytes + (size % s->part_bytes != 0);
 
 	if (parts <= S3_MAX_PARTS)
 		return 0;
@@ -265,7 +266,7 @@ static int too_many_parts(const struct s3 *s, uint64_t size, const char *file, c
 /* A claimed shard's parts, and its upload when it has more than one. */
 static int shard_begin(struct s3 *s, struct storage_shard *sh, uint64_t size, char *err)
 {
-	uint64_t parts = (size + s->part_bytes - 1) / s->part_bytes;
+	uint64_t parts = size / s->part_bytes + (size % s->part_bytes != 0);
 
 	sh->size = size;
 	sh->nparts = parts ? (unsigned)parts : 1;
@@ -949,48 +950,13 @@ int s3_root_parse(const char *root, char *bucket, size_t blen, char *prefix, siz
 	return 0;
 }
 
-/*
- * The credentials file: "access_key = ..." and "secret_key = ..." lines
- * (aws_access_key_id and aws_secret_access_key too), '#' comments. Refused
- * unless only its owner (this user, or root) may read it. Its values are
- * never put in a message.
- */
-static int read_credentials(const char *path, char *access, char *secret, size_t len, char *err)
+/* The lines of a credentials file, read into buf (its keys into access and secret). */
+static int parse_credentials(char *buf, const char *path, char *access, char *secret, size_t len,
+                             char *err)
 {
-	char buf[8192], *line, *save = NULL;
-	struct stat st;
-	ssize_t n;
+	char *line, *save = NULL;
 	unsigned lineno = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 
-	access[0] = secret[0] = '\0';
-	if (fd < 0)
-		return ipc_errf(err, -errno, "credentials %s: %s", path, strerror(errno));
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return ipc_errf(err, -EINVAL, "credentials %s: not a regular file", path);
-	}
-	if (st.st_mode & 0077) {
-		close(fd);
-		return ipc_errf(err, -EPERM,
-		                "credentials %s: mode %04o lets others read it; chmod 600 %s (and "
-		                "change the keys if others did)",
-		                path, (unsigned)(st.st_mode & 07777), path);
-	}
-	if (st.st_uid != geteuid() && st.st_uid != 0) {
-		close(fd);
-		return ipc_errf(err, -EPERM,
-		                "credentials %s: owned by uid %u, not by this user (%u)", path,
-		                (unsigned)st.st_uid, (unsigned)geteuid());
-	}
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n < 0)
-		return ipc_errf(err, -EIO, "credentials %s: cannot read it", path);
-	if ((size_t)n == sizeof(buf) - 1)
-		return ipc_errf(err, -EFBIG, "credentials %s: larger than %zu bytes", path,
-		                sizeof(buf) - 2);
-	buf[n] = '\0';
 	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *k = line, *eq, *v, *end;
 
@@ -1025,11 +991,61 @@ static int read_credentials(const char *path, char *access, char *secret, size_t
 			                "secret_key)",
 			                path, lineno, k);
 	}
-	explicit_bzero(buf, sizeof(buf));
 	if (!access[0] || !secret[0])
 		return ipc_errf(err, -EINVAL, "credentials %s: needs access_key and secret_key",
 		                path);
 	return 0;
+}
+
+/*
+ * The credentials file: "access_key = ..." and "secret_key = ..." lines
+ * (aws_access_key_id and aws_secret_access_key too), '#' comments. Refused
+ * unless only its owner (this user, or root) may read it. Its values are
+ * never put in a message.
+ */
+static int read_credentials(const char *path, char *access, char *secret, size_t len, char *err)
+{
+	char buf[8192];
+	struct stat st;
+	ssize_t n;
+	int rc, fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+
+	access[0] = secret[0] = '\0';
+	if (fd < 0)
+		return ipc_errf(err, -errno, "credentials %s: %s", path, strerror(errno));
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ipc_errf(err, -EINVAL, "credentials %s: not a regular file", path);
+	}
+	if (st.st_mode & 0077) {
+		close(fd);
+		return ipc_errf(err, -EPERM,
+		                "credentials %s: mode %04o lets others read it; chmod 600 %s (and "
+		                "change the keys if others did)",
+		                path, (unsigned)(st.st_mode & 07777), path);
+	}
+	if (st.st_uid != geteuid() && st.st_uid != 0) {
+		close(fd);
+		return ipc_errf(err, -EPERM,
+		                "credentials %s: owned by uid %u, not by this user (%u)", path,
+		                (unsigned)st.st_uid, (unsigned)geteuid());
+	}
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		return ipc_errf(err, -EIO, "credentials %s: cannot read it", path);
+	if ((size_t)n == sizeof(buf) - 1)
+		return ipc_errf(err, -EFBIG, "credentials %s: larger than %zu bytes", path,
+		                sizeof(buf) - 2);
+	buf[n] = '\0';
+	rc = parse_credentials(buf, path, access, secret, len, err);
+	/* the keys live in access and secret alone, and only if they are whole */
+	explicit_bzero(buf, sizeof(buf));
+	if (rc) {
+		explicit_bzero(access, len);
+		explicit_bzero(secret, len);
+	}
+	return rc;
 }
 
 /*

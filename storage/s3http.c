@@ -95,8 +95,10 @@ static int encode(const char *s, bool keep_slash, char *buf, size_t len)
 
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
-		bool plain = isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' ||
-		             (keep_slash && c == '/');
+		/* ASCII, whatever the locale says isalnum is */
+		bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		             (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' ||
+		             c == '~' || (keep_slash && c == '/');
 
 		if (o + (plain ? 1 : 3) >= len)
 			return -ENAMETOOLONG;
