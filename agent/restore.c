@@ -233,6 +233,24 @@ static void restore_run(struct work *w)
 	int rc;
 
 	if (rs->tier_only) {
+		/*
+		 * Not in this agent's catalog: the root may have it all the same
+		 * (another node committed it since this one last looked). Only
+		 * what the root lacks comes from the tier: else ranks of one job
+		 * could restore different steps.
+		 */
+		catalog_sync_job(a, rs->plan->job);
+		pthread_mutex_lock(&a->mu);
+		e = rs->latest ? catalog_newest(a->cat, rs->plan->job, INT64_MAX)
+		               : catalog_find(a->cat, rs->plan->job, step);
+		if (e) {
+			e->readers++;
+			step = e->step;
+			rs->tier_only = false;
+		}
+		pthread_mutex_unlock(&a->mu);
+	}
+	if (rs->tier_only) {
 		rc = from_tier(rs, &step, &meta, NULL, err);
 		goto reply;
 	}
@@ -392,8 +410,8 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 
 		if (!hdr[k] || !whole[k])
 			continue;
-		r->a->store->ops->shard_path(r->a->store, r->job, r->step, mr->file, r->path,
-		                             sizeof(r->path));
+		r->store->ops->shard_path(r->store, r->job, r->step, mr->file, r->path,
+		                          sizeof(r->path));
 		if (st_header_parse(hdr[k], mr->header_bytes, mr->size, &h, err)) {
 			reader_problem(r, -EBADMSG, "%s: %s", r->path, err);
 			continue;

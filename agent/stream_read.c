@@ -254,7 +254,7 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 			/* past a gap: nothing more of this file is taken */
 		} else if (got < 0) {
 			/* the backend's words where it has them (an HTTP status, a store's code) */
-			const struct storage_ops *ops = r->a->store->ops;
+			const struct storage_ops *ops = r->store->ops;
 			const char *why = ops->shard_error ? ops->shard_error(r->sh) : NULL;
 
 			failed = true;

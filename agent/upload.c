@@ -48,6 +48,7 @@ struct up_job {
 	char job[IPC_MAX_JOB + 1];
 	int64_t step; /* -1: the resume at start */
 	int64_t first_ns; /* when it was queued */
+	int64_t waiting_ns; /* since when it waits for other nodes (its own part sent); 0: not */
 	int64_t backoff_ns;
 	unsigned tries;
 };
@@ -68,6 +69,7 @@ struct uploader {
 	void *buf[UP_BUFFERS];
 	struct up_io io[UP_BUFFERS], fin;
 	int64_t next_send_ns; /* the pacer: when the next chunk may go */
+	int64_t checked_ns; /* the tier's last root check (it retries failed aborts) */
 	struct ret_policy pol;
 	uint64_t max_bps; /* 0: unlimited */
 	atomic_bool quit; /* stopping: a copy under way ends at its next chunk */
@@ -121,13 +123,16 @@ static void pace(struct uploader *u, uint64_t n)
 
 	if (!u->max_bps)
 		return;
-	if (u->next_send_ns > now) {
+	/* in slices of at most 100 ms: a stop does not wait for a slow pace */
+	while (u->next_send_ns > now && !atomic_load(&u->quit)) {
 		int64_t d = u->next_send_ns - now;
 
-		ts.tv_sec = d / 1000000000;
-		ts.tv_nsec = d % 1000000000;
+		if (d > 100000000)
+			d = 100000000;
+		ts.tv_sec = 0;
+		ts.tv_nsec = d;
 		nanosleep(&ts, NULL);
-		now = u->next_send_ns;
+		now = ipc_mono_ns();
 	}
 	u->next_send_ns = now + (int64_t)(n * 1000000000ull / u->max_bps);
 }
@@ -171,6 +176,9 @@ static int copy_shard(struct uploader *u, const char *job, int64_t step, const c
 	rc = tier->ops->shard_stat(tier, job, step, file, &have, why);
 	if (rc == 0 && have == size)
 		return 0; /* whole on the tier: an earlier try, or another agent's */
+	/* what the buffers' last requests said belongs to an earlier copy (all idle now) */
+	for (unsigned b = 0; b < UP_BUFFERS; b++)
+		u->io[b].r.res = 0;
 	rc = root->ops->shard_open(root, job, step, file, &r, &rsize, why);
 	if (rc)
 		return rc;
@@ -367,15 +375,41 @@ static void uploaded(struct agent *a, const char *job, int64_t step, const char 
  */
 static void forget(struct uploader *u, const char *job, int64_t step)
 {
-	char err[IPC_ERRLEN];
-	int rc;
+	const char *me = u->a->cfg.node;
+	struct storage *t = u->tier;
+	char err[IPC_ERRLEN], key[STORE_KEY_MAX], **v = NULL;
+	size_t n = 0;
 
-	if (store_committed(u->tier, job, step))
+	if (store_committed(t, job, step))
 		return;
-	rc = u->tier->ops->remove(u->tier, job, step, err);
-	if (rc && rc != -ENOENT)
-		log_msg(LOG_WARNING, "upload tier: job %s step %lld: %s", job, (long long)step,
-		        err);
+	/* this node's alone: the other nodes forget theirs */
+	store_key(key, sizeof(key), job, step, NULL);
+	if (t->ops->obj_list(t, key, &v, &n, err) == 0)
+		for (size_t i = 0; i < n; i++) {
+			if (shard_file_of_node(v[i], me) &&
+			    t->ops->shard_unlink(t, job, step, v[i], err))
+				log_msg(LOG_WARNING, "upload tier: %s", err);
+			free(v[i]);
+		}
+	free(v);
+	store_part_key(key, sizeof(key), job, step, me);
+	t->ops->obj_delete(t, key, err); /* not there: nothing to forget */
+}
+
+/*
+ * The upload thread: the tier's health every few seconds, which also tries
+ * again the aborts of uploads that failed while the store was away.
+ */
+static void tier_check(struct uploader *u)
+{
+	char err[IPC_ERRLEN];
+	bool reopened;
+
+	if (!u->tier->ops->root_check || ipc_mono_ns() - u->checked_ns < 5000000000LL)
+		return;
+	u->checked_ns = ipc_mono_ns();
+	if (u->tier->ops->root_check(u->tier, &reopened, err))
+		log_msg(LOG_DEBUG, "upload tier: %s", err);
 }
 
 static void job_free(struct up_job *j)
@@ -405,7 +439,11 @@ static void upload_run(struct work *w)
 		pthread_mutex_unlock(&a->mu);
 		return;
 	}
+	tier_check(u);
 	rc = upload_one(u, j->job, j->step, &sent, why);
+	/* "not there": the step left the root only if its manifest is gone (not a blip) */
+	if (rc == -ENOENT && store_committed(a->store, j->job, j->step))
+		rc = -EIO;
 	pthread_mutex_lock(&a->mu);
 	u->st.bytes += sent;
 	j->tries++;
@@ -430,8 +468,8 @@ static void upload_run(struct work *w)
 		pthread_mutex_lock(&a->mu);
 	} else if (rc == -ESRCH) {
 		/* another node's step: nothing to do here */
-	} else if (rc == -EAGAIN &&
-	           ipc_mono_ns() - j->first_ns > (int64_t)a->cfg.commit_deadline_s * 1000000000) {
+	} else if (rc == -EAGAIN && j->waiting_ns &&
+	           ipc_mono_ns() - j->waiting_ns > (int64_t)a->cfg.commit_deadline_s * 1000000000) {
 		/* the other nodes upload nothing (no tier?), or rank 0's node is gone */
 		char note[IPC_ERRLEN + 64];
 
@@ -444,6 +482,10 @@ static void upload_run(struct work *w)
 	} else if (!u->stopping) {
 		/* "not yet" is looked at again soon; a failure after a back-off */
 		int64_t delay = rc == -EAGAIN ? WAIT_NS : j->backoff_ns;
+
+		/* the deadline for the others counts from this node's part on the tier */
+		if (rc == -EAGAIN && !j->waiting_ns)
+			j->waiting_ns = ipc_mono_ns();
 
 		if (rc != -EAGAIN) {
 			u->st.retried++;
@@ -523,8 +565,15 @@ static void resume_run(struct uploader *u)
 		int64_t latest = -1;
 		size_t n = 0, from = 0, k = 0;
 
-		if (store_latest_get(u->tier, jobs[i], &latest, err))
-			latest = -1;
+		int rc = store_latest_get(u->tier, jobs[i], &latest, err);
+
+		if (rc == -ENOENT) {
+			latest = -1; /* nothing of the job on the tier yet */
+		} else if (rc) {
+			log_msg(LOG_WARNING, "upload tier: job %s not resumed: %s", jobs[i], err);
+			free(jobs[i]);
+			continue;
+		}
 		if (root->ops->list_steps(root, jobs[i], &v, &n, err) == 0) {
 			for (size_t s = 0; s < n; s++)
 				k += v[s].committed && v[s].step > latest;

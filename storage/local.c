@@ -774,7 +774,7 @@ int local_create(const struct local_opts *o, struct storage **out, char *err)
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return ipc_errf(err, -ENOMEM, "out of memory creating the local backend");
-	l->base.ops = &local_ops;
+	storage_init(&l->base, &local_ops);
 	l->rootfd = -1;
 	l->nodefd = -1;
 	l->ops = o->ops ? o->ops : &fsops_posix;

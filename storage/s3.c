@@ -1107,7 +1107,7 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return ipc_errf(err, -ENOMEM, "out of memory");
-	s->base.ops = &s3_ops;
+	storage_init(&s->base, &s3_ops);
 	pthread_mutex_init(&s->mu, NULL);
 	s->part_bytes = o->part_bytes;
 	s->connections = o->connections ? o->connections : 8;

@@ -19,6 +19,7 @@
 #ifndef CKPT_STORAGE_H
 #define CKPT_STORAGE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -186,7 +187,19 @@ struct storage_ops {
 
 struct storage {
 	const struct storage_ops *ops;
+	/*
+	 * store.c's: LATEST's read-write-read of this storage, one at a time
+	 * (storage_init; a slow upload tier never holds up the root's).
+	 */
+	pthread_mutex_t latest_mu;
 };
+
+/* A backend's constructor sets up its struct storage (ops, and store.c's lock). */
+static inline void storage_init(struct storage *s, const struct storage_ops *ops)
+{
+	s->ops = ops;
+	pthread_mutex_init(&s->latest_mu, NULL);
+}
 
 struct local_opts {
 	const char *root;

@@ -21,8 +21,6 @@
 #define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
 #define LATEST_TRIES 3
 
-static pthread_mutex_t latest_mu = PTHREAD_MUTEX_INITIALIZER;
-
 /* ---- keys -------------------------------------------------------------- */
 
 void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf)
@@ -361,7 +359,7 @@ int store_latest_get(struct storage *s, const char *job, int64_t *step, char *er
 	return rc;
 }
 
-/* Under latest_mu. */
+/* Under s->latest_mu. */
 static int latest_put(struct storage *s, const char *job, int64_t step, char *err)
 {
 	char key[STORE_KEY_MAX], text[32];
@@ -379,7 +377,7 @@ int store_latest_advance(struct storage *s, const char *job, int64_t step, char 
 
 	if ((rc = check_job_step(job, step, err)))
 		return rc;
-	pthread_mutex_lock(&latest_mu);
+	pthread_mutex_lock(&s->latest_mu);
 	for (int i = 0; i < LATEST_TRIES; i++) {
 		/*
 		 * An agent of another node may have moved it meanwhile: read it back
@@ -393,7 +391,7 @@ int store_latest_advance(struct storage *s, const char *job, int64_t step, char 
 		if (rc)
 			break;
 	}
-	pthread_mutex_unlock(&latest_mu);
+	pthread_mutex_unlock(&s->latest_mu);
 	return rc;
 }
 
@@ -428,7 +426,7 @@ bool store_committed(struct storage *s, const char *job, int64_t step)
 }
 
 /*
- * Under latest_mu: LATEST := the newest committed step other than `except`
+ * Under s->latest_mu: LATEST := the newest committed step other than `except`
  * (or none), unless it names a committed step newer still (a commit of
  * another node that our listing came too early to see). Another node may
  * also commit, and move LATEST, between our look and our write: we look
@@ -534,10 +532,10 @@ int store_remove(struct storage *s, const char *job, int64_t step, char *err)
 		                "node's agent): unpin it first",
 		                job, step);
 	/* LATEST first: it never names a step that is not there, crash or no crash. */
-	pthread_mutex_lock(&latest_mu);
+	pthread_mutex_lock(&s->latest_mu);
 	was_latest = store_latest_get(s, job, &cur, err) == 0 && cur == step;
 	rc = was_latest ? latest_fix(s, job, step, &changed, err) : 0;
-	pthread_mutex_unlock(&latest_mu);
+	pthread_mutex_unlock(&s->latest_mu);
 	if (rc)
 		return rc;
 	rc = s->ops->remove(s, job, step, err);
@@ -568,9 +566,9 @@ static int cleanup_job(struct storage *s, const char *job, const struct storage_
 	    newest_committed(s, job, -1, &latest, why))
 		latest = -1;
 	rc = s->ops->cleanup(s, job, latest, pol, rec, err);
-	pthread_mutex_lock(&latest_mu);
+	pthread_mutex_lock(&s->latest_mu);
 	rc2 = latest_fix(s, job, -1, &changed, rc ? why : err);
-	pthread_mutex_unlock(&latest_mu);
+	pthread_mutex_unlock(&s->latest_mu);
 	if (changed)
 		rec->latest_fixed++;
 	return rc ? rc : rc2;

@@ -501,6 +501,39 @@ START_TEST(upload_of_a_deleted_step)
 }
 END_TEST
 
+/*
+ * The store away in the middle of an upload (slowed to 80 Mbit/s): a part
+ * fails, the upload is tried again, and once the store is back the same
+ * agent (not restarted) uploads it whole.
+ */
+START_TEST(upload_retried_after_a_failed_part)
+{
+	struct tiered t;
+	char out[4096];
+	int tries;
+
+	tiered_start(&t, 1, "--s3-max-tries 2 --upload-max-mbps 80");
+	save_all(t.a, 1, "mid", 1, 1, 1, 40);
+	usleep(1500000); /* 40 MiB at 80 Mbit/s: about 4 s; a third of it sent */
+	ck_assert_int_eq(rgw(NULL, 0, "stop-gw", "%s", ""), 0);
+	for (tries = 0; !h_log_has(&t.a[0], "upload of job mid step 1 failed") && tries < 300;
+	     tries++)
+		usleep(100000);
+	ck_assert_int_eq(rgw(NULL, 0, "start-gw", "%s", ""), 0);
+	ck_assert_msg(tries < 300, "no failed upload was logged");
+	for (tries = 0; tier_manifest(&t, "mid", 1) != 200 && tries < 300; tries++)
+		usleep(200000);
+	ck_assert_msg(tier_manifest(&t, "mid", 1) == 200,
+	              "the upload never succeeded after the "
+	              "store came back (see %s)",
+	              t.a[0].log);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload mid 1") == 0, "%s",
+	              out);
+	ck_assert_int_eq(open_uploads(t.bucket), 0);
+	tiered_stop(&t);
+}
+END_TEST
+
 /* ckptd with these flags must refuse to start, saying `want`. */
 static void refuses(const char *root, const char *flags, const char *want)
 {
@@ -573,6 +606,7 @@ static Suite *suite(void)
 	tcase_add_test(t, upload_tier_two_nodes);
 	tcase_add_test(t, upload_resumes_when_the_store_is_back);
 	tcase_add_test(t, upload_of_a_deleted_step);
+	tcase_add_test(t, upload_retried_after_a_failed_part);
 	tcase_add_test(t, start_errors);
 	suite_add_tcase(s, t);
 	return s;

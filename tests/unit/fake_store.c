@@ -266,7 +266,7 @@ struct fake_store *fake_create(void)
 {
 	struct fake_store *f = calloc(1, sizeof(*f));
 
-	f->base.ops = &fake_ops;
+	storage_init(&f->base, &fake_ops);
 	return f;
 }
 
