@@ -524,11 +524,9 @@ static void aborted(struct s3req *q)
 static void abort_again(struct s3 *s)
 {
 	struct s3_unaborted *list, *u, *keep = NULL;
-	struct s3req *q = malloc(sizeof(*q));
+	char query[S3_QUERY_MAX], why[IPC_ERRLEN];
 	unsigned left = 0;
 
-	if (!q)
-		return;
 	pthread_mutex_lock(&s->mu);
 	list = s->unaborted;
 	s->unaborted = NULL;
@@ -538,10 +536,8 @@ static void abort_again(struct s3 *s)
 		int rc;
 
 		list = u->next;
-		s3req_init(q, S3_DELETE, u->key);
-		snprintf(q->query, sizeof(q->query), "uploadId=%s", u->upload);
-		rc = s3http_do(s->http, q);
-		s3req_clear(q);
+		snprintf(query, sizeof(query), "uploadId=%s", u->upload);
+		rc = s3_call(s, S3_DELETE, u->key, query, NULL, why);
 		if (rc == 0 || rc == -ENOENT) {
 			free(u);
 		} else {
@@ -550,7 +546,6 @@ static void abort_again(struct s3 *s)
 			left++;
 		}
 	}
-	free(q);
 	if (!keep)
 		return;
 	pthread_mutex_lock(&s->mu);
@@ -587,22 +582,29 @@ static const char *s3_shard_error(struct storage_shard *sh)
 /* ---- shards: the read side --------------------------------------------- */
 
 /* HEAD of a key: its size; -ENOENT if not there. */
-static int head(struct s3 *s, const char *key, uint64_t *size, char *err)
+int s3_call(struct s3 *s, enum s3_method m, const char *key, const char *query, uint64_t *length,
+            char *err)
 {
 	struct s3req *q = malloc(sizeof(*q));
 	int rc;
 
 	if (!q)
 		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, S3_HEAD, key);
+	s3req_init(q, m, key);
+	snprintf(q->query, sizeof(q->query), "%s", query ? query : "");
 	rc = s3http_do(s->http, q);
 	if (rc)
 		ipc_errf(err, rc, "%s", q->err);
-	else if (size)
-		*size = q->length;
+	else if (length)
+		*length = q->length;
 	s3req_clear(q);
 	free(q);
 	return rc;
+}
+
+static int head(struct s3 *s, const char *key, uint64_t *size, char *err)
+{
+	return s3_call(s, S3_HEAD, key, NULL, size, err);
 }
 
 static int s3_shard_stat(struct storage *st, const char *job, int64_t step, const char *file,
@@ -665,22 +667,12 @@ static int s3_shard_unlink(struct storage *st, const char *job, int64_t step, co
 {
 	struct s3 *s = to_s3(st);
 	char key[S3_KEY_MAX];
-	struct s3req *q;
 	int rc;
 
 	if ((rc = check_file(file, err)) ||
 	    (rc = s3_step_key(s, job, step, file, key, sizeof(key), err)))
 		return rc;
-	q = malloc(sizeof(*q));
-	if (!q)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, S3_DELETE, key);
-	rc = s3http_do(s->http, q);
-	if (rc)
-		ipc_errf(err, rc, "%s", q->err);
-	s3req_clear(q);
-	free(q);
-	return rc;
+	return s3_call(s, S3_DELETE, key, NULL, NULL, err);
 }
 
 static void s3_shard_path(struct storage *st, const char *job, int64_t step, const char *file,
@@ -775,22 +767,12 @@ static int s3_obj_delete(struct storage *st, const char *rel, char *err)
 {
 	struct s3 *s = to_s3(st);
 	char key[S3_KEY_MAX];
-	struct s3req *q;
 	int rc;
 
 	/* S3 answers 204 whether or not the key was there: a look first */
 	if ((rc = s3_key(s, rel, key, sizeof(key), err)) || (rc = head(s, key, NULL, err)))
 		return rc;
-	q = malloc(sizeof(*q));
-	if (!q)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, S3_DELETE, key);
-	rc = s3http_do(s->http, q);
-	if (rc)
-		ipc_errf(err, rc, "%s", q->err);
-	s3req_clear(q);
-	free(q);
-	return rc;
+	return s3_call(s, S3_DELETE, key, NULL, NULL, err);
 }
 
 static int s3_step_tidy(struct storage *st, const char *job, int64_t step, char *err)
@@ -803,22 +785,17 @@ static int s3_step_tidy(struct storage *st, const char *job, int64_t step, char 
 static int s3_root_check(struct storage *st, bool *reopened, char *err)
 {
 	struct s3 *s = to_s3(st);
-	struct s3req *q = malloc(sizeof(*q));
+	char why[IPC_ERRLEN];
 	unsigned pending;
 	int rc;
 
 	*reopened = false;
-	if (!q)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, S3_HEAD, "");
-	rc = s3http_do(s->http, q);
+	rc = s3_call(s, S3_HEAD, "", NULL, NULL, why);
 	if (rc == -ENOENT)
 		ipc_errf(err, rc, "bucket %s at %s: no such bucket (HTTP 404)", s->bucket,
 		         s->endpoint);
 	else if (rc)
-		ipc_errf(err, rc, "bucket %s at %s: %s", s->bucket, s->endpoint, q->err);
-	s3req_clear(q);
-	free(q);
+		ipc_errf(err, rc, "bucket %s at %s: %s", s->bucket, s->endpoint, why);
 	pthread_mutex_lock(&s->mu);
 	pending = s->nunaborted;
 	pthread_mutex_unlock(&s->mu);

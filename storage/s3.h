@@ -56,6 +56,12 @@ int s3_key(const struct s3 *s, const char *rel, char *buf, size_t len, char *err
 /* "<prefix>/<job>/step-<12d>/<leaf>"; leaf "" gives the step's prefix, '/' ended. */
 int s3_step_key(const struct s3 *s, const char *job, int64_t step, const char *leaf, char *buf,
                 size_t len, char *err);
+/*
+ * One request without a body, waited for: its errno (err says why) and,
+ * if asked, the reply's length (HEAD: the object's size).
+ */
+int s3_call(struct s3 *s, enum s3_method m, const char *key, const char *query, uint64_t *length,
+            char *err);
 /* Whether an upload of this key is open in this agent (its writes in flight). */
 bool s3_writing(struct s3 *s, const char *key);
 

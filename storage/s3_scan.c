@@ -226,8 +226,8 @@ struct uploads {
 static int on_upload(void *ctx, const char *in, size_t n)
 {
 	struct uploads *u = ctx;
-	char key[S3_KEY_MAX], id[512], eid[1536], when[40] = "";
-	struct s3req *q;
+	char key[S3_KEY_MAX], id[512], eid[1536], when[40] = "", query[S3_QUERY_MAX],
+	                                          why[IPC_ERRLEN];
 	int rc;
 
 	if (s3xml_text(in, n, "Key", key, sizeof(key)) ||
@@ -237,18 +237,12 @@ static int on_upload(void *ctx, const char *in, size_t n)
 	s3xml_text(in, n, "Initiated", when, sizeof(when));
 	if (s3_writing(u->s, key) || !u->go(u->ctx, key, s3_parse_time(when)))
 		return 0;
-	q = malloc(sizeof(*q));
-	if (!q)
-		return u->rc = -ENOMEM;
-	s3req_init(q, S3_DELETE, key);
-	snprintf(q->query, sizeof(q->query), "uploadId=%s", eid);
-	rc = s3http_do(u->s->http, q);
+	snprintf(query, sizeof(query), "uploadId=%s", eid);
+	rc = s3_call(u->s, S3_DELETE, key, query, NULL, why);
 	if (rc == 0 || rc == -ENOENT)
 		u->aborted += rc == 0;
 	else if (!u->rc)
-		u->rc = rc, snprintf(u->err, sizeof(u->err), "%s", q->err);
-	s3req_clear(q);
-	free(q);
+		u->rc = rc, snprintf(u->err, sizeof(u->err), "%s", why);
 	return 0;
 }
 
@@ -463,17 +457,11 @@ int s3_list_steps(struct storage *st, const char *job, struct storage_step **ste
 
 static int delete_key(struct s3 *s, const char *key, char *err)
 {
-	struct s3req *q = malloc(sizeof(*q));
-	int rc;
+	char why[IPC_ERRLEN];
+	int rc = s3_call(s, S3_DELETE, key, NULL, NULL, why);
 
-	if (!q)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, S3_DELETE, key);
-	rc = s3http_do(s->http, q);
 	if (rc && rc != -ENOENT)
-		ipc_errf(err, rc, "%s", q->err);
-	s3req_clear(q);
-	free(q);
+		ipc_errf(err, rc, "%s", why);
 	return rc == -ENOENT ? 0 : rc;
 }
 
