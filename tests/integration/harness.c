@@ -234,6 +234,50 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+pid_t h_spawn_rank(const char *bin, const struct agent_proc *a, const char *job, const char *run,
+                   int rank, int world, long first, long last, long mb, const char *mode,
+                   int *out_fd, bool with_stderr)
+{
+	char r[8], w[8], f[24], l[24], m[24];
+	int fds[2];
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	snprintf(r, sizeof(r), "%d", rank);
+	snprintf(w, sizeof(w), "%d", world);
+	snprintf(f, sizeof(f), "%ld", first);
+	snprintf(l, sizeof(l), "%ld", last);
+	snprintf(m, sizeof(m), "%ld", mb);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(fds[1], STDOUT_FILENO);
+		if (with_stderr)
+			dup2(fds[1], STDERR_FILENO);
+		close(fds[0]);
+		execl(bin, "test_cluster", "--rank", a->endpoint, job, run, r, w, f, l, m, mode,
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	if (out_fd)
+		*out_fd = fds[0];
+	else
+		close(fds[0]);
+	return pid;
+}
+
+void h_read_all(int fd, char *buf, size_t len)
+{
+	size_t n = 0;
+	ssize_t got;
+
+	while (n + 1 < len && (got = read(fd, buf + n, len - 1 - n)) > 0)
+		n += (size_t)got;
+	buf[n] = '\0';
+	close(fd);
+}
+
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
 {
 	size_t n = (size_t)snprintf(buf, len, "%s/", a->root);

@@ -83,6 +83,17 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
                   int timeout_ms);
 
 /* A path under the agent's root: "<root>/<rel>". */
+/*
+ * A trainer rank in a process of its own: `bin --rank ENDPOINT JOB RUN RANK
+ * WORLD FIRST LAST MB MODE` (test_cluster's rank_main). Its stdout (and
+ * stderr too with with_stderr) on *out_fd if asked.
+ */
+pid_t h_spawn_rank(const char *bin, const struct agent_proc *a, const char *job, const char *run,
+                   int rank, int world, long first, long last, long mb, const char *mode,
+                   int *out_fd, bool with_stderr);
+/* All of fd (closed after) into buf, NUL-terminated. */
+void h_read_all(int fd, char *buf, size_t len);
+
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool h_exists(const char *path);

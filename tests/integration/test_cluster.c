@@ -157,47 +157,15 @@ static int rank_main(char **v)
 	return 0;
 }
 
-/* A rank process; its stdout on *out_fd if asked. */
+/* A rank process of this program; its stdout on *out_fd if asked. */
 static pid_t spawn_rank(const struct agent_proc *a, const char *job, const char *run, int rank,
                         int world, long first, long last, long mb, const char *mode, int *out_fd)
 {
-	char r[8], w[8], f[24], l[24], m[24];
-	int fds[2];
-	pid_t pid;
-
-	ck_assert_int_eq(pipe(fds), 0);
-	snprintf(r, sizeof(r), "%d", rank);
-	snprintf(w, sizeof(w), "%d", world);
-	snprintf(f, sizeof(f), "%ld", first);
-	snprintf(l, sizeof(l), "%ld", last);
-	snprintf(m, sizeof(m), "%ld", mb);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dup2(fds[1], STDOUT_FILENO);
-		close(fds[0]);
-		execl("/proc/self/exe", "test_cluster", "--rank", a->endpoint, job, run, r, w, f, l,
-		      m, mode, (char *)NULL);
-		_exit(127);
-	}
-	close(fds[1]);
-	if (out_fd)
-		*out_fd = fds[0];
-	else
-		close(fds[0]);
-	return pid;
+	return h_spawn_rank("/proc/self/exe", a, job, run, rank, world, first, last, mb, mode,
+	                    out_fd, false);
 }
 
-static void read_all(int fd, char *buf, size_t len)
-{
-	size_t n = 0;
-	ssize_t r;
-
-	while (n + 1 < len && (r = read(fd, buf + n, len - 1 - n)) > 0)
-		n += (size_t)r;
-	buf[n] = '\0';
-	close(fd);
-}
+#define read_all h_read_all
 
 /* ---- a cluster on one machine ------------------------------------------ */
 

@@ -114,45 +114,11 @@ static void s3_args(char *buf, size_t len, const char *extra)
 static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, int world,
                         long first, long last, long mb, const char *mode, int *out_fd)
 {
-	char r[8], w[8], f[24], l[24], m[24];
-	int fds[2];
-	pid_t pid;
-
-	ck_assert_int_eq(pipe(fds), 0);
-	snprintf(r, sizeof(r), "%d", rank);
-	snprintf(w, sizeof(w), "%d", world);
-	snprintf(f, sizeof(f), "%ld", first);
-	snprintf(l, sizeof(l), "%ld", last);
-	snprintf(m, sizeof(m), "%ld", mb);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dup2(fds[1], STDOUT_FILENO);
-		if (out_fd) /* what went wrong too, where the caller reads */
-			dup2(fds[1], STDERR_FILENO);
-		close(fds[0]);
-		execl(CKPT_CLUSTER_BIN, "test_cluster", "--rank", a->endpoint, job, "0", r, w, f, l,
-		      m, mode, (char *)NULL);
-		_exit(127);
-	}
-	close(fds[1]);
-	if (out_fd)
-		*out_fd = fds[0];
-	else
-		close(fds[0]);
-	return pid;
+	return h_spawn_rank(CKPT_CLUSTER_BIN, a, job, "0", rank, world, first, last, mb, mode,
+	                    out_fd, false);
 }
 
-static void read_all(int fd, char *buf, size_t len)
-{
-	size_t n = 0;
-	ssize_t r;
-
-	while (n + 1 < len && (r = read(fd, buf + n, len - 1 - n)) > 0)
-		n += (size_t)r;
-	buf[n] = '\0';
-	close(fd);
-}
+#define read_all h_read_all
 
 /* Ranks spread over agents a[0..n): saves first..last, each COMMITTED (or as mode says). */
 static void save_mode(struct agent_proc *a, int n, const char *job, int world, long first,
@@ -480,7 +446,9 @@ START_TEST(upload_of_a_deleted_step)
 	pid_t pid;
 
 	tiered_start(&t, 1, "--upload-max-mbps 80");
-	pid = spawn_rank(&t.a[0], "gone", 0, 1, 1, 1, 40, "upload", &fd);
+	/* its stderr too: what its wait for UPLOADED was told */
+	pid = h_spawn_rank(CKPT_CLUSTER_BIN, &t.a[0], "gone", "0", 0, 1, 1, 1, 40, "upload", &fd,
+	                   true);
 	ck_assert_msg(h_wait_state(&t.a[0], "gone", 1, "COMMITTED", 60000),
 	              "step 1 never committed");
 	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete gone 1") == 0, "%s", out);
