@@ -9,11 +9,11 @@
 # no io_uring) report skipped. Last, the fuzz stage: every parser's
 # libFuzzer target (fuzz/README.md), built with clang in build-fuzz, runs
 # CKPT_FUZZ_SECONDS (default 10) each and must not crash, leak or time out.
-# In the plain build ctest runs with -j2, yet one test at a time but for
-# those that mostly wait (CKPT_TESTS_BESIDE in CMakeLists.txt: an agent
-# frozen for two minutes, which the sanitizer builds freeze 6 s only: there
-# one test at a time, as timing-bound tests such as a skip behind a hog need
-# the cores to themselves).
+# In the plain and ASan builds ctest runs with -j2, yet one test at a time
+# but for those that mostly wait (CKPT_TESTS_BESIDE in CMakeLists.txt: an
+# agent frozen for two minutes; 6 s in the sanitizer builds). In the TSan
+# build one test at a time: timing-bound tests such as a skip behind a hog
+# need the cores to themselves there.
 # First of all, the format stage: every C file in the house format
 # (scripts/format.sh --check).
 # The S3 tests talk to a real S3 server: for the stages that run ctest, a
@@ -68,7 +68,7 @@ for b in "${builds[@]}"; do
 		continue
 		;;
 	plain) dir=build san= par=2 ;;
-	asan) dir=build-asan san=address,undefined ;;
+	asan) dir=build-asan san=address,undefined par=2 ;;
 	tsan) dir=build-tsan san=thread ;;
 	nocuda) dir=build-nocuda san= cuda=OFF faults=OFF tests='unit/|test_roundtrip|test_badreq' ;;
 	*) echo "test.sh: unknown build '$b' (format, plain, asan, tsan, nocuda, fuzz)" >&2; exit 2 ;;
