@@ -625,12 +625,10 @@ static int64_t start_due(struct s3http *h, int64_t now)
 
 static void cancel(struct s3http *h, struct s3req *r, const char *why);
 
-static void finished(struct s3http *h, CURLMsg *m)
+/* An attempt ended (or is cut short): its easy handle back to the idle set, its bytes counted. */
+static struct s3req *detach(struct s3http *h, CURL *e)
 {
 	struct s3req *r = NULL;
-	CURL *e = m->easy_handle;
-	CURLcode cc = m->data.result;
-	int rc;
 
 	curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&r);
 	curl_multi_remove_handle(h->multi, e);
@@ -641,6 +639,15 @@ static void finished(struct s3http *h, CURLMsg *m)
 	h->st.bytes_up += r->sent;
 	h->st.bytes_down += r->got;
 	pthread_mutex_unlock(&h->mu);
+	return r;
+}
+
+static void finished(struct s3http *h, CURLMsg *m)
+{
+	struct s3req *r = detach(h, m->easy_handle);
+	CURLcode cc = m->data.result;
+	int rc;
+
 	if (r->method == S3_GET && r->into && !r->error_body)
 		r->length = r->got;
 	rc = outcome(h, r, cc);
@@ -712,20 +719,9 @@ static void stop_sweep(struct s3http *h, int64_t now, int64_t stop_ns)
 	}
 	for (unsigned i = 0; late && i < h->nconn; i++) {
 		CURL *e = h->easy[i];
-		struct s3req *r = NULL;
-
 		if (is_idle(h, e))
 			continue;
-		curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&r);
-		curl_multi_remove_handle(h->multi, e);
-		h->idle[h->nidle++] = e;
-		r->easy = NULL;
-		pthread_mutex_lock(&h->mu);
-		h->st.inflight--;
-		h->st.bytes_up += r->sent;
-		h->st.bytes_down += r->got;
-		pthread_mutex_unlock(&h->mu);
-		cancel(h, r, "cut short: the agent is stopping");
+		cancel(h, detach(h, e), "cut short: the agent is stopping");
 	}
 }
 

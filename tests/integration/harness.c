@@ -214,14 +214,20 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
 {
 	char args[1024], cmd[2048];
 	va_list ap;
-	size_t n = 0;
-	FILE *p;
-	int status;
 
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof(args), fmt, ap);
 	va_end(ap);
 	snprintf(cmd, sizeof(cmd), "%s --endpoint %s %s 2>&1", CKPTCTL_BIN, a->endpoint, args);
+	return h_run(out, len, cmd);
+}
+
+int h_run(char *out, size_t len, const char *cmd)
+{
+	size_t n = 0;
+	FILE *p;
+	int status;
+
 	p = popen(cmd, "r");
 	ck_assert_msg(p, "popen %s", cmd);
 	if (out && len) {

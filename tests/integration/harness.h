@@ -56,6 +56,8 @@ struct ckpt_client *h_connect(const struct agent_proc *a);
 /* Runs ckptctl --endpoint <a> <args>; stdout+stderr into out; returns its exit status. */
 int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* A shell command: its stdout into out (if given), its exit code (-1: killed). */
+int h_run(char *out, size_t len, const char *cmd);
 
 /*
  * Sends `len` raw bytes as the request of `method` ("/ckpt.v1.Ckpt/Save"),

@@ -49,26 +49,14 @@ static int rgw(char *out, size_t len, const char *cmd, const char *fmt, ...)
 static int rgw(char *out, size_t len, const char *cmd, const char *fmt, ...)
 {
 	char args[1024], line[2048];
-	size_t n = 0;
 	va_list ap;
-	FILE *p;
-	int status;
 
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof(args), fmt, ap);
 	va_end(ap);
 	snprintf(line, sizeof(line), "%s/scripts/rgw.sh %s '%s' %s", CKPT_SOURCE_DIR, cmd, rgwdir,
 	         args);
-	p = popen(line, "r");
-	ck_assert_msg(p, "popen %s", line);
-	if (out && len) {
-		n = fread(out, 1, len - 1, p);
-		out[n] = '\0';
-	}
-	while (fgetc(p) != EOF)
-		;
-	status = pclose(p);
-	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	return h_run(out, len, line);
 }
 
 /* A fresh bucket for one test: "ckt-<pid>-<n>". */
