@@ -10,13 +10,13 @@
 # input is kept in build-fuzz/crashes/<target>/, and the log says how to
 # replay it (build-fuzz/fuzz/fuzz_<target> INPUT).
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: manifest part plans safetensors config rpc s3xml
+#   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: manifest part plans safetensors config rpc s3xml s3zstd
 #   CKPT_FUZZ_JOBS=N   N processes per target (libFuzzer -fork=N), default 1
 #   CKPT_FUZZ_FLAGS="-use_value_profile=1 ..."   more libFuzzer options
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all=(manifest part plans safetensors config rpc s3xml)
+all=(manifest part plans safetensors config rpc s3xml s3zstd)
 secs=${1:-3600}
 (($# > 0)) && shift
 if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then

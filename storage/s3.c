@@ -9,9 +9,12 @@
  * body is the chunk itself), several in flight; each part's ETag is kept
  * and the upload completed by shard_finish, which then reads the object's
  * size back (HEAD): DURABLE means the store has the whole shard. A shard
- * of one chunk or less is a single PUT. An upload that does not complete
- * is aborted when its shard is closed (no part is left behind); stale ones
- * of this node's keys are aborted by the clean-up. A shard is never
+ * of one chunk or less is a single PUT. With [s3]/[upload] compress, each
+ * part is its chunk as one zstd frame, and a last part holds the seek
+ * table (s3zstd.c); reads then fetch whole frames and decompress them on
+ * the HTTP thread. An upload that does not complete is aborted when its
+ * shard is closed (no part is left behind); stale ones of this node's keys
+ * are aborted by the clean-up. A shard is never
  * written over: its name is one that no object holds (HEAD) and no upload
  * of this agent is open for.
  *
@@ -46,6 +49,12 @@ struct storage_shard {
 	unsigned nparts;
 	char upload[S3_QUERY_MAX / 2]; /* the upload's id, encoded; "": a single PUT */
 	char (*etag)[S3_ETAG_MAX]; /* each part's, once written */
+	unsigned nput; /* parts of the upload: nparts, and the seek table's when compressed */
+	bool z; /* compressed (s3zstd.c) */
+	struct s3z_frame *zf; /* writing: each part's frame */
+	struct s3z_table zt; /* reading: where the frames are */
+	uint64_t stored; /* the object's size on the store, once known */
+	void *ztab; /* the seek table's bytes while it is sent */
 	bool completed;
 	pthread_mutex_t mu; /* why */
 	char why[IPC_ERRLEN]; /* the first failure of its requests */
@@ -59,6 +68,9 @@ struct s3_io {
 	struct storage_shard *sh;
 	struct io_req *io;
 	unsigned part;
+	void *zbuf; /* compressed: the part's body, or the frames read */
+	uint64_t zoff, zlen; /* a compressed read: the shard bytes wanted */
+	unsigned zfirst; /* and the first frame fetched */
 };
 
 /* ---- names ------------------------------------------------------------- */
@@ -165,6 +177,9 @@ static void shard_free(struct storage_shard *sh)
 	s3req_clear(&sh->fin);
 	pthread_mutex_destroy(&sh->mu);
 	free(sh->etag);
+	free(sh->zf);
+	free(sh->ztab);
+	s3z_table_free(&sh->zt);
 	free(sh);
 }
 
@@ -192,6 +207,7 @@ static int open_upload(struct s3 *s, struct storage_shard *sh, char *err)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	s3req_init(q, S3_POST, sh->key);
 	snprintf(q->query, sizeof(q->query), "uploads=");
+	q->meta_zstd = sh->z ? sh->size : 0;
 	rc = s3http_do(s->http, q);
 	if (rc) {
 		ipc_errf(err, rc, "starting the upload: %s", q->err);
@@ -253,7 +269,7 @@ static int too_many_parts(const struct s3 *s, uint64_t size, const char *file, c
 	/* no overflow: a size near 2^64 is as many parts as its whole chunks */
 	uint64_t parts = size / s->part_bytes + (size % s->part_bytes != 0);
 
-	if (parts <= S3_MAX_PARTS)
+	if (parts + (s->zstd_level && parts > 1) <= S3_MAX_PARTS)
 		return 0;
 	return ipc_errf(err, -EFBIG,
 	                "%s: a shard of %llu bytes would be %llu parts of %llu MiB; S3 allows %u: "
@@ -269,9 +285,14 @@ static int shard_begin(struct s3 *s, struct storage_shard *sh, uint64_t size, ch
 	uint64_t parts = size / s->part_bytes + (size % s->part_bytes != 0);
 
 	sh->size = size;
+	sh->stored = size;
 	sh->nparts = parts ? (unsigned)parts : 1;
-	sh->etag = calloc(sh->nparts, sizeof(*sh->etag));
-	if (!sh->etag)
+	sh->z = s->zstd_level != 0;
+	sh->nput = sh->nparts + (sh->z && sh->nparts > 1);
+	sh->etag = calloc(sh->nput, sizeof(*sh->etag));
+	if (sh->z)
+		sh->zf = calloc(sh->nparts, sizeof(*sh->zf));
+	if (!sh->etag || (sh->z && !sh->zf))
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	return sh->nparts > 1 ? open_upload(s, sh, err) : 0;
 }
@@ -354,6 +375,28 @@ static void io_prep(struct s3req *q)
 		q->skip = true;
 }
 
+/* The HTTP thread: a compressed read's frames came; the bytes asked for from them. */
+static int64_t unzip(struct s3_io *x)
+{
+	struct storage_shard *sh = x->sh;
+	char why[IPC_ERRLEN], msg[IPC_ERRLEN];
+	int rc;
+
+	if (x->q.length != x->q.range_len) {
+		snprintf(msg, sizeof(msg), "%s: %llu bytes of frames read as %llu", sh->key,
+		         (unsigned long long)x->q.range_len, (unsigned long long)x->q.length);
+		shard_fail(sh, msg);
+		return -EIO;
+	}
+	rc = s3z_inflate(&sh->zt, x->zfirst, x->zbuf, x->zoff, x->io->buf, x->zlen, why);
+	if (rc) {
+		snprintf(msg, sizeof(msg), "%s: %s", sh->key, why);
+		shard_fail(sh, msg);
+		return rc;
+	}
+	return (int64_t)x->zlen;
+}
+
 static void io_done(struct s3req *q)
 {
 	struct s3_io *x = q->ctx;
@@ -364,6 +407,8 @@ static void io_done(struct s3req *q)
 	} else if (q->res) {
 		shard_fail(x->sh, q->err);
 		io->res = q->res;
+	} else if (q->method == S3_GET && x->zbuf) {
+		io->res = unzip(x);
 	} else if (q->method == S3_GET) {
 		io->res = (int64_t)q->length;
 	} else if (x->sh->upload[0] && !q->etag[0]) {
@@ -374,6 +419,7 @@ static void io_done(struct s3req *q)
 		io->res = (int64_t)io->len;
 	}
 	s3req_clear(q);
+	free(x->zbuf);
 	free(x);
 	io->done(io);
 }
@@ -387,10 +433,45 @@ static struct s3_io *io_new(struct storage_shard *sh, struct io_req *r, enum s3_
 	s3req_init(&x->q, m, sh->key);
 	x->sh = sh;
 	x->io = r;
+	x->zbuf = NULL;
 	x->q.prep = io_prep;
 	x->q.done = io_done;
 	x->q.ctx = x;
 	return x;
+}
+
+/*
+ * A compressed shard's part (s3zstd.c), on the writer's thread: its chunk
+ * as one frame, padded to a part where more follow; a shard of one part
+ * has the seek table after its frame. 0, or a negative errno (said).
+ */
+static int compress_part(struct storage_shard *sh, struct s3_io *x)
+{
+	uint64_t n = x->q.body_len, len;
+	size_t cap = s3z_bound(n);
+	char why[IPC_ERRLEN];
+	int rc;
+
+	x->zbuf = malloc(cap);
+	if (!x->zbuf)
+		return -ENOMEM;
+	rc =
+	    s3z_frame(sh->s->zstd_level, x->q.body, n, x->zbuf, cap, sh->upload[0] != 0, &len, why);
+	if (rc) {
+		free(x->zbuf);
+		shard_fail(sh, why);
+		return rc;
+	}
+	sh->zf[x->part] = (struct s3z_frame){(uint32_t)len, (uint32_t)n};
+	if (!sh->upload[0]) { /* the single PUT: the object whole, its table included */
+		s3z_table_write(sh->zf, 1, (char *)x->zbuf + len);
+		len += s3z_table_bytes(1);
+		sh->stored = len;
+		x->q.meta_zstd = sh->size;
+	}
+	x->q.body = x->zbuf;
+	x->q.body_len = len;
+	return 0;
 }
 
 /* Bytes [off, off + len) of the shard: part off / chunk + 1, cut at the shard's end. */
@@ -414,6 +495,11 @@ static void s3_shard_write(struct storage_shard *sh, struct io_req *r)
 	x->part = (unsigned)part;
 	x->q.body = r->buf;
 	x->q.body_len = sh->size - r->off < r->len ? sh->size - r->off : r->len;
+	if (sh->z && (r->res = compress_part(sh, x)) < 0) {
+		free(x);
+		r->done(r);
+		return;
+	}
 	if (sh->upload[0])
 		snprintf(x->q.query, sizeof(x->q.query), "partNumber=%u&uploadId=%s",
 		         (unsigned)part + 1, sh->upload);
@@ -430,9 +516,9 @@ static void fin_checked(struct s3req *q)
 		snprintf(why, sizeof(why), "reading back the completed upload: %s", q->err);
 		shard_fail(sh, why);
 		io->res = q->res;
-	} else if (q->length != sh->size) {
+	} else if (q->length != sh->stored) {
 		snprintf(why, sizeof(why), "%s: the store holds %llu bytes, %llu were written",
-		         sh->key, (unsigned long long)q->length, (unsigned long long)sh->size);
+		         sh->key, (unsigned long long)q->length, (unsigned long long)sh->stored);
 		shard_fail(sh, why);
 		io->res = -EIO;
 	} else {
@@ -463,19 +549,13 @@ static void fin_completed(struct s3req *q)
 	s3http_submit(sh->s->http, q);
 }
 
-/* After the last part: the upload completed (its parts in order, with their ETags). */
-static void s3_shard_finish(struct storage_shard *sh, struct io_req *r)
+/* The upload completed (its parts in order, with their ETags). */
+static void complete(struct storage_shard *sh)
 {
-	size_t cap = 128 + (size_t)sh->nparts * (64 + S3_ETAG_MAX), o;
+	size_t cap = 128 + (size_t)sh->nput * (64 + S3_ETAG_MAX), o;
+	struct io_req *r = sh->fin_io;
 	char *xml;
 
-	sh->fin_io = r;
-	if (!sh->upload[0]) { /* a single PUT: the store had it when the PUT returned */
-		sh->completed = true;
-		r->res = 0;
-		r->done(r);
-		return;
-	}
 	xml = malloc(cap);
 	if (!xml) {
 		r->res = -ENOMEM;
@@ -483,7 +563,7 @@ static void s3_shard_finish(struct storage_shard *sh, struct io_req *r)
 		return;
 	}
 	o = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
-	for (unsigned i = 0; i < sh->nparts; i++)
+	for (unsigned i = 0; i < sh->nput; i++)
 		o += (size_t)snprintf(xml + o, cap - o,
 		                      "<Part><PartNumber>%u</PartNumber><ETag>\"%s\"</ETag></Part>",
 		                      i + 1, sh->etag[i]);
@@ -494,6 +574,64 @@ static void s3_shard_finish(struct storage_shard *sh, struct io_req *r)
 	sh->fin.body_len = o;
 	sh->fin.content_type = "application/xml";
 	sh->fin.done = fin_completed;
+	sh->fin.ctx = sh;
+	s3http_submit(sh->s->http, &sh->fin);
+}
+
+/* The HTTP thread: the seek table is the upload's last part; then it completes. */
+static void table_sent(struct s3req *q)
+{
+	struct storage_shard *sh = q->ctx;
+	struct io_req *r = sh->fin_io;
+
+	free(sh->ztab);
+	sh->ztab = NULL;
+	if (!q->res && !q->etag[0])
+		shard_fail(sh, "the store's reply to a part has no usable ETag");
+	else if (q->res)
+		shard_fail(sh, q->err);
+	if (q->res || !q->etag[0]) {
+		r->res = q->res ? q->res : -EPROTO;
+		r->done(r);
+		return;
+	}
+	snprintf(sh->etag[sh->nparts], S3_ETAG_MAX, "%s", q->etag);
+	s3req_clear(q);
+	complete(sh);
+}
+
+/* After the last part: a compressed shard's seek table, then the completion. */
+static void s3_shard_finish(struct storage_shard *sh, struct io_req *r)
+{
+	uint64_t tb = s3z_table_bytes(sh->nparts), c = 0;
+
+	sh->fin_io = r;
+	if (!sh->upload[0]) { /* a single PUT: the store had it when the PUT returned */
+		sh->completed = true;
+		r->res = 0;
+		r->done(r);
+		return;
+	}
+	if (!sh->z) {
+		complete(sh);
+		return;
+	}
+	sh->ztab = malloc(tb);
+	if (!sh->ztab) {
+		r->res = -ENOMEM;
+		r->done(r);
+		return;
+	}
+	for (unsigned i = 0; i < sh->nparts; i++)
+		c += sh->zf[i].csize;
+	sh->stored = c + tb;
+	s3z_table_write(sh->zf, sh->nparts, sh->ztab);
+	s3req_init(&sh->fin, S3_PUT, sh->key);
+	snprintf(sh->fin.query, sizeof(sh->fin.query), "partNumber=%u&uploadId=%s", sh->nput,
+	         sh->upload);
+	sh->fin.body = sh->ztab;
+	sh->fin.body_len = tb;
+	sh->fin.done = table_sent;
 	sh->fin.ctx = sh;
 	s3http_submit(sh->s->http, &sh->fin);
 }
@@ -607,22 +745,105 @@ static int head(struct s3 *s, const char *key, uint64_t *size, char *err)
 	return s3_call(s, S3_HEAD, key, NULL, size, err);
 }
 
+/*
+ * A shard's HEAD: the object's size on the store, and the shard's (which
+ * differ when it is compressed: *zsize is then the shard's, else 0).
+ */
+static int head_shard(struct s3 *s, const char *key, uint64_t *object, uint64_t *zsize, char *err)
+{
+	struct s3req *q = malloc(sizeof(*q));
+	int rc;
+
+	if (!q)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	s3req_init(q, S3_HEAD, key);
+	rc = s3http_do(s->http, q);
+	if (rc)
+		ipc_errf(err, rc, "%s", q->err);
+	else if (q->zstd_size == UINT64_MAX || (q->zstd_size && q->length < s3z_table_bytes(1)))
+		rc = ipc_errf(err, -EBADMSG,
+		              "%s: its x-amz-meta-ckpt-zstd is no size, or it holds no seek table",
+		              key);
+	*object = q->length;
+	*zsize = q->zstd_size;
+	free(q);
+	return rc;
+}
+
 static int s3_shard_stat(struct storage *st, const char *job, int64_t step, const char *file,
                          uint64_t *size, char *err)
 {
 	char key[S3_KEY_MAX];
+	uint64_t object, z;
 	int rc;
 
 	if ((rc = check_file(file, err)) ||
-	    (rc = s3_step_key(to_s3(st), job, step, file, key, sizeof(key), err)))
+	    (rc = s3_step_key(to_s3(st), job, step, file, key, sizeof(key), err)) ||
+	    (rc = head_shard(to_s3(st), key, &object, &z, err)))
 		return rc;
-	return head(to_s3(st), key, size, err);
+	*size = z ? z : object;
+	return 0;
+}
+
+/* Bytes [off, off + len) of an object into buf, waited for: exactly len, or an error. */
+static int get_range(struct s3 *s, const char *key, uint64_t off, uint64_t len, void *buf,
+                     char *err)
+{
+	struct s3req *q = malloc(sizeof(*q));
+	int rc;
+
+	if (!q)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	s3req_init(q, S3_GET, key);
+	q->ranged = true;
+	q->range_off = off;
+	q->range_len = len;
+	q->into = buf;
+	q->into_cap = len;
+	rc = s3http_do(s->http, q);
+	if (rc)
+		ipc_errf(err, rc, "%s", q->err);
+	else if (q->length != len)
+		rc = ipc_errf(err, -EIO, "%s: %llu bytes at %llu read as %llu", key,
+		              (unsigned long long)len, (unsigned long long)off,
+		              (unsigned long long)q->length);
+	s3req_clear(q);
+	free(q);
+	return rc;
+}
+
+/* A compressed shard's seek table, from the end of its object (object bytes). */
+static int read_table(struct storage_shard *sh, uint64_t object, char *err)
+{
+	unsigned char foot[9];
+	unsigned n;
+	uint64_t tb;
+	void *t;
+	int rc;
+
+	if ((rc = get_range(sh->s, sh->key, object - sizeof(foot), sizeof(foot), foot, err)))
+		return rc;
+	if ((rc = s3z_footer(foot, &n, err)))
+		return ipc_errf(err, rc, "%s: %s", sh->key, err);
+	tb = s3z_table_bytes(n);
+	if (tb > object)
+		return ipc_errf(err, -EBADMSG, "%s: a seek table of %u frames in %llu bytes",
+		                sh->key, n, (unsigned long long)object);
+	t = malloc(tb);
+	if (!t)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	rc = get_range(sh->s, sh->key, object - tb, tb, t, err);
+	if (!rc && (rc = s3z_table_parse(t, tb, object, sh->size, &sh->zt, err)))
+		ipc_errf(err, rc, "%s: %s", sh->key, err);
+	free(t);
+	return rc;
 }
 
 static int s3_shard_open(struct storage *st, const char *job, int64_t step, const char *file,
                          struct storage_shard **out, uint64_t *size, char *err)
 {
 	struct storage_shard *sh = shard_new(to_s3(st), false);
+	uint64_t z;
 	int rc;
 
 	*out = NULL;
@@ -631,12 +852,43 @@ static int s3_shard_open(struct storage *st, const char *job, int64_t step, cons
 	snprintf(sh->file, sizeof(sh->file), "%s", file);
 	if ((rc = check_file(file, err)) ||
 	    (rc = s3_step_key(sh->s, job, step, file, sh->key, sizeof(sh->key), err)) ||
-	    (rc = head(sh->s, sh->key, &sh->size, err))) {
+	    (rc = head_shard(sh->s, sh->key, &sh->stored, &z, err))) {
+		shard_free(sh);
+		return rc;
+	}
+	sh->size = z ? z : sh->stored;
+	sh->z = z != 0;
+	if (sh->z && (rc = read_table(sh, sh->stored, err))) {
 		shard_free(sh);
 		return rc;
 	}
 	*size = sh->size;
 	*out = sh;
+	return 0;
+}
+
+/*
+ * A compressed shard's read: the frames holding the bytes asked for, whole,
+ * into a buffer of their own; io_done decompresses them into the caller's.
+ */
+static int zread(struct storage_shard *sh, struct s3_io *x, uint64_t len)
+{
+	const struct s3z_table *t = &sh->zt;
+	uint64_t off = x->io->off;
+	unsigned a = s3z_find(t, off), b = s3z_find(t, off + len - 1);
+	uint64_t c0 = a ? t->cend[a - 1] : 0, c1 = t->cend[b];
+
+	x->zoff = off;
+	x->zlen = len;
+	x->zfirst = a;
+	x->zbuf = malloc(c1 - c0);
+	if (!x->zbuf)
+		return -ENOMEM;
+	x->q.ranged = true;
+	x->q.range_off = c0;
+	x->q.range_len = c1 - c0;
+	x->q.into = x->zbuf;
+	x->q.into_cap = c1 - c0;
 	return 0;
 }
 
@@ -653,6 +905,16 @@ static void s3_shard_read(struct storage_shard *sh, struct io_req *r)
 	}
 	if (len > r->len)
 		len = r->len;
+	if (sh->z && len) {
+		if (zread(sh, x, len)) {
+			free(x);
+			r->res = -ENOMEM;
+			r->done(r);
+			return;
+		}
+		s3http_submit(sh->s->http, &x->q);
+		return;
+	}
 	x->q.ranged = true;
 	x->q.range_off = r->off;
 	x->q.range_len = len;
@@ -808,12 +1070,15 @@ static void s3_describe(struct storage *st, char *buf, size_t len)
 {
 	struct s3 *s = to_s3(st);
 	struct s3http_stats hs;
+	char zs[32] = "";
 
+	if (s->zstd_level)
+		snprintf(zs, sizeof(zs), " (zstd level %d)", s->zstd_level);
 	s3http_get_stats(s->http, &hs);
 	snprintf(buf, len,
-	         "S3 at %s, %u connections, parts of %llu MiB, create-once by %s; %llu requests, "
+	         "S3 at %s, %u connections, parts of %llu MiB%s, create-once by %s; %llu requests, "
 	         "%llu retried, %llu failed, %u in flight",
-	         s->endpoint, s->connections, (unsigned long long)(s->part_bytes >> 20),
+	         s->endpoint, s->connections, (unsigned long long)(s->part_bytes >> 20), zs,
 	         s->create_once ? "If-None-Match" : "one writer (rank 0's node)",
 	         (unsigned long long)hs.requests, (unsigned long long)hs.retries,
 	         (unsigned long long)hs.failures, hs.inflight);
@@ -1087,6 +1352,7 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 	storage_init(&s->base, &s3_ops);
 	pthread_mutex_init(&s->mu, NULL);
 	s->part_bytes = o->part_bytes;
+	s->zstd_level = o->zstd_level;
 	s->connections = o->connections ? o->connections : 8;
 	snprintf(s->node, sizeof(s->node), "%s", o->node);
 	snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);

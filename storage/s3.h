@@ -29,6 +29,7 @@ struct s3 {
 	char node[IPC_MAX_JOB + 1];
 	char endpoint[256];
 	uint64_t part_bytes;
+	int zstd_level; /* shards written compressed at this level; 0: not */
 	unsigned connections;
 	bool create_once; /* the store honours If-None-Match: * on PUT */
 
@@ -64,6 +65,47 @@ int s3_call(struct s3 *s, enum s3_method m, const char *key, const char *query, 
             char *err);
 /* Whether an upload of this key is open in this agent (its writes in flight). */
 bool s3_writing(struct s3 *s, const char *key);
+
+/* ---- s3zstd.c: compressed shards ---------------------------------------- */
+
+/* A frame's sizes, as its seek table entry says them. */
+struct s3z_frame {
+	uint32_t csize; /* on the store, its padding included */
+	uint32_t dsize; /* the shard's bytes it holds */
+};
+
+/* A seek table read back: where each frame ends, on the store and in the shard. */
+struct s3z_table {
+	unsigned n;
+	uint64_t *cend, *dend;
+};
+
+/* The buffer a frame of len bytes needs (padded, or with a one-frame table after it). */
+size_t s3z_bound(uint64_t len);
+/* The seek table's size for n frames. */
+uint64_t s3z_table_bytes(unsigned n);
+/* len bytes of src, one frame at level, into dst (cap); pad: at least S3_MIN_PART. */
+int s3z_frame(int level, const void *src, uint64_t len, void *dst, size_t cap, bool pad,
+              uint64_t *out, char *err);
+/* The seek table of n frames into dst (s3z_table_bytes(n)). */
+void s3z_table_write(const struct s3z_frame *f, unsigned n, void *dst);
+/* From the table's last 9 bytes: how many frames it holds. */
+int s3z_footer(const void *foot, unsigned *frames, char *err);
+/*
+ * The table buf[0, len) read from the end of an object of `object` bytes
+ * holding `size` bytes of shard: checked against both.
+ */
+int s3z_table_parse(const void *buf, uint64_t len, uint64_t object, uint64_t size,
+                    struct s3z_table *t, char *err);
+void s3z_table_free(struct s3z_table *t);
+/* The frame holding shard byte off (t->n: past the end). */
+unsigned s3z_find(const struct s3z_table *t, uint64_t off);
+/*
+ * Shard bytes [off, off + len) into dst, from src: the frames from `first`
+ * on, as they are on the store.
+ */
+int s3z_inflate(const struct s3z_table *t, unsigned first, const void *src, uint64_t off, void *dst,
+                uint64_t len, char *err);
 
 /* ---- s3_scan.c: listings, removal, clean-up --------------------------- */
 

@@ -175,7 +175,7 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	r->too_big = r->error_body = r->has_range = false;
 	r->sent_first = r->sent_last = 0;
 	r->etag[0] = '\0';
-	r->length = r->total = 0;
+	r->length = r->total = r->zstd_size = 0;
 	free(r->reply);
 	r->reply = NULL;
 	r->reply_len = r->reply_cap = 0;
@@ -185,6 +185,11 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	rc |= add_header(r, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
 	if (r->if_none_match)
 		rc |= add_header(r, "If-None-Match: *");
+	if (r->meta_zstd) {
+		snprintf(line, sizeof(line), "x-amz-meta-ckpt-zstd: %llu",
+		         (unsigned long long)r->meta_zstd);
+		rc |= add_header(r, line);
+	}
 	if (r->content_type) {
 		snprintf(line, sizeof(line), "Content-Type: %s", r->content_type);
 		rc |= add_header(r, line);
@@ -388,6 +393,12 @@ static size_t on_header(char *p, size_t size, size_t n, void *ctx)
 			r->sent_first = a;
 			r->sent_last = b;
 		}
+	} else if (header_is(p, k, "x-amz-meta-ckpt-zstd", v, sizeof(v))) {
+		char *end;
+		unsigned long long z = strtoull(v, &end, 10);
+
+		/* digits alone, or it is not ours (the reader then refuses the object) */
+		r->zstd_size = v[0] >= '0' && v[0] <= '9' && !*end ? z : UINT64_MAX;
 	} else if (header_is(p, k, "Date", v, sizeof(v))) {
 		r->date = curl_getdate(v, NULL);
 		if (r->date < 0)

@@ -52,6 +52,7 @@ struct s3req {
 	uint64_t body_len;
 	const char *content_type; /* NULL: none */
 	bool if_none_match; /* "If-None-Match: *": 412 when the key exists */
+	uint64_t meta_zstd; /* PUT, POST ?uploads: "x-amz-meta-ckpt-zstd: N" (0: none) */
 	bool ranged; /* GET bytes [range_off, range_off + range_len) */
 	uint64_t range_off, range_len;
 	void *into; /* GET: the body into this buffer, at most into_cap bytes */
@@ -69,6 +70,8 @@ struct s3req {
 	uint64_t length; /* HEAD: Content-Length; GET: bytes received */
 	uint64_t total; /* ranged GET: the object's size from Content-Range (0: not said) */
 	int64_t date; /* the store's clock: its Date header (unix seconds), 0 if none */
+	uint64_t
+	    zstd_size; /* HEAD, GET: x-amz-meta-ckpt-zstd (a compressed shard's size), 0 if none */
 	char *reply; /* the body when not `into` (NUL after it); s3req_clear frees */
 	size_t reply_len;
 	unsigned tries;

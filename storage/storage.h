@@ -226,6 +226,7 @@ struct s3_opts {
 	unsigned backoff_ms; /* the first retry's delay ceiling, doubled per try */
 	const char *node; /* this node: names its shards */
 	uint64_t part_bytes; /* the staging chunk: a part of a shard's upload, >= 5 MiB */
+	int zstd_level; /* shards written as one zstd frame per part at this level; 0: not */
 };
 
 /* Whether root names an object store ("s3://..."). */
