@@ -65,7 +65,8 @@ static int s3_open(struct agent *a, const char *root, struct storage **out, char
 	                     c->s3.timeout_s,
 	                     0,
 	                     c->node,
-	                     pool_chunk_bytes(a->pool)};
+	                     pool_chunk_bytes(a->pool),
+	                     root == c->root ? c->s3.zstd_level : c->upload.zstd_level};
 	char what[IPC_ERRLEN];
 	int rc = s3_create(&so, out, err);
 

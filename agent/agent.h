@@ -106,12 +106,14 @@ struct agent_config {
 		const char *endpoint, *region, *credentials;
 		bool virtual_host;
 		unsigned connections, max_tries, timeout_s;
+		int zstd_level; /* compress: an s3:// root's shards; 0: off */
 	} s3;
 	struct { /* [upload]: the upload tier behind a filesystem root */
 		const char *root; /* s3://...; NULL: none */
 		unsigned keep_last;
 		int64_t keep_every;
 		uint64_t max_mbps; /* megabits per second; 0: no limit */
+		int zstd_level; /* compress: the tier's shards; 0: off */
 	} upload;
 };
 

@@ -180,6 +180,10 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_S3_TIMEOUT] = {"s3", "timeout", "s3-timeout", "S",
                        "a request moving no byte for S seconds is tried again (default 60)",
                        K_NUMBER, 1, 3600, .def = 60},
+    [CS_S3_COMPRESS] = {"s3", "compress", "s3-compress", "C",
+                        "shards on the store: off, or zstd[:LEVEL], one frame per chunk "
+                        "(default off)",
+                        K_TEXT, .def_str = "off"},
     [CS_UPLOAD_ROOT] = {"upload", "root", "upload-root", "s3://BUCKET[/PREFIX]",
                         "copy each committed checkpoint there (the upload tier; default: none)",
                         K_TEXT},
@@ -192,6 +196,10 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_UPLOAD_MAX_MBPS] = {"upload", "max_mbps", "upload-max-mbps", "N",
                             "uploads send at most N megabits per second (default 0: no limit)",
                             K_NUMBER, 0, 1000000000},
+    [CS_UPLOAD_COMPRESS] = {"upload", "compress", "upload-compress", "C",
+                            "the upload tier's shards, if not as [s3] compress: off, or "
+                            "zstd[:LEVEL] (default: [s3] compress)",
+                            K_TEXT, .def_str = "off"},
     [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
@@ -785,6 +793,28 @@ static int default_node(struct config *c, char *err)
 	return c->str[CS_NODE] ? 0 : ipc_errf(err, -ENOMEM, "out of memory");
 }
 
+/* "off", "zstd" (level 1) or "zstd:LEVEL" (1 to 19): *level, 0 for off. */
+static int compress_level(const struct config *c, int cs, int *level, char *err)
+{
+	const char *v = c->str[cs];
+	char *end;
+	long l;
+
+	*level = 0;
+	if (!v || strcmp(v, "off") == 0)
+		return 0;
+	if (strcmp(v, "zstd") == 0)
+		return *level = 1, 0;
+	if (strncmp(v, "zstd:", 5) == 0) {
+		errno = 0;
+		l = strtol(v + 5, &end, 10);
+		if (!errno && end != v + 5 && !*end && l >= 1 && l <= 19)
+			return *level = (int)l, 0;
+	}
+	return ipc_errf(err, -EINVAL, "[%s] %s = %s: expected off, zstd or zstd:LEVEL (1 to 19)",
+	                settings[cs].section, settings[cs].key, v);
+}
+
 /* An s3:// root: where the store is and how to reach it, checked before anything starts. */
 static int s3_settings(struct config *c, char *err)
 {
@@ -804,6 +834,16 @@ static int s3_settings(struct config *c, char *err)
 	a->upload.keep_last = (unsigned)c->num[CS_UPLOAD_KEEP_LAST];
 	a->upload.keep_every = c->num[CS_UPLOAD_KEEP_EVERY];
 	a->upload.max_mbps = (uint64_t)c->num[CS_UPLOAD_MAX_MBPS];
+	/* [s3] compress: the store's; the tier takes it unless [upload] compress is given */
+	if ((rc = compress_level(c, CS_S3_COMPRESS, &a->s3.zstd_level, err)) ||
+	    (rc = compress_level(c, CS_UPLOAD_COMPRESS, &a->upload.zstd_level, err)))
+		return rc;
+	if (c->from[CS_UPLOAD_COMPRESS] == CONFIG_DEFAULT)
+		a->upload.zstd_level = a->s3.zstd_level;
+	else if (!a->upload.root)
+		return ipc_errf(err, -EINVAL,
+		                "[upload] compress: there is no upload tier ([upload] "
+		                "root)");
 	if (a->upload.root && storage_is_s3(a->root))
 		return ipc_errf(err, -EINVAL,
 		                "[upload] root %s: the root %s is an object store already (the "

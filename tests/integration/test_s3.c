@@ -15,6 +15,10 @@
  *     the HTTP failure, the agent keeps serving, the checkpoint before is
  *     intact, its upload is aborted once the store is back, and the next
  *     save commits
+ *   - compressed (--s3-compress, --upload-compress): shards of one part and
+ *     of three on an s3 root, and on an upload tier, restored and verified;
+ *     each object, downloaded and put through `zstd -d`, loads in the
+ *     safetensors library as what was saved
  *   - bad credentials, a missing bucket, an unreachable endpoint, a
  *     credentials file others can read: the agent does not start, and says
  *     why
@@ -297,6 +301,71 @@ START_TEST(store_stops_mid_upload)
 }
 END_TEST
 
+/*
+ * A compressed shard object key of bucket: downloaded, `zstd -d` of it
+ * loads as what rank saved at step (mb). The object's size.
+ */
+static long long zstd_loads(const char *dir, const char *bucket, const char *key, long step,
+                            int rank, long mb)
+{
+	char zfile[400], file[400], cmd[1400];
+	struct stat st;
+
+	snprintf(zfile, sizeof(zfile), "%s/rank%d.safetensors.zst", dir, rank);
+	snprintf(file, sizeof(file), "%s/rank%d.safetensors", dir, rank);
+	ck_assert_int_eq(download(bucket, key, zfile), 200);
+	ck_assert_int_eq(stat(zfile, &st), 0);
+	snprintf(cmd, sizeof(cmd), "zstd -q -d -f '%s' -o '%s' && '%s' '%s' '%s' %ld %d %ld", zfile,
+	         file, CKPT_PYTHON, CKPT_S3_LOAD, file, step, rank, mb);
+	ck_assert_msg(system(cmd) == 0, "%s: does not decompress into what was saved", cmd);
+	return (long long)st.st_size;
+}
+
+/*
+ * --s3-compress: a shard of one part (a single PUT with its seek table) and
+ * one of three parts (frames padded to S3's smallest part, the seek table
+ * a part of its own): saved, restored from the frames, verified; each
+ * object goes through `zstd -d` into the safetensors file.
+ */
+static const long zsizes[] = {1, 12};
+
+START_TEST(roundtrip_compressed)
+{
+	struct agent_proc a = {0};
+	char bucket[64], job[32], key[256], out[4096];
+	long mb = zsizes[_i];
+	json_t *m;
+
+	new_bucket(bucket, sizeof(bucket));
+	start_on(&a, bucket, "n0", "--s3-compress zstd");
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "status") == 0, "%s", out);
+	ck_assert_msg(strstr(out, "zstd level 1"), "status does not say it compresses: %s", out);
+	snprintf(job, sizeof(job), "z%ld", mb);
+	save_all(&a, 1, job, 2, 1, 2, mb);
+	ck_assert_int_eq(restore_all(&a, 1, job, 2, mb), 2);
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "verify %s 2", job) == 0, "verify: %s", out);
+	m = manifest_of(&a, bucket, job, 2);
+	for (int r = 0; r < 2; r++) {
+		json_t *rank = json_array_get(json_object_get(m, "ranks"), (size_t)r);
+		const char *name = json_string_value(json_object_get(rank, "file"));
+		json_int_t size = json_integer_value(json_object_get(rank, "size"));
+		long long stored;
+
+		ck_assert_msg(name && size > 0, "manifest rank %d: no file or size", r);
+		snprintf(key, sizeof(key), "ckpt/%s/step-%012d/%s", job, 2, name);
+		stored = zstd_loads(a.dir, bucket, key, 2, r, mb);
+		/* one frame, no padding: the periodic test bytes shrink */
+		if (mb == 1)
+			ck_assert_msg(stored < size / 4, "rank %d: %lld bytes stored for %lld", r,
+			              stored, (long long)size);
+	}
+	json_decref(m);
+	ck_assert_int_eq(open_uploads(bucket), 0);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* ---- the upload tier --------------------------------------------------- */
 
 struct tiered {
@@ -382,6 +451,43 @@ START_TEST(upload_tier_two_nodes)
 	ck_assert_int_eq(restore_all(t.a, 2, "up", 4, 1), 3);
 	ck_assert(h_log_has(&t.a[0], "restored from the upload tier") ||
 	          h_log_has(&t.a[1], "restored from the upload tier"));
+	ck_assert_int_eq(open_uploads(t.bucket), 0);
+	tiered_stop(&t);
+}
+END_TEST
+
+/*
+ * --upload-compress zstd:3: the tier's objects go through `zstd -d` into
+ * the root's safetensors files; verify --tier upload reads the frames; with
+ * the root's copy deleted, LATEST is restored from them.
+ */
+START_TEST(upload_tier_compressed)
+{
+	struct tiered t;
+	char out[4096], key[256];
+	json_error_t je;
+	json_t *m;
+
+	tiered_start(&t, 1, "--upload-compress zstd:3");
+	save_mode(t.a, 1, "uz", 2, 1, 1, 12, "upload");
+	ck_assert_int_eq(tier_manifest(&t, "uz", 1), 200);
+	snprintf(out, sizeof(out), "%s/m.json", t.dir);
+	m = json_load_file(out, 0, &je);
+	ck_assert_msg(m, "%s", je.text);
+	for (int r = 0; r < 2; r++) {
+		json_t *rank = json_array_get(json_object_get(m, "ranks"), (size_t)r);
+		const char *name = json_string_value(json_object_get(rank, "file"));
+
+		ck_assert_msg(name, "tier manifest rank %d: no file", r);
+		snprintf(key, sizeof(key), "tier/uz/step-%012d/%s", 1, name);
+		zstd_loads(t.dir, t.bucket, key, 1, r, 12);
+	}
+	json_decref(m);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload uz 1") == 0, "%s",
+	              out);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete uz 1") == 0, "%s", out);
+	ck_assert_int_eq(restore_all(t.a, 1, "uz", 2, 12), 1);
+	ck_assert(h_log_has(&t.a[0], "restored from the upload tier"));
 	ck_assert_int_eq(open_uploads(t.bucket), 0);
 	tiered_stop(&t);
 }
@@ -557,10 +663,12 @@ static Suite *suite(void)
 
 	tcase_set_timeout(t, 300);
 	tcase_add_loop_test(t, roundtrip_part_sizes, 0, sizeof(sizes) / sizeof(sizes[0]));
+	tcase_add_loop_test(t, roundtrip_compressed, 0, sizeof(zsizes) / sizeof(zsizes[0]));
 	tcase_add_test(t, world8_over_four_agents);
 	tcase_add_test(t, store_stops_mid_upload);
 	tcase_add_test(t, upload_tier_two_nodes);
 	tcase_add_test(t, upload_resumes_when_the_store_is_back);
+	tcase_add_test(t, upload_tier_compressed);
 	tcase_add_test(t, upload_of_a_deleted_step);
 	tcase_add_test(t, upload_retried_after_a_failed_part);
 	tcase_add_test(t, start_errors);

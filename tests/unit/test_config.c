@@ -76,7 +76,7 @@ static int load_argv(struct config *c, const char *default_path, char *err, cons
 
 START_TEST(test_every_key)
 {
-	char path[256], text[1024], err[IPC_ERRLEN] = "";
+	char path[256], text[2048], err[IPC_ERRLEN] = "";
 	struct config c;
 	gid_t gid;
 	const char *grp = some_group(&gid);
@@ -126,11 +126,13 @@ START_TEST(test_every_key)
 	         "connections = 4\n" /* 41 */
 	         "max_tries = 3\n" /* 42 */
 	         "timeout = 9\n" /* 43 */
-	         "[upload]\n" /* 44 */
-	         "root = s3://bkt/up\n" /* 45 */
-	         "keep_last = 5\n" /* 46 */
-	         "keep_every = 100\n" /* 47 */
-	         "max_mbps = 800\n", /* 48 */
+	         "compress = zstd:2\n" /* 44 */
+	         "[upload]\n" /* 45 */
+	         "root = s3://bkt/up\n" /* 46 */
+	         "keep_last = 5\n" /* 47 */
+	         "keep_every = 100\n" /* 48 */
+	         "max_mbps = 800\n" /* 49 */
+	         "compress = zstd:3\n", /* 50 */
 	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -173,11 +175,13 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.upload.keep_last, 5);
 	ck_assert_int_eq(c.cfg.upload.keep_every, 100);
 	ck_assert_uint_eq(c.cfg.upload.max_mbps, 800);
+	ck_assert_int_eq(c.cfg.upload.zstd_level, 3);
+	ck_assert_int_eq(c.cfg.s3.zstd_level, 2);
 	/* where each came from: the file, at its line */
 	{
 		static const unsigned lines[CS_CHUNK_MB] = {
-		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25, 26, 28,
-		    29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43, 45, 46, 47, 48};
+		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25, 26, 28, 29,
+		    30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50};
 
 		for (int s = 0; s < CS_CHUNK_MB; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -583,6 +587,15 @@ static struct {
     {{"ckptd", "--upload-root", "/mnt/other", NULL}, "expected s3://BUCKET[/PREFIX]"},
     {{"ckptd", "--upload-root", "s3://bkt/q", "--s3-endpoint", "http://h:1", NULL},
      "s3://bkt/q: set [s3] credentials"},
+    {{"ckptd", "--upload-root", "s3://bkt/q", "--upload-compress", "lz4", NULL},
+     "[upload] compress = lz4: expected off, zstd or zstd:LEVEL (1 to 19)"},
+    {{"ckptd", "--upload-root", "s3://bkt/q", "--upload-compress", "zstd:0", NULL},
+     "expected off, zstd or zstd:LEVEL"},
+    {{"ckptd", "--upload-root", "s3://bkt/q", "--upload-compress", "zstd:20", NULL},
+     "expected off, zstd or zstd:LEVEL"},
+    {{"ckptd", "--upload-root", "s3://bkt/q", "--upload-compress", "zstd:3x", NULL},
+     "expected off, zstd or zstd:LEVEL"},
+    {{"ckptd", "--upload-compress", "zstd", NULL}, "there is no upload tier"},
 };
 
 START_TEST(test_s3_root)
@@ -605,6 +618,8 @@ START_TEST(test_s3_root_good)
 	                      "http://127.0.0.1:1",
 	                      "--s3-credentials",
 	                      "/etc/ckptd/s3.key",
+	                      "--s3-compress",
+	                      "zstd",
 	                      NULL};
 	char err[IPC_ERRLEN] = "", bucket[64], prefix[256];
 	struct config c;
@@ -614,6 +629,8 @@ START_TEST(test_s3_root_good)
 	ck_assert_uint_eq(c.cfg.s3.max_tries, 8);
 	ck_assert_str_eq(c.cfg.s3.region, "us-east-1");
 	ck_assert(!c.cfg.s3.virtual_host);
+	ck_assert_int_eq(c.cfg.s3.zstd_level, 1); /* zstd alone: level 1, where it pays most */
+	ck_assert_int_eq(c.cfg.upload.zstd_level, 1); /* no tier; it would follow [s3] */
 	ck_assert_int_eq(
 	    s3_root_parse(c.cfg.root, bucket, sizeof(bucket), prefix, sizeof(prefix), err), 0);
 	ck_assert_str_eq(bucket, "my-bkt.1");
@@ -772,10 +789,12 @@ START_TEST(test_check_config_prints)
 		                                   "connections",
 		                                   "max_tries",
 		                                   "timeout",
+		                                   "compress",
 		                                   "root",
 		                                   "keep_last",
 		                                   "keep_every",
-		                                   "max_mbps"};
+		                                   "max_mbps",
+		                                   "compress"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);
