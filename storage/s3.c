@@ -11,12 +11,12 @@
  * size back (HEAD): DURABLE means the store has the whole shard. A shard
  * of one chunk or less is a single PUT. With [s3]/[upload] compress, each
  * part is its chunk as one zstd frame, and a last part holds the seek
- * table (s3zstd.c); reads then fetch whole frames and decompress them on
- * the HTTP thread. An upload that does not complete is aborted when its
- * shard is closed (no part is left behind); stale ones of this node's keys
- * are aborted by the clean-up. A shard is never
- * written over: its name is one that no object holds (HEAD) and no upload
- * of this agent is open for.
+ * table (s3zstd.c); reads then fetch whole frames. Frames are made and
+ * undone on the backend's zstd threads, never on the writer's (a save's
+ * capture does not wait for them) nor on the HTTP thread. An upload that does not complete is
+ * aborted when its shard is closed (no part is left behind); stale ones of this node's keys are
+ * aborted by the clean-up. A shard is never written over: its name is one that no object holds
+ * (HEAD) and no upload of this agent is open for.
  *
  * Small objects are single PUTs (an object appears whole or not at all).
  * Create-once is If-None-Match: * where the store honours it, which the
@@ -26,7 +26,9 @@
  * go by exact keys.
  *
  * Threads: calls run on the caller's thread and block on their requests;
- * shard reads and writes complete on the HTTP thread (s3http.c).
+ * shard reads and writes complete on the HTTP thread (s3http.c), or, when
+ * compressed, on a zstd thread (S3Z_THREADS of them, started with the
+ * backend when it compresses).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -71,7 +73,10 @@ struct s3_io {
 	void *zbuf; /* compressed: the part's body, or the frames read */
 	uint64_t zoff, zlen; /* a compressed read: the shard bytes wanted */
 	unsigned zfirst; /* and the first frame fetched */
+	struct s3_io *znext; /* the zstd threads' queue */
 };
+
+static void zqueue(struct s3 *s, struct s3_io *x);
 
 /* ---- names ------------------------------------------------------------- */
 
@@ -408,7 +413,8 @@ static void io_done(struct s3req *q)
 		shard_fail(x->sh, q->err);
 		io->res = q->res;
 	} else if (q->method == S3_GET && x->zbuf) {
-		io->res = unzip(x);
+		zqueue(x->sh->s, x); /* the frames undone there; it completes io */
+		return;
 	} else if (q->method == S3_GET) {
 		io->res = (int64_t)q->length;
 	} else if (x->sh->upload[0] && !q->etag[0]) {
@@ -440,8 +446,76 @@ static struct s3_io *io_new(struct storage_shard *sh, struct io_req *r, enum s3_
 	return x;
 }
 
+static int compress_part(struct storage_shard *sh, struct s3_io *x);
+
+/* A zstd thread's job: a write's part to compress and send, or a read's frames to undo. */
+static void zjob(struct s3_io *x)
+{
+	struct io_req *r = x->io;
+
+	if (x->q.method == S3_GET) {
+		r->res = unzip(x);
+		s3req_clear(&x->q);
+		free(x->zbuf);
+		free(x);
+		r->done(r);
+		return;
+	}
+	r->res = compress_part(x->sh, x);
+	if (r->res < 0) {
+		free(x);
+		r->done(r);
+		return;
+	}
+	s3http_submit(x->sh->s->http, &x->q);
+}
+
+/* Hands x to the zstd threads; once they are stopped, does it here. */
+static void zqueue(struct s3 *s, struct s3_io *x)
+{
+	bool inline_ = false;
+
+	x->znext = NULL;
+	pthread_mutex_lock(&s->zmu);
+	if (s->zquit) {
+		inline_ = true;
+	} else {
+		if (s->ztail)
+			s->ztail->znext = x;
+		else
+			s->zhead = x;
+		s->ztail = x;
+		pthread_cond_signal(&s->zcv);
+	}
+	pthread_mutex_unlock(&s->zmu);
+	if (inline_)
+		zjob(x);
+}
+
+static void *zthread(void *arg)
+{
+	struct s3 *s = arg;
+	struct s3_io *x;
+
+	pthread_mutex_lock(&s->zmu);
+	for (;;) {
+		while (!s->zhead && !s->zquit)
+			pthread_cond_wait(&s->zcv, &s->zmu);
+		if (!(x = s->zhead))
+			break; /* stopping, and nothing left */
+		s->zhead = x->znext;
+		if (!s->zhead)
+			s->ztail = NULL;
+		pthread_mutex_unlock(&s->zmu);
+		zjob(x);
+		pthread_mutex_lock(&s->zmu);
+	}
+	pthread_mutex_unlock(&s->zmu);
+	return NULL;
+}
+
 /*
- * A compressed shard's part (s3zstd.c), on the writer's thread: its chunk
+ * A compressed shard's part (s3zstd.c), on a zstd thread: its chunk
  * as one frame, padded to a part where more follow; a shard of one part
  * has the seek table after its frame. 0, or a negative errno (said).
  */
@@ -495,15 +569,13 @@ static void s3_shard_write(struct storage_shard *sh, struct io_req *r)
 	x->part = (unsigned)part;
 	x->q.body = r->buf;
 	x->q.body_len = sh->size - r->off < r->len ? sh->size - r->off : r->len;
-	if (sh->z && (r->res = compress_part(sh, x)) < 0) {
-		free(x);
-		r->done(r);
-		return;
-	}
 	if (sh->upload[0])
 		snprintf(x->q.query, sizeof(x->q.query), "partNumber=%u&uploadId=%s",
 		         (unsigned)part + 1, sh->upload);
-	s3http_submit(sh->s->http, &x->q);
+	if (sh->z)
+		zqueue(sh->s, x); /* compressed there, then sent */
+	else
+		s3http_submit(sh->s->http, &x->q);
 }
 
 static void fin_checked(struct s3req *q)
@@ -1099,7 +1171,16 @@ static void s3_destroy(struct storage *st)
 {
 	struct s3 *s = to_s3(st);
 
+	/* the zstd threads first: what they hold goes to the HTTP thread */
+	pthread_mutex_lock(&s->zmu);
+	s->zquit = true;
+	pthread_cond_broadcast(&s->zcv);
+	pthread_mutex_unlock(&s->zmu);
+	for (unsigned i = 0; i < s->nz; i++)
+		pthread_join(s->zthr[i], NULL);
 	s3http_destroy(s->http);
+	pthread_mutex_destroy(&s->zmu);
+	pthread_cond_destroy(&s->zcv);
 	while (s->unaborted) {
 		struct s3_unaborted *u = s->unaborted;
 
@@ -1351,6 +1432,8 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	storage_init(&s->base, &s3_ops);
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->zmu, NULL);
+	pthread_cond_init(&s->zcv, NULL);
 	s->part_bytes = o->part_bytes;
 	s->zstd_level = o->zstd_level;
 	s->connections = o->connections ? o->connections : 8;
@@ -1379,6 +1462,13 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 	if (rc) {
 		rc = ipc_errf(err, rc, "root %s: cannot write to it: %s", o->root, why);
 		goto fail;
+	}
+	for (unsigned i = 0; s->zstd_level && i < S3Z_THREADS; i++) {
+		if ((rc = -pthread_create(&s->zthr[i], NULL, zthread, s))) {
+			ipc_errf(err, rc, "root %s: no zstd thread: %s", o->root, strerror(-rc));
+			goto fail;
+		}
+		s->nz++;
 	}
 	*out = &s->base;
 	return 0;

@@ -16,10 +16,13 @@
 
 #define S3_MAX_PARTS 10000u /* S3's limit on the parts of one upload */
 #define S3_MIN_PART (5ull << 20) /* every part but the last */
+#define S3Z_THREADS 2 /* compress and decompress shards' frames */
 #define S3_MANIFEST "manifest.json"
 #define S3_PIN "pinned"
 #define S3_LIST_MAX 1000000u /* keys one listing agrees to look at */
 #define S3_LIST_PAGES 10000u /* and pages (a store whose tokens go round in a circle) */
+
+struct s3_io;
 
 struct s3 {
 	struct storage base; /* first: a struct storage * is a struct s3 * */
@@ -30,6 +33,13 @@ struct s3 {
 	char endpoint[256];
 	uint64_t part_bytes;
 	int zstd_level; /* shards written compressed at this level; 0: not */
+	/* the zstd threads (s3.c): parts compressed, read frames undone */
+	pthread_t zthr[S3Z_THREADS];
+	unsigned nz;
+	pthread_mutex_t zmu;
+	pthread_cond_t zcv;
+	struct s3_io *zhead, *ztail;
+	bool zquit;
 	unsigned connections;
 	bool create_once; /* the store honours If-None-Match: * on PUT */
 
