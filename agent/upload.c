@@ -425,7 +425,8 @@ static void upload_run(struct work *w)
 	struct up_job *j = container_of(w, struct up_job, work);
 	struct uploader *u = j->u;
 	struct agent *a = u->a;
-	char why[IPC_ERRLEN] = "";
+	char why[IPC_ERRLEN] = "", wire[64] = "";
+	struct storage_stats s0 = {0}, s1 = {0};
 	uint64_t sent = 0;
 	int64_t t0 = ipc_mono_ns();
 	int rc;
@@ -440,7 +441,15 @@ static void upload_run(struct work *w)
 		return;
 	}
 	tier_check(u);
+	if (u->tier->ops->stats)
+		u->tier->ops->stats(u->tier, &s0);
 	rc = upload_one(u, j->job, j->step, &sent, why);
+	if (u->tier->ops->stats)
+		u->tier->ops->stats(u->tier, &s1);
+	/* compressed: what went to the store (the upload thread alone writes to the tier) */
+	if (rc == 0 && a->cfg.upload.zstd_level && sent)
+		snprintf(wire, sizeof(wire), " (%llu compressed)",
+		         (unsigned long long)(s1.bytes_written - s0.bytes_written));
 	/* "not there": the step left the root only if its manifest is gone (not a blip) */
 	if (rc == -ENOENT && store_committed(a->store, j->job, j->step))
 		rc = -EIO;
@@ -450,8 +459,8 @@ static void upload_run(struct work *w)
 	if (rc == 0) {
 		u->st.uploaded++;
 		uploaded(a, j->job, j->step, NULL);
-		log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent in %.3f s", j->job,
-		        (long long)j->step, (unsigned long long)sent,
+		log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent%s in %.3f s", j->job,
+		        (long long)j->step, (unsigned long long)sent, wire,
 		        (double)(ipc_mono_ns() - t0) / 1e9);
 	} else if (rc == -ENOENT) {
 		char note[IPC_ERRLEN + 64];

@@ -31,10 +31,16 @@
  * tier: each rank also waits, after COMMITTED, for UPLOADED, and records
  * save -> UPLOADED ("rank_uploaded_seconds"); the restore and the step's
  * delete come only after it, so neither runs beside the upload.
+ *
+ * --weights: the tensors hold float32 values ~ N(0, 0.02), as model weights
+ * do (compressible as they are: bench/s3_run.sh's zstd runs), instead of
+ * the default hashed words (incompressible). Each save's values are a 4 MiB
+ * table of them read from another offset (further than zstd's window).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -55,7 +61,31 @@ struct opts {
 	int control; /* > 0: only the control plane, with this many saves */
 	int node; /* per-rank records; a save that does not commit is recorded */
 	int uploaded; /* --node: wait for UPLOADED after COMMITTED, and record it */
+	int weights; /* float32 ~ N(0, 0.02) instead of hashed words */
 };
+
+#define WTABLE (1u << 20) /* floats in the --weights table: 4 MiB */
+static float *wtable; /* --weights: NULL otherwise */
+
+/* The --weights table: N(0, 0.02) by Box-Muller from a fixed xorshift. */
+static void weights_init(void)
+{
+	uint64_t x = 0x2545f4914f6cdd1dull;
+
+	wtable = malloc(WTABLE * sizeof(float));
+	if (!wtable)
+		abort();
+	for (unsigned i = 0; i < WTABLE; i += 2) {
+		double u[2];
+
+		for (int k = 0; k < 2; k++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			u[k] = ((double)(x >> 11) + 0.5) / 9007199254740992.0;
+		}
+		wtable[i] = (float)(0.02 * sqrt(-2 * log(u[0])) * cos(2 * M_PI * u[1]));
+		wtable[i + 1] = (float)(0.02 * sqrt(-2 * log(u[0])) * sin(2 * M_PI * u[1]));
+	}
+}
 
 struct rank {
 	int id, world;
@@ -155,6 +185,19 @@ static void train(struct rank *r, uint64_t seed)
 {
 	uint64_t *w = r->mem, n = r->bytes / 8;
 
+	if (wtable) {
+		float *f = r->mem;
+		uint64_t nf = r->bytes / 4, at = seed * 40961 % WTABLE;
+
+		for (uint64_t i = 0; i < nf;) {
+			uint64_t k = WTABLE - at < nf - i ? WTABLE - at : nf - i;
+
+			memcpy(f + i, wtable + at, k * sizeof(float));
+			i += k;
+			at = 0;
+		}
+		return;
+	}
 	for (uint64_t i = 0; i < n; i++)
 		w[i] = (i + seed) * 0x9e3779b97f4a7c15ull;
 }
@@ -473,6 +516,7 @@ int main(int argc, char **argv)
 	    {"control-plane", required_argument, NULL, 'c'},
 	    {"node", no_argument, NULL, 'N'},
 	    {"uploaded", no_argument, NULL, 'U'},
+	    {"weights", no_argument, NULL, 'W'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct opts o = {.reps = 5};
@@ -499,6 +543,8 @@ int main(int argc, char **argv)
 			o.node = 1;
 		else if (opt == 'U')
 			o.uploaded = 1;
+		else if (opt == 'W')
+			o.weights = 1;
 		else
 			return 2;
 	}
@@ -509,9 +555,12 @@ int main(int argc, char **argv)
 	    o.reps > 16 || (o.uploaded && !o.node)) {
 		fprintf(stderr,
 		        "usage: ckpt_bench --endpoint E --dir D --out FILE [--sizes MiB,...] "
-		        "[--ranks N,...(at most 16)] [--reps 1..16] [--node [--uploaded]]\n");
+		        "[--ranks N,...(at most 16)] [--reps 1..16] [--node [--uploaded]] "
+		        "[--weights]\n");
 		return 2;
 	}
+	if (o.weights)
+		weights_init();
 	out = fopen(o.out, "w");
 	if (!out)
 		die(o.out, NULL, -errno);

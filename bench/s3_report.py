@@ -20,8 +20,8 @@ import sys
 
 from report import MIB, fmt, summary
 
-UPLOADED = re.compile(r"^(\S+) ckptd info: uploaded job (\S+) step (\d+): (\d+) bytes sent in "
-                      r"([0-9.]+) s$")
+UPLOADED = re.compile(r"^(\S+) ckptd info: uploaded job (\S+) step (\d+): (\d+) bytes sent"
+                      r"(?: \((\d+) compressed\))? in ([0-9.]+) s$")
 COMMITTED = re.compile(r"^(\S+) ckptd info: committed job (\S+) step (\d+) ")
 TROUBLE = re.compile(r"^\S+ ckptd (warning|error|critical|alert|emerg): ")
 
@@ -60,7 +60,9 @@ def agent_log(path):
             out["uploaded_line"] = line
             out["uploaded_at"] = stamp(m.group(1))
             out["sent_bytes"] = int(m.group(4))
-            out["sent_seconds"] = float(m.group(5))
+            if m.group(5):
+                out["stored_bytes"] = int(m.group(5))
+            out["sent_seconds"] = float(m.group(6))
         m = COMMITTED.match(line)
         if m:
             out["committed_line"] = line
@@ -79,7 +81,7 @@ def repetition(raw, rep, size_b):
     """One repetition's records (as printed) and figures."""
     put, get = (s3raw(os.path.join(raw, f"raw-{op}-{rep}.json")) for op in ("put", "get"))
     rec = {"rep": rep, "raw_put": put, "raw_get": get}
-    for tag, want in (("s3root", "COMMITTED"), ("tier", "UPLOADED")):
+    for tag, want in TAGS:
         b = bench(os.path.join(raw, f"{tag}-{rep}.json"))
         log = agent_log(os.path.join(raw, f"agent-{tag}-{rep}.log"))
         st = b.get("rank_state")
@@ -90,9 +92,16 @@ def repetition(raw, rep, size_b):
             v = first(b, f"rank_{k}_seconds")
             if v is not None:
                 r[f"{k}_s"] = v
-        for k in ("sent_bytes", "sent_seconds", "committed_line", "uploaded_line"):
+        for k in ("sent_bytes", "stored_bytes", "sent_seconds", "committed_line",
+                  "uploaded_line"):
             if k in log:
                 r[k] = log[k]
+        if tag.startswith("s3root"):
+            try:  # what went to the store: the agent's HTTP bytes up after the run
+                st = json.load(open(os.path.join(raw, f"status-after-{tag}-{rep}.json")))
+                r["stored_bytes"] = st["io"]["bytes_written"]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
         if "committed_at" in log and "uploaded_at" in log:
             r["log_committed_to_uploaded_s"] = round(log["uploaded_at"] - log["committed_at"], 3)
         r["agent_trouble"] = log["trouble"]
@@ -101,52 +110,61 @@ def repetition(raw, rep, size_b):
 
 
 def figures(recs, size_b):
-    v = {k: [] for k in ("raw_put_gbs", "raw_get_gbs", "s3root_captured_s", "s3root_durable_s",
-                         "s3root_committed_s", "s3root_upload_gbs", "s3root_restore_s",
-                         "s3root_restore_gbs", "tier_committed_s", "tier_upload_gbs",
-                         "tier_sent_s", "tier_committed_to_uploaded_s",
-                         "tier_log_committed_to_uploaded_s", "tier_save_to_uploaded_s",
-                         "tier_restore_s")}
-    q = {"s3root_upload_vs_raw_put": [], "s3root_restore_vs_raw_get": [],
-         "tier_upload_vs_raw_put": []}
+    v, q = {}, {}
+
+    def add(d, k, x):
+        d.setdefault(k, []).append(x)
+
     for rec in recs:
         put = rec["raw_put"]["gbps"] if rec["raw_put"] else None
         get = rec["raw_get"]["gbps"] if rec["raw_get"] else None
         if put:
-            v["raw_put_gbs"].append(put)
+            add(v, "raw_put_gbs", put)
         if get:
-            v["raw_get_gbs"].append(get)
-        s = rec["s3root"]
-        if s["state"] == "COMMITTED" and "committed_s" in s:
+            add(v, "raw_get_gbs", get)
+        for tag in ("s3root", "s3root_z"):
+            s = rec.get(tag)
+            if not s or s["state"] != "COMMITTED" or "committed_s" not in s:
+                continue
             up = size_b / s["committed_s"] / 1e9
             for k in ("captured", "durable", "committed"):
-                v[f"s3root_{k}_s"].append(s[f"{k}_s"])
-            v["s3root_upload_gbs"].append(up)
+                add(v, f"{tag}_{k}_s", s[f"{k}_s"])
+            add(v, f"{tag}_upload_gbs", up)
+            if "stored_bytes" in s:
+                add(v, f"{tag}_stored_ratio", size_b / s["stored_bytes"])
             if put:
-                q["s3root_upload_vs_raw_put"].append(up / put)
+                add(q, f"{tag}_upload_vs_raw_put", up / put)
             if "restore_s" in s:
                 rs = size_b / s["restore_s"] / 1e9
-                v["s3root_restore_s"].append(s["restore_s"])
-                v["s3root_restore_gbs"].append(rs)
+                add(v, f"{tag}_restore_s", s["restore_s"])
+                add(v, f"{tag}_restore_gbs", rs)
                 if get:
-                    q["s3root_restore_vs_raw_get"].append(rs / get)
-        t = rec["tier"]
-        if t["state"] == "UPLOADED" and "sent_seconds" in t and "uploaded_s" in t:
+                    add(q, f"{tag}_restore_vs_raw_get", rs / get)
+        for tag in ("tier", "tier_z"):
+            t = rec.get(tag)
+            if not t or t["state"] != "UPLOADED" or "sent_seconds" not in t or \
+                    "uploaded_s" not in t:
+                continue
             up = t["sent_bytes"] / t["sent_seconds"] / 1e9
-            v["tier_committed_s"].append(t["committed_s"])
-            v["tier_upload_gbs"].append(up)
-            v["tier_sent_s"].append(t["sent_seconds"])
-            v["tier_committed_to_uploaded_s"].append(t["uploaded_s"] - t["committed_s"])
-            v["tier_save_to_uploaded_s"].append(t["uploaded_s"])
+            add(v, f"{tag}_committed_s", t["committed_s"])
+            add(v, f"{tag}_upload_gbs", up)
+            add(v, f"{tag}_sent_s", t["sent_seconds"])
+            add(v, f"{tag}_committed_to_uploaded_s", t["uploaded_s"] - t["committed_s"])
+            add(v, f"{tag}_save_to_uploaded_s", t["uploaded_s"])
+            if "stored_bytes" in t:
+                add(v, f"{tag}_stored_ratio", t["sent_bytes"] / t["stored_bytes"])
             if "log_committed_to_uploaded_s" in t:
-                v["tier_log_committed_to_uploaded_s"].append(t["log_committed_to_uploaded_s"])
+                add(v, f"{tag}_log_committed_to_uploaded_s", t["log_committed_to_uploaded_s"])
             if "restore_s" in t:
-                v["tier_restore_s"].append(t["restore_s"])
+                add(v, f"{tag}_restore_s", t["restore_s"])
             if put:
-                q["tier_upload_vs_raw_put"].append(up / put)
+                add(q, f"{tag}_upload_vs_raw_put", up / put)
     return ({k: summary(x) for k, x in v.items() if x},
             {k: summary(x) for k, x in q.items() if x})
 
+
+TAGS = (("s3root", "COMMITTED"), ("tier", "UPLOADED"), ("s3root_z", "COMMITTED"),
+        ("tier_z", "UPLOADED"))
 
 LINES = [
     ("raw put: s3raw, 8 MiB parts, 8 in flight", "raw_put_gbs", "GB/s"),
@@ -164,11 +182,23 @@ LINES = [
      "s"),
     ("upload tier: 'committed' -> 'uploaded' log lines", "tier_log_committed_to_uploaded_s", "s"),
     ("upload tier: save -> UPLOADED", "tier_save_to_uploaded_s", "s"),
+    ("s3 root, zstd 1: save -> CAPTURED", "s3root_z_captured_s", "s"),
+    ("s3 root, zstd 1: save -> COMMITTED", "s3root_z_committed_s", "s"),
+    ("s3 root, zstd 1: upload (SIZE / save -> COMMITTED)", "s3root_z_upload_gbs", "GB/s"),
+    ("s3 root, zstd 1: restore (SIZE / restore)", "s3root_z_restore_gbs", "GB/s"),
+    ("s3 root, zstd 1: SIZE / bytes sent to the store", "s3root_z_stored_ratio", "x"),
+    ("s3 root, off: SIZE / bytes sent to the store", "s3root_stored_ratio", "x"),
+    ("upload tier, zstd 1: upload (shard bytes / T)", "tier_z_upload_gbs", "GB/s"),
+    ("upload tier, zstd 1: COMMITTED -> UPLOADED", "tier_z_committed_to_uploaded_s", "s"),
+    ("upload tier, zstd 1: shard bytes / bytes sent", "tier_z_stored_ratio", "x"),
 ]
 RATIOS = [
     ("ckptd s3-root upload / raw put", "s3root_upload_vs_raw_put", ">= 0.8"),
     ("ckptd s3-root restore / raw get", "s3root_restore_vs_raw_get", ">= 0.8"),
     ("upload tier / raw put", "tier_upload_vs_raw_put", ""),
+    ("ckptd s3-root zstd upload / raw put", "s3root_z_upload_vs_raw_put", ""),
+    ("ckptd s3-root zstd restore / raw get", "s3root_z_restore_vs_raw_get", ""),
+    ("upload tier zstd / raw put", "tier_z_upload_vs_raw_put", ""),
 ]
 
 
@@ -177,7 +207,7 @@ def print_records(recs):
     for r in recs:
         for op in ("raw_put", "raw_get"):
             print(json.dumps({"rep": r["rep"], "run": op, **(r[op] or {"missing": True})}))
-        for tag in ("s3root", "tier"):
+        for tag, _ in TAGS:
             d = {k: x for k, x in r[tag].items()
                  if k not in ("committed_line", "uploaded_line", "agent_trouble")}
             print(json.dumps({"rep": r["rep"], "run": tag, **d}))
@@ -193,12 +223,12 @@ def print_table(size_mib, reps, fig, rat, recs):
     for label, key, target in RATIOS:
         cell = fmt(rat[key]) if key in rat else "-"
         print(f"{label:66s}{cell:>28s}   {'target ' + target if target else ''}")
-    bad = [(r["rep"], tag, r[tag]) for r in recs for tag in ("s3root", "tier")
+    bad = [(r["rep"], tag, r[tag]) for r in recs for tag, _ in TAGS
            if r[tag]["state"] != r[tag]["expected"]]
     for rep, tag, x in bad:
         print(f"\nrepetition {rep}, {tag}: {x['state']}, not {x['expected']}: {x['reason']}")
     for r in recs:
-        for tag in ("s3root", "tier"):
+        for tag, _ in TAGS:
             for line in r[tag]["agent_trouble"]:
                 print(f"repetition {r['rep']}, {tag} agent: {line}")
 
@@ -220,7 +250,7 @@ def main():
     print_records(recs)
     print_table(a.size, a.reps, fig, rat, recs)
     status = {}
-    for tag in ("s3root", "tier"):
+    for tag, _ in TAGS:
         try:
             st = json.load(open(os.path.join(a.raw, f"status-{tag}.json")))
             status[tag] = {"root": st.get("root"), "io": st.get("io"), "pool": st.get("pool"),

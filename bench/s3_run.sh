@@ -17,6 +17,11 @@
 #               s3://BUCKET/repN/tier: the same save, committed on disk, then
 #               waited for until UPLOADED (ckpt_bench --uploaded); the agent
 #               logs "uploaded job J step S: N bytes sent in T s"
+#   s3 root zstd, upload tier zstd   the same two with --s3-compress zstd and
+#               --upload-compress zstd (level 1): the bytes that went to the
+#               store from the agent's status (s3 root) or its log line
+# Every ckptd run saves float32 weights ~ N(0, 0.02) (ckpt_bench --weights),
+# which zstd level 1 shrinks by ~7 % (bench/zstdcost).
 # Both agents: the default chunk (8 MiB, the parts), a staging pool that
 # holds the whole rank (start_agent), the default 16 S3 connections,
 # --log-level info (their logs are kept in the results).
@@ -109,7 +114,8 @@ ckptd_run() { # tag rep [ckpt_bench flags] -- [ckptd flags...]
 	cp "$raw/status.json" "$raw/status-$tag.json"
 	noted "ckpt_bench ($tag, repetition $rep)" timeout 1800 "$build/bench/ckpt_bench" \
 		--endpoint "$sock" --dir "$work" --sizes "$size" --ranks 1 --reps 1 --node \
-		"${flags[@]}" --out "$raw/$tag-$rep.json"
+		--weights "${flags[@]}" --out "$raw/$tag-$rep.json"
+	"$ckptctl" --endpoint "$sock" --json status >"$raw/status-after-$tag-$rep.json" || true
 	kill_agent
 	cp "$work/agent.log" "$raw/agent-$tag-$rep.log"
 	rm -rf "$work/root"
@@ -125,6 +131,10 @@ for ((rep = 1; rep <= reps; rep++)); do
 	ckptd_run s3root "$rep" -- --root "s3://$bucket/rep$rep/root"
 	echo "bench: repetition $rep of $reps, $size MiB: ckptd, upload tier s3://$bucket/rep$rep/tier" >&2
 	ckptd_run tier "$rep" --uploaded -- --upload-root "s3://$bucket/rep$rep/tier"
+	echo "bench: repetition $rep of $reps, $size MiB: the same two compressed (zstd level 1)" >&2
+	ckptd_run s3root_z "$rep" -- --root "s3://$bucket/rep$rep/rootz" --s3-compress zstd
+	ckptd_run tier_z "$rep" --uploaded -- --upload-root "s3://$bucket/rep$rep/tierz" \
+		--upload-compress zstd
 done
 
 name=$(date -u +%Y-%m-%d)-$(hostname -s)-s3
