@@ -127,9 +127,9 @@ int s3z_table_parse(const void *buf, uint64_t len, uint64_t object, uint64_t siz
 	if ((rc = s3z_footer(p + len - FOOT, &n, err)))
 		return rc;
 	if (p[len - FOOT + 4] & 0x80)
-		return ipc_errf(err, -EBADMSG, "its seek table has checksums (not written by ckptd)");
-	if (len != s3z_table_bytes(n) || get32(p) != SKIP_TABLE ||
-	    get32(p + 4) != 8u * n + FOOT)
+		return ipc_errf(err, -EBADMSG,
+		                "its seek table has checksums (not written by ckptd)");
+	if (len != s3z_table_bytes(n) || get32(p) != SKIP_TABLE || get32(p + 4) != 8u * n + FOOT)
 		return ipc_errf(err, -EBADMSG, "its seek table's head does not match its %u frames",
 		                n);
 	t->cend = calloc(n, sizeof(*t->cend));
@@ -146,8 +146,8 @@ int s3z_table_parse(const void *buf, uint64_t len, uint64_t object, uint64_t siz
 		if (!ds || !cs || cs > ZSTD_compressBound(ds) + S3_MIN_PART + SKIP_HEAD) {
 			s3z_table_free(t);
 			return ipc_errf(err, -EBADMSG,
-			                "frame %u of its seek table: %u bytes from %u is no frame", i,
-			                cs, ds);
+			                "frame %u of its seek table: %u bytes from %u is no frame",
+			                i, cs, ds);
 		}
 		c += cs;
 		d += ds;
@@ -189,8 +189,8 @@ unsigned s3z_find(const struct s3z_table *t, uint64_t off)
 	return lo;
 }
 
-int s3z_inflate(const struct s3z_table *t, unsigned first, const void *src, uint64_t off,
-                void *dst, uint64_t len, char *err)
+int s3z_inflate(const struct s3z_table *t, unsigned first, const void *src, uint64_t off, void *dst,
+                uint64_t len, char *err)
 {
 	const char *in = src;
 	uint64_t base = first ? t->cend[first - 1] : 0, end = off + len;

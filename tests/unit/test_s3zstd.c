@@ -43,7 +43,9 @@ static void make(struct obj *o, uint64_t size, bool pad)
 	o->buf = malloc((size_t)o->n * s3z_bound(FRAME) + s3z_table_bytes(o->n));
 	ck_assert(o->buf);
 	for (unsigned i = 0; i < o->n; i++) {
-		uint64_t n = size - (uint64_t)i * FRAME < FRAME ? size - (uint64_t)i * FRAME : FRAME, c;
+		uint64_t n = size - (uint64_t)i * FRAME < FRAME ? size - (uint64_t)i * FRAME
+		                                                : FRAME,
+		         c;
 		char err[IPC_ERRLEN];
 
 		ck_assert_int_eq(s3z_frame(1, o->src + (uint64_t)i * FRAME, n, o->buf + at,
@@ -73,8 +75,7 @@ static int parse(const struct obj *o, struct s3z_table *t)
 }
 
 /* Shard bytes [off, off + len) read as a restore does: the frames holding them, whole. */
-static void read_range(const struct obj *o, const struct s3z_table *t, uint64_t off,
-                       uint64_t len)
+static void read_range(const struct obj *o, const struct s3z_table *t, uint64_t off, uint64_t len)
 {
 	unsigned a = s3z_find(t, off), b = s3z_find(t, off + len - 1);
 	uint64_t c0 = a ? t->cend[a - 1] : 0;
