@@ -348,7 +348,18 @@ START_TEST(skip_when_pool_full)
 	long step = 3;
 	pid_t hog;
 
+#ifdef CKPT_FAULT_INJECTION
+	/*
+	 * The hog's writes slow (20 ms each): its chunks stay filled, waiting
+	 * for the disk, so the pool is full whenever the skipper asks, however
+	 * slow the copies are (under TSan they are slow enough for chunks to
+	 * come free between them).
+	 */
+	h_agent_start_env(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1 --backpressure skip",
+	                  "CKPT_FAULTS=io_write:slow=20:path=*/hog/*:count=inf");
+#else
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1 --backpressure skip");
+#endif
 	c = h_connect(&a);
 	h_model_make(&m, c, 2, 1 << 20);
 	ck_assert_int_eq(ckpt_plan_create(c, "skipper", 0, 1, m.t, m.n, &p), 0);
