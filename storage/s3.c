@@ -27,8 +27,8 @@
  *
  * Threads: calls run on the caller's thread and block on their requests;
  * shard reads and writes complete on the HTTP thread (s3http.c), or, when
- * compressed, on a zstd thread (S3Z_THREADS of them, started with the
- * backend when it compresses).
+ * compressed, on a zstd thread (S3Z_THREADS of them, always started: an
+ * agent that does not compress still reads objects that are).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -461,8 +461,11 @@ static void zjob(struct s3_io *x)
 		r->done(r);
 		return;
 	}
-	r->res = compress_part(x->sh, x);
-	if (r->res < 0) {
+	/* a save aborted while its part waited here: nothing is compressed or sent */
+	if (r->prep)
+		r->prep(r);
+	r->res = r->len ? compress_part(x->sh, x) : 0;
+	if (r->res < 0 || !r->len) {
 		free(x);
 		r->done(r);
 		return;
@@ -527,8 +530,10 @@ static int compress_part(struct storage_shard *sh, struct s3_io *x)
 	int rc;
 
 	x->zbuf = malloc(cap);
-	if (!x->zbuf)
+	if (!x->zbuf) {
+		shard_fail(sh, "out of memory for a compressed part");
 		return -ENOMEM;
+	}
 	rc =
 	    s3z_frame(sh->s->zstd_level, x->q.body, n, x->zbuf, cap, sh->upload[0] != 0, &len, why);
 	if (rc) {
@@ -888,15 +893,19 @@ static int get_range(struct s3 *s, const char *key, uint64_t off, uint64_t len, 
 static int read_table(struct storage_shard *sh, uint64_t object, char *err)
 {
 	unsigned char foot[9];
+	char why[IPC_ERRLEN];
 	unsigned n;
 	uint64_t tb;
 	void *t;
 	int rc;
 
+	if (object < s3z_table_bytes(1))
+		return ipc_errf(err, -EBADMSG, "%s: %llu bytes hold no seek table", sh->key,
+		                (unsigned long long)object);
 	if ((rc = get_range(sh->s, sh->key, object - sizeof(foot), sizeof(foot), foot, err)))
 		return rc;
-	if ((rc = s3z_footer(foot, &n, err)))
-		return ipc_errf(err, rc, "%s: %s", sh->key, err);
+	if ((rc = s3z_footer(foot, &n, why)))
+		return ipc_errf(err, rc, "%s: %s", sh->key, why);
 	tb = s3z_table_bytes(n);
 	if (tb > object)
 		return ipc_errf(err, -EBADMSG, "%s: a seek table of %u frames in %llu bytes",
@@ -905,8 +914,8 @@ static int read_table(struct storage_shard *sh, uint64_t object, char *err)
 	if (!t)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	rc = get_range(sh->s, sh->key, object - tb, tb, t, err);
-	if (!rc && (rc = s3z_table_parse(t, tb, object, sh->size, &sh->zt, err)))
-		ipc_errf(err, rc, "%s: %s", sh->key, err);
+	if (!rc && (rc = s3z_table_parse(t, tb, object, sh->size, &sh->zt, why)))
+		ipc_errf(err, rc, "%s: %s", sh->key, why);
 	free(t);
 	return rc;
 }
@@ -1463,7 +1472,7 @@ int s3_create(const struct s3_opts *o, struct storage **out, char *err)
 		rc = ipc_errf(err, rc, "root %s: cannot write to it: %s", o->root, why);
 		goto fail;
 	}
-	for (unsigned i = 0; s->zstd_level && i < S3Z_THREADS; i++) {
+	for (unsigned i = 0; i < S3Z_THREADS; i++) {
 		if ((rc = -pthread_create(&s->zthr[i], NULL, zthread, s))) {
 			ipc_errf(err, rc, "root %s: no zstd thread: %s", o->root, strerror(-rc));
 			goto fail;

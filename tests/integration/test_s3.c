@@ -16,7 +16,8 @@
  *     intact, its upload is aborted once the store is back, and the next
  *     save commits
  *   - compressed (--s3-compress, --upload-compress): shards of one part and
- *     of three on an s3 root, and on an upload tier, restored and verified;
+ *     of three on an s3 root, and on an upload tier, restored and verified
+ *     (on the root also by the agent restarted with compression off);
  *     each object, downloaded and put through `zstd -d`, loads in the
  *     safetensors library as what was saved
  *   - bad credentials, a missing bucket, an unreachable endpoint, a
@@ -325,13 +326,14 @@ static long long zstd_loads(const char *dir, const char *bucket, const char *key
  * --s3-compress: a shard of one part (a single PUT with its seek table) and
  * one of three parts (frames padded to S3's smallest part, the seek table
  * a part of its own): saved, restored from the frames, verified; each
- * object goes through `zstd -d` into the safetensors file.
+ * object goes through `zstd -d` into the safetensors file; the agent,
+ * restarted with compression off, restores and verifies them still.
  */
 static const long zsizes[] = {1, 12};
 
 START_TEST(roundtrip_compressed)
 {
-	struct agent_proc a = {0};
+	struct agent_proc a = {0}, b = {0};
 	char bucket[64], job[32], key[256], out[4096];
 	long mb = zsizes[_i];
 	json_t *m;
@@ -362,6 +364,13 @@ START_TEST(roundtrip_compressed)
 	json_decref(m);
 	ck_assert_int_eq(open_uploads(bucket), 0);
 	ck_assert_int_eq(h_agent_stop(&a), 0);
+
+	/* restarted with compression off, it still reads what it compressed */
+	start_on(&b, bucket, "n0", NULL);
+	ck_assert_int_eq(restore_all(&b, 1, job, 2, mb), 2);
+	ck_assert_msg(h_ctl(&b, out, sizeof(out), "verify %s 2", job) == 0, "verify: %s", out);
+	ck_assert_int_eq(h_agent_stop(&b), 0);
+	h_agent_cleanup(&b);
 	h_agent_cleanup(&a);
 }
 END_TEST
