@@ -444,7 +444,7 @@ struct save {
 	unsigned nchunks;
 	atomic_uint_fast64_t bytes_captured, bytes_written;
 	atomic_int stages; /* capture running + chunks in flight + fsync */
-	int io_err; /* first I/O error (I/O thread) */
+	atomic_int io_err; /* first I/O error (the thread its write ended on) */
 	/* checksums, the hasher's alone while it streams: a tensor at a time, in file order */
 	void *xs;
 	size_t hash_next;

@@ -175,8 +175,8 @@ void stream_stage_done(struct save *s)
 
 	if (atomic_fetch_sub(&s->stages, 1) != 1)
 		return;
-	if (s->io_err) {
-		io_failure(s, "writing", s->io_err, why, sizeof(why));
+	if (atomic_load(&s->io_err)) {
+		io_failure(s, "writing", atomic_load(&s->io_err), why, sizeof(why));
 		pipeline_end(s, false, why);
 	} else if (atomic_load(&s->abort)) {
 		pipeline_end(s, false, NULL); /* whoever aborted it said why */
@@ -261,15 +261,21 @@ static void chunk_prep(struct io_req *r)
 		r->len = 0;
 }
 
-/* The I/O thread: the chunk is on disk (or not, or skipped by chunk_prep). */
+/*
+ * The I/O thread (an S3 store's writes end on its HTTP thread, or on a zstd
+ * thread when compressing failed): the chunk is on disk (or not, or skipped
+ * by chunk_prep).
+ */
 static void chunk_written(struct io_req *r)
 {
 	struct pool_chunk *c = r->ctx;
 	struct save *s = c->owner;
 
 	if (r->res < 0) {
-		if (!s->io_err)
-			s->io_err = (int)r->res;
+		int none = 0;
+
+		/* the first error: writes may end on more than one thread (an S3 store's) */
+		atomic_compare_exchange_strong(&s->io_err, &none, (int)r->res);
 		atomic_store(&s->abort, true);
 	} else if (r->len) {
 		atomic_fetch_add(&s->bytes_written, c->fill);
