@@ -17,6 +17,7 @@
 #define S3_MAX_PARTS 10000u /* S3's limit on the parts of one upload */
 #define S3_MIN_PART (5ull << 20) /* every part but the last */
 #define S3Z_THREADS 2 /* compress and decompress shards' frames */
+#define S3Z_MAX_FRAME (1ull << 30) /* a frame's bytes at most: the largest staging chunk */
 #define S3_MANIFEST "manifest.json"
 #define S3_PIN "pinned"
 #define S3_LIST_MAX 1000000u /* keys one listing agrees to look at */

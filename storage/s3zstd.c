@@ -142,8 +142,13 @@ int s3z_table_parse(const void *buf, uint64_t len, uint64_t object, uint64_t siz
 	for (unsigned i = 0; i < n; i++, p += 8) {
 		uint32_t cs = get32(p), ds = get32(p + 4);
 
-		/* every frame holds bytes; none is larger than its bound, padding included */
-		if (!ds || !cs || cs > ZSTD_compressBound(ds) + S3_MIN_PART + SKIP_HEAD) {
+		/*
+		 * every frame holds bytes, no more than a staging chunk (a reader may
+		 * need room for a whole one); none is larger than its bound, padding
+		 * included
+		 */
+		if (!ds || ds > S3Z_MAX_FRAME || !cs ||
+		    cs > ZSTD_compressBound(ds) + S3_MIN_PART + SKIP_HEAD) {
 			s3z_table_free(t);
 			return ipc_errf(err, -EBADMSG,
 			                "frame %u of its seek table: %u bytes from %u is no frame",

@@ -240,6 +240,29 @@ START_TEST(short_tables_refused)
 }
 END_TEST
 
+/*
+ * A frame saying it holds more than any staging chunk, the sizes otherwise
+ * adding up: a reader would need room for all of it, so it is refused.
+ */
+START_TEST(frame_past_a_chunk_refused)
+{
+	struct s3z_table t;
+	struct obj o;
+	char err[IPC_ERRLEN] = "";
+	unsigned char *tab;
+	uint64_t tb;
+
+	make(&o, 2 * FRAME + 5, true);
+	tb = s3z_table_bytes(o.n);
+	tab = o.buf + o.len - tb;
+	put32(tab + 12, FRAME + (1u << 30)); /* frame 0 */
+	ck_assert_int_eq(s3z_table_parse(tab, tb, o.len, o.size + (1u << 30), &t, err), -EBADMSG);
+	ck_assert_msg(strstr(err, "frame 0"), "%s", err);
+	ck_assert_ptr_null(t.cend);
+	drop(&o);
+}
+END_TEST
+
 START_TEST(corrupt_frame_refused)
 {
 	struct s3z_table t;
@@ -273,6 +296,7 @@ int main(void)
 
 	tcase_set_timeout(t, 60);
 	tcase_add_test(t, ranges_read_back);
+	tcase_add_test(t, frame_past_a_chunk_refused);
 	tcase_add_test(t, zstd_decodes_the_object_whole);
 	tcase_add_test(t, single_frame_unpadded);
 	tcase_add_test(t, lying_tables_refused);
