@@ -1,0 +1,343 @@
+/*
+ * The writers of replicated boxes (assign.h). Greedy by size, as
+ * veScale/ByteCheckpoint balance their dedup: each rank starts with the
+ * bytes it must write anyway (its private tensors, and boxes no other rank
+ * holds); each replicated box is cut into as many pieces along its first
+ * dimension as its replicas can take (R / copies), its rows allow and
+ * ASSIGN_MIN_PIECE leaves room for; then the pieces, largest first, each go
+ * to the replica that has the fewest bytes so far and writes no piece of
+ * that box yet (ties: the lowest rank). Each further copy of a piece goes
+ * to a replica on a node that holds no copy of it yet where one exists.
+ *
+ * Order independence: entries are sorted by box then rank, and pieces of
+ * equal size by their box's key and row, so only the plans' contents decide.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "assign.h"
+#include "ipc.h"
+
+/* One rank's tensor that is part of a box (it has a global offset). */
+struct entry {
+	const struct manifest_tensor *t;
+	size_t ri; /* its rank's index in the assignment */
+	size_t ti; /* the tensor's in the rank's plan */
+	uint64_t nbytes;
+};
+
+/* A piece of a box held by several ranks: entries [first, first + n) of the sorted array. */
+struct piece {
+	size_t first, n;
+	int64_t row0, rows;
+	uint64_t nbytes;
+};
+
+static int cmp_dims(const int64_t *a, const int64_t *b, size_t n)
+{
+	for (size_t d = 0; d < n; d++)
+		if (a[d] != b[d])
+			return a[d] < b[d] ? -1 : 1;
+	return 0;
+}
+
+/* The box's identity: name, dtype, rank of the shape, global shape, offset, local shape. */
+static int cmp_key(const struct manifest_tensor *a, const struct manifest_tensor *b)
+{
+	int c = strcmp(a->name, b->name);
+
+	if (c)
+		return c;
+	if (a->dtype != b->dtype)
+		return a->dtype < b->dtype ? -1 : 1;
+	if (a->ndim != b->ndim)
+		return a->ndim < b->ndim ? -1 : 1;
+	if ((c = cmp_dims(a->global_shape, b->global_shape, a->ndim)) ||
+	    (c = cmp_dims(a->chunks[0].global_offset, b->chunks[0].global_offset, a->ndim)))
+		return c;
+	return cmp_dims(a->chunks[0].shape, b->chunks[0].shape, a->ndim);
+}
+
+static int cmp_entry(const void *pa, const void *pb)
+{
+	const struct entry *a = pa, *b = pb;
+	int c = cmp_key(a->t, b->t);
+
+	if (c)
+		return c;
+	return a->ri < b->ri ? -1 : a->ri > b->ri;
+}
+
+/* Largest first; equal sizes by box (the entries are sorted, so by index), then row. */
+static int cmp_piece(const void *pa, const void *pb)
+{
+	const struct piece *a = pa, *b = pb;
+
+	if (a->nbytes != b->nbytes)
+		return a->nbytes > b->nbytes ? -1 : 1;
+	if (a->first != b->first)
+		return a->first < b->first ? -1 : 1;
+	return a->row0 < b->row0 ? -1 : a->row0 > b->row0;
+}
+
+static int cmp_input(const void *pa, const void *pb)
+{
+	const struct assign_input *a = pa, *b = pb;
+
+	return a->rank->rank < b->rank->rank ? -1 : a->rank->rank > b->rank->rank;
+}
+
+static bool same_node(const char *a, const char *b)
+{
+	return a && b && strcmp(a, b) == 0;
+}
+
+static int64_t rows_of(const struct manifest_tensor *t)
+{
+	return t->ndim ? t->chunks[0].shape[0] : 1;
+}
+
+/*
+ * The next writer of piece p, whose writers so far are the entries
+ * w[0, nw): a replica writing no piece of its box yet, on a node with no
+ * copy yet if any is, the least loaded, the lowest rank. Its index in the
+ * entries, or (size_t)-1 when no replica is left.
+ */
+static size_t pick(const struct assignment *a, const struct entry *e, const struct piece *p,
+                   const size_t *w, unsigned nw)
+{
+	size_t best = (size_t)-1;
+	bool best_fresh = false;
+
+	for (size_t i = p->first; i < p->first + p->n; i++) {
+		const struct assign_rank *r = &a->r[e[i].ri];
+		bool fresh = true;
+
+		if (r->piece[e[i].ti].writes)
+			continue;
+		for (unsigned j = 0; j < nw && fresh; j++)
+			if (same_node(a->r[e[w[j]].ri].node, r->node))
+				fresh = false;
+		/* entries ascend by rank: on a tie the lower stays */
+		if (best == (size_t)-1 || (fresh && !best_fresh) ||
+		    (fresh == best_fresh && r->bytes < a->r[e[best].ri].bytes))
+			best = i, best_fresh = fresh;
+	}
+	return best;
+}
+
+static void give(struct assignment *a, const struct entry *e, int64_t row0, int64_t rows,
+                 uint64_t nbytes)
+{
+	struct assign_rank *r = &a->r[e->ri];
+
+	r->piece[e->ti] = (struct assign_piece){true, row0, rows, nbytes};
+	r->bytes += nbytes;
+	a->written_bytes += nbytes;
+}
+
+/* The ranks, sorted, with what they must write; the entries of their boxes into *ents. */
+static int collect(struct assignment *a, struct assign_input *in, size_t n, struct entry **ents,
+                   size_t *nents, char *err)
+{
+	size_t cap = 0, k = 0;
+	char msg[IPC_ERRLEN];
+	struct entry *e;
+
+	qsort(in, n, sizeof(*in), cmp_input);
+	for (size_t i = 0; i < n; i++) {
+		if (i && in[i].rank->rank == in[i - 1].rank->rank)
+			return ipc_errf(err, -EINVAL,
+			                "rank %d is in the plans twice (nodes %s and %s)",
+			                in[i].rank->rank, in[i - 1].node ? in[i - 1].node : "?",
+			                in[i].node ? in[i].node : "?");
+		cap += in[i].rank->ntensors;
+	}
+	e = calloc(cap ? cap : 1, sizeof(*e));
+	if (!e)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	*ents = e;
+	for (size_t i = 0; i < n; i++) {
+		const struct plans_rank *pr = in[i].rank;
+		struct assign_rank *r = &a->r[i];
+
+		r->rank = pr->rank;
+		r->node = in[i].node;
+		r->ntensors = pr->ntensors;
+		r->piece = calloc(pr->ntensors ? pr->ntensors : 1, sizeof(*r->piece));
+		if (!r->piece)
+			return ipc_errf(err, -ENOMEM, "out of memory");
+		a->nranks = i + 1;
+		for (size_t t = 0; t < pr->ntensors; t++) {
+			const struct manifest_tensor *mt = &pr->tensors[t];
+			uint64_t nb;
+			int rc;
+
+			if (mt->nchunks != 1)
+				return ipc_errf(err, -EINVAL,
+				                "rank %d, tensor '%s': %zu pieces in a plan",
+				                r->rank, mt->name, mt->nchunks);
+			rc = ipc_tensor_nbytes(mt->name, mt->dtype, mt->ndim, mt->chunks[0].shape,
+			                       &nb, msg);
+			if (rc)
+				return ipc_errf(err, rc, "rank %d: %s", r->rank, msg);
+			r->held_bytes += nb;
+			e[k] = (struct entry){mt, i, t, nb};
+			if (mt->sharded) {
+				k++;
+				continue;
+			}
+			give(a, &e[k], 0, rows_of(mt), nb); /* private: its own */
+			r->private_bytes += nb;
+			a->unique_bytes += nb;
+		}
+	}
+	*nents = k;
+	return 0;
+}
+
+/*
+ * The boxes of the sorted entries: one a single rank holds is its to write,
+ * counted before any choice; the others cut into pieces (into *out).
+ */
+static int cut(struct assignment *a, const struct entry *e, size_t ne, struct piece **out,
+               size_t *nout, char *err)
+{
+	size_t np = 0, cap = 0;
+	struct piece *p = NULL;
+
+	for (size_t i = 0, j; i < ne; i = j) {
+		int64_t rows = rows_of(e[i].t);
+		uint64_t k, most;
+
+		for (j = i + 1; j < ne && cmp_key(e[i].t, e[j].t) == 0; j++)
+			;
+		a->unique_bytes += e[i].nbytes;
+		if (j - i == 1) {
+			give(a, &e[i], 0, rows, e[i].nbytes);
+			a->r[e[i].ri].private_bytes += e[i].nbytes;
+			continue;
+		}
+		a->nboxes++;
+		k = (j - i) / a->copies;
+		most = e[i].nbytes / ASSIGN_MIN_PIECE;
+		k = k < most ? k : most;
+		k = k < (uint64_t)rows ? k : (uint64_t)rows;
+		k = k ? k : 1;
+		if (np + k > cap) {
+			size_t nc = (np + k) * 2;
+			struct piece *q = realloc(p, nc * sizeof(*p));
+
+			if (!q) {
+				free(p);
+				return ipc_errf(err, -ENOMEM, "out of memory");
+			}
+			p = q, cap = nc;
+		}
+		for (uint64_t s = 0; s < k; s++) {
+			int64_t r0 = (int64_t)(s * (uint64_t)rows / k);
+			int64_t r1 = (int64_t)((s + 1) * (uint64_t)rows / k);
+			uint64_t row_bytes = rows ? e[i].nbytes / (uint64_t)rows : 0;
+
+			p[np++] =
+			    (struct piece){i, j - i, r0, r1 - r0,
+			                   k == 1 ? e[i].nbytes : (uint64_t)(r1 - r0) * row_bytes};
+		}
+	}
+	*out = p;
+	*nout = np;
+	return 0;
+}
+
+int assign_compute(const struct assign_input *in0, size_t n, unsigned copies,
+                   struct assignment **out, char *err)
+{
+	struct assignment *a = calloc(1, sizeof(*a));
+	struct assign_input *in = malloc((n ? n : 1) * sizeof(*in));
+	struct entry *e = NULL;
+	struct piece *p = NULL;
+	size_t ne = 0, np = 0, *w = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!a || !in || !(a->r = calloc(n ? n : 1, sizeof(*a->r))) ||
+	    !(w = calloc(n + 1, sizeof(*w)))) { /* a piece has at most n writers */
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	a->copies = copies ? copies : 1;
+	memcpy(in, in0, n * sizeof(*in));
+	if ((rc = collect(a, in, n, &e, &ne, err)))
+		goto fail;
+	qsort(e, ne, sizeof(*e), cmp_entry);
+	if ((rc = cut(a, e, ne, &p, &np, err)))
+		goto fail;
+	qsort(p, np, sizeof(*p), cmp_piece);
+	a->npieces = np;
+	for (size_t i = 0; i < np; i++) {
+		unsigned k;
+
+		for (k = 0; k < a->copies; k++) {
+			if ((w[k] = pick(a, e, &p[i], w, k)) == (size_t)-1)
+				break;
+			give(a, &e[w[k]], p[i].row0, p[i].rows, p[i].nbytes);
+		}
+		if (k < a->copies)
+			a->nshort++;
+	}
+	rc = 0;
+	*out = a;
+	a = NULL;
+fail:
+	free(w);
+	free(p);
+	free(e);
+	free(in);
+	assign_free(a);
+	return rc;
+}
+
+void assign_free(struct assignment *a)
+{
+	if (!a)
+		return;
+	for (size_t i = 0; a->r && i < a->nranks; i++)
+		free(a->r[i].piece);
+	free(a->r);
+	free(a);
+}
+
+const struct assign_rank *assign_rank(const struct assignment *a, int rank)
+{
+	size_t lo = 0, hi = a->nranks;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (a->r[mid].rank == rank)
+			return &a->r[mid];
+		if (a->r[mid].rank < rank)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+double assign_balance(const struct assignment *a)
+{
+	uint64_t max = 0, sum = 0;
+	size_t n = 0;
+
+	for (size_t i = 0; i < a->nranks; i++) {
+		const struct assign_rank *r = &a->r[i];
+
+		if (!r->held_bytes)
+			continue; /* an empty plan: nothing it could take */
+		max = r->bytes > max ? r->bytes : max;
+		sum += r->bytes;
+		n++;
+	}
+	return n && sum ? (double)max / ((double)sum / (double)n) : 1.0;
+}

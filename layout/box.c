@@ -1,0 +1,81 @@
+/* Boxes: overlaps and their runs of contiguous bytes (box.h). */
+#include "box.h"
+
+uint64_t box_volume(size_t nd, const int64_t *shape)
+{
+	uint64_t v = 1;
+
+	for (size_t d = 0; d < nd; d++)
+		v *= (uint64_t)shape[d];
+	return v;
+}
+
+bool box_intersect(size_t nd, const int64_t *aoff, const int64_t *ashape, const int64_t *boff,
+                   const int64_t *bshape, int64_t *ooff, int64_t *oshape)
+{
+	for (size_t d = 0; d < nd; d++) {
+		int64_t lo = aoff[d] > boff[d] ? aoff[d] : boff[d];
+		int64_t ahi = aoff[d] + ashape[d], bhi = boff[d] + bshape[d];
+		int64_t hi = ahi < bhi ? ahi : bhi;
+
+		if (hi <= lo)
+			return false;
+		ooff[d] = lo;
+		oshape[d] = hi - lo;
+	}
+	return true;
+}
+
+bool box_contains(size_t nd, const int64_t *aoff, const int64_t *ashape, const int64_t *boff,
+                  const int64_t *bshape)
+{
+	for (size_t d = 0; d < nd; d++)
+		if (boff[d] < aoff[d] || boff[d] + bshape[d] > aoff[d] + ashape[d])
+			return false;
+	return true;
+}
+
+void box_copy_init(struct box_copy *bc, size_t nd, uint64_t es, const int64_t *coff,
+                   const int64_t *cshape, const int64_t *doff, const int64_t *dshape,
+                   const int64_t *ooff, const int64_t *oshape)
+{
+	uint64_t cs = es, ds = es;
+	size_t k;
+
+	*bc = (struct box_copy){.nruns = 1, .run = es};
+	if (nd == 0)
+		return;
+	/* the run's dimension: the first of the trailing ones both boxes hold whole */
+	for (k = nd - 1; k > 0 && oshape[k] == cshape[k] && oshape[k] == dshape[k]; k--)
+		;
+	for (size_t d = nd; d-- > 0;) {
+		bc->src0 += (uint64_t)(ooff[d] - coff[d]) * cs;
+		bc->dst0 += (uint64_t)(ooff[d] - doff[d]) * ds;
+		if (d < k) {
+			bc->sstride[d] = cs;
+			bc->dstride[d] = ds;
+			bc->count[d] = oshape[d];
+			bc->nruns *= (uint64_t)oshape[d];
+		} else {
+			bc->run *= (uint64_t)oshape[d];
+		}
+		cs *= (uint64_t)cshape[d];
+		ds *= (uint64_t)dshape[d];
+	}
+	bc->outer = k;
+}
+
+void box_copy_run(const struct box_copy *bc, uint64_t k, uint64_t *src, uint64_t *dst)
+{
+	uint64_t s = bc->src0, t = bc->dst0;
+
+	for (size_t d = bc->outer; d-- > 0;) {
+		uint64_t i = k % (uint64_t)bc->count[d];
+
+		k /= (uint64_t)bc->count[d];
+		s += i * bc->sstride[d];
+		t += i * bc->dstride[d];
+	}
+	*src = s;
+	*dst = t;
+}
