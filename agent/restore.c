@@ -49,14 +49,125 @@ static void shape_text(const int64_t *v, size_t n, char *buf, size_t len)
 		snprintf(buf + o, len - o, "]");
 }
 
-/* The plan's tensor i against the manifest: where its bytes are. */
-static int match_tensor(const struct plan *p, size_t i, const struct manifest *m, struct extent *e,
+/* The extents being built for one restore: the reader's, grown as needed. */
+struct extents {
+	struct reader *r;
+	size_t cap;
+	struct box_copy **box; /* what the extents' runs point to, freed after the read */
+	size_t nbox;
+};
+
+static int ext_add(struct extents *x, const struct extent *e, const struct box_copy *bc)
+{
+	struct reader *r = x->r;
+
+	if (r->n == x->cap) {
+		size_t cap = x->cap * 2 + 8;
+		struct extent *v = realloc(r->ext, cap * sizeof(*v));
+		struct box_copy **b = realloc(x->box, cap * sizeof(*b));
+
+		if (v)
+			r->ext = v;
+		if (b)
+			x->box = b;
+		if (!v || !b)
+			return -ENOMEM;
+		x->cap = cap;
+	}
+	r->ext[r->n] = *e;
+	if (bc) {
+		if (!(x->box[x->nbox] = malloc(sizeof(*bc))))
+			return -ENOMEM;
+		*x->box[x->nbox] = *bc;
+		r->ext[r->n].box = x->box[x->nbox++];
+	}
+	r->n++;
+	return 0;
+}
+
+/*
+ * The plan's tensor i from the saved chunks that overlap its box, each
+ * read whole (its checksum is checked) and the overlap copied into place:
+ * another world size, another split, or a tensor the rank did not save.
+ * This rank's own chunks first, then by rank; a chunk that another chosen
+ * one covers (a replica) or cuts across is passed over. The box must be
+ * covered whole.
+ */
+static int assemble(const struct plan *p, size_t i, const struct manifest_tensor *mt,
+                    const int64_t *off, struct extents *x, char *err)
+{
+	const struct plan_tensor *t = &p->t[i];
+	const size_t nd = t->ndim;
+	int64_t(*got)[2][IPC_MAX_NDIM] = calloc(mt->nchunks ? mt->nchunks : 1, sizeof(*got));
+	uint64_t covered = 0, want = box_volume(nd, t->shape);
+	size_t ngot = 0;
+	char box[256], at[256];
+	int rc = 0;
+
+	if (!got)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	for (int pass = 0; pass < 2 && !rc && covered < want; pass++)
+		for (size_t j = 0; j < mt->nchunks && !rc && covered < want; j++) {
+			const struct manifest_chunk *c = &mt->chunks[j];
+			int64_t oo[IPC_MAX_NDIM], os[IPC_MAX_NDIM];
+			struct box_copy bc;
+			bool taken = false;
+
+			if ((c->rank == p->rank) != (pass == 0) ||
+			    !box_intersect(nd, c->global_offset, c->shape, off, t->shape, oo, os))
+				continue;
+			for (size_t k = 0; k < ngot && !taken; k++) {
+				int64_t o2[IPC_MAX_NDIM], s2[IPC_MAX_NDIM];
+
+				taken = box_intersect(nd, got[k][0], got[k][1], oo, os, o2, s2);
+			}
+			if (taken)
+				continue; /* held already, or cutting across what is */
+			memcpy(got[ngot][0], oo, nd * sizeof(*oo));
+			memcpy(got[ngot][1], os, nd * sizeof(*os));
+			ngot++;
+			covered += box_volume(nd, os);
+			box_copy_init(&bc, nd, ipc_dtype_size(t->dtype), c->global_offset, c->shape,
+			              off, t->shape, oo, os);
+			rc = ext_add(
+			    x,
+			    &(struct extent){.rank = c->rank,
+			                     .begin = c->begin,
+			                     .end = c->end,
+			                     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
+			                     .device = t->dptr != NULL,
+			                     .xxh3 = c->xxh3,
+			                     .tensor = t->name},
+			    &bc);
+			if (rc)
+				rc = ipc_errf(err, rc, "out of memory");
+		}
+	free(got);
+	if (!rc && covered < want) {
+		shape_text(t->shape, nd, box, sizeof(box));
+		shape_text(off, nd, at, sizeof(at));
+		rc = ipc_errf(err, -ENOENT,
+		              "tensor '%s': the checkpoint holds %llu of the %llu elements of this "
+		              "rank's box %s at %s",
+		              t->name, (unsigned long long)covered, (unsigned long long)want, box,
+		              at);
+	}
+	return rc;
+}
+
+/*
+ * The plan's tensor i against the manifest: its own chunk, the bytes as
+ * they are, where the checkpoint has it (the same rank, offset and shape);
+ * else assembled from the chunks that overlap it.
+ */
+static int match_tensor(const struct plan *p, size_t i, const struct manifest *m, struct extents *x,
                         char *err)
 {
 	const struct plan_tensor *t = &p->t[i];
 	const struct manifest_tensor *mt = manifest_find(m, t->name);
-	const struct manifest_chunk *ch;
+	const int64_t zero[IPC_MAX_NDIM] = {0}, *off = t->sharded ? t->global_offset : zero;
 	char want[256], have[256];
+	int rc;
 
 	if (!mt)
 		return ipc_errf(err, -ENOENT, "tensor '%s' is not in the checkpoint", t->name);
@@ -67,20 +178,24 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 		return ipc_errf(err, -EINVAL,
 		                "tensor '%s': the checkpoint has %s %s, the plan %s %s", t->name,
 		                ipc_dtype_name(mt->dtype), have, ipc_dtype_name(t->dtype), want);
-	ch = manifest_find_chunk(mt, p->rank, t->sharded ? t->global_offset : NULL);
-	if (!ch || memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)))
-		return ipc_errf(err, -EINVAL,
-		                "tensor '%s': the checkpoint has no chunk of it for rank %d with "
-		                "this plan's offset and shape",
-		                t->name, p->rank);
-	*e = (struct extent){.rank = ch->rank,
-	                     .begin = ch->begin,
-	                     .end = ch->end,
-	                     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
-	                     .device = t->dptr != NULL,
-	                     .xxh3 = ch->xxh3,
-	                     .tensor = t->name};
-	return 0;
+	for (size_t j = 0; j < mt->nchunks; j++) {
+		const struct manifest_chunk *ch = &mt->chunks[j];
+
+		if (ch->rank != p->rank || memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)) ||
+		    memcmp(ch->global_offset, off, t->ndim * sizeof(int64_t)))
+			continue;
+		rc = ext_add(x,
+		             &(struct extent){.rank = ch->rank,
+		                              .begin = ch->begin,
+		                              .end = ch->end,
+		                              .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
+		                              .device = t->dptr != NULL,
+		                              .xxh3 = ch->xxh3,
+		                              .tensor = t->name},
+		             NULL);
+		return rc ? ipc_errf(err, rc, "out of memory") : 0;
+	}
+	return assemble(p, i, mt, off, x, err);
 }
 
 static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
@@ -90,6 +205,7 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	const struct plan *p = rs->plan;
 	struct manifest *m = NULL;
 	struct reader r;
+	struct extents x;
 	int rc;
 
 	rc = reader_init(&r, a, p->job, step, p->n);
@@ -97,6 +213,11 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	r.store = store;
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
+	x = (struct extents){&r, p->n ? p->n : 1, calloc(p->n ? p->n : 1, sizeof(*x.box)), 0};
+	if (!x.box) {
+		reader_free(&r);
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
 	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
 		pthread_mutex_lock(&p->gpu->capture);
 		r.lane = p->gpu->lane;
@@ -110,13 +231,9 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	rc = store_read_manifest(store, p->job, step, &m, err);
 	if (rc)
 		goto out;
-	if (m->world != p->world) {
-		rc = ipc_errf(err, -EINVAL, "the checkpoint has world %d, the plan %d", m->world,
-		              p->world);
-		goto out;
-	}
+	/* another world size or split: each box assembled from the saved ones */
 	for (size_t i = 0; i < p->n && !rc; i++)
-		rc = match_tensor(p, i, m, &r.ext[r.n++], err);
+		rc = match_tensor(p, i, m, &x, err);
 	if (rc)
 		goto out;
 	rc = reader_run(&r, m, READ_AHEAD);
@@ -131,6 +248,9 @@ out:
 		pthread_mutex_unlock(&p->gpu->capture);
 	manifest_free(m);
 	reader_free(&r);
+	for (size_t i = 0; i < x.nbox; i++)
+		free(x.box[i]);
+	free(x.box);
 	return rc;
 }
 

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "agent.h"
+#include "box.h"
 
 /* A save refused a place in the pool under the skip policy: its reason. */
 #define SAVE_SKIP_REASON                                                                           \
@@ -69,6 +70,8 @@ struct extent {
 	uint64_t xxh3;
 	bool nosum; /* a shard header, checked by parsing */
 	bool *whole; /* set once every byte of it is in dst (verify's headers) */
+	/* restore into another split: the overlap's runs into dst; NULL: the bytes as they are */
+	struct box_copy *box;
 	const char *tensor;
 };
 

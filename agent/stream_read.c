@@ -119,6 +119,62 @@ static void window_done(struct io_req *q)
 	pthread_mutex_unlock(&w->r->mu);
 }
 
+/* n bytes from a window into the trainer's memory at dst (GPU: on the plan's lane). */
+static void copy_out(struct reader *r, const struct extent *e, char *dst, const char *src,
+                     uint64_t n)
+{
+	char why[IPC_ERRLEN];
+	int rc;
+
+	if (r->copy_err)
+		return; /* said once */
+	if (e->device) {
+		rc = gpu_lane_copy(r->lane, dst, src, n, false, why);
+		if (rc) {
+			r->copy_err = rc;
+			reader_problem(r, rc, "tensor '%s': %s", e->tensor, why);
+		}
+	} else if (copier_run(r->a->copier, copy_part, src, 0, dst, n, 1u << 20)) {
+		r->copy_err = -EFAULT;
+		reader_problem(r, -EFAULT,
+		               "tensor '%s': the trainer's host memory faulted under the "
+		               "copy (SIGBUS): "
+		               "its region was taken away",
+		               e->tensor);
+	}
+}
+
+/*
+ * The extent's bytes [rel, rel + n) (from its start), at src: as they are,
+ * or, restoring into another split, the parts of them in the overlap's
+ * runs, each to its place (e->box->next: the first run not yet wholly
+ * copied; the windows come in file order).
+ */
+static void deliver(struct reader *r, struct extent *e, const char *src, uint64_t rel, uint64_t n)
+{
+	struct box_copy *bc = e->box;
+
+	if (!e->dst)
+		return;
+	if (!bc) {
+		copy_out(r, e, e->dst + rel, src, n);
+		return;
+	}
+	for (; bc->next < bc->nruns; bc->next++) {
+		uint64_t s, d, lo, hi;
+
+		box_copy_run(bc, bc->next, &s, &d);
+		if (s >= rel + n)
+			return;
+		lo = s > rel ? s : rel;
+		hi = s + bc->run < rel + n ? s + bc->run : rel + n;
+		if (hi > lo)
+			copy_out(r, e, e->dst + d + (lo - s), src + (lo - rel), hi - lo);
+		if (s + bc->run > rel + n)
+			return; /* the run goes on in the next window */
+	}
+}
+
 /*
  * The bytes [w->off, w->off + got) of the file, for extents ext[*ei ...]
  * (none empty: those were checked before reading).
@@ -140,26 +196,7 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 		if (from == e->begin)
 			XXH3_64bits_reset(xs);
 		XXH3_64bits_update(xs, buf + (from - a0), to - from);
-		if (e->dst && e->device) {
-			char why[IPC_ERRLEN];
-			int rc = gpu_lane_copy(r->lane, e->dst + (from - e->begin),
-			                       buf + (from - a0), to - from, false, why);
-
-			if (rc && !r->copy_err) {
-				r->copy_err = rc;
-				reader_problem(r, rc, "tensor '%s': %s", e->tensor, why);
-			}
-		} else if (e->dst &&
-		           copier_run(r->a->copier, copy_part, buf + (from - a0), 0,
-		                      e->dst + (from - e->begin), to - from, 1u << 20) &&
-		           !r->copy_err) {
-			r->copy_err = -EFAULT;
-			reader_problem(r, -EFAULT,
-			               "tensor '%s': the trainer's host memory faulted under the "
-			               "copy (SIGBUS): "
-			               "its region was taken away",
-			               e->tensor);
-		}
+		deliver(r, e, buf + (from - a0), from - e->begin, to - from);
 		r->bytes += to - from;
 		if (e->end > b0)
 			return; /* goes on in the next window */

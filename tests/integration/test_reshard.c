@@ -1,0 +1,257 @@
+/*
+ * Restore into another layout, through a real agent. A job of world 4
+ * saves "w0" [24, 10] split on dimension 0, "w1" [6, 40] split on
+ * dimension 1, "bias" [7] replicated on every rank, and a tensor of each
+ * rank's own; then, each rank a process of its own:
+ *   - world 2 and world 8 restore every box byte-exact (w0's rows and w1's
+ *     columns from several ranks' files), and their own tensors where the
+ *     rank saved one
+ *   - world 1 restores w0 and w1 unsplit (declared without a global shape)
+ *   - a rank asking for w1 alone gets it
+ *   - a dtype or a global shape that differs, a tensor the checkpoint lacks,
+ *     a box the checkpoint covers only in part: refused, naming the tensor
+ *     (and the box)
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+
+#define R0 24
+#define C0 10
+#define R1 6
+#define C1 40
+#define NB 7
+
+static float v_w0(int64_t i, int64_t j)
+{
+	return (float)(1000 * i + j) + 0.5f;
+}
+static float v_w1(int64_t i, int64_t j)
+{
+	return (float)(100000 + 100 * i + j);
+}
+static float v_bias(int64_t k)
+{
+	return (float)(7 * k + 1);
+}
+static float v_own(int rank, int64_t k)
+{
+	return (float)(rank * 10 + k) - 0.25f;
+}
+
+/*
+ * One rank: mode "save", "restore" (every tensor; split ones as in the
+ * save's scheme for this world), "unsplit" (w0 and w1 without a global
+ * shape), "w1" (w1 alone), or "fail:WHAT" (a plan that must be refused,
+ * its error holding the words the test gives).
+ */
+static int rank_main(const char *endpoint, const char *job, int rank, int world, const char *mode,
+                     const char *expect)
+{
+	const int64_t r0 = R0 / world, c1 = C1 / world;
+	int64_t g0[2] = {R0, C0}, s0[2] = {r0, C0}, o0[2] = {r0 * rank, 0};
+	int64_t g1[2] = {R1, C1}, s1[2] = {R1, c1}, o1[2] = {0, c1 * rank};
+	int64_t gb[1] = {NB}, ob[1] = {0}, sown[1] = {3};
+	bool unsplit = strcmp(mode, "unsplit") == 0, only_w1 = strcmp(mode, "w1") == 0;
+	bool save = strcmp(mode, "save") == 0, fail = strncmp(mode, "fail:", 5) == 0;
+	struct ckpt_tensor t[5];
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	char own[32];
+	float *w0, *w1, *b, *o;
+	size_t n = 0;
+	int rc;
+
+	if (ckpt_connect(endpoint, &c))
+		return 10;
+	if (ckpt_host_alloc(c, sizeof(float) * (R0 * C0 + R1 * C1 + NB + 3), (void **)&w0))
+		return 11;
+	w1 = w0 + r0 * C0;
+	b = w1 + R1 * c1;
+	o = b + NB;
+	snprintf(own, sizeof(own), "own.rank%d", rank);
+	if (!only_w1)
+		t[n++] = (struct ckpt_tensor){
+		    "w0", CKPT_F32, 2, s0, w0, unsplit ? NULL : g0, unsplit ? NULL : o0};
+	t[n++] = (struct ckpt_tensor){
+	    "w1", CKPT_F32, 2, s1, w1, unsplit ? NULL : g1, unsplit ? NULL : o1};
+	if (!only_w1 && !unsplit) {
+		t[n++] = (struct ckpt_tensor){"bias", CKPT_F32, 1, gb, b, gb, ob};
+		if (save || rank < 4) /* the saving world's ranks */
+			t[n++] = (struct ckpt_tensor){own, CKPT_F32, 1, sown, o, NULL, NULL};
+	}
+	if (fail) { /* the first tensor changed as the mode says */
+		if (strcmp(mode + 5, "dtype") == 0)
+			t[0].dtype = CKPT_BF16;
+		else if (strcmp(mode + 5, "gshape") == 0)
+			g0[0] = R0 + world;
+		else if (strcmp(mode + 5, "missing") == 0)
+			t[0].name = "w9";
+	}
+	for (int64_t i = 0; i < r0; i++)
+		for (int64_t j = 0; j < C0; j++)
+			w0[i * C0 + j] = save ? v_w0(o0[0] + i, j) : -1;
+	for (int64_t i = 0; i < R1; i++)
+		for (int64_t j = 0; j < c1; j++)
+			w1[i * c1 + j] = save ? v_w1(i, o1[1] + j) : -1;
+	for (int64_t k = 0; k < NB; k++)
+		b[k] = save ? v_bias(k) : -1;
+	for (int64_t k = 0; k < 3; k++)
+		o[k] = save ? v_own(rank, k) : -1;
+	if (ckpt_plan_create(c, job, rank, world, t, n, &p))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+	if (save) {
+		if (ckpt_save(p, 5, NULL, &s))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
+		rc = ckpt_save_wait(s, CKPT_COMMITTED, 60000);
+		if (rc)
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_save_reason(s)), 14;
+		ckpt_save_release(s);
+		goto out;
+	}
+	rc = ckpt_restore(p, CKPT_LATEST, NULL, NULL);
+	if (fail) {
+		if (!rc || !strstr(ckpt_last_error(c), expect))
+			return fprintf(stderr, "rank %d: restore %s, said: %s\n", rank,
+			               rc ? "failed" : "succeeded", rc ? ckpt_last_error(c) : "-"),
+			       20;
+		goto out;
+	}
+	if (rc)
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 15;
+	for (int64_t i = 0; i < r0 && !only_w1; i++)
+		for (int64_t j = 0; j < C0; j++)
+			if (w0[i * C0 + j] != v_w0(o0[0] + i, j))
+				return fprintf(stderr, "rank %d: w0[%ld][%ld] = %g\n", rank,
+				               (long)i, (long)j, (double)w0[i * C0 + j]),
+				       16;
+	for (int64_t i = 0; i < R1; i++)
+		for (int64_t j = 0; j < c1; j++)
+			if (w1[i * c1 + j] != v_w1(i, o1[1] + j))
+				return fprintf(stderr, "rank %d: w1[%ld][%ld] = %g\n", rank,
+				               (long)i, (long)j, (double)w1[i * c1 + j]),
+				       17;
+	for (int64_t k = 0; k < NB && !only_w1 && !unsplit; k++)
+		if (b[k] != v_bias(k))
+			return 18;
+	for (int64_t k = 0; k < 3 && !only_w1 && !unsplit && rank < 4; k++)
+		if (o[k] != v_own(rank, k))
+			return 19;
+out:
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	return 0;
+}
+
+/* world ranks of job, each this program again; every one must exit 0. */
+static void run_world(const struct agent_proc *a, const char *job, int world, const char *mode,
+                      const char *expect)
+{
+	pid_t pid[8];
+
+	for (int r = 0; r < world; r++) {
+		char rank[8], w[8];
+
+		snprintf(rank, sizeof(rank), "%d", r);
+		snprintf(w, sizeof(w), "%d", world);
+		pid[r] = fork();
+		ck_assert_int_ge(pid[r], 0);
+		if (pid[r] == 0) {
+			execl("/proc/self/exe", "test_reshard", "--rank", a->endpoint, job, rank, w,
+			      mode, expect ? expect : "", (char *)NULL);
+			_exit(127);
+		}
+	}
+	for (int r = 0; r < world; r++) {
+		int st;
+
+		ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		              "%s world %d (%s): rank %d exited with %d", job, world, mode, r,
+		              WEXITSTATUS(st));
+	}
+}
+
+START_TEST(other_worlds_and_splits)
+{
+	struct agent_proc a;
+
+	h_agent_start(&a, NULL);
+	run_world(&a, "rs", 4, "save", NULL);
+	run_world(&a, "rs", 2, "restore", NULL);
+	run_world(&a, "rs", 8, "restore", NULL);
+	run_world(&a, "rs", 1, "unsplit", NULL);
+	run_world(&a, "rs", 2, "w1", NULL);
+	run_world(&a, "rs", 4, "restore", NULL); /* the saved layout, as before */
+	run_world(&a, "rs", 2, "fail:dtype", "tensor 'w0'");
+	run_world(&a, "rs", 2, "fail:gshape", "tensor 'w0'");
+	run_world(&a, "rs", 2, "fail:missing", "'w9' is not in the checkpoint");
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/* A box the checkpoint holds only in part: refused, naming the tensor and the box. */
+START_TEST(box_not_covered)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	int64_t g[1] = {8}, half[1] = {4}, off[1] = {0}, own[1] = {2};
+	float *mem;
+	struct ckpt_tensor t[2];
+
+	h_agent_start(&a, NULL);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 64, (void **)&mem), 0);
+	/* world 1 saves the first half of "h" [8] only */
+	t[0] = (struct ckpt_tensor){"h", CKPT_F32, 1, half, mem, g, off};
+	t[1] = (struct ckpt_tensor){"x", CKPT_F32, 1, own, mem + 8, NULL, NULL};
+	ck_assert_int_eq(ckpt_plan_create(c, "part", 0, 1, t, 2, &p), 0);
+	ck_assert_int_eq(ckpt_save(p, 1, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), 0);
+	ckpt_save_release(s);
+	ckpt_plan_destroy(p);
+	/* a plan asking for all of it */
+	t[0].shape = g;
+	ck_assert_int_eq(ckpt_plan_create(c, "part", 0, 1, t, 2, &p), 0);
+	ck_assert_int_ne(ckpt_restore(p, CKPT_LATEST, NULL, NULL), 0);
+	ck_assert_msg(strstr(ckpt_last_error(c), "tensor 'h'") &&
+	                  strstr(ckpt_last_error(c), "4 of the 8 elements") &&
+	                  strstr(ckpt_last_error(c), "[8] at [0]"),
+	              "%s", ckpt_last_error(c));
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s;
+	TCase *tc;
+	SRunner *sr;
+	int failed;
+
+	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
+		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7]);
+	s = suite_create("reshard");
+	tc = tcase_create("agent");
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, other_worlds_and_splits);
+	tcase_add_test(tc, box_not_covered);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
