@@ -376,6 +376,105 @@ static void show_tensors(json_t *m)
 	}
 }
 
+/*
+ * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
+ * the tensor bytes its file holds and its boxes (chunks); the balance (the
+ * largest ÷ the mean); and how many ranks hold each box (its copies: data-
+ * parallel replicas that each save the same box hold it several times).
+ * NULL if out of memory.
+ */
+static json_t *layout_json(json_t *m)
+{
+	json_t *ranks = json_array(), *seen = json_object(), *copies = json_object(), *t, *c;
+	json_t *out = NULL;
+	size_t world = json_array_size(json_object_get(m, "ranks")), i;
+	json_int_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
+	size_t *boxes = calloc(world ? world : 1, sizeof(*boxes));
+	json_int_t max = 0, sum = 0, extra = 0;
+	const char *name, *key;
+	bool ok = ranks && seen && copies && bytes && boxes;
+
+	json_object_foreach(ok ? json_object_get(m, "tensors") : NULL, name, t)
+	{
+		json_array_foreach(json_object_get(t, "chunks"), i, c)
+		{
+			json_int_t r = json_integer_value(json_object_get(c, "rank"));
+			json_t *br = json_object_get(c, "byte_range");
+			json_int_t n = json_integer_value(json_array_get(br, 1)) -
+			               json_integer_value(json_array_get(br, 0));
+			char *off =
+			    json_dumps(json_object_get(c, "global_offset"), JSON_ENCODE_ANY);
+			char *shp = json_dumps(json_object_get(c, "shape"), JSON_ENCODE_ANY);
+			size_t kl =
+			    strlen(name) + (off ? strlen(off) : 1) + (shp ? strlen(shp) : 1) + 3;
+			char *k = malloc(kl);
+			json_t *have;
+
+			if (r >= 0 && (size_t)r < world) {
+				bytes[r] += n;
+				boxes[r]++;
+			}
+			if (k)
+				snprintf(k, kl, "%s %s %s", name, off ? off : "-", shp ? shp : "-");
+			have = k ? json_object_get(seen, k) : NULL;
+			if (k && have)
+				extra += n, json_integer_set(have, json_integer_value(have) + 1);
+			else if (!k || json_object_set_new(seen, k, json_integer(1)))
+				ok = false;
+			free(k);
+			free(off);
+			free(shp);
+		}
+	}
+	for (i = 0; ok && i < world; i++) {
+		max = bytes[i] > max ? bytes[i] : max;
+		sum += bytes[i];
+		ok = !json_array_append_new(ranks, json_pack("{s:I, s:I, s:I}", "rank",
+		                                             (json_int_t)i, "bytes", bytes[i],
+		                                             "boxes", (json_int_t)boxes[i]));
+	}
+	json_object_foreach(ok ? seen : NULL, key, t)
+	{
+		char n[24];
+		json_t *have;
+
+		snprintf(n, sizeof(n), "%" JSON_INTEGER_FORMAT, json_integer_value(t));
+		have = json_object_get(copies, n);
+		if (have)
+			json_integer_set(have, json_integer_value(have) + 1);
+		else
+			ok = !json_object_set_new(copies, n, json_integer(1));
+	}
+	if (ok)
+		out = json_pack("{s:O, s:f, s:O, s:I}", "ranks", ranks, "balance",
+		                sum ? (double)max / ((double)sum / (double)world) : 1.0,
+		                "boxes_by_copies", copies, "bytes_in_extra_copies", extra);
+	json_decref(ranks);
+	json_decref(seen);
+	json_decref(copies);
+	free(bytes);
+	free(boxes);
+	return out;
+}
+
+static void show_layout(json_t *l)
+{
+	const char *n;
+	json_t *v;
+	bool first = true;
+
+	printf("\nbalance: the largest rank's tensor bytes / the mean: %.2f; boxes by copies:",
+	       json_real_value(json_object_get(l, "balance")));
+	json_object_foreach(json_object_get(l, "boxes_by_copies"), n, v)
+	{
+		printf("%s %" JSON_INTEGER_FORMAT " held by %s rank%s", first ? "" : ",",
+		       json_integer_value(v), n, strcmp(n, "1") ? "s" : "");
+		first = false;
+	}
+	printf("; %" JSON_INTEGER_FORMAT " bytes in extra copies\n",
+	       json_integer_value(json_object_get(l, "bytes_in_extra_copies")));
+}
+
 /* A leading "--tier root|upload": *tier, and the arguments after it; false if bad. */
 static bool take_tier(int *argc, char ***argv, char **tier)
 {
@@ -401,7 +500,7 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 {
 	Ckpt__V1__ShowRequest req = CKPT__V1__SHOW_REQUEST__INIT;
 	Ckpt__V1__ShowReply *r;
-	json_t *m, *rk;
+	json_t *m, *rk, *l = NULL;
 	size_t i;
 	int rc;
 
@@ -416,10 +515,15 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 	if (rc)
 		return ctl_fail(x, rc);
 	m = json_loads(r->manifest_json, 0, NULL);
-	if (!m) {
+	if (m && !(l = layout_json(m))) {
+		fprintf(stderr, "ckptctl: out of memory\n");
+		rc = 1;
+	} else if (!m) {
 		fprintf(stderr, "ckptctl: the agent sent a manifest that is not JSON\n");
 		rc = 1;
 	} else if (x->json) {
+		/* the manifest, and how its bytes fall on the ranks */
+		json_object_set(m, "layout", l);
 		rc = ctl_print_json(json_incref(m));
 	} else {
 		printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP", "STATE",
@@ -446,6 +550,7 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 			free(meta);
 		}
 		show_tensors(m);
+		show_layout(l);
 		if (json_object_get(m, "meta") && !json_is_null(json_object_get(m, "meta"))) {
 			char *meta = json_dumps(json_object_get(m, "meta"), JSON_ENCODE_ANY);
 
@@ -453,6 +558,7 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 			free(meta);
 		}
 	}
+	json_decref(l);
 	json_decref(m);
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return rc;

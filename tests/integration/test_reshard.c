@@ -2,7 +2,8 @@
  * Restore into another layout, through a real agent. A job of world 4
  * saves "w0" [24, 10] split on dimension 0, "w1" [6, 40] split on
  * dimension 1, "bias" [7] replicated on every rank, and a tensor of each
- * rank's own; then, each rank a process of its own:
+ * rank's own; `ckptctl show` says each rank's bytes and boxes, the balance
+ * and the bias's four copies; then, each rank a process of its own:
  *   - world 2 and world 8 restore every box byte-exact (w0's rows and w1's
  *     columns from several ranks' files), and their own tensors where the
  *     rank saved one
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <check.h>
+#include <jansson.h>
 
 #include "harness.h"
 
@@ -183,9 +185,32 @@ static void run_world(const struct agent_proc *a, const char *job, int world, co
 START_TEST(other_worlds_and_splits)
 {
 	struct agent_proc a;
+	char out[65536];
+	json_t *j, *l;
 
 	h_agent_start(&a, NULL);
 	run_world(&a, "rs", 4, "save", NULL);
+	/* show: each rank's bytes and boxes, the balance, the bias held by all four */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show rs 5"), 0);
+	ck_assert_msg(strstr(out, "balance: the largest rank's tensor bytes / the mean: 1.00") &&
+	                  strstr(out, "12 held by 1 rank") && strstr(out, "1 held by 4 ranks") &&
+	                  strstr(out, "; 84 bytes in extra copies"),
+	              "%s", out);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json show rs 5"), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "%s", out);
+	l = json_object_get(j, "layout");
+	ck_assert_int_eq(json_array_size(json_object_get(l, "ranks")), 4);
+	/* w0 60 + w1 60 + bias 7 + its own 3 floats */
+	ck_assert_int_eq(json_integer_value(json_object_get(
+	                     json_array_get(json_object_get(l, "ranks"), 3), "bytes")),
+	                 4 * (60 + 60 + 7 + 3));
+	ck_assert_int_eq(json_integer_value(json_object_get(
+	                     json_array_get(json_object_get(l, "ranks"), 3), "boxes")),
+	                 4);
+	ck_assert_int_eq(
+	    json_integer_value(json_object_get(json_object_get(l, "boxes_by_copies"), "4")), 1);
+	json_decref(j);
 	run_world(&a, "rs", 2, "restore", NULL);
 	run_world(&a, "rs", 8, "restore", NULL);
 	run_world(&a, "rs", 1, "unsplit", NULL);
