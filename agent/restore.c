@@ -49,12 +49,31 @@ static void shape_text(const int64_t *v, size_t n, char *buf, size_t len)
 		snprintf(buf + o, len - o, "]");
 }
 
+/* A chunk that failed a restore (its rank's file, its first byte; UINT64_MAX: the whole file). */
+struct bad_chunk {
+	int rank;
+	uint64_t begin;
+};
+
+#define MAX_RETRIES 16 /* reads again from other copies, at most */
+
+static bool is_bad(const struct bad_chunk *b, size_t n, const struct manifest_chunk *c)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i].rank == c->rank && (b[i].begin == UINT64_MAX || b[i].begin == c->begin))
+			return true;
+	return false;
+}
+
 /* The extents being built for one restore: the reader's, grown as needed. */
 struct extents {
 	struct reader *r;
 	size_t cap;
 	struct box_copy **box; /* what the extents' runs point to, freed after the read */
 	size_t nbox;
+	/* chunks that failed, left out: read the other copies of their boxes */
+	const struct bad_chunk *bad;
+	size_t nbad;
 };
 
 static int ext_add(struct extents *x, const struct extent *e, const struct box_copy *bc)
@@ -113,7 +132,7 @@ static int assemble(const struct plan *p, size_t i, const struct manifest_tensor
 			struct box_copy bc;
 			bool taken = false;
 
-			if ((c->rank == p->rank) != (pass == 0) ||
+			if ((c->rank == p->rank) != (pass == 0) || is_bad(x->bad, x->nbad, c) ||
 			    !box_intersect(nd, c->global_offset, c->shape, off, t->shape, oo, os))
 				continue;
 			for (size_t k = 0; k < ngot && !taken; k++) {
@@ -181,7 +200,8 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	for (size_t j = 0; j < mt->nchunks; j++) {
 		const struct manifest_chunk *ch = &mt->chunks[j];
 
-		if (ch->rank != p->rank || memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)) ||
+		if (ch->rank != p->rank || is_bad(x->bad, x->nbad, ch) ||
+		    memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)) ||
 		    memcmp(ch->global_offset, off, t->ndim * sizeof(int64_t)))
 			continue;
 		rc = ext_add(x,
@@ -198,30 +218,81 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	return assemble(p, i, mt, off, x, err);
 }
 
-static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
-                       char *err)
+/* A note for the reply and the log: what the root said, and that the tier restored. */
+static void note(struct restore *rs, const char *text)
 {
-	struct agent *a = rs->a;
+	char **v = realloc(rs->skipped, (rs->nskipped + 1) * sizeof(*v));
+
+	if (!v)
+		return;
+	rs->skipped = v;
+	if ((v[rs->nskipped] = strdup(text)))
+		rs->nskipped++;
+}
+
+/*
+ * Every tensor of the plan from step's manifest m, leaving out the chunks
+ * bad[0, nbad): 0, or the first problem; *failed, where it was (rank -1:
+ * none of the files', e.g. the trainer's memory faulted).
+ */
+static int read_all(struct restore *rs, struct storage *store, int64_t step,
+                    const struct manifest *m, const struct bad_chunk *bad, size_t nbad,
+                    struct bad_chunk *failed, char *err)
+{
 	const struct plan *p = rs->plan;
-	struct manifest *m = NULL;
 	struct reader r;
 	struct extents x;
 	int rc;
 
-	rc = reader_init(&r, a, p->job, step, p->n);
-	r.q = a->capture;
+	*failed = (struct bad_chunk){-1, 0};
+	rc = reader_init(&r, rs->a, p->job, step, p->n);
+	r.q = rs->a->capture;
 	r.store = store;
+	r.lane = p->gpu ? p->gpu->lane : NULL;
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
-	x = (struct extents){&r, p->n ? p->n : 1, calloc(p->n ? p->n : 1, sizeof(*x.box)), 0};
+	x = (struct extents){&r,  p->n ? p->n : 1, calloc(p->n ? p->n : 1, sizeof(*x.box)), 0, bad,
+	                     nbad};
 	if (!x.box) {
 		reader_free(&r);
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
+	/* another world size or split: each box assembled from the saved ones */
+	for (size_t i = 0; i < p->n && !rc; i++)
+		rc = match_tensor(p, i, m, &x, err);
+	if (!rc)
+		rc = reader_run(&r, m, READ_AHEAD);
+	if (!rc && r.err) {
+		rc = ipc_errf(err, r.err, "%s", r.problems ? r.problems[0] : "read failed");
+		*failed = (struct bad_chunk){r.bad_rank, r.bad_begin};
+	}
+	reader_free(&r);
+	for (size_t i = 0; i < x.nbox; i++)
+		free(x.box[i]);
+	free(x.box);
+	return rc;
+}
+
+/*
+ * The plan's tensors from one step of one storage. A chunk whose checksum
+ * does not match, or a rank's file that cannot be read, is left out and the
+ * read done again from the other copies of its boxes (replicas that saved
+ * the same box), while some are left (MAX_RETRIES times at most); a restore
+ * that needed them says so (the reply's notes, the log).
+ */
+static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
+                       char *err)
+{
+	const struct plan *p = rs->plan;
+	struct manifest *m = NULL;
+	char first[IPC_ERRLEN] = "", line[IPC_ERRLEN + 128];
+	struct bad_chunk bad[MAX_RETRIES], failed;
+	size_t nbad = 0;
+	int rc, first_rc = 0;
+
 	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
 		pthread_mutex_lock(&p->gpu->capture);
-		r.lane = p->gpu->lane;
-		if (!r.lane) {
+		if (!p->gpu->lane) {
 			rc = ipc_errf(err, -EIO,
 			              "the plan's GPU stream was lost after a failed "
 			              "wait; create the plan again");
@@ -231,14 +302,34 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	rc = store_read_manifest(store, p->job, step, &m, err);
 	if (rc)
 		goto out;
-	/* another world size or split: each box assembled from the saved ones */
-	for (size_t i = 0; i < p->n && !rc; i++)
-		rc = match_tensor(p, i, m, &x, err);
-	if (rc)
-		goto out;
-	rc = reader_run(&r, m, READ_AHEAD);
-	if (!rc && r.err)
-		rc = ipc_errf(err, r.err, "%s", r.problems ? r.problems[0] : "read failed");
+	while ((rc = read_all(rs, store, step, m, bad, nbad, &failed, err)) && failed.rank >= 0 &&
+	       nbad < MAX_RETRIES) {
+		if (!nbad) {
+			snprintf(first, sizeof(first), "%s", err);
+			first_rc = rc;
+		}
+		bad[nbad++] = failed;
+		log_msg(LOG_WARNING,
+		        "restore of job %s step %lld rank %d: %s; reading again without %s of rank "
+		        "%d's file",
+		        p->job, (long long)step, p->rank, err,
+		        failed.begin == UINT64_MAX ? "any" : "that chunk", failed.rank);
+	}
+	if (rc && nbad) {
+		/* the first failure is the answer; the other copies', where there were some */
+		char why[IPC_ERRLEN];
+
+		snprintf(why, sizeof(why), "%s", err);
+		if (rc == -ENOENT) /* no other copy covers it */
+			rc = ipc_errf(err, first_rc, "%s", first);
+		else
+			rc = ipc_errf(err, first_rc, "%s; the other copies: %s", first, why);
+	} else if (nbad) {
+		snprintf(line, sizeof(line), "step %lld: %s; restored from other copies",
+		         (long long)step, first);
+		note(rs, line);
+		log_msg(LOG_WARNING, "restore of job %s rank %d: %s", p->job, p->rank, line);
+	}
 	/* This rank's own meta (a data loader's position, a seed), not rank 0's. */
 	if (!rc && manifest_rank_meta(m, p->rank) &&
 	    !(*meta = strdup(manifest_rank_meta(m, p->rank))))
@@ -247,10 +338,6 @@ out:
 	if (p->gpu)
 		pthread_mutex_unlock(&p->gpu->capture);
 	manifest_free(m);
-	reader_free(&r);
-	for (size_t i = 0; i < x.nbox; i++)
-		free(x.box[i]);
-	free(x.box);
 	return rc;
 }
 
@@ -300,18 +387,6 @@ static bool fall_back(struct restore *rs, int64_t *step, int rc, const char *err
 	*step = e->step;
 	e->readers++;
 	return true;
-}
-
-/* A note for the reply and the log: what the root said, and that the tier restored. */
-static void note(struct restore *rs, const char *text)
-{
-	char **v = realloc(rs->skipped, (rs->nskipped + 1) * sizeof(*v));
-
-	if (!v)
-		return;
-	rs->skipped = v;
-	if ((v[rs->nskipped] = strdup(text)))
-		rs->nskipped++;
 }
 
 /*

@@ -87,6 +87,10 @@ struct reader {
 	char **problems;
 	size_t nproblems;
 	int err; /* the first problem's errno */
+	/* where the first problem was: a rank's file, one chunk of it (its first byte) or
+	 * all of it (UINT64_MAX); -1: none of the files' (the trainer's memory faulted) */
+	int bad_rank;
+	uint64_t bad_begin;
 	uint64_t bytes;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;

@@ -203,6 +203,10 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 		if (e->whole)
 			*e->whole = true;
 		sum = XXH3_64bits_digest(xs);
+		if (!e->nosum && sum != e->xxh3 && r->bad_rank < 0 && !r->err) {
+			r->bad_rank = e->rank; /* this chunk alone: the rest of its file is good */
+			r->bad_begin = e->begin;
+		}
 		if (!e->nosum && sum != e->xxh3)
 			reader_problem(
 			    r, -EBADMSG,
@@ -357,6 +361,7 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 		int rank = r->ext[i].rank;
 		size_t j = i;
 		char err[IPC_ERRLEN];
+		int before = r->err;
 
 		while (j < r->n && r->ext[j].rank == rank)
 			j++;
@@ -375,6 +380,11 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 			               m->ranks[rank].size);
 		else
 			read_file(r, i, j, xs);
+		/* the first problem was this file's (not a copy into the trainer's memory) */
+		if (!before && r->err && !r->copy_err && r->bad_rank < 0) {
+			r->bad_rank = rank;
+			r->bad_begin = UINT64_MAX;
+		}
 		r->store->ops->shard_close(r->sh);
 		r->sh = NULL;
 		i = j;
@@ -391,6 +401,7 @@ int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step
 	r->store = a->store;
 	r->job = job;
 	r->step = step;
+	r->bad_rank = -1;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	r->ext = calloc(n ? n : 1, sizeof(*r->ext));

@@ -12,6 +12,9 @@
  *   - a dtype or a global shape that differs, a tensor the checkpoint lacks,
  *     a box the checkpoint covers only in part: refused, naming the tensor
  *     (and the box)
+ *   - the bias's chunk corrupt in rank 1's file: rank 1 restores it from
+ *     another rank's copy (in world 4 and world 2) and the log says so; w0's
+ *     corrupt there too (no other copy): rank 1's restore fails naming it
  */
 #include <errno.h>
 #include <stdio.h>
@@ -153,13 +156,13 @@ out:
 	return 0;
 }
 
-/* world ranks of job, each this program again; every one must exit 0. */
-static void run_world(const struct agent_proc *a, const char *job, int world, const char *mode,
-                      const char *expect)
+/* Ranks [from, to) of a job of world ranks, each this program again; every one must exit 0. */
+static void run_ranks(const struct agent_proc *a, const char *job, int world, int from, int to,
+                      const char *mode, const char *expect)
 {
 	pid_t pid[8];
 
-	for (int r = 0; r < world; r++) {
+	for (int r = from; r < to; r++) {
 		char rank[8], w[8];
 
 		snprintf(rank, sizeof(rank), "%d", r);
@@ -172,7 +175,7 @@ static void run_world(const struct agent_proc *a, const char *job, int world, co
 			_exit(127);
 		}
 	}
-	for (int r = 0; r < world; r++) {
+	for (int r = from; r < to; r++) {
 		int st;
 
 		ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
@@ -181,6 +184,63 @@ static void run_world(const struct agent_proc *a, const char *job, int world, co
 		              WEXITSTATUS(st));
 	}
 }
+
+static void run_world(const struct agent_proc *a, const char *job, int world, const char *mode,
+                      const char *expect)
+{
+	run_ranks(a, job, world, 0, world, mode, expect);
+}
+
+/* The first byte of rank's chunk of tensor in step 5 of job, from show --json. */
+static uint64_t chunk_at(const struct agent_proc *a, const char *job, const char *tensor, int rank)
+{
+	char out[65536];
+	json_t *j, *c;
+	size_t i;
+	uint64_t at = 0;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s 5", job), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "%s", out);
+	json_array_foreach(
+	    json_object_get(json_object_get(json_object_get(j, "tensors"), tensor), "chunks"), i, c)
+	{
+		if (json_integer_value(json_object_get(c, "rank")) == rank)
+			at = (uint64_t)json_integer_value(
+			    json_array_get(json_object_get(c, "byte_range"), 0));
+	}
+	json_decref(j);
+	ck_assert_uint_gt(at, 0);
+	return at;
+}
+
+/*
+ * A replicated box's chunk corrupt in one rank's file: that rank restores
+ * it from another rank's copy, and says so; a box with no other copy: the
+ * restore fails naming the tensor and the checksum.
+ */
+START_TEST(other_copy_of_a_replica)
+{
+	struct agent_proc a;
+	char path[512];
+
+	h_agent_start(&a, NULL);
+	run_world(&a, "cp", 4, "save", NULL);
+	h_shard(&a, path, sizeof(path), "cp", 5, 1);
+	h_flip_byte(path, chunk_at(&a, "cp", "bias", 1) + 5);
+	run_world(&a, "cp", 4, "restore", NULL);
+	ck_assert_msg(h_log_has(&a, "restore of job cp rank 1: step 5: tensor 'bias'") &&
+	                  h_log_has(&a, "restored from other copies"),
+	              "the log does not say rank 1's bias came from another copy (%s)", a.log);
+	/* the same restored into world 2: rank 0 assembles rows 0..11 of w0, bias from rank 0 */
+	run_world(&a, "cp", 2, "restore", NULL);
+	h_flip_byte(path, chunk_at(&a, "cp", "w0", 1) + 3);
+	run_ranks(&a, "cp", 4, 1, 2, "fail:", "tensor 'w0'");
+	run_ranks(&a, "cp", 4, 1, 2, "fail:", "checksum mismatch");
+	run_ranks(&a, "cp", 4, 0, 1, "restore", NULL);
+	h_agent_cleanup(&a);
+}
+END_TEST
 
 START_TEST(other_worlds_and_splits)
 {
@@ -273,6 +333,7 @@ int main(int argc, char **argv)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, other_worlds_and_splits);
 	tcase_add_test(tc, box_not_covered);
+	tcase_add_test(tc, other_copy_of_a_replica);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
