@@ -104,48 +104,104 @@ static int ext_add(struct extents *x, const struct extent *e, const struct box_c
 	return 0;
 }
 
+/* Boxes of a tensor not yet covered by the chunks taken (assemble). */
+struct uncovered {
+	size_t n, cap;
+	int64_t (*off)[IPC_MAX_NDIM], (*shape)[IPC_MAX_NDIM];
+};
+
+static int unc_push(struct uncovered *u, size_t nd, const int64_t *off, const int64_t *shape)
+{
+	if (u->n == u->cap) {
+		size_t cap = u->cap * 2 + 8;
+		int64_t(*o)[IPC_MAX_NDIM] = realloc(u->off, cap * sizeof(*o));
+		int64_t(*s)[IPC_MAX_NDIM] = o ? realloc(u->shape, cap * sizeof(*s)) : NULL;
+
+		if (o)
+			u->off = o;
+		if (s)
+			u->shape = s;
+		if (!o || !s)
+			return -ENOMEM;
+		u->cap = cap;
+	}
+	memcpy(u->off[u->n], off, nd * sizeof(*off));
+	memcpy(u->shape[u->n], shape, nd * sizeof(*shape));
+	u->n++;
+	return 0;
+}
+
+/* The uncovered boxes less box (off, shape); whether it covered any of them. */
+static int unc_cut(struct uncovered *u, size_t nd, const int64_t *off, const int64_t *shape,
+                   bool *useful)
+{
+	int64_t io[IPC_MAX_NDIM], is[IPC_MAX_NDIM];
+	int64_t ro[2 * IPC_MAX_NDIM][IPC_MAX_NDIM], rs[2 * IPC_MAX_NDIM][IPC_MAX_NDIM];
+	size_t n = u->n;
+	int rc = 0;
+
+	*useful = false;
+	for (size_t k = 0; k < n && !rc;) {
+		size_t m;
+
+		if (!box_intersect(nd, u->off[k], u->shape[k], off, shape, io, is)) {
+			k++;
+			continue;
+		}
+		*useful = true;
+		m = box_subtract(nd, u->off[k], u->shape[k], io, is, ro, rs);
+		/* box k goes: the last of the old ones takes its place, the rest comes after */
+		memcpy(u->off[k], u->off[n - 1], sizeof(u->off[k]));
+		memcpy(u->shape[k], u->shape[n - 1], sizeof(u->shape[k]));
+		memmove(u->off[n - 1], u->off[n], (u->n - n) * sizeof(*u->off));
+		memmove(u->shape[n - 1], u->shape[n], (u->n - n) * sizeof(*u->shape));
+		u->n--;
+		n--;
+		for (size_t j = 0; j < m && !rc; j++)
+			rc = unc_push(u, nd, ro[j], rs[j]);
+	}
+	return rc;
+}
+
 /*
  * The plan's tensor i from the saved chunks that overlap its box, each
- * read whole (its checksum is checked) and the overlap copied into place:
+ * read whole (its checksum is checked) and its overlap copied into place:
  * another world size, another split, or a tensor the rank did not save.
- * This rank's own chunks first, then by rank; a chunk that another chosen
- * one covers (a replica) or cuts across is passed over. The box must be
- * covered whole.
+ * Which chunks: this rank's own first, then one holding the whole box, then
+ * any that covers what is still missing; replicas are tried from this
+ * rank's position in the manifest's order, so ranks restoring together
+ * spread over the copies. The box must be covered whole (-EINVAL: the plan
+ * does not match the checkpoint).
  */
 static int assemble(const struct plan *p, size_t i, const struct manifest_tensor *mt,
                     const int64_t *off, struct extents *x, char *err)
 {
 	const struct plan_tensor *t = &p->t[i];
-	const size_t nd = t->ndim;
-	int64_t(*got)[2][IPC_MAX_NDIM] = calloc(mt->nchunks ? mt->nchunks : 1, sizeof(*got));
-	uint64_t covered = 0, want = box_volume(nd, t->shape);
-	size_t ngot = 0;
+	const size_t nd = t->ndim, nc = mt->nchunks;
+	bool *taken = calloc(nc ? nc : 1, sizeof(*taken));
+	struct uncovered u = {0};
+	uint64_t want = box_volume(nd, t->shape), left = 0;
 	char box[256], at[256];
-	int rc = 0;
+	int rc = taken ? unc_push(&u, nd, off, t->shape) : -ENOMEM;
 
-	if (!got)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	for (int pass = 0; pass < 2 && !rc && covered < want; pass++)
-		for (size_t j = 0; j < mt->nchunks && !rc && covered < want; j++) {
+	for (int pass = 0; pass < 3 && !rc && u.n; pass++)
+		for (size_t n = 0; n < nc && !rc && u.n; n++) {
+			size_t j = (n + (size_t)p->rank) % nc;
 			const struct manifest_chunk *c = &mt->chunks[j];
 			int64_t oo[IPC_MAX_NDIM], os[IPC_MAX_NDIM];
 			struct box_copy bc;
-			bool taken = false;
+			bool useful;
 
-			if ((c->rank == p->rank) != (pass == 0) || is_bad(x->bad, x->nbad, c) ||
+			if (taken[j] || (pass == 0 && c->rank != p->rank) ||
+			    (pass == 1 &&
+			     !box_contains(nd, c->global_offset, c->shape, off, t->shape)) ||
+			    is_bad(x->bad, x->nbad, c) ||
 			    !box_intersect(nd, c->global_offset, c->shape, off, t->shape, oo, os))
 				continue;
-			for (size_t k = 0; k < ngot && !taken; k++) {
-				int64_t o2[IPC_MAX_NDIM], s2[IPC_MAX_NDIM];
-
-				taken = box_intersect(nd, got[k][0], got[k][1], oo, os, o2, s2);
-			}
-			if (taken)
-				continue; /* held already, or cutting across what is */
-			memcpy(got[ngot][0], oo, nd * sizeof(*oo));
-			memcpy(got[ngot][1], os, nd * sizeof(*os));
-			ngot++;
-			covered += box_volume(nd, os);
+			if ((rc = unc_cut(&u, nd, oo, os, &useful)) || !useful)
+				continue; /* out of memory, or all of it held already */
+			taken[j] = true;
+			/* the whole overlap, though part may be held already: the same bytes */
 			box_copy_init(&bc, nd, ipc_dtype_size(t->dtype), c->global_offset, c->shape,
 			              off, t->shape, oo, os);
 			rc = ext_add(
@@ -158,20 +214,24 @@ static int assemble(const struct plan *p, size_t i, const struct manifest_tensor
 			                     .xxh3 = c->xxh3,
 			                     .tensor = t->name},
 			    &bc);
-			if (rc)
-				rc = ipc_errf(err, rc, "out of memory");
 		}
-	free(got);
-	if (!rc && covered < want) {
+	for (size_t k = 0; k < u.n; k++)
+		left += box_volume(nd, u.shape[k]);
+	free(u.off);
+	free(u.shape);
+	free(taken);
+	if (rc)
+		return ipc_errf(err, rc, "out of memory");
+	if (left) {
 		shape_text(t->shape, nd, box, sizeof(box));
 		shape_text(off, nd, at, sizeof(at));
-		rc = ipc_errf(err, -ENOENT,
-		              "tensor '%s': the checkpoint holds %llu of the %llu elements of this "
-		              "rank's box %s at %s",
-		              t->name, (unsigned long long)covered, (unsigned long long)want, box,
-		              at);
+		return ipc_errf(
+		    err, -EINVAL,
+		    "tensor '%s': the checkpoint holds %llu of the %llu elements of this "
+		    "rank's box %s at %s",
+		    t->name, (unsigned long long)(want - left), (unsigned long long)want, box, at);
 	}
-	return rc;
+	return 0;
 }
 
 /*
@@ -189,7 +249,7 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 	int rc;
 
 	if (!mt)
-		return ipc_errf(err, -ENOENT, "tensor '%s' is not in the checkpoint", t->name);
+		return ipc_errf(err, -EINVAL, "tensor '%s' is not in the checkpoint", t->name);
 	shape_text(t->global_shape, t->ndim, want, sizeof(want));
 	shape_text(mt->global_shape, mt->ndim, have, sizeof(have));
 	if (mt->dtype != t->dtype || mt->ndim != t->ndim ||
@@ -320,7 +380,7 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 		char why[IPC_ERRLEN];
 
 		snprintf(why, sizeof(why), "%s", err);
-		if (rc == -ENOENT) /* no other copy covers it */
+		if (rc == -EINVAL) /* no other copy covers it */
 			rc = ipc_errf(err, first_rc, "%s", first);
 		else
 			rc = ipc_errf(err, first_rc, "%s; the other copies: %s", first, why);

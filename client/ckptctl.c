@@ -376,6 +376,21 @@ static void show_tensors(json_t *m)
 	}
 }
 
+/* "<tensor> <global offset> <shape>": the box a chunk holds; NULL if out of memory. */
+static char *box_key(const char *name, json_t *c)
+{
+	char *off = json_dumps(json_object_get(c, "global_offset"), JSON_ENCODE_ANY);
+	char *shp = json_dumps(json_object_get(c, "shape"), JSON_ENCODE_ANY);
+	size_t len = strlen(name) + (off ? strlen(off) : 1) + (shp ? strlen(shp) : 1) + 3;
+	char *k = malloc(len);
+
+	if (k)
+		snprintf(k, len, "%s %s %s", name, off ? off : "-", shp ? shp : "-");
+	free(off);
+	free(shp);
+	return k;
+}
+
 /*
  * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
  * the tensor bytes its file holds and its boxes (chunks); the balance (the
@@ -388,9 +403,9 @@ static json_t *layout_json(json_t *m)
 	json_t *ranks = json_array(), *seen = json_object(), *copies = json_object(), *t, *c;
 	json_t *out = NULL;
 	size_t world = json_array_size(json_object_get(m, "ranks")), i;
-	json_int_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
+	uint64_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
 	size_t *boxes = calloc(world ? world : 1, sizeof(*boxes));
-	json_int_t max = 0, sum = 0, extra = 0;
+	uint64_t max = 0, sum = 0, extra = 0;
 	const char *name, *key;
 	bool ok = ranks && seen && copies && bytes && boxes;
 
@@ -399,39 +414,37 @@ static json_t *layout_json(json_t *m)
 		json_array_foreach(json_object_get(t, "chunks"), i, c)
 		{
 			json_int_t r = json_integer_value(json_object_get(c, "rank"));
-			json_t *br = json_object_get(c, "byte_range");
-			json_int_t n = json_integer_value(json_array_get(br, 1)) -
-			               json_integer_value(json_array_get(br, 0));
-			char *off =
-			    json_dumps(json_object_get(c, "global_offset"), JSON_ENCODE_ANY);
-			char *shp = json_dumps(json_object_get(c, "shape"), JSON_ENCODE_ANY);
-			size_t kl =
-			    strlen(name) + (off ? strlen(off) : 1) + (shp ? strlen(shp) : 1) + 3;
-			char *k = malloc(kl);
-			json_t *have;
+			json_t *br = json_object_get(c, "byte_range"), *have;
+			json_int_t b0 = json_integer_value(json_array_get(br, 0));
+			json_int_t b1 = json_integer_value(json_array_get(br, 1));
+			uint64_t n = b0 >= 0 && b1 >= b0 ? (uint64_t)b1 - (uint64_t)b0 : 0;
+			char *k;
 
+			if (!json_is_object(c))
+				continue;
 			if (r >= 0 && (size_t)r < world) {
 				bytes[r] += n;
 				boxes[r]++;
 			}
-			if (k)
-				snprintf(k, kl, "%s %s %s", name, off ? off : "-", shp ? shp : "-");
-			have = k ? json_object_get(seen, k) : NULL;
-			if (k && have)
-				extra += n, json_integer_set(have, json_integer_value(have) + 1);
-			else if (!k || json_object_set_new(seen, k, json_integer(1)))
+			if (!(k = box_key(name, c))) {
 				ok = false;
+				continue;
+			}
+			if ((have = json_object_get(seen, k))) {
+				extra += n; /* another rank's copy of a box */
+				json_integer_set(have, json_integer_value(have) + 1);
+			} else if (json_object_set_new(seen, k, json_integer(1))) {
+				ok = false;
+			}
 			free(k);
-			free(off);
-			free(shp);
 		}
 	}
 	for (i = 0; ok && i < world; i++) {
 		max = bytes[i] > max ? bytes[i] : max;
 		sum += bytes[i];
-		ok = !json_array_append_new(ranks, json_pack("{s:I, s:I, s:I}", "rank",
-		                                             (json_int_t)i, "bytes", bytes[i],
-		                                             "boxes", (json_int_t)boxes[i]));
+		ok = !json_array_append_new(
+		    ranks, json_pack("{s:I, s:I, s:I}", "rank", (json_int_t)i, "bytes",
+		                     (json_int_t)bytes[i], "boxes", (json_int_t)boxes[i]));
 	}
 	json_object_foreach(ok ? seen : NULL, key, t)
 	{
@@ -448,7 +461,8 @@ static json_t *layout_json(json_t *m)
 	if (ok)
 		out = json_pack("{s:O, s:f, s:O, s:I}", "ranks", ranks, "balance",
 		                sum ? (double)max / ((double)sum / (double)world) : 1.0,
-		                "boxes_by_copies", copies, "bytes_in_extra_copies", extra);
+		                "boxes_by_copies", copies, "bytes_in_extra_copies",
+		                (json_int_t)extra);
 	json_decref(ranks);
 	json_decref(seen);
 	json_decref(copies);

@@ -2,9 +2,9 @@
  * The writers of replicated boxes (assign.h). Greedy by size, as
  * veScale/ByteCheckpoint balance their dedup: each rank starts with the
  * bytes it must write anyway (its private tensors, and boxes no other rank
- * holds); each replicated box is cut into as many pieces along its first
- * dimension as its replicas can take (R / copies), its rows allow and
- * ASSIGN_MIN_PIECE leaves room for; then the pieces, largest first, each go
+ * holds); each replicated box is cut into as many pieces of whole rows
+ * (its first dimension) as its replicas can take (R / copies), its rows
+ * allow and its size over ASSIGN_MIN_PIECE says; then the pieces, largest first, each go
  * to the replica that has the fewest bytes so far and writes no piece of
  * that box yet (ties: the lowest rank). Each further copy of a piece goes
  * to a replica on a node that holds no copy of it yet where one exists.
@@ -212,7 +212,9 @@ static int cut(struct assignment *a, const struct entry *e, size_t ne, struct pi
 		uint64_t k, most;
 
 		for (j = i + 1; j < ne && cmp_key(e[i].t, e[j].t) == 0; j++)
-			;
+			if (e[j].ri == e[j - 1].ri) /* sorted by rank within a box */
+				return ipc_errf(err, -EINVAL, "rank %d holds tensor '%s' twice",
+				                a->r[e[j].ri].rank, e[j].t->name);
 		a->unique_bytes += e[i].nbytes;
 		if (j - i == 1) {
 			give(a, &e[i], 0, rows, e[i].nbytes);

@@ -25,7 +25,7 @@
 
 #include "format.h"
 
-/* A replicated box is cut only into pieces of at least this many bytes. */
+/* A replicated box of B bytes is cut into B / ASSIGN_MIN_PIECE pieces at most. */
 #define ASSIGN_MIN_PIECE (4ull << 20)
 
 /* One rank's plan as the assignment reads it: a plans file's rank, and its node. */
@@ -64,8 +64,8 @@ struct assignment {
 
 /*
  * The assignment of n ranks' plans (each rank once). copies >= 1. 0, or a
- * negative errno with err: a rank twice, a plan's tensor in pieces, out of
- * memory.
+ * negative errno with err: a rank twice, a rank holding one box twice, a
+ * plan's tensor in pieces, out of memory.
  */
 int assign_compute(const struct assign_input *in, size_t n, unsigned copies,
                    struct assignment **out, char *err);

@@ -1,4 +1,6 @@
 /* Boxes: overlaps and their runs of contiguous bytes (box.h). */
+#include <string.h>
+
 #include "box.h"
 
 uint64_t box_volume(size_t nd, const int64_t *shape)
@@ -33,6 +35,38 @@ bool box_contains(size_t nd, const int64_t *aoff, const int64_t *ashape, const i
 		if (boff[d] < aoff[d] || boff[d] + bshape[d] > aoff[d] + ashape[d])
 			return false;
 	return true;
+}
+
+size_t box_subtract(size_t nd, const int64_t *uoff, const int64_t *ushape, const int64_t *ioff,
+                    const int64_t *ishape, int64_t (*off)[IPC_MAX_NDIM],
+                    int64_t (*shape)[IPC_MAX_NDIM])
+{
+	int64_t co[IPC_MAX_NDIM], cs[IPC_MAX_NDIM]; /* what is left to cut: u, narrowed */
+	size_t n = 0;
+
+	for (size_t d = 0; d < nd; d++)
+		co[d] = uoff[d], cs[d] = ushape[d];
+	/* along each dimension: the slabs of the rest below and above i, then narrow to i */
+	for (size_t d = 0; d < nd; d++) {
+		int64_t lo = ioff[d], hi = ioff[d] + ishape[d], end = co[d] + cs[d];
+
+		if (lo > co[d]) {
+			memcpy(off[n], co, nd * sizeof(*co));
+			memcpy(shape[n], cs, nd * sizeof(*cs));
+			shape[n][d] = lo - co[d];
+			n++;
+		}
+		if (hi < end) {
+			memcpy(off[n], co, nd * sizeof(*co));
+			memcpy(shape[n], cs, nd * sizeof(*cs));
+			off[n][d] = hi;
+			shape[n][d] = end - hi;
+			n++;
+		}
+		co[d] = lo;
+		cs[d] = hi - lo;
+	}
+	return n;
 }
 
 void box_copy_init(struct box_copy *bc, size_t nd, uint64_t es, const int64_t *coff,

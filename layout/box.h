@@ -39,6 +39,14 @@ bool box_contains(size_t nd, const int64_t *aoff, const int64_t *ashape, const i
                   const int64_t *bshape);
 
 /*
+ * Box u less its part i (i inside u, not empty): what is left, as at most
+ * 2 * nd disjoint boxes into off[k], shape[k]; how many.
+ */
+size_t box_subtract(size_t nd, const int64_t *uoff, const int64_t *ushape, const int64_t *ioff,
+                    const int64_t *ishape, int64_t (*off)[IPC_MAX_NDIM],
+                    int64_t (*shape)[IPC_MAX_NDIM]);
+
+/*
  * The runs of the overlap (ooff, oshape) of a chunk (coff, cshape) and the
  * rank's box (doff, dshape), elements of es bytes. Trailing dimensions both
  * hold whole make runs longer: a split along dimension 0 is one run.

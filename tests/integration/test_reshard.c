@@ -12,6 +12,9 @@
  *   - a dtype or a global shape that differs, a tensor the checkpoint lacks,
  *     a box the checkpoint covers only in part: refused, naming the tensor
  *     (and the box)
+ *   - rank 0 saved part of a tensor, rank 1 all of it: rank 0 restores all
+ *     of it from both; a plan the newest step does not cover is -EINVAL,
+ *     never an older step restored instead (even with fallback)
  *   - the bias's chunk corrupt in rank 1's file: rank 1 restores it from
  *     another rank's copy (in world 4 and world 2) and the log says so; w0's
  *     corrupt there too (no other copy): rank 1's restore fails naming it
@@ -319,6 +322,92 @@ START_TEST(box_not_covered)
 }
 END_TEST
 
+/*
+ * Rank 0 saved rows [2, 6) of "h" [8], rank 1 all of it: rank 0 restoring
+ * all of it takes its own part and the rest from rank 1's copy.
+ */
+START_TEST(own_part_and_another_copy)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p0, *p1;
+	struct ckpt_save *s0, *s1;
+	int64_t g[1] = {8}, four[1] = {4}, two[1] = {2}, zero[1] = {0};
+	struct ckpt_tensor t0, t1;
+	float *mem;
+
+	h_agent_start(&a, NULL);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 256, (void **)&mem), 0);
+	for (int i = 0; i < 8; i++)
+		mem[16 + i] = (float)(100 + i), mem[i] = i >= 2 && i < 6 ? (float)(100 + i) : 0;
+	memmove(mem, mem + 2, 4 * sizeof(float)); /* rank 0's rows 2..5 */
+	t0 = (struct ckpt_tensor){"h", CKPT_F32, 1, four, mem, g, two};
+	t1 = (struct ckpt_tensor){"h", CKPT_F32, 1, g, mem + 16, g, zero};
+	ck_assert_int_eq(ckpt_plan_create(c, "ov", 0, 2, &t0, 1, &p0), 0);
+	ck_assert_int_eq(ckpt_plan_create(c, "ov", 1, 2, &t1, 1, &p1), 0);
+	ck_assert_int_eq(ckpt_save(p0, 1, NULL, &s0), 0);
+	ck_assert_int_eq(ckpt_save(p1, 1, NULL, &s1), 0);
+	ck_assert_int_eq(ckpt_save_wait(s0, CKPT_COMMITTED, 60000), 0);
+	ck_assert_int_eq(ckpt_save_wait(s1, CKPT_COMMITTED, 60000), 0);
+	ckpt_save_release(s0);
+	ckpt_save_release(s1);
+	ckpt_plan_destroy(p0);
+	ckpt_plan_destroy(p1);
+	memset(mem, 0, 8 * sizeof(float));
+	t0.shape = g;
+	t0.global_offset = zero;
+	ck_assert_int_eq(ckpt_plan_create(c, "ov", 0, 2, &t0, 1, &p0), 0);
+	ck_assert_msg(ckpt_restore(p0, CKPT_LATEST, NULL, NULL) == 0, "refused: %s",
+	              ckpt_last_error(c));
+	for (int i = 0; i < 8; i++)
+		ck_assert_msg(mem[i] == (float)(100 + i), "h[%d] = %g", i, (double)mem[i]);
+	ckpt_plan_destroy(p0);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * A plan the newest checkpoint does not cover is an error of the plan
+ * (-EINVAL), not a reason to restore an older step that happens to fit,
+ * even with fallback asked for.
+ */
+START_TEST(uncovered_does_not_fall_back)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	int64_t g[1] = {8}, half[1] = {4}, off[1] = {0}, step = -1;
+	struct ckpt_tensor t = {"h", CKPT_F32, 1, g, NULL, g, off};
+	float *mem;
+	int rc;
+
+	h_agent_start(&a, NULL);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 64, (void **)&mem), 0);
+	t.data = mem;
+	for (int k = 1; k <= 2; k++) { /* step 1 all of "h", step 2 its first half */
+		t.shape = k == 1 ? g : half;
+		ck_assert_int_eq(ckpt_plan_create(c, "fb", 0, 1, &t, 1, &p), 0);
+		ck_assert_int_eq(ckpt_save(p, k, NULL, &s), 0);
+		ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s);
+		ckpt_plan_destroy(p);
+	}
+	t.shape = g;
+	ck_assert_int_eq(ckpt_plan_create(c, "fb", 0, 1, &t, 1, &p), 0);
+	rc = ckpt_restore2(p, CKPT_LATEST, 1, &step, NULL);
+	ck_assert_msg(rc == -EINVAL, "restore: %d (step %lld): %s", rc, (long long)step,
+	              ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(c), "4 of the 8 elements"), "%s", ckpt_last_error(c));
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -334,6 +423,8 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, other_worlds_and_splits);
 	tcase_add_test(tc, box_not_covered);
 	tcase_add_test(tc, other_copy_of_a_replica);
+	tcase_add_test(tc, own_part_and_another_copy);
+	tcase_add_test(tc, uncovered_does_not_fall_back);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -447,6 +447,14 @@ START_TEST(private_and_single_boxes)
 	ck_assert_ptr_null(assign_rank(a, 3));
 	assign_free(a);
 
+	/* a box twice on one rank */
+	add(&r[2], "w", F32, 1, g, off0, half, true);
+	ck_assert_int_eq(assign_compute(in, 3, 2, &a, err), -EINVAL);
+	ck_assert_msg(strstr(err, "rank 1 holds tensor 'w' twice"), "%s", err);
+	ck_assert_ptr_null(a);
+	free(r[2].tensors[--r[2].ntensors].name);
+	free(r[2].tensors[r[2].ntensors].chunks);
+
 	/* a rank twice */
 	r[2].rank = 0;
 	ck_assert_int_eq(assign_compute(in, 3, 1, &a, err), -EINVAL);

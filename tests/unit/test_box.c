@@ -101,6 +101,39 @@ START_TEST(random_overlaps_copy_exactly)
 }
 END_TEST
 
+/* u less i: disjoint boxes inside u, none meeting i, with i making up u's volume. */
+START_TEST(subtract_leaves_the_rest)
+{
+	unsigned seed = 5;
+
+	for (int round = 0; round < 3000; round++) {
+		size_t nd = 1 + (size_t)(rand_r(&seed) % 4), n;
+		int64_t gs[4], uo[4], us[4], bo[4], bs[4], io[4], is[4], o2[4], s2[4];
+		int64_t off[8][IPC_MAX_NDIM], shape[8][IPC_MAX_NDIM];
+		uint64_t v;
+
+		for (size_t d = 0; d < nd; d++)
+			gs[d] = 1 + rand_r(&seed) % 9;
+		random_box(&seed, nd, gs, uo, us);
+		random_box(&seed, nd, gs, bo, bs);
+		if (!box_intersect(nd, uo, us, bo, bs, io, is))
+			continue;
+		n = box_subtract(nd, uo, us, io, is, off, shape);
+		ck_assert_uint_le(n, 2 * nd);
+		v = box_volume(nd, is);
+		for (size_t k = 0; k < n; k++) {
+			ck_assert(box_contains(nd, uo, us, off[k], shape[k]));
+			ck_assert(!box_intersect(nd, off[k], shape[k], io, is, o2, s2));
+			for (size_t l = 0; l < k; l++)
+				ck_assert(
+				    !box_intersect(nd, off[k], shape[k], off[l], shape[l], o2, s2));
+			v += box_volume(nd, shape[k]);
+		}
+		ck_assert_uint_eq(v, box_volume(nd, us));
+	}
+}
+END_TEST
+
 START_TEST(split_on_rows_is_one_run)
 {
 	/* [12, 5] saved in rows 4..7, restored into rows 6..11 */
@@ -145,6 +178,7 @@ int main(void)
 
 	tcase_add_test(t, random_overlaps_copy_exactly);
 	tcase_add_test(t, split_on_rows_is_one_run);
+	tcase_add_test(t, subtract_leaves_the_rest);
 	suite_add_tcase(s, t);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
