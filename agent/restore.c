@@ -104,6 +104,23 @@ static int ext_add(struct extents *x, const struct extent *e, const struct box_c
 	return 0;
 }
 
+/* Saved chunk c read whole for the plan's tensor i: as it is, or its overlap's runs (bc). */
+static int add_chunk(struct extents *x, const struct plan *p, size_t i,
+                     const struct manifest_chunk *c, const struct box_copy *bc)
+{
+	const struct plan_tensor *t = &p->t[i];
+
+	return ext_add(x,
+	               &(struct extent){.rank = c->rank,
+	                                .begin = c->begin,
+	                                .end = c->end,
+	                                .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
+	                                .device = t->dptr != NULL,
+	                                .xxh3 = c->xxh3,
+	                                .tensor = t->name},
+	               bc);
+}
+
 /* Boxes of a tensor not yet covered by the chunks taken (assemble). */
 struct uncovered {
 	size_t n, cap;
@@ -204,16 +221,7 @@ static int assemble(const struct plan *p, size_t i, const struct manifest_tensor
 			/* the whole overlap, though part may be held already: the same bytes */
 			box_copy_init(&bc, nd, ipc_dtype_size(t->dtype), c->global_offset, c->shape,
 			              off, t->shape, oo, os);
-			rc = ext_add(
-			    x,
-			    &(struct extent){.rank = c->rank,
-			                     .begin = c->begin,
-			                     .end = c->end,
-			                     .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
-			                     .device = t->dptr != NULL,
-			                     .xxh3 = c->xxh3,
-			                     .tensor = t->name},
-			    &bc);
+			rc = add_chunk(x, p, i, c, &bc);
 		}
 	for (size_t k = 0; k < u.n; k++)
 		left += box_volume(nd, u.shape[k]);
@@ -264,15 +272,7 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 		    memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)) ||
 		    memcmp(ch->global_offset, off, t->ndim * sizeof(int64_t)))
 			continue;
-		rc = ext_add(x,
-		             &(struct extent){.rank = ch->rank,
-		                              .begin = ch->begin,
-		                              .end = ch->end,
-		                              .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
-		                              .device = t->dptr != NULL,
-		                              .xxh3 = ch->xxh3,
-		                              .tensor = t->name},
-		             NULL);
+		rc = add_chunk(x, p, i, ch, NULL);
 		return rc ? ipc_errf(err, rc, "out of memory") : 0;
 	}
 	return assemble(p, i, mt, off, x, err);
