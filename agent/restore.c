@@ -703,9 +703,55 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 	}
 }
 
-/* Each rank's header into hdr[k] (whole[k] once all of it was read), and every chunk. */
-static int verify_extents(struct reader *r, const struct manifest *m, char **hdr, bool *whole)
+/*
+ * The boxes several ranks saved (replicas): for each copy that failed, how
+ * many of its box's copies are good, so the operator knows whether a
+ * restore can still read it (restore.c reads another copy). good: per
+ * chunk, tensor by tensor in the manifest's order.
+ */
+static void check_copies(struct reader *r, const struct manifest *m, const bool *good)
 {
+	char box[256], at[256];
+
+	for (size_t i = 0, base = 0; i < m->ntensors; base += m->tensors[i++].nchunks) {
+		const struct manifest_tensor *t = &m->tensors[i];
+
+		for (size_t j = 0; j < t->nchunks; j++) {
+			const struct manifest_chunk *c = &t->chunks[j];
+			unsigned copies = 0, ok = 0;
+
+			if (good[base + j])
+				continue;
+			for (size_t k = 0; k < t->nchunks; k++) {
+				const struct manifest_chunk *o = &t->chunks[k];
+
+				if (memcmp(o->global_offset, c->global_offset,
+				           t->ndim * sizeof(int64_t)) ||
+				    memcmp(o->shape, c->shape, t->ndim * sizeof(int64_t)))
+					continue;
+				copies++;
+				ok += good[base + k];
+			}
+			if (copies < 2)
+				continue; /* its only copy: the problem above says it all */
+			shape_text(c->shape, t->ndim, box, sizeof(box));
+			shape_text(c->global_offset, t->ndim, at, sizeof(at));
+			reader_problem(
+			    r, -EBADMSG,
+			    "tensor '%s', box %s at %s: rank %d's copy is bad; %u of its %u "
+			    "copies are good%s",
+			    t->name, box, at, c->rank, ok, copies,
+			    ok ? " (a restore reads one of them)" : ": none left");
+		}
+	}
+}
+
+/* Each rank's header into hdr[k] (whole[k] once all of it was read), and every chunk. */
+static int verify_extents(struct reader *r, const struct manifest *m, char **hdr, bool *whole,
+                          bool *good)
+{
+	size_t g = 0;
+
 	for (size_t k = 0; k < m->nranks; k++) {
 		if (m->ranks[k].header_bytes > ST_MAX_HEADER + 8 ||
 		    !(hdr[k] = malloc(m->ranks[k].header_bytes)))
@@ -726,6 +772,7 @@ static int verify_extents(struct reader *r, const struct manifest *m, char **hdr
 			                                 .begin = ch->begin,
 			                                 .end = ch->end,
 			                                 .xxh3 = ch->xxh3,
+			                                 .good = &good[g++],
 			                                 .tensor = m->tensors[i].name};
 		}
 	return 0;
@@ -755,7 +802,7 @@ static void verify_run(struct work *w)
 	struct agent *a = v->a;
 	struct manifest *m = NULL;
 	char err[IPC_ERRLEN], **hdr = NULL;
-	bool *whole = NULL;
+	bool *whole = NULL, *good = NULL;
 	size_t n = 0;
 	struct reader r;
 	struct cat_entry *e;
@@ -773,9 +820,10 @@ static void verify_run(struct work *w)
 			n += m->tensors[i].nchunks;
 		hdr = calloc(m->nranks, sizeof(*hdr));
 		whole = calloc(m->nranks ? m->nranks : 1, sizeof(*whole));
+		good = calloc(n ? n : 1, sizeof(*good));
 	}
 	if (reader_init(&r, a, v->job, v->step, n + (m ? m->nranks : 0)) ||
-	    (m && (!hdr || !whole))) {
+	    (m && (!hdr || !whole || !good))) {
 		rpc_fail(v->call, -ENOMEM, "verify: out of memory");
 		goto out;
 	}
@@ -783,16 +831,19 @@ static void verify_run(struct work *w)
 	r.store = v->store;
 	if (!m)
 		reader_problem(&r, -EBADMSG, "%s", err);
-	else if (verify_extents(&r, m, hdr, whole) || reader_run(&r, m, 2))
+	else if (verify_extents(&r, m, hdr, whole, good) || reader_run(&r, m, 2))
 		reader_problem(&r, -ENOMEM, "verify: out of memory or interrupted");
-	else
+	else {
 		check_headers(&r, m, hdr, whole);
+		check_copies(&r, m, good);
+	}
 	verify_reply(v, &r, m);
 out:
 	for (size_t k = 0; hdr && k < m->nranks; k++)
 		free(hdr[k]);
 	free(hdr);
 	free(whole);
+	free(good);
 	manifest_free(m);
 	reader_free(&r);
 	pthread_mutex_lock(&a->mu);

@@ -72,6 +72,7 @@ struct extent {
 	bool *whole; /* set once every byte of it is in dst (verify's headers) */
 	/* restore into another split: the overlap's runs into dst; NULL: the bytes as they are */
 	struct box_copy *box;
+	bool *good; /* set once all its bytes were read and their checksum matched (verify) */
 	const char *tensor;
 };
 

@@ -207,6 +207,8 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 			r->bad_rank = e->rank; /* this chunk alone: the rest of its file is good */
 			r->bad_begin = e->begin;
 		}
+		if (!e->nosum && sum == e->xxh3 && e->good)
+			*e->good = true;
 		if (!e->nosum && sum != e->xxh3)
 			reader_problem(
 			    r, -EBADMSG,
@@ -342,6 +344,9 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 	for (i = 0; i < r->n; i++) {
 		if (r->ext[i].end > r->ext[i].begin)
 			r->ext[kept++] = r->ext[i];
+		else if (!r->ext[i].nosum && r->ext[i].xxh3 == XXH3_64bits(NULL, 0) &&
+		         r->ext[i].good)
+			*r->ext[i].good = true;
 		else if (!r->ext[i].nosum && r->ext[i].xxh3 != XXH3_64bits(NULL, 0))
 			reader_problem(r, -EBADMSG,
 			               "tensor '%s' (rank %d): empty, but its checksum in the "

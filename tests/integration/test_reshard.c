@@ -16,7 +16,8 @@
  *     of it from both; a plan the newest step does not cover is -EINVAL,
  *     never an older step restored instead (even with fallback)
  *   - the bias's chunk corrupt in rank 1's file: rank 1 restores it from
- *     another rank's copy (in world 4 and world 2) and the log says so; w0's
+ *     another rank's copy (in world 4 and world 2) and the log says so;
+ *     verify names the bad copy and the 3 good ones; w0's
  *     corrupt there too (no other copy): rank 1's restore fails naming it
  */
 #include <errno.h>
@@ -225,7 +226,7 @@ static uint64_t chunk_at(const struct agent_proc *a, const char *job, const char
 START_TEST(other_copy_of_a_replica)
 {
 	struct agent_proc a;
-	char path[512];
+	char path[512], out[16384];
 
 	h_agent_start(&a, NULL);
 	run_world(&a, "cp", 4, "save", NULL);
@@ -235,6 +236,11 @@ START_TEST(other_copy_of_a_replica)
 	ck_assert_msg(h_log_has(&a, "restore of job cp rank 1: step 5: tensor 'bias'") &&
 	                  h_log_has(&a, "restored from other copies"),
 	              "the log does not say rank 1's bias came from another copy (%s)", a.log);
+	/* verify: the file is corrupt, and the box has 3 good copies of 4 */
+	ck_assert_int_ne(h_ctl(&a, out, sizeof(out), "verify cp 5"), 0);
+	ck_assert_msg(strstr(out, "tensor 'bias', box [7] at [0]: rank 1's copy is bad; 3 of its 4 "
+	                          "copies are good (a restore reads one of them)"),
+	              "%s", out);
 	/* the same restored into world 2: rank 0 assembles rows 0..11 of w0, bias from rank 0 */
 	run_world(&a, "cp", 2, "restore", NULL);
 	h_flip_byte(path, chunk_at(&a, "cp", "w0", 1) + 3);
