@@ -9,6 +9,8 @@
  *     rank saved one
  *   - world 1 restores w0 and w1 unsplit (declared without a global shape)
  *   - a rank asking for w1 alone gets it
+ *   - the same across two agents on one shared root (each rank's boxes from
+ *     files the other node wrote)
  *   - a dtype or a global shape that differs, a tensor the checkpoint lacks,
  *     a box the checkpoint covers only in part: refused, naming the tensor
  *     (and the box)
@@ -160,9 +162,12 @@ out:
 	return 0;
 }
 
-/* Ranks [from, to) of a job of world ranks, each this program again; every one must exit 0. */
-static void run_ranks(const struct agent_proc *a, const char *job, int world, int from, int to,
-                      const char *mode, const char *expect)
+/*
+ * Ranks [from, to) of a job of world ranks, each this program again, rank r
+ * through agent a[r % na]; every one must exit 0.
+ */
+static void run_on(const struct agent_proc *a, int na, const char *job, int world, int from, int to,
+                   const char *mode, const char *expect)
 {
 	pid_t pid[8];
 
@@ -174,8 +179,8 @@ static void run_ranks(const struct agent_proc *a, const char *job, int world, in
 		pid[r] = fork();
 		ck_assert_int_ge(pid[r], 0);
 		if (pid[r] == 0) {
-			execl("/proc/self/exe", "test_reshard", "--rank", a->endpoint, job, rank, w,
-			      mode, expect ? expect : "", (char *)NULL);
+			execl("/proc/self/exe", "test_reshard", "--rank", a[r % na].endpoint, job,
+			      rank, w, mode, expect ? expect : "", (char *)NULL);
 			_exit(127);
 		}
 	}
@@ -189,10 +194,16 @@ static void run_ranks(const struct agent_proc *a, const char *job, int world, in
 	}
 }
 
+static void run_ranks(const struct agent_proc *a, const char *job, int world, int from, int to,
+                      const char *mode, const char *expect)
+{
+	run_on(a, 1, job, world, from, to, mode, expect);
+}
+
 static void run_world(const struct agent_proc *a, const char *job, int world, const char *mode,
                       const char *expect)
 {
-	run_ranks(a, job, world, 0, world, mode, expect);
+	run_on(a, 1, job, world, 0, world, mode, expect);
 }
 
 /* The first byte of rank's chunk of tensor in step 5 of job, from show --json. */
@@ -414,6 +425,32 @@ START_TEST(uncovered_does_not_fall_back)
 }
 END_TEST
 
+/*
+ * Two agents on one shared root: world 4 saved with ranks on both, then
+ * restored as world 2 and world 8 with ranks on both, each assembling its
+ * boxes from files the other node wrote.
+ */
+START_TEST(across_nodes)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+	struct agent_proc a[2];
+	char dir[256], root[300], cmd[400];
+
+	snprintf(dir, sizeof(dir), "%s/ckrs.XXXXXX", tmp);
+	ck_assert(mkdtemp(dir));
+	snprintf(root, sizeof(root), "%s/shared", dir);
+	h_agent_start_node(&a[0], root, "n0", NULL);
+	h_agent_start_node(&a[1], root, "n1", NULL);
+	run_on(a, 2, "xn", 4, 0, 4, "save", NULL);
+	run_on(a, 2, "xn", 2, 0, 2, "restore", NULL);
+	run_on(a, 2, "xn", 8, 0, 8, "restore", NULL);
+	for (int i = 0; i < 2; i++)
+		h_agent_cleanup(&a[i]);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -431,6 +468,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, other_copy_of_a_replica);
 	tcase_add_test(tc, own_part_and_another_copy);
 	tcase_add_test(tc, uncovered_does_not_fall_back);
+	tcase_add_test(tc, across_nodes);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
