@@ -45,6 +45,22 @@ int safecopy_init(char *err)
 	return 0;
 }
 
+int safe_run(void (*fn)(void *), void *arg)
+{
+	sigjmp_buf env;
+
+	if (sigsetjmp(env, 1)) {
+		guard = NULL;
+		return -EFAULT;
+	}
+	guard = &env;
+	__asm__ volatile("" ::: "memory");
+	fn(arg);
+	__asm__ volatile("" ::: "memory");
+	guard = NULL;
+	return 0;
+}
+
 int safe_copy(void *dst, const void *src, size_t n)
 {
 	sigjmp_buf env;

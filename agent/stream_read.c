@@ -119,6 +119,16 @@ static void window_done(struct io_req *q)
 	pthread_mutex_unlock(&w->r->mu);
 }
 
+/* A copy into the trainer's host memory faulted: said once. */
+static void host_fault(struct reader *r, const struct extent *e)
+{
+	r->copy_err = -EFAULT;
+	reader_problem(r, -EFAULT,
+	               "tensor '%s': the trainer's host memory faulted under the copy (SIGBUS): "
+	               "its region was taken away",
+	               e->tensor);
+}
+
 /* n bytes from a window into the trainer's memory at dst (GPU: on the plan's lane). */
 static void copy_out(struct reader *r, const struct extent *e, char *dst, const char *src,
                      uint64_t n)
@@ -135,44 +145,81 @@ static void copy_out(struct reader *r, const struct extent *e, char *dst, const 
 			reader_problem(r, rc, "tensor '%s': %s", e->tensor, why);
 		}
 	} else if (copier_run(r->a->copier, copy_part, src, 0, dst, n, 1u << 20)) {
-		r->copy_err = -EFAULT;
-		reader_problem(r, -EFAULT,
-		               "tensor '%s': the trainer's host memory faulted under the "
-		               "copy (SIGBUS): "
-		               "its region was taken away",
-		               e->tensor);
+		host_fault(r, e);
 	}
+}
+
+/* A window's part of an extent restored into another split: its runs, and where they go. */
+struct runs {
+	struct reader *r;
+	struct extent *e;
+	const char *src; /* the extent's bytes [rel, rel + n) */
+	uint64_t rel, n;
+	void (*part)(struct runs *w, char *dst, const char *src, uint64_t n);
+};
+
+/*
+ * Each run of the overlap (or its part) in the window's bytes, in order, to
+ * w->part (e->box->next: the first run not yet wholly copied; the windows
+ * come in file order).
+ */
+static void walk_runs(void *arg)
+{
+	struct runs *w = arg;
+	struct box_copy *bc = w->e->box;
+	const uint64_t end = w->rel + w->n;
+
+	for (; bc->next < bc->nruns; bc->next++) {
+		uint64_t s, d, lo, hi;
+
+		box_copy_run(bc, bc->next, &s, &d);
+		if (s >= end)
+			return;
+		lo = s > w->rel ? s : w->rel;
+		hi = s + bc->run < end ? s + bc->run : end;
+		if (hi > lo)
+			w->part(w, w->e->dst + d + (lo - s), w->src + (lo - w->rel), hi - lo);
+		if (s + bc->run > end)
+			return; /* the run goes on in the next window */
+	}
+}
+
+static void part_out(struct runs *w, char *dst, const char *src, uint64_t n)
+{
+	copy_out(w->r, w->e, dst, src, n);
+}
+
+static void part_memcpy(struct runs *w, char *dst, const char *src, uint64_t n)
+{
+	(void)w;
+	memcpy(dst, src, n);
 }
 
 /*
  * The extent's bytes [rel, rel + n) (from its start), at src: as they are,
  * or, restoring into another split, the parts of them in the overlap's
- * runs, each to its place (e->box->next: the first run not yet wholly
- * copied; the windows come in file order).
+ * runs, each to its place. Runs under 1 MiB into host memory are copied
+ * under one fault guard for the window (one per run costs a system call
+ * each: a column split has a run per row); larger ones, and GPU memory,
+ * one by one through the copier or the lane.
  */
 static void deliver(struct reader *r, struct extent *e, const char *src, uint64_t rel, uint64_t n)
 {
-	struct box_copy *bc = e->box;
+	struct runs w = {r, e, src, rel, n, part_out};
 
 	if (!e->dst)
 		return;
-	if (!bc) {
+	if (!e->box) {
 		copy_out(r, e, e->dst + rel, src, n);
 		return;
 	}
-	for (; bc->next < bc->nruns; bc->next++) {
-		uint64_t s, d, lo, hi;
-
-		box_copy_run(bc, bc->next, &s, &d);
-		if (s >= rel + n)
-			return;
-		lo = s > rel ? s : rel;
-		hi = s + bc->run < rel + n ? s + bc->run : rel + n;
-		if (hi > lo)
-			copy_out(r, e, e->dst + d + (lo - s), src + (lo - rel), hi - lo);
-		if (s + bc->run > rel + n)
-			return; /* the run goes on in the next window */
+	if (e->device || e->box->run >= (1u << 20)) {
+		walk_runs(&w);
+		return;
 	}
+	w.part = part_memcpy;
+	if (!r->copy_err && safe_run(walk_runs, &w))
+		host_fault(r, e);
 }
 
 /*
