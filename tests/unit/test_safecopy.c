@@ -49,6 +49,40 @@ START_TEST(fault_is_an_error)
 }
 END_TEST
 
+/* Many small copies under one guard (safe_run): the one that faults ends them all. */
+struct copies {
+	char *dst;
+	const char *src;
+	int done;
+};
+
+static void eight_copies(void *arg)
+{
+	struct copies *c = arg;
+
+	for (int i = 0; i < 8; i++, c->done++)
+		memcpy(c->dst + i * 4096, c->src + i * 100, 100);
+}
+
+START_TEST(guarded_run_fault_is_an_error)
+{
+	char err[IPC_ERRLEN], *buf = malloc(1 << 16), *m;
+	struct copies c = {buf + 1024, buf, 0};
+
+	ck_assert_int_eq(safecopy_init(err), 0);
+	memset(buf, 3, 1024);
+	ck_assert_int_eq(safe_run(eight_copies, &c), 0);
+	ck_assert_int_eq(c.done, 8);
+	ck_assert_int_eq(buf[1024 + 7 * 4096 + 99], 3);
+	m = shrunk_mapping(1 << 16);
+	c = (struct copies){m, buf, 0};
+	ck_assert_int_eq(safe_run(eight_copies, &c), -EFAULT);
+	ck_assert_int_eq(c.done, 0);
+	munmap(m, 1 << 16);
+	free(buf);
+}
+END_TEST
+
 START_TEST(unguarded_fault_still_kills)
 {
 	char err[IPC_ERRLEN];
@@ -82,6 +116,7 @@ int main(void)
 	int failed;
 
 	tcase_add_test(tc, fault_is_an_error);
+	tcase_add_test(tc, guarded_run_fault_is_an_error);
 	tcase_add_test(tc, unguarded_fault_still_kills);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
