@@ -382,6 +382,26 @@ static int plans_snapshot(struct agent *a, const char *job, const char *run,
 	return 0;
 }
 
+/*
+ * Whether another node has published plans for job (a listing: discovery
+ * only, for a warning). False when the listing fails.
+ */
+static bool other_nodes(struct agent *a, const char *job)
+{
+	char **names = NULL, err[IPC_ERRLEN];
+	size_t n = 0;
+	bool other = false;
+
+	if (store_list_nodes(a->store, job, &names, &n, err))
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		other = other || strcmp(names[i], a->cfg.node) != 0;
+		free(names[i]);
+	}
+	free(names);
+	return other;
+}
+
 /* Commit thread: the plans file of (job, run), written if it changed. */
 static int publish(struct agent *a, const char *job, const char *run, char *err)
 {
@@ -401,8 +421,12 @@ static int publish(struct agent *a, const char *job, const char *run, char *err)
 		log_msg(LOG_INFO,
 		        "job %s: plans of node %s published (run %s, %zu ranks, digest %s)", job,
 		        a->cfg.node, run, f->nranks, f->digest);
-	/* The default run on many nodes: a restart under it fences nothing out. */
-	if (!rc && written && strcmp(run, IPC_DEFAULT_RUN) == 0 && f->nranks < (size_t)f->world)
+	/*
+	 * The default run on many nodes: a restart under it fences nothing out.
+	 * (Fewer ranks than the world alone may be ranks still arriving here.)
+	 */
+	if (!rc && written && strcmp(run, IPC_DEFAULT_RUN) == 0 && f->nranks < (size_t)f->world &&
+	    other_nodes(a, job))
 		log_msg(LOG_WARNING,
 		        "job %s spans several nodes under the default run '%s': parts of a "
 		        "restarted job's dead incarnation could join its checkpoints; give each "

@@ -299,6 +299,8 @@ START_TEST(other_worlds_and_splits)
 	run_world(&a, "rs", 2, "fail:dtype", "tensor 'w0'");
 	run_world(&a, "rs", 2, "fail:gshape", "tensor 'w0'");
 	run_world(&a, "rs", 2, "fail:missing", "'w9' is not in the checkpoint");
+	/* one node: its ranks arriving one by one are no job spanning several nodes */
+	ck_assert_msg(!h_log_has(&a, "spans several nodes"), "a many-nodes warning on one node");
 	h_agent_cleanup(&a);
 }
 END_TEST
