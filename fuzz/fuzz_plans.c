@@ -2,12 +2,49 @@
  * fuzz_plans: storage/plans.c's parser, plans_from_json, on the plans files
  * other nodes write to <root>/<job>/plans/<node>.json. What it accepts must
  * give each rank's tensors a signature (the agent compares it with the
- * parts'), write back (plans_to_json) and read back the same.
+ * parts'), write back (plans_to_json) and read back the same; and its
+ * ranks go through the dedup assignment (layout/assign.c), which must
+ * write every byte of every box (once with one copy) and nothing beyond a
+ * tensor's rows.
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "assign.h"
 #include "format.h"
 #include "fuzz.h"
+
+static void assigned(const struct plans_file *f, unsigned copies)
+{
+	struct assign_input *in = calloc(f->nranks ? f->nranks : 1, sizeof(*in));
+	struct assignment *a = NULL;
+	char err[IPC_ERRLEN];
+
+	FUZZ_CHECK(in != NULL, "out of memory");
+	for (size_t i = 0; i < f->nranks; i++)
+		in[i] = (struct assign_input){f->node, &f->ranks[i]};
+	if (assign_compute(in, f->nranks, copies, &a, err) == 0) {
+		FUZZ_CHECK(copies != 1 || a->written_bytes == a->unique_bytes,
+		           "one copy: %llu bytes written for %llu unique",
+		           (unsigned long long)a->written_bytes,
+		           (unsigned long long)a->unique_bytes);
+		FUZZ_CHECK(a->written_bytes >= a->unique_bytes, "a box not written");
+		for (size_t i = 0; i < a->nranks; i++)
+			for (size_t t = 0; t < a->r[i].ntensors; t++) {
+				const struct assign_piece *p = &a->r[i].piece[t];
+				const struct manifest_tensor *mt = &f->ranks[i].tensors[t];
+				int64_t rows = mt->ndim ? mt->chunks[0].shape[0] : 1;
+
+				FUZZ_CHECK(!p->writes || (p->row0 >= 0 && p->rows >= 0 &&
+				                          p->row0 + p->rows <= rows),
+				           "rank %d tensor '%s': rows %lld+%lld of %lld",
+				           a->r[i].rank, mt->name, (long long)p->row0,
+				           (long long)p->rows, (long long)rows);
+			}
+		assign_free(a);
+	}
+	free(in);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -21,6 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	for (size_t i = 0; i < f->nranks; i++)
 		(void)tensors_signature(f->ranks[i].tensors, f->ranks[i].ntensors, &sig);
+	assigned(f, 1);
+	assigned(f, 2);
 	rc = plans_to_json(f, &text, &len, err);
 	FUZZ_CHECK(rc == 0, "accepted, yet it cannot be written back: %s", err);
 	rc = plans_from_json(text, len, &f2, err);
