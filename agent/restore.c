@@ -2,7 +2,9 @@
  * Restore and verify: shard files back through the staging pool.
  *
  * Both build a list of extents (a tensor's bytes in a rank's file, where they
- * go, and the checksum the manifest promises) and run the reader
+ * go, and the checksum the manifest promises: a restore's come from
+ * restore_map.c, which assembles a tensor of another layout from the saved
+ * chunks that overlap it) and run the reader
  * (stream_read.c, its state table): aligned windows of the files are read
  * through the I/O thread into staging chunks, several in flight, and
  * processed in order, each tensor's XXH3 computed as its bytes pass. Restore
@@ -39,244 +41,7 @@ struct restore {
 	size_t nskipped;
 };
 
-static void shape_text(const int64_t *v, size_t n, char *buf, size_t len)
-{
-	size_t o = (size_t)snprintf(buf, len, "[");
-
-	for (size_t i = 0; i < n && o < len; i++)
-		o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)v[i]);
-	if (o < len)
-		snprintf(buf + o, len - o, "]");
-}
-
-/* A chunk that failed a restore (its rank's file, its first byte; UINT64_MAX: the whole file). */
-struct bad_chunk {
-	int rank;
-	uint64_t begin;
-};
-
 #define MAX_RETRIES 16 /* reads again from other copies, at most */
-
-static bool is_bad(const struct bad_chunk *b, size_t n, const struct manifest_chunk *c)
-{
-	for (size_t i = 0; i < n; i++)
-		if (b[i].rank == c->rank && (b[i].begin == UINT64_MAX || b[i].begin == c->begin))
-			return true;
-	return false;
-}
-
-/* The extents being built for one restore: the reader's, grown as needed. */
-struct extents {
-	struct reader *r;
-	size_t cap;
-	struct box_copy **box; /* what the extents' runs point to, freed after the read */
-	size_t nbox;
-	/* chunks that failed, left out: read the other copies of their boxes */
-	const struct bad_chunk *bad;
-	size_t nbad;
-};
-
-static int ext_add(struct extents *x, const struct extent *e, const struct box_copy *bc)
-{
-	struct reader *r = x->r;
-
-	if (r->n == x->cap) {
-		size_t cap = x->cap * 2 + 8;
-		struct extent *v = realloc(r->ext, cap * sizeof(*v));
-		struct box_copy **b = realloc(x->box, cap * sizeof(*b));
-
-		if (v)
-			r->ext = v;
-		if (b)
-			x->box = b;
-		if (!v || !b)
-			return -ENOMEM;
-		x->cap = cap;
-	}
-	r->ext[r->n] = *e;
-	if (bc) {
-		if (!(x->box[x->nbox] = malloc(sizeof(*bc))))
-			return -ENOMEM;
-		*x->box[x->nbox] = *bc;
-		r->ext[r->n].box = x->box[x->nbox++];
-	}
-	r->n++;
-	return 0;
-}
-
-/* Saved chunk c read whole for the plan's tensor i: as it is, or its overlap's runs (bc). */
-static int add_chunk(struct extents *x, const struct plan *p, size_t i,
-                     const struct manifest_chunk *c, const struct box_copy *bc)
-{
-	const struct plan_tensor *t = &p->t[i];
-
-	return ext_add(x,
-	               &(struct extent){.rank = c->rank,
-	                                .begin = c->begin,
-	                                .end = c->end,
-	                                .dst = t->dptr ? t->dptr : plan_tensor_addr(p, i),
-	                                .device = t->dptr != NULL,
-	                                .xxh3 = c->xxh3,
-	                                .tensor = t->name},
-	               bc);
-}
-
-/* Boxes of a tensor not yet covered by the chunks taken (assemble). */
-struct uncovered {
-	size_t n, cap;
-	int64_t (*off)[IPC_MAX_NDIM], (*shape)[IPC_MAX_NDIM];
-};
-
-static int unc_push(struct uncovered *u, size_t nd, const int64_t *off, const int64_t *shape)
-{
-	if (u->n == u->cap) {
-		size_t cap = u->cap * 2 + 8;
-		int64_t(*o)[IPC_MAX_NDIM] = realloc(u->off, cap * sizeof(*o));
-		int64_t(*s)[IPC_MAX_NDIM] = o ? realloc(u->shape, cap * sizeof(*s)) : NULL;
-
-		if (o)
-			u->off = o;
-		if (s)
-			u->shape = s;
-		if (!o || !s)
-			return -ENOMEM;
-		u->cap = cap;
-	}
-	memcpy(u->off[u->n], off, nd * sizeof(*off));
-	memcpy(u->shape[u->n], shape, nd * sizeof(*shape));
-	u->n++;
-	return 0;
-}
-
-/* The uncovered boxes less box (off, shape); whether it covered any of them. */
-static int unc_cut(struct uncovered *u, size_t nd, const int64_t *off, const int64_t *shape,
-                   bool *useful)
-{
-	int64_t io[IPC_MAX_NDIM], is[IPC_MAX_NDIM];
-	int64_t ro[2 * IPC_MAX_NDIM][IPC_MAX_NDIM], rs[2 * IPC_MAX_NDIM][IPC_MAX_NDIM];
-	size_t n = u->n;
-	int rc = 0;
-
-	*useful = false;
-	for (size_t k = 0; k < n && !rc;) {
-		size_t m;
-
-		if (!box_intersect(nd, u->off[k], u->shape[k], off, shape, io, is)) {
-			k++;
-			continue;
-		}
-		*useful = true;
-		m = box_subtract(nd, u->off[k], u->shape[k], io, is, ro, rs);
-		/* box k goes: the last of the old ones takes its place, the rest comes after */
-		memcpy(u->off[k], u->off[n - 1], sizeof(u->off[k]));
-		memcpy(u->shape[k], u->shape[n - 1], sizeof(u->shape[k]));
-		memmove(u->off[n - 1], u->off[n], (u->n - n) * sizeof(*u->off));
-		memmove(u->shape[n - 1], u->shape[n], (u->n - n) * sizeof(*u->shape));
-		u->n--;
-		n--;
-		for (size_t j = 0; j < m && !rc; j++)
-			rc = unc_push(u, nd, ro[j], rs[j]);
-	}
-	return rc;
-}
-
-/*
- * The plan's tensor i from the saved chunks that overlap its box, each
- * read whole (its checksum is checked) and its overlap copied into place:
- * another world size, another split, or a tensor the rank did not save.
- * Which chunks: this rank's own first, then one holding the whole box, then
- * any that covers what is still missing; replicas are tried from this
- * rank's position in the manifest's order, so ranks restoring together
- * spread over the copies. The box must be covered whole (-EINVAL: the plan
- * does not match the checkpoint).
- */
-static int assemble(const struct plan *p, size_t i, const struct manifest_tensor *mt,
-                    const int64_t *off, struct extents *x, char *err)
-{
-	const struct plan_tensor *t = &p->t[i];
-	const size_t nd = t->ndim, nc = mt->nchunks;
-	bool *taken = calloc(nc ? nc : 1, sizeof(*taken));
-	struct uncovered u = {0};
-	uint64_t want = box_volume(nd, t->shape), left = 0;
-	char box[256], at[256];
-	int rc = taken ? unc_push(&u, nd, off, t->shape) : -ENOMEM;
-
-	for (int pass = 0; pass < 3 && !rc && u.n; pass++)
-		for (size_t n = 0; n < nc && !rc && u.n; n++) {
-			size_t j = (n + (size_t)p->rank) % nc;
-			const struct manifest_chunk *c = &mt->chunks[j];
-			int64_t oo[IPC_MAX_NDIM], os[IPC_MAX_NDIM];
-			struct box_copy bc;
-			bool useful;
-
-			if (taken[j] || (pass == 0 && c->rank != p->rank) ||
-			    (pass == 1 &&
-			     !box_contains(nd, c->global_offset, c->shape, off, t->shape)) ||
-			    is_bad(x->bad, x->nbad, c) ||
-			    !box_intersect(nd, c->global_offset, c->shape, off, t->shape, oo, os))
-				continue;
-			if ((rc = unc_cut(&u, nd, oo, os, &useful)) || !useful)
-				continue; /* out of memory, or all of it held already */
-			taken[j] = true;
-			/* the whole overlap, though part may be held already: the same bytes */
-			box_copy_init(&bc, nd, ipc_dtype_size(t->dtype), c->global_offset, c->shape,
-			              off, t->shape, oo, os);
-			rc = add_chunk(x, p, i, c, &bc);
-		}
-	for (size_t k = 0; k < u.n; k++)
-		left += box_volume(nd, u.shape[k]);
-	free(u.off);
-	free(u.shape);
-	free(taken);
-	if (rc)
-		return ipc_errf(err, rc, "out of memory");
-	if (left) {
-		shape_text(t->shape, nd, box, sizeof(box));
-		shape_text(off, nd, at, sizeof(at));
-		return ipc_errf(
-		    err, -EINVAL,
-		    "tensor '%s': the checkpoint holds %llu of the %llu elements of this "
-		    "rank's box %s at %s",
-		    t->name, (unsigned long long)(want - left), (unsigned long long)want, box, at);
-	}
-	return 0;
-}
-
-/*
- * The plan's tensor i against the manifest: its own chunk, the bytes as
- * they are, where the checkpoint has it (the same rank, offset and shape);
- * else assembled from the chunks that overlap it.
- */
-static int match_tensor(const struct plan *p, size_t i, const struct manifest *m, struct extents *x,
-                        char *err)
-{
-	const struct plan_tensor *t = &p->t[i];
-	const struct manifest_tensor *mt = manifest_find(m, t->name);
-	const int64_t zero[IPC_MAX_NDIM] = {0}, *off = t->sharded ? t->global_offset : zero;
-	char want[256], have[256];
-	int rc;
-
-	if (!mt)
-		return ipc_errf(err, -EINVAL, "tensor '%s' is not in the checkpoint", t->name);
-	shape_text(t->global_shape, t->ndim, want, sizeof(want));
-	shape_text(mt->global_shape, mt->ndim, have, sizeof(have));
-	if (mt->dtype != t->dtype || mt->ndim != t->ndim ||
-	    memcmp(mt->global_shape, t->global_shape, t->ndim * sizeof(int64_t)))
-		return ipc_errf(err, -EINVAL,
-		                "tensor '%s': the checkpoint has %s %s, the plan %s %s", t->name,
-		                ipc_dtype_name(mt->dtype), have, ipc_dtype_name(t->dtype), want);
-	for (size_t j = 0; j < mt->nchunks; j++) {
-		const struct manifest_chunk *ch = &mt->chunks[j];
-
-		if (ch->rank != p->rank || is_bad(x->bad, x->nbad, ch) ||
-		    memcmp(ch->shape, t->shape, t->ndim * sizeof(int64_t)) ||
-		    memcmp(ch->global_offset, off, t->ndim * sizeof(int64_t)))
-			continue;
-		rc = add_chunk(x, p, i, ch, NULL);
-		return rc ? ipc_errf(err, rc, "out of memory") : 0;
-	}
-	return assemble(p, i, mt, off, x, err);
-}
 
 /* A note for the reply and the log: what the root said, and that the tier restored. */
 static void note(struct restore *rs, const char *text)
@@ -301,7 +66,6 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 {
 	const struct plan *p = rs->plan;
 	struct reader r;
-	struct extents x;
 	int rc;
 
 	*failed = (struct bad_chunk){-1, 0};
@@ -311,15 +75,7 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 	r.lane = p->gpu ? p->gpu->lane : NULL;
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
-	x = (struct extents){&r,  p->n ? p->n : 1, calloc(p->n ? p->n : 1, sizeof(*x.box)), 0, bad,
-	                     nbad};
-	if (!x.box) {
-		reader_free(&r);
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	}
-	/* another world size or split: each box assembled from the saved ones */
-	for (size_t i = 0; i < p->n && !rc; i++)
-		rc = match_tensor(p, i, m, &x, err);
+	rc = restore_map(&r, p, m, bad, nbad, err);
 	if (!rc)
 		rc = reader_run(&r, m, READ_AHEAD);
 	if (!rc && r.err) {
@@ -327,9 +83,6 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 		*failed = (struct bad_chunk){r.bad_rank, r.bad_begin};
 	}
 	reader_free(&r);
-	for (size_t i = 0; i < x.nbox; i++)
-		free(x.box[i]);
-	free(x.box);
 	return rc;
 }
 

@@ -100,6 +100,8 @@ struct reader {
 	atomic_bool abort;
 	struct gpu_lane *lane; /* a CUDA plan's: copies to GPU memory go there */
 	int copy_err; /* the first failed copy to the GPU */
+	struct box_copy **boxes; /* the extents' runs (restore_map.c), freed with the reader */
+	size_t nboxes;
 	/* the file being read */
 	struct storage_shard *sh;
 	uint64_t size;
@@ -119,6 +121,25 @@ void reader_free(struct reader *r);
 /* A problem, named (at most 100 kept); a restore (not collect) stops at the first. */
 void reader_problem(struct reader *r, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- which saved chunks serve a plan's tensors (restore_map.c) --------- */
+
+/* A chunk that failed a restore: its rank's file, its first byte (UINT64_MAX: the whole file). */
+struct bad_chunk {
+	int rank;
+	uint64_t begin;
+};
+
+/*
+ * r's extents for every tensor of plan p from manifest m, leaving out the
+ * chunks bad[0, nbad): a tensor's own saved chunk as it is, else assembled
+ * from the saved chunks that overlap its box. 0, -EINVAL (the plan does
+ * not match the checkpoint: the tensor and box named in err) or -ENOMEM.
+ */
+int restore_map(struct reader *r, const struct plan *p, const struct manifest *m,
+                const struct bad_chunk *bad, size_t nbad, char *err);
+/* A shape or an offset as "[a,b,c]". */
+void shape_text(const int64_t *v, size_t n, char *buf, size_t len);
 
 /* ---- save.c, for the pipeline ----------------------------------------- */
 

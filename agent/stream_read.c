@@ -89,6 +89,9 @@ void reader_free(struct reader *r)
 		free(r->problems[i]);
 	free(r->problems);
 	free(r->ext);
+	for (size_t i = 0; i < r->nboxes; i++)
+		free(r->boxes[i]);
+	free(r->boxes);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 }
