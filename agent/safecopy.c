@@ -1,7 +1,8 @@
 /*
- * safe_copy: memcpy under a per-thread jump buffer; the SIGBUS handler jumps
- * back when the fault happened inside one (see safecopy.h for why). Any
- * thread that copies trainer memory: capture workers, copy helpers.
+ * safe_run: a function (safe_copy: a memcpy) under a per-thread jump buffer;
+ * the SIGBUS handler jumps back when the fault happened inside one (see
+ * safecopy.h for why). Any thread that copies trainer memory: capture
+ * workers, copy helpers, restores.
  *
  * The jump leaves memcpy half way: it holds no lock and no state, so nothing
  * is left inconsistent. A SIGBUS outside a guarded copy is a bug of ours:
@@ -17,7 +18,7 @@
 #include "safecopy.h"
 
 /*
- * volatile, and barriers around the copy: memcpy is a builtin the compiler
+ * volatile, and barriers around the call: memcpy is a builtin the compiler
  * knows does not read `guard`, so it would otherwise drop the store before it.
  */
 static __thread sigjmp_buf *volatile guard;
@@ -61,18 +62,22 @@ int safe_run(void (*fn)(void *), void *arg)
 	return 0;
 }
 
+struct copy {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+static void copy(void *arg)
+{
+	struct copy *c = arg;
+
+	memcpy(c->dst, c->src, c->n);
+}
+
 int safe_copy(void *dst, const void *src, size_t n)
 {
-	sigjmp_buf env;
+	struct copy c = {dst, src, n};
 
-	if (sigsetjmp(env, 1)) {
-		guard = NULL;
-		return -EFAULT;
-	}
-	guard = &env;
-	__asm__ volatile("" ::: "memory");
-	memcpy(dst, src, n);
-	__asm__ volatile("" ::: "memory");
-	guard = NULL;
-	return 0;
+	return safe_run(copy, &c);
 }
