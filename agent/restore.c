@@ -18,6 +18,7 @@
  * root on the maint thread first. Bytes read back are input like any other:
  * sizes, headers and checksums are all checked against the manifest.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,8 +74,10 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 	r.q = rs->a->capture;
 	r.store = store;
 	r.lane = p->gpu ? p->gpu->lane : NULL;
-	if (rc)
+	if (rc) {
+		reader_free(&r);
 		return ipc_errf(err, rc, "out of memory");
+	}
 	rc = restore_map(&r, p, m, bad, nbad, err);
 	if (!rc)
 		rc = reader_run(&r, m, READ_AHEAD);
@@ -87,21 +90,43 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 }
 
 /*
+ * Whether a failed read is worth another, without the chunk or file that
+ * failed: corrupt or missing, yes; an I/O error once (a bad sector, where
+ * the storage itself may be down: each further try would wait out its
+ * retries again); a fault of the trainer's memory, out of memory, no.
+ */
+static bool worth_another_copy(int rc, struct bad_chunk failed, bool *eio)
+{
+	if (failed.rank < 0)
+		return false;
+	if (rc == -EIO) {
+		if (*eio)
+			return false;
+		*eio = true;
+		return true;
+	}
+	return rc == -EBADMSG || rc == -ENOENT;
+}
+
+/*
  * The plan's tensors from one step of one storage. A chunk whose checksum
  * does not match, or a rank's file that cannot be read, is left out and the
  * read done again from the other copies of its boxes (replicas that saved
  * the same box), while some are left (MAX_RETRIES times at most); a restore
- * that needed them says so (the reply's notes, the log).
+ * that needed them says so (the reply's notes, the log). When none is
+ * left, the answer is the failure of the last chunk left out (what cannot
+ * be read now); any other failure of a later read is its own answer.
  */
 static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
                        char *err)
 {
 	const struct plan *p = rs->plan;
 	struct manifest *m = NULL;
-	char first[IPC_ERRLEN] = "", line[IPC_ERRLEN + 128];
+	char first[IPC_ERRLEN] = "", last[IPC_ERRLEN] = "", line[IPC_ERRLEN + 128];
 	struct bad_chunk bad[MAX_RETRIES], failed;
 	size_t nbad = 0;
-	int rc, first_rc = 0;
+	int rc, last_rc = 0;
+	bool eio = false;
 
 	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
 		pthread_mutex_lock(&p->gpu->capture);
@@ -115,12 +140,12 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	rc = store_read_manifest(store, p->job, step, &m, err);
 	if (rc)
 		goto out;
-	while ((rc = read_all(rs, store, step, m, bad, nbad, &failed, err)) && failed.rank >= 0 &&
-	       nbad < MAX_RETRIES) {
-		if (!nbad) {
+	while ((rc = read_all(rs, store, step, m, bad, nbad, &failed, err)) &&
+	       worth_another_copy(rc, failed, &eio) && nbad < MAX_RETRIES) {
+		if (!nbad)
 			snprintf(first, sizeof(first), "%s", err);
-			first_rc = rc;
-		}
+		snprintf(last, sizeof(last), "%s", err);
+		last_rc = rc;
 		bad[nbad++] = failed;
 		log_msg(LOG_WARNING,
 		        "restore of job %s step %lld rank %d: %s; reading again without %s of rank "
@@ -128,16 +153,10 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 		        p->job, (long long)step, p->rank, err,
 		        failed.begin == UINT64_MAX ? "any" : "that chunk", failed.rank);
 	}
-	if (rc && nbad) {
-		/* the first failure is the answer; the other copies', where there were some */
-		char why[IPC_ERRLEN];
-
-		snprintf(why, sizeof(why), "%s", err);
-		if (rc == -EINVAL) /* no other copy covers it */
-			rc = ipc_errf(err, first_rc, "%s", first);
-		else
-			rc = ipc_errf(err, first_rc, "%s; the other copies: %s", first, why);
-	} else if (nbad) {
+	if (rc == -EINVAL && nbad) {
+		/* no other copy of the last chunk left out: that chunk's failure is the answer */
+		rc = ipc_errf(err, last_rc, "%s", last);
+	} else if (!rc && nbad) {
 		snprintf(line, sizeof(line), "step %lld: %s; restored from other copies",
 		         (long long)step, first);
 		note(rs, line);
@@ -456,37 +475,40 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 	}
 }
 
-/*
- * The boxes several ranks saved (replicas): for each copy that failed, how
- * many of its box's copies are good, so the operator knows whether a
- * restore can still read it (restore.c reads another copy). good: per
- * chunk, tensor by tensor in the manifest's order.
- */
-static void check_copies(struct reader *r, const struct manifest *m, const bool *good)
+/* Chunks of one tensor in the order of their boxes (offset, then shape). */
+static int cmp_box(const void *x, const void *y, void *arg)
+{
+	const struct manifest_tensor *t = arg;
+	const struct manifest_chunk *a = &t->chunks[*(const size_t *)x];
+	const struct manifest_chunk *b = &t->chunks[*(const size_t *)y];
+	int c = memcmp(a->global_offset, b->global_offset, t->ndim * sizeof(int64_t));
+
+	return c ? c : memcmp(a->shape, b->shape, t->ndim * sizeof(int64_t));
+}
+
+/* A tensor's chunks grouped by box (idx: nchunks, sorted); its bad copies named. */
+static void tensor_copies(struct reader *r, const struct manifest_tensor *t, const bool *good,
+                          size_t *idx)
 {
 	char box[256], at[256];
 
-	for (size_t i = 0, base = 0; i < m->ntensors; base += m->tensors[i++].nchunks) {
-		const struct manifest_tensor *t = &m->tensors[i];
+	for (size_t j = 0; j < t->nchunks; j++)
+		idx[j] = j;
+	qsort_r(idx, t->nchunks, sizeof(*idx), cmp_box, (void *)t);
+	for (size_t g = 0, e; g < t->nchunks && r->nproblems < READER_MAX_PROBLEMS; g = e) {
+		unsigned copies = 0, ok = 0;
 
-		for (size_t j = 0; j < t->nchunks; j++) {
-			const struct manifest_chunk *c = &t->chunks[j];
-			unsigned copies = 0, ok = 0;
+		for (e = g; e < t->nchunks && cmp_box(&idx[g], &idx[e], (void *)t) == 0; e++) {
+			copies++;
+			ok += good[idx[e]];
+		}
+		if (copies < 2 || ok == copies)
+			continue; /* its only copy (the problem above says it all), or all good */
+		for (size_t k = g; k < e; k++) {
+			const struct manifest_chunk *c = &t->chunks[idx[k]];
 
-			if (good[base + j])
+			if (good[idx[k]])
 				continue;
-			for (size_t k = 0; k < t->nchunks; k++) {
-				const struct manifest_chunk *o = &t->chunks[k];
-
-				if (memcmp(o->global_offset, c->global_offset,
-				           t->ndim * sizeof(int64_t)) ||
-				    memcmp(o->shape, c->shape, t->ndim * sizeof(int64_t)))
-					continue;
-				copies++;
-				ok += good[base + k];
-			}
-			if (copies < 2)
-				continue; /* its only copy: the problem above says it all */
 			shape_text(c->shape, t->ndim, box, sizeof(box));
 			shape_text(c->global_offset, t->ndim, at, sizeof(at));
 			reader_problem(
@@ -497,6 +519,38 @@ static void check_copies(struct reader *r, const struct manifest *m, const bool 
 			    ok ? " (a restore reads one of them)" : ": none left");
 		}
 	}
+}
+
+/*
+ * The boxes several ranks saved (replicas): for each copy that failed, how
+ * many of its box's copies are good, so the operator knows whether a
+ * restore can still read it (restore.c reads another copy). good: per
+ * chunk, tensor by tensor in the manifest's order. Only tensors with a bad
+ * chunk are sorted; no more than the reader keeps is said.
+ */
+static void check_copies(struct reader *r, const struct manifest *m, const bool *good)
+{
+	size_t *idx = NULL, cap = 0;
+
+	for (size_t i = 0, base = 0; i < m->ntensors; base += m->tensors[i++].nchunks) {
+		const struct manifest_tensor *t = &m->tensors[i];
+		bool any = false;
+
+		for (size_t j = 0; j < t->nchunks && !any; j++)
+			any = !good[base + j];
+		if (!any || r->nproblems >= READER_MAX_PROBLEMS)
+			continue;
+		if (t->nchunks > cap) {
+			size_t *v = realloc(idx, t->nchunks * sizeof(*idx));
+
+			if (!v)
+				break; /* a report the less: the problems are said already */
+			idx = v;
+			cap = t->nchunks;
+		}
+		tensor_copies(r, t, good + base, idx);
+	}
+	free(idx);
 }
 
 /* Each rank's header into hdr[k] (whole[k] once all of it was read), and every chunk. */

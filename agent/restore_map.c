@@ -36,7 +36,7 @@ static bool is_bad(const struct bad_chunk *b, size_t n, const struct manifest_ch
 /* The extents being built for one restore: the reader's, grown as needed. */
 struct extents {
 	struct reader *r;
-	size_t cap;
+	size_t cap; /* of box */
 	struct box_copy **box; /* what the extents' runs point to: the reader's, freed with it */
 	size_t nbox;
 	/* chunks that failed, left out: read the other copies of their boxes */
@@ -48,17 +48,22 @@ static int ext_add(struct extents *x, const struct extent *e, const struct box_c
 {
 	struct reader *r = x->r;
 
-	if (r->n == x->cap) {
-		size_t cap = x->cap * 2 + 8;
+	if (r->n == r->cap) {
+		size_t cap = r->cap * 2 + 8;
 		struct extent *v = realloc(r->ext, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		r->ext = v;
+		r->cap = cap;
+	}
+	if (bc && x->nbox == x->cap) {
+		size_t cap = x->cap * 2 + 8;
 		struct box_copy **b = realloc(x->box, cap * sizeof(*b));
 
-		if (v)
-			r->ext = v;
-		if (b)
-			x->box = b;
-		if (!v || !b)
+		if (!b)
 			return -ENOMEM;
+		x->box = b;
 		x->cap = cap;
 	}
 	r->ext[r->n] = *e;
@@ -136,8 +141,10 @@ static int unc_cut(struct uncovered *u, size_t nd, const int64_t *off, const int
 		*useful = true;
 		m = box_subtract(nd, u->off[k], u->shape[k], io, is, ro, rs);
 		/* box k goes: the last of the old ones takes its place, the rest comes after */
-		memcpy(u->off[k], u->off[n - 1], sizeof(u->off[k]));
-		memcpy(u->shape[k], u->shape[n - 1], sizeof(u->shape[k]));
+		if (k != n - 1) {
+			memcpy(u->off[k], u->off[n - 1], sizeof(u->off[k]));
+			memcpy(u->shape[k], u->shape[n - 1], sizeof(u->shape[k]));
+		}
 		memmove(u->off[n - 1], u->off[n], (u->n - n) * sizeof(*u->off));
 		memmove(u->shape[n - 1], u->shape[n], (u->n - n) * sizeof(*u->shape));
 		u->n--;
@@ -249,12 +256,9 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 int restore_map(struct reader *r, const struct plan *p, const struct manifest *m,
                 const struct bad_chunk *bad, size_t nbad, char *err)
 {
-	struct extents x = {r,   p->n ? p->n : 1, calloc(p->n ? p->n : 1, sizeof(*x.box)), 0, bad,
-	                    nbad};
+	struct extents x = {r, 0, NULL, 0, bad, nbad};
 	int rc = 0;
 
-	if (!x.box)
-		return ipc_errf(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < p->n && !rc; i++)
 		rc = match_tensor(p, i, m, &x, err);
 	r->boxes = x.box; /* freed with the reader */

@@ -48,17 +48,17 @@ int safecopy_init(char *err)
 
 int safe_run(void (*fn)(void *), void *arg)
 {
-	sigjmp_buf env;
+	sigjmp_buf env, *volatile outer = guard; /* a guard already set: put back after */
 
 	if (sigsetjmp(env, 1)) {
-		guard = NULL;
+		guard = outer;
 		return -EFAULT;
 	}
 	guard = &env;
 	__asm__ volatile("" ::: "memory");
 	fn(arg);
 	__asm__ volatile("" ::: "memory");
-	guard = NULL;
+	guard = outer;
 	return 0;
 }
 

@@ -15,7 +15,11 @@
 int safecopy_init(char *err);
 /* memcpy, or -EFAULT if either side faulted (dst may hold part of src). */
 int safe_copy(void *dst, const void *src, size_t n);
-/* fn(arg) under the same guard: many small copies for one guard; -EFAULT if one faulted. */
+/*
+ * fn(arg) under the same guard: many small copies for one guard; -EFAULT if
+ * one faulted (fn is left where it faulted: it must hold no lock and leave
+ * nothing half done but the copy). Nests: an inner guard puts the outer back.
+ */
 int safe_run(void (*fn)(void *), void *arg);
 
 #endif /* CKPT_AGENT_SAFECOPY_H */

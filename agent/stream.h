@@ -60,6 +60,7 @@ void capture_next(struct agent *a, struct save *s);
 /* ---- the restore/verify reader (stream_read.c) ------------------------ */
 
 #define READ_AHEAD 8u /* windows in flight per reader */
+#define READER_MAX_PROBLEMS 100u /* problems kept (and said) per restore or verify */
 
 /* Bytes of one rank's file the reader reads: a tensor's chunk, or a header. */
 struct extent {
@@ -83,7 +84,7 @@ struct reader {
 	const char *job;
 	int64_t step;
 	struct extent *ext; /* sorted by (rank, begin) */
-	size_t n;
+	size_t n, cap; /* cap: room in ext */
 	bool collect; /* verify: every problem; restore: stop at the first */
 	char **problems;
 	size_t nproblems;

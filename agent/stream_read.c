@@ -51,7 +51,6 @@
 #include "stream.h"
 
 #define ALIGN 4096u
-#define MAX_PROBLEMS 100u
 
 struct window {
 	struct reader *r;
@@ -70,7 +69,7 @@ void reader_problem(struct reader *r, int err, const char *fmt, ...)
 		r->err = err;
 	if (!r->collect)
 		atomic_store(&r->abort, true);
-	if (r->nproblems >= MAX_PROBLEMS)
+	if (r->nproblems >= READER_MAX_PROBLEMS)
 		return;
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
@@ -460,5 +459,6 @@ int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	r->ext = calloc(n ? n : 1, sizeof(*r->ext));
+	r->cap = r->ext ? (n ? n : 1) : 0;
 	return r->ext ? 0 : -ENOMEM;
 }

@@ -19,8 +19,8 @@
  *     never an older step restored instead (even with fallback)
  *   - the bias's chunk corrupt in rank 1's file: rank 1 restores it from
  *     another rank's copy (in world 4 and world 2) and the log says so;
- *     verify names the bad copy and the 3 good ones; w0's
- *     corrupt there too (no other copy): rank 1's restore fails naming it
+ *     verify names the bad copy and the 3 good ones; its own tensor corrupt
+ *     there too (no other copy): rank 1's restore fails naming that one
  */
 #include <errno.h>
 #include <stdio.h>
@@ -254,8 +254,13 @@ START_TEST(other_copy_of_a_replica)
 	              "%s", out);
 	/* the same restored into world 2: rank 0 assembles rows 0..11 of w0, bias from rank 0 */
 	run_world(&a, "cp", 2, "restore", NULL);
-	h_flip_byte(path, chunk_at(&a, "cp", "w0", 1) + 3);
-	run_ranks(&a, "cp", 4, 1, 2, "fail:", "tensor 'w0'");
+	/*
+	 * rank 1's own tensor corrupt too (no other copy), after the bias in its
+	 * file: the bias is read from another copy, then the restore fails naming
+	 * what cannot be read, not the bias it got back
+	 */
+	h_flip_byte(path, chunk_at(&a, "cp", "own.rank1", 1) + 3);
+	run_ranks(&a, "cp", 4, 1, 2, "fail:", "tensor 'own.rank1'");
 	run_ranks(&a, "cp", 4, 1, 2, "fail:", "checksum mismatch");
 	run_ranks(&a, "cp", 4, 0, 1, "restore", NULL);
 	h_agent_cleanup(&a);
