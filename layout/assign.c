@@ -269,13 +269,15 @@ int assign_compute(const struct assign_input *in0, size_t n, unsigned copies,
 		goto fail;
 	}
 	a->copies = copies ? copies : 1;
-	memcpy(in, in0, n * sizeof(*in));
+	if (n)
+		memcpy(in, in0, n * sizeof(*in));
 	if ((rc = collect(a, in, n, &e, &ne, err)))
 		goto fail;
 	qsort(e, ne, sizeof(*e), cmp_entry);
 	if ((rc = cut(a, e, ne, &p, &np, err)))
 		goto fail;
-	qsort(p, np, sizeof(*p), cmp_piece);
+	if (np) /* none: no piece array at all */
+		qsort(p, np, sizeof(*p), cmp_piece);
 	a->npieces = np;
 	for (size_t i = 0; i < np; i++) {
 		unsigned k;

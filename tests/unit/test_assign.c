@@ -447,6 +447,18 @@ START_TEST(private_and_single_boxes)
 	ck_assert_ptr_null(assign_rank(a, 3));
 	assign_free(a);
 
+	/* private tensors alone: nothing to choose, each written by its rank */
+	{
+		struct plans_rank q = {.rank = 0, .tensors = r[0].tensors + 1, .ntensors = 1};
+		struct assign_input one = {"a", &q};
+
+		ck_assert_int_eq(assign_compute(&one, 1, 1, &a, err), 0);
+		ck_assert_uint_eq(a->npieces, 0);
+		ck_assert(a->r[0].piece[0].writes);
+		ck_assert_uint_eq(a->written_bytes, 32);
+		assign_free(a);
+	}
+
 	/* a box twice on one rank */
 	add(&r[2], "w", F32, 1, g, off0, half, true);
 	ck_assert_int_eq(assign_compute(in, 3, 2, &a, err), -EINVAL);
