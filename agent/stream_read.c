@@ -251,19 +251,22 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 			return; /* goes on in the next window */
 		if (e->whole)
 			*e->whole = true;
+		if (e->nosum)
+			continue;
 		sum = XXH3_64bits_digest(xs);
-		if (!e->nosum && sum != e->xxh3 && r->bad_rank < 0 && !r->err) {
+		if (sum == e->xxh3) {
+			if (e->good)
+				*e->good = true;
+			continue;
+		}
+		if (r->bad_rank < 0 && !r->err) {
 			r->bad_rank = e->rank; /* this chunk alone: the rest of its file is good */
 			r->bad_begin = e->begin;
 		}
-		if (!e->nosum && sum == e->xxh3 && e->good)
-			*e->good = true;
-		if (!e->nosum && sum != e->xxh3)
-			reader_problem(
-			    r, -EBADMSG,
-			    "tensor '%s' in %s: checksum mismatch (manifest xxh3 %016" PRIx64
-			    ", file %016" PRIx64 ")",
-			    e->tensor, r->path, e->xxh3, sum);
+		reader_problem(r, -EBADMSG,
+		               "tensor '%s' in %s: checksum mismatch (manifest xxh3 %016" PRIx64
+		               ", file %016" PRIx64 ")",
+		               e->tensor, r->path, e->xxh3, sum);
 	}
 }
 
@@ -385,22 +388,26 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 {
 	XXH3_state_t *xs = XXH3_createState();
+	const uint64_t none = XXH3_64bits(NULL, 0);
 	size_t i, kept = 0;
 	int rc;
 
 	if (!xs)
 		return -ENOMEM;
 	for (i = 0; i < r->n; i++) {
-		if (r->ext[i].end > r->ext[i].begin)
-			r->ext[kept++] = r->ext[i];
-		else if (!r->ext[i].nosum && r->ext[i].xxh3 == XXH3_64bits(NULL, 0) &&
-		         r->ext[i].good)
-			*r->ext[i].good = true;
-		else if (!r->ext[i].nosum && r->ext[i].xxh3 != XXH3_64bits(NULL, 0))
+		struct extent *e = &r->ext[i];
+
+		if (e->end > e->begin)
+			r->ext[kept++] = *e;
+		else if (e->nosum)
+			continue;
+		else if (e->xxh3 == none && e->good)
+			*e->good = true;
+		else if (e->xxh3 != none)
 			reader_problem(r, -EBADMSG,
 			               "tensor '%s' (rank %d): empty, but its checksum in the "
 			               "manifest is not that of no bytes",
-			               r->ext[i].tensor, r->ext[i].rank);
+			               e->tensor, e->rank);
 	}
 	r->n = kept;
 	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
