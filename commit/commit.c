@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "commit.h"
+#include "cover.h"
 
 struct rnode {
 	char *name;
@@ -484,7 +485,7 @@ static int sigs_differ(const struct part *p, const uint64_t *sigs, size_t *at)
 {
 	for (size_t j = 0; j < p->nranks; j++) {
 		uint64_t sig;
-		int rc = tensors_signature(p->ranks[j].tensors, p->ranks[j].ntensors, &sig);
+		int rc = part_rank_signature(&p->ranks[j], &sig);
 
 		if (rc)
 			return rc;
@@ -844,6 +845,13 @@ static bool write_manifest(struct committer *cm, struct part *const *v, size_t n
 	if (rc) {
 		r->state = COMMIT_FAILED;
 		snprintf(r->reason, sizeof(r->reason), "the parts do not merge: %s", msg);
+		return false;
+	}
+	rc = cover_check(m, msg);
+	if (rc) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "the parts leave a hole: %s", msg);
+		manifest_free(m);
 		return false;
 	}
 	rc = check_shards(cm, m, msg);

@@ -237,6 +237,140 @@ int fmt_cmp_tensor(const void *a, const void *b)
 	              ((const struct manifest_tensor *)b)->name);
 }
 
+int fmt_tensors_dup(const struct manifest_tensor *v, size_t n, struct manifest_tensor **out)
+{
+	struct manifest_tensor *d = n ? calloc(n, sizeof(*d)) : NULL;
+
+	*out = NULL;
+	if (n && !d)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		d[i] = v[i];
+		d[i].name = strdup(v[i].name);
+		d[i].chunks = malloc((v[i].nchunks ? v[i].nchunks : 1) * sizeof(*d[i].chunks));
+		if (!d[i].name || !d[i].chunks) {
+			fmt_tensors_free(d, i + 1);
+			return -ENOMEM;
+		}
+		memcpy(d[i].chunks, v[i].chunks, v[i].nchunks * sizeof(*d[i].chunks));
+	}
+	*out = d;
+	return 0;
+}
+
+/* ---- what a rank holds --------------------------------------------------- */
+
+json_t *fmt_holds_json(const struct manifest_tensor *v, size_t n)
+{
+	json_t *o = json_object();
+
+	for (size_t i = 0; o && i < n; i++)
+		if (json_object_set_new(o, v[i].name, fmt_tensor_json(&v[i], false))) {
+			json_decref(o);
+			return NULL;
+		}
+	return o;
+}
+
+int fmt_holds_parse(const json_t *o, struct manifest_tensor **v, size_t *n, const char *what,
+                    char *err)
+{
+	const char *name;
+	json_t *t;
+	int rc;
+
+	*v = NULL;
+	*n = 0;
+	if (!json_is_object(o) || json_object_size(o) > IPC_MAX_TENSORS)
+		return ipc_errf(err, -EINVAL,
+		                "%s: \"holds\" is not an object of at most %d tensors", what,
+		                IPC_MAX_TENSORS);
+	*v = calloc(json_object_size(o) + 1, sizeof(**v));
+	if (!*v)
+		return ipc_errf(err, -ENOMEM, "%s: out of memory", what);
+	json_object_foreach((json_t *)o, name, t)
+	{
+		rc = fmt_tensor_parse(name, t, false, &(*v)[(*n)++], what, err);
+		if (rc)
+			return rc; /* the caller frees *v, half made */
+	}
+	qsort(*v, *n, sizeof(**v), fmt_cmp_tensor);
+	return 0;
+}
+
+int fmt_check_holds(const struct manifest_tensor *v, size_t n, int rank, const char *what,
+                    char *err)
+{
+	char msg[IPC_ERRLEN];
+	uint64_t nbytes;
+	int rc;
+
+	if (n > IPC_MAX_TENSORS || (n && !v))
+		return ipc_errf(err, -EINVAL, "%s: rank %d holds %zu tensors", what, rank, n);
+	for (size_t i = 0; i < n; i++) {
+		const struct manifest_tensor *t = &v[i];
+		const struct manifest_chunk *c = t->chunks;
+
+		if ((rc = ipc_check_tensor_name(t->name, msg)))
+			return ipc_errf(err, rc, "%s: rank %d holds %s", what, rank, msg);
+		if (i > 0 && strcmp(v[i - 1].name, t->name) >= 0)
+			return ipc_errf(err, -EINVAL,
+			                "%s: rank %d holds tensor '%s' out of order or twice", what,
+			                rank, t->name);
+		if (!ipc_dtype_name(t->dtype) || t->ndim > IPC_MAX_NDIM || t->nchunks != 1 || !c ||
+		    c->rank != rank)
+			return ipc_errf(
+			    err, -EINVAL,
+			    "%s: rank %d holds tensor '%s' without a known dtype, at most "
+			    "%d dimensions and one box of its own",
+			    what, rank, t->name, IPC_MAX_NDIM);
+		if ((rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, c->shape, &nbytes, msg)))
+			return ipc_errf(err, rc, "%s: rank %d holds %s", what, rank, msg);
+		for (size_t d = 0; d < t->ndim; d++) {
+			int64_t g = t->global_shape[d], o = c->global_offset[d], l = c->shape[d];
+
+			if (g < 0 || o < 0 || o > g || l > g - o || (!t->sharded && (o || l != g)))
+				return ipc_errf(err, -EINVAL,
+				                "%s: rank %d holds tensor '%s' outside its global "
+				                "shape (dimension %zu)",
+				                what, rank, t->name, d);
+		}
+	}
+	return 0;
+}
+
+bool fmt_holds_chunk(const struct manifest_tensor *v, size_t n, const struct manifest_tensor *t,
+                     const struct manifest_chunk *c)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int cmp = strcmp(v[mid].name, t->name);
+
+		if (cmp == 0) {
+			const struct manifest_tensor *h = &v[mid];
+			const struct manifest_chunk *b = h->chunks;
+
+			if (h->dtype != t->dtype || h->ndim != t->ndim ||
+			    h->sharded != t->sharded ||
+			    memcmp(h->global_shape, t->global_shape, t->ndim * sizeof(int64_t)))
+				return false;
+			for (size_t d = 0; d < t->ndim; d++)
+				if (c->global_offset[d] < b->global_offset[d] ||
+				    c->global_offset[d] - b->global_offset[d] >
+				        b->shape[d] - c->shape[d])
+					return false;
+			return true;
+		}
+		if (cmp < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
 /* ---- meta -------------------------------------------------------------- */
 
 int fmt_meta_value(const char *text, json_t **out, const char *what, char *err)

@@ -32,6 +32,22 @@ json_t *fmt_tensor_json(const struct manifest_tensor *t, bool sums);
 int fmt_tensor_parse(const char *name, const json_t *o, bool sums, struct manifest_tensor *t,
                      const char *what, char *err);
 void fmt_tensors_free(struct manifest_tensor *t, size_t n);
+/* A deep copy of v[0..n) into *out (NULL when n is 0). */
+int fmt_tensors_dup(const struct manifest_tensor *v, size_t n, struct manifest_tensor **out);
+
+/*
+ * What a rank holds apart from what it wrote ({name: tensor without sums}):
+ * written, parsed (sorted by name) and checked: names once each, known
+ * dtypes, one chunk each of `rank`, inside its global shape.
+ */
+json_t *fmt_holds_json(const struct manifest_tensor *v, size_t n);
+int fmt_holds_parse(const json_t *o, struct manifest_tensor **v, size_t *n, const char *what,
+                    char *err);
+int fmt_check_holds(const struct manifest_tensor *v, size_t n, int rank, const char *what,
+                    char *err);
+/* Whether chunk c of t lies in the box v[0..n) holds of t's name (same dtype and global shape). */
+bool fmt_holds_chunk(const struct manifest_tensor *v, size_t n, const struct manifest_tensor *t,
+                     const struct manifest_chunk *c);
 int fmt_cmp_tensor(const void *a, const void *b);
 
 /* The user meta: its text as a JSON value (null when none), and back. */

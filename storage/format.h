@@ -94,8 +94,13 @@ int shard_file_check(int rank, const char *name, char *err);
 /* ---- manifest --------------------------------------------------------- */
 
 #define MANIFEST_FORMAT "ckptd-manifest"
-/* 2: run, parts, per-rank meta and shard names; 1 (single node) is still read */
-#define MANIFEST_VERSION 2
+/*
+ * 3: a rank may list the boxes it holds ("holds") apart from the chunks it
+ * wrote (replicas written once: DESIGN.md §4.7); written only when one does.
+ * 2: run, parts, per-rank meta and shard names. 1 (single node) is still read.
+ */
+#define MANIFEST_VERSION 3
+#define MANIFEST_VERSION_PLAIN 2
 #define MANIFEST_MAX_BYTES (256u << 20)
 
 struct manifest_chunk {
@@ -122,6 +127,13 @@ struct manifest_rank {
 	uint64_t size;
 	uint64_t header_bytes;
 	char *meta_json; /* this rank's user meta; NULL if none (format 1: none here) */
+	/*
+	 * Format 3: the boxes the rank holds, when it wrote less of them than it
+	 * holds (its replicas wrote the rest): sorted by name, one chunk each of
+	 * this rank, no bytes. NULL: it holds exactly the chunks it wrote.
+	 */
+	size_t nholds;
+	struct manifest_tensor *holds;
 };
 
 /* A node's part that the manifest merged: which ranks it brought. */
@@ -172,7 +184,8 @@ void manifest_rank_file(int rank, char *buf, size_t len);
 /* ---- parts (DESIGN.md §4.5): one node's account of a step -------------- */
 
 #define PART_FORMAT "ckptd-part"
-#define PART_VERSION 1
+/* 2: a rank may list what it holds apart from what it wrote (holds); 1 is still read */
+#define PART_VERSION 2
 
 /*
  * The ranks one node saved of a step, once all of them are durable: each
@@ -186,8 +199,11 @@ struct part_rank {
 	uint64_t size, header_bytes;
 	char *meta_json; /* NULL if none */
 	int64_t queued_unix_ns, captured_unix_ns, durable_unix_ns;
-	size_t ntensors; /* sorted by name, one chunk each */
+	size_t ntensors; /* sorted by name, one chunk each: what it wrote */
 	struct manifest_tensor *tensors;
+	/* version 2: what it holds (its plan), when it wrote less; NULL: what it wrote */
+	size_t nholds;
+	struct manifest_tensor *holds;
 };
 
 struct part {
@@ -213,6 +229,8 @@ void part_free(struct part *p);
  * that lost, renamed or reshaped a tensor does not. v: one chunk each.
  */
 int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig);
+/* The signature of what a part's rank holds (its holds, else what it wrote). */
+int part_rank_signature(const struct part_rank *k, uint64_t *sig);
 /* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);
 /* "n1 (ranks 4,5)": a node and its ranks, for messages. */
@@ -233,6 +251,7 @@ int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, c
 
 struct plans_rank {
 	int rank;
+	unsigned copies; /* the plan's option: ranks writing each replicated box (>= 1) */
 	size_t ntensors; /* in the rank's file order */
 	struct manifest_tensor *tensors; /* one chunk each: shape, offsets; no bytes */
 };

@@ -151,6 +151,13 @@ static int check_ranks(const struct manifest *m, char *err)
 			                MF_PREFIX "rank %d: header_bytes %" PRIu64
 			                          " is outside its file of %" PRIu64 " bytes",
 			                r, k->header_bytes, k->size);
+		if (k->holds && m->version < 3)
+			return ipc_errf(err, -EINVAL,
+			                MF_PREFIX
+			                "rank %d says what it holds in a version-%d manifest",
+			                r, m->version);
+		if (k->holds && (rc = fmt_check_holds(k->holds, k->nholds, r, MF, err)))
+			return rc;
 		if (k->size > UINT64_MAX - sum)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "the shards' sizes overflow");
 		sum += k->size;
@@ -231,11 +238,19 @@ static int check_tensor(const struct manifest *m, size_t i, const struct manifes
 	for (size_t j = 0; j < t->nchunks; j++) {
 		const struct manifest_chunk *c = &t->chunks[j];
 
+		const struct manifest_rank *k;
+
 		rc = fmt_check_chunk(t, j,
 		                     c->rank >= 0 && c->rank < m->world ? &m->ranks[c->rank] : NULL,
 		                     m->world, MF, err);
 		if (rc)
 			return rc;
+		k = &m->ranks[c->rank];
+		if (k->holds && !fmt_holds_chunk(k->holds, k->nholds, t, c))
+			return ipc_errf(err, -EINVAL,
+			                MF_PREFIX
+			                "tensor '%s': rank %d wrote a box it does not hold",
+			                t->name, c->rank);
 	}
 	return check_chunk_keys(t, tmp, err);
 }
@@ -391,6 +406,11 @@ static json_t *ranks_json(const struct manifest *m)
 			json_decref(o);
 			o = NULL;
 		}
+		if (o && k->holds &&
+		    json_object_set_new(o, "holds", fmt_holds_json(k->holds, k->nholds))) {
+			json_decref(o);
+			o = NULL;
+		}
 		if (json_array_append_new(a, o)) {
 			json_decref(a);
 			return NULL;
@@ -519,12 +539,18 @@ static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 		if (m->ranks[r].file)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "rank %lld is listed twice",
 			                (long long)r);
-		m->ranks[r] = (struct manifest_rank){(int)r, strdup(file), (uint64_t)size,
-		                                     (uint64_t)hb, NULL};
+		m->ranks[r] = (struct manifest_rank){.rank = (int)r,
+		                                     .file = strdup(file),
+		                                     .size = (uint64_t)size,
+		                                     .header_bytes = (uint64_t)hb};
 		if (!m->ranks[r].file)
 			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
 		if (m->version > 1 && (rc = fmt_meta_text(json_object_get(o, "meta"),
 		                                          &m->ranks[r].meta_json, MF, err)))
+			return rc;
+		if (m->version > 2 && json_object_get(o, "holds") &&
+		    (rc = fmt_holds_parse(json_object_get(o, "holds"), &m->ranks[r].holds,
+		                          &m->ranks[r].nholds, MF, err)))
 			return rc;
 	}
 	return 0; /* missing ranks: manifest_check */
@@ -688,6 +714,7 @@ void manifest_free(struct manifest *m)
 	for (size_t i = 0; m->ranks && i < m->nranks; i++) {
 		free(m->ranks[i].file);
 		free(m->ranks[i].meta_json);
+		fmt_tensors_free(m->ranks[i].holds, m->ranks[i].nholds);
 	}
 	for (size_t i = 0; m->parts && i < m->nparts; i++) {
 		free(m->parts[i].node);

@@ -74,6 +74,12 @@ int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig)
 	return 0;
 }
 
+int part_rank_signature(const struct part_rank *k, uint64_t *sig)
+{
+	return k->holds ? tensors_signature(k->holds, k->nholds, sig)
+	                : tensors_signature(k->tensors, k->ntensors, sig);
+}
+
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len)
 {
 	size_t o = 0;
@@ -109,11 +115,33 @@ static const char *one_file(const void *ctx, int rank)
 	return ((const struct manifest_rank *)ctx)->file;
 }
 
+/* What a rank holds, if the part says (version 2): each chunk it wrote lies in it. */
+static int check_holds(const struct part *p, const struct part_rank *k, char *err)
+{
+	int rc;
+
+	if (!k->holds)
+		return 0;
+	if (p->version < 2)
+		return ipc_errf(err, -EINVAL, PT_PREFIX "rank %d: \"holds\" in a version-%d part",
+		                k->rank, p->version);
+	rc = fmt_check_holds(k->holds, k->nholds, k->rank, PT, err);
+	for (size_t j = 0; j < k->ntensors && !rc; j++)
+		if (!fmt_holds_chunk(k->holds, k->nholds, &k->tensors[j], &k->tensors[j].chunks[0]))
+			rc = ipc_errf(err, -EINVAL,
+			              PT_PREFIX
+			              "rank %d wrote a box of tensor '%s' that it does not "
+			              "hold",
+			              k->rank, k->tensors[j].name);
+	return rc;
+}
+
 /* One rank of the part: its file, its tensors (one chunk each, its own), no overlap. */
 static int check_rank(const struct part *p, size_t i, char *err)
 {
 	const struct part_rank *k = &p->ranks[i];
-	const struct manifest_rank view = {k->rank, k->file, k->size, k->header_bytes, NULL};
+	const struct manifest_rank view = {
+	    .rank = k->rank, .file = k->file, .size = k->size, .header_bytes = k->header_bytes};
 	struct fmt_span *spans;
 	char msg[IPC_ERRLEN];
 	size_t n = 0;
@@ -170,7 +198,7 @@ static int check_rank(const struct part *p, size_t i, char *err)
 	if (!rc)
 		rc = fmt_check_spans(spans, n, one_file, &view, PT, err);
 	free(spans);
-	return rc;
+	return rc ? rc : check_holds(p, k, err);
 }
 
 int part_check(const struct part *p, char *err)
@@ -178,8 +206,8 @@ int part_check(const struct part *p, char *err)
 	char msg[IPC_ERRLEN];
 	int rc;
 
-	if (p->version != PART_VERSION)
-		return ipc_errf(err, -EINVAL, PT_PREFIX "version %d, this reader knows %d",
+	if (p->version < 1 || p->version > PART_VERSION)
+		return ipc_errf(err, -EINVAL, PT_PREFIX "version %d, this reader knows 1 to %d",
 		                p->version, PART_VERSION);
 	if ((rc = ipc_check_job(p->job, msg)) || (rc = ipc_check_run(p->run, msg)) ||
 	    (rc = ipc_check_node(p->node, msg)) || (rc = ipc_check_step(p->step, msg)))
@@ -221,6 +249,10 @@ static json_t *rank_json(const struct part_rank *k)
 	              (json_int_t)k->queued_unix_ns, "captured_unix_ns",
 	              (json_int_t)k->captured_unix_ns, "durable_unix_ns",
 	              (json_int_t)k->durable_unix_ns, "tensors", tensors);
+	if (o && k->holds && json_object_set_new(o, "holds", fmt_holds_json(k->holds, k->nholds))) {
+		json_decref(o);
+		return NULL;
+	}
 	return o;
 }
 
@@ -256,8 +288,9 @@ int part_to_json(const struct part *p, char **out, size_t *len, char *err)
 
 /* ---- reading ----------------------------------------------------------- */
 
-static int parse_rank(const json_t *o, size_t i, struct part_rank *k, char *err)
+static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *k, char *err)
 {
+	const json_t *holds = json_object_get(o, "holds");
 	int64_t v[6] = {0};
 	const json_t *tensors = json_object_get(o, "tensors");
 	const char *file, *name;
@@ -309,7 +342,10 @@ static int parse_rank(const json_t *o, size_t i, struct part_rank *k, char *err)
 			return rc;
 	}
 	qsort(k->tensors, k->ntensors, sizeof(*k->tensors), fmt_cmp_tensor);
-	return 0;
+	if (holds && version < 2)
+		return ipc_errf(err, -EINVAL, PT_PREFIX "%s: \"holds\" in a version-%d part", where,
+		                version);
+	return holds ? fmt_holds_parse(holds, &k->holds, &k->nholds, PT, err) : 0;
 }
 
 static int parse_root(struct part *p, const json_t *root, char *err)
@@ -342,7 +378,8 @@ static int parse_root(struct part *p, const json_t *root, char *err)
 	if (!p->ranks)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
 	for (size_t i = 0; i < json_array_size(ranks); i++) {
-		rc = parse_rank(json_array_get(ranks, i), i, &p->ranks[p->nranks++], err);
+		rc = parse_rank(json_array_get(ranks, i), i, p->version, &p->ranks[p->nranks++],
+		                err);
 		if (rc)
 			return rc;
 	}
@@ -380,6 +417,7 @@ void part_free(struct part *p)
 		free(p->ranks[i].file);
 		free(p->ranks[i].meta_json);
 		fmt_tensors_free(p->ranks[i].tensors, p->ranks[i].ntensors);
+		fmt_tensors_free(p->ranks[i].holds, p->ranks[i].nholds);
 	}
 	free(p->ranks);
 	free(p->job);
@@ -500,10 +538,20 @@ static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size
 			struct manifest_rank *mr = &m->ranks[k->rank];
 
 			mp->ranks[mp->nranks++] = k->rank;
-			*mr = (struct manifest_rank){k->rank, strdup(k->file), k->size,
-			                             k->header_bytes, NULL};
-			if (!mr->file || (k->meta_json && !(mr->meta_json = strdup(k->meta_json))))
+			*mr = (struct manifest_rank){.rank = k->rank,
+			                             .file = strdup(k->file),
+			                             .size = k->size,
+			                             k->header_bytes,
+			                             NULL};
+			if (!mr->file ||
+			    (k->meta_json && !(mr->meta_json = strdup(k->meta_json))) ||
+			    fmt_tensors_dup(k->holds, k->nholds, &mr->holds))
 				return ipc_errf(err, -ENOMEM, "merge: out of memory");
+			mr->nholds = k->holds ? k->nholds : 0;
+			if (k->holds && !mr->holds && !(mr->holds = calloc(1, sizeof(*mr->holds))))
+				return ipc_errf(err, -ENOMEM, "merge: out of memory");
+			if (k->holds)
+				m->version = MANIFEST_VERSION; /* what it holds is said */
 			m->bytes += k->size;
 			*nent += k->ntensors;
 			t0 = k->queued_unix_ns < t0 ? k->queued_unix_ns : t0;
@@ -569,7 +617,7 @@ int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, c
 	rc = check_set(v, n, err);
 	if (rc)
 		goto out;
-	m->version = MANIFEST_VERSION;
+	m->version = MANIFEST_VERSION_PLAIN; /* merge_ranks: 3 if a rank says what it holds */
 	m->step = v[0]->step;
 	m->world = v[0]->world;
 	if (!(m->job = strdup(v[0]->job)) || !(m->run = strdup(v[0]->run))) {

@@ -54,8 +54,15 @@ static json_t *ranks_json(const struct plans_file *f)
 				json_decref(t);
 				t = NULL;
 			}
-		if (json_array_append_new(a,
-		                          json_pack("{s:i, s:o}", "rank", k->rank, "tensors", t))) {
+		json_t *o = json_pack("{s:i, s:o}", "rank", k->rank, "tensors", t);
+
+		/* said only when not 1: files of plans without the option stay as they were */
+		if (o && k->copies > 1 &&
+		    json_object_set_new(o, "copies", json_integer((json_int_t)k->copies))) {
+			json_decref(o);
+			o = NULL;
+		}
+		if (json_array_append_new(a, o)) {
 			json_decref(a);
 			return NULL;
 		}
@@ -184,6 +191,13 @@ static int parse_rank(const json_t *o, size_t i, int world, int prev, struct pla
 	if (rc)
 		return rc;
 	k->rank = (int)r;
+	k->copies = 1;
+	if (json_object_get(o, "copies")) {
+		rc = fmt_int(o, "copies", 1, UINT32_MAX, &r, PL, where, err);
+		if (rc)
+			return rc;
+		k->copies = (unsigned)r;
+	}
 	if (k->rank <= prev)
 		return ipc_errf(err, -EINVAL, PL_PREFIX "rank %d is listed twice or out of order",
 		                k->rank);

@@ -75,8 +75,16 @@ static void fill_rank(struct part_rank *k, const char *node, int r, int world)
 
 	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
 	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
-	*k = (struct part_rank){
-	    r, strdup(file), 80, 64, strdup(meta), T0, T0 + 1 * S + r, T0 + 2 * S + r, 1, t};
+	*k = (struct part_rank){.rank = r,
+	                        .file = strdup(file),
+	                        .size = 80,
+	                        .header_bytes = 64,
+	                        .meta_json = strdup(meta),
+	                        .queued_unix_ns = T0,
+	                        .captured_unix_ns = T0 + 1 * S + r,
+	                        .durable_unix_ns = T0 + 2 * S + r,
+	                        .ntensors = 1,
+	                        .tensors = t};
 }
 
 static struct part *mk_part(const char *run, const char *nd, int world, int64_t step,
@@ -177,6 +185,42 @@ START_TEST(test_single_node)
 	/* a node that holds every rank reads nobody's plans */
 	fake_counts(fs, &n);
 	ck_assert_uint_eq(n.lists, 0);
+	commit_result_free(&r);
+	commit_destroy(c);
+	committer_destroy(cm);
+}
+END_TEST
+
+/*
+ * A rank holds a replicated box that no rank's file has (two nodes assigned
+ * the writers from different plans): the step fails, and no manifest names it.
+ */
+START_TEST(test_hole_fails)
+{
+	static const int ranks[] = {0, 1};
+	struct committer *cm = node("n0");
+	struct part *p = mk_part("r1", "n0", 2, 5, ranks, 2);
+	struct part_rank *k = &p->ranks[1];
+	struct commit *c;
+	struct commit_result r;
+	struct manifest_tensor *v = tensor_w(1, 2), *w = tensor_w(1, 2);
+
+	k->holds = calloc(2, sizeof(*k->holds));
+	k->holds[0] = *v; /* held, written by nobody (sorted by name: first) */
+	free(k->holds[0].name);
+	k->holds[0].name = strdup("v");
+	k->holds[0].chunks[0].begin = k->holds[0].chunks[0].end = 0;
+	k->holds[1] = *w; /* its own box: written */
+	k->nholds = 2;
+	free(v);
+	free(w);
+	c = start(cm, p, true, 0);
+	ck_assert_int_eq(poll_at(c, 0, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "the parts leave a hole: tensor 'v' box at [4] shape [4], "
+	                               "held by rank 1, was written by no rank"),
+	              "%s", r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000005/manifest.json", NULL));
+	ck_assert_int_eq(latest(), -1);
 	commit_result_free(&r);
 	commit_destroy(c);
 	committer_destroy(cm);
@@ -851,6 +895,7 @@ static Suite *suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_single_node);
+	tcase_add_test(tc, test_hole_fails);
 	tcase_add_test(tc, test_two_nodes);
 	tcase_add_test(tc, test_takeover_same_bytes);
 	tcase_add_test(tc, test_racing_writers);

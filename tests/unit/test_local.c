@@ -375,7 +375,8 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	m->time_unix_ns = 1;
 	m->nranks = 1;
 	m->ranks = calloc(1, sizeof(*m->ranks));
-	m->ranks[0] = (struct manifest_rank){0, strdup(SHARD0), size, 8, NULL};
+	m->ranks[0] = (struct manifest_rank){
+	    .rank = 0, .file = strdup(SHARD0), .size = size, .header_bytes = 8};
 	m->nparts = 1;
 	m->parts = calloc(1, sizeof(*m->parts));
 	m->parts[0] = (struct manifest_part){strdup("n0"), 1, calloc(1, sizeof(int))};

@@ -32,7 +32,11 @@ static void set_rank(struct manifest *m, int r, uint64_t size)
 	snprintf(node, sizeof(node), "n%d", r);
 	snprintf(meta, sizeof(meta), "{\"r\":%d}", r);
 	ck_assert_int_eq(shard_file_name(r, node, 0, name, sizeof(name)), 0);
-	m->ranks[r] = (struct manifest_rank){r, xstrdup(name), size, 256, xstrdup(meta)};
+	m->ranks[r] = (struct manifest_rank){.rank = r,
+	                                     .file = xstrdup(name),
+	                                     .size = size,
+	                                     .header_bytes = 256,
+	                                     .meta_json = xstrdup(meta)};
 }
 
 /* Part i: node "n<i>" with rank i. */
@@ -366,7 +370,7 @@ static int read_edited(edit_fn edit, char *err)
 EDIT(no_edit, (void)root)
 EDIT(format_other, json_object_set_new(root, "format", json_string("other")))
 EDIT(format_missing, json_object_del(root, "format"))
-EDIT(version_3, json_object_set_new(root, "version", json_integer(3)))
+EDIT(version_4, json_object_set_new(root, "version", json_integer(4)))
 EDIT(run_missing, json_object_del(root, "run"))
 EDIT(run_slash, json_object_set_new(root, "run", json_string("a/b")))
 EDIT(run_nul, json_object_set_new(root, "run", json_stringn("a\0b", 3)))
@@ -454,7 +458,7 @@ static const struct {
 } refusals[] = {
     {"format", format_other, -EINVAL, "format is 'other'"},
     {"format missing", format_missing, -EINVAL, "\"format\" is missing"},
-    {"version", version_3, -EINVAL, "version 3, this reader knows 1..2"},
+    {"version", version_4, -EINVAL, "version 4, this reader knows 1..3"},
     {"run missing", run_missing, -EINVAL, "\"run\" is missing"},
     {"run /", run_slash, -EINVAL, "run name 'a/b'"},
     {"run NUL", run_nul, -EINVAL, "is not allowed"},

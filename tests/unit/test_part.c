@@ -61,8 +61,16 @@ static void fill_rank(struct part_rank *k, const char *nd, int r, int world)
 	                                             .begin = 64,
 	                                             .end = 80,
 	                                             .xxh3 = 100 + (uint64_t)r};
-	*k = (struct part_rank){r,        xstrdup(file), r == 0 ? 84 : 80, 64, xstrdup(meta),
-	                        1000 + r, 2000 + r,      3000 + r,         n,  t};
+	*k = (struct part_rank){.rank = r,
+	                        .file = xstrdup(file),
+	                        .size = r == 0 ? 84 : 80,
+	                        .header_bytes = 64,
+	                        .meta_json = xstrdup(meta),
+	                        .queued_unix_ns = 1000 + r,
+	                        .captured_unix_ns = 2000 + r,
+	                        .durable_unix_ns = 3000 + r,
+	                        .ntensors = n,
+	                        .tensors = t};
 }
 
 static struct part *mk(const char *run, const char *nd, int world, const int *ranks, size_t n)
@@ -338,7 +346,10 @@ static struct plans_file *mk_plans(void)
 	                         2,
 	                         calloc(2, sizeof(struct plans_rank))};
 	for (int i = 0; i < 2; i++) { /* the part's tensors, without their bytes */
-		f->ranks[i] = (struct plans_rank){i, p->ranks[i].ntensors, p->ranks[i].tensors};
+		f->ranks[i] = (struct plans_rank){.rank = i,
+		                                  .copies = 1,
+		                                  .ntensors = p->ranks[i].ntensors,
+		                                  .tensors = p->ranks[i].tensors};
 		p->ranks[i].tensors = NULL;
 		p->ranks[i].ntensors = 0;
 	}

@@ -1,0 +1,23 @@
+/*
+ * Whether a checkpoint's written chunks cover every box its ranks hold
+ * (DESIGN.md §4.7): with replicas written once, a rank's file may hold
+ * none of a box it holds, and the commit must never name a checkpoint in
+ * which some row of a held box was written by no rank (two nodes that
+ * assigned the writers from different plan sets could leave one).
+ */
+#ifndef CKPT_LAYOUT_COVER_H
+#define CKPT_LAYOUT_COVER_H
+
+#include "format.h"
+
+/* Boxes of a held box still uncovered that one check follows at most. */
+#define COVER_MAX_PIECES 4096u
+
+/*
+ * 0 if every rank's holds (format 3) are covered by the chunks of m;
+ * -EINVAL naming the tensor, the box and a rank holding it if not; -E2BIG
+ * if the chunks cut a box into more than COVER_MAX_PIECES pieces; -ENOMEM.
+ */
+int cover_check(const struct manifest *m, char *err);
+
+#endif /* CKPT_LAYOUT_COVER_H */
