@@ -271,6 +271,25 @@ struct plan_tensor {
 	uint64_t begin, end; /* bytes of the shard file */
 };
 
+/*
+ * What a save's shard holds: bytes of the plan's tensors in file order
+ * (each whole, or a piece of rows), its header and its size. A plan's own
+ * layout (`whole`: every tensor) is made with it; where replicas are
+ * written once (layouts.c), the layout of the assignment the plan set
+ * gives, made once per plan set. A save keeps the one it was admitted
+ * with: its file, chunks and checksums follow it.
+ */
+struct shard_layout {
+	unsigned refs; /* under mu: a plan's `dedup` + 1 per save using it (whole: unused) */
+	size_t n;
+	struct plan_tensor *t; /* names are the plan's; region, offset, dptr moved to the rows */
+	void *header; /* the shard's first header_len bytes */
+	uint64_t header_len;
+	uint64_t shard_bytes;
+	uint64_t held_bytes; /* the plan's tensors' bytes, all of them */
+	uint64_t key; /* the plan set it was made for; 0: the plan's own */
+};
+
 /* A CUDA plan's GPU side: its allocations (opened once: gpu.h), its lane, its fence. */
 struct plan_gpu {
 	struct agent *agent;
@@ -304,12 +323,18 @@ struct plan {
 	char run[IPC_MAX_JOB + 1]; /* the trainer's run ("0" unless it said) */
 	int rank, world;
 	int backpressure;
+	unsigned copies; /* ranks writing each replicated box (>= 1; the plan option) */
 	size_t n;
 	struct plan_tensor *t; /* in file order */
-	void *header; /* the shard's first header_len bytes */
-	uint64_t header_len;
+	struct shard_layout whole; /* every tensor, whole (t: the plan's) */
+	/*
+	 * Under mu: the layout saves use where this rank writes less than it
+	 * holds (layouts.c); NULL: whole. dedup_key: the plan set it follows
+	 * (0: none complete yet).
+	 */
+	struct shard_layout *dedup;
+	uint64_t dedup_key;
 	struct plan_gpu *gpu; /* NULL: host memory only */
-	uint64_t shard_bytes;
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
 	unsigned restoring; /* restores writing its regions: saves must wait */
@@ -330,11 +355,33 @@ void plan_put(struct agent *a, struct plan *p);
 void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
 /*
- * Shard bytes [off, off + len) (header and tensors) into dst: host bytes
- * copied now, a CUDA plan's GPU bytes queued on its lane (wait for them with
- * gpu_lane_wait). No lock. Fails only for a GPU copy; never for host plans.
+ * Bytes [off, off + len) (header and tensors) of a shard of layout l into
+ * dst: host bytes copied now, a CUDA plan's GPU bytes queued on its lane
+ * (wait for them with gpu_lane_wait). No lock. Fails only for a GPU copy,
+ * or a fault of host memory.
  */
-int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err);
+int plan_queue_image(const struct plan *p, const struct shard_layout *l, uint64_t off, void *dst,
+                     uint64_t len, char *err);
+/*
+ * l's header, and each tensor's place in the file: t[0..n) laid out one
+ * after the other (the shard of rank of job/run). No lock.
+ */
+int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err);
+
+/* ---- replicas written once (layouts.c) ---------------------------------- */
+
+/*
+ * Commit thread: the plans files of every node of (job, run) read; where
+ * they make a complete plan set, each of this node's plans of that run
+ * gets the layout of what the assignment (layout/assign.h) gives its rank
+ * to write, made once per plan set. Where the set is not complete, saves
+ * write their whole plan.
+ */
+void layouts_refresh(struct agent *a, const char *job, const char *run);
+/* Under mu: whether some plan of (job, run) has no complete plan set yet. */
+bool layouts_incomplete(struct agent *a, const char *job, const char *run);
+/* Under mu: a reference to l let go (a plan's whole layout is never freed here). */
+void layout_put(struct shard_layout *l);
 /*
  * Under mu: a CUDA plan's save is done with the trainer's memory and event
  * (captured, or ended with no capture job left); moves the trainer's fence.
@@ -419,6 +466,7 @@ struct save {
 	uint64_t id;
 	struct agent *a;
 	struct plan *plan; /* until its checkpoint is released */
+	struct shard_layout *lay; /* what its shard holds (the plan's whole, or dedup) */
 	char job[IPC_MAX_JOB + 1];
 	int rank, world;
 	uint64_t bytes_total;

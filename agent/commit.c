@@ -363,6 +363,7 @@ static int plans_snapshot(struct agent *a, const char *job, const char *run,
 		f->world = p->world;
 		k = &f->ranks[f->nranks++];
 		k->rank = p->rank;
+		k->copies = p->copies;
 		k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
 		if (!k->tensors) {
 			rc = -ENOMEM;
@@ -450,6 +451,8 @@ static void publish_run(struct work *w)
 	pthread_mutex_unlock(&a->mu);
 	if (publish(a, job, run, err))
 		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans: %s", job, err);
+	else
+		layouts_refresh(a, job, run); /* who writes which replica, as the plans say now */
 	pthread_mutex_lock(&a->mu);
 	if (pub->again) {
 		workq_push(a->commit, &pub->work);
@@ -498,29 +501,40 @@ static int cmp_tensor(const void *x, const void *y)
 static int part_rank_of(struct part_rank *k, const struct save *s)
 {
 	const struct plan *p = s->plan;
+	const struct shard_layout *l = s->lay;
 
 	k->rank = p->rank;
 	k->file = strdup(s->file);
-	k->size = p->shard_bytes;
-	k->header_bytes = p->header_len;
+	k->size = l->shard_bytes;
+	k->header_bytes = l->header_len;
 	k->meta_json = s->meta ? strdup(s->meta) : NULL;
 	k->queued_unix_ns = s->queued_unix_ns;
 	k->captured_unix_ns = s->queued_unix_ns + (s->t_captured - s->t_queued);
 	k->durable_unix_ns = s->queued_unix_ns + (s->t_durable - s->t_queued);
-	k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
+	k->tensors = calloc(l->n + 1, sizeof(*k->tensors));
 	if (!k->file || (s->meta && !k->meta_json) || !k->tensors)
 		return -ENOMEM;
-	for (size_t i = 0; i < p->n; i++) {
+	for (size_t i = 0; i < l->n; i++) {
 		struct manifest_tensor *mt =
 		    &k->tensors[k->ntensors++]; /* freed with k, half made */
 
-		if (plans_tensor(mt, &p->t[i], p->rank))
+		if (plans_tensor(mt, &l->t[i], p->rank))
 			return -ENOMEM;
-		mt->chunks[0].begin = p->t[i].begin;
-		mt->chunks[0].end = p->t[i].end;
+		mt->chunks[0].begin = l->t[i].begin;
+		mt->chunks[0].end = l->t[i].end;
 		mt->chunks[0].xxh3 = s->digest[i];
 	}
 	qsort(k->tensors, k->ntensors, sizeof(*k->tensors), cmp_tensor);
+	if (l == &p->whole)
+		return 0;
+	/* it wrote less than it holds: what it holds (its plan) is said too */
+	k->holds = calloc(p->n + 1, sizeof(*k->holds));
+	if (!k->holds)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n; i++)
+		if (plans_tensor(&k->holds[k->nholds++], &p->t[i], p->rank))
+			return -ENOMEM;
+	qsort(k->holds, k->nholds, sizeof(*k->holds), cmp_tensor);
 	return 0;
 }
 
@@ -544,7 +558,10 @@ static int build_part(struct agent *a, const struct checkpoint *cp, struct save 
 		part_free(p);
 		return ipc_errf(err, rc, "out of memory for the part");
 	}
-	p->version = PART_VERSION;
+	p->version = 1; /* 2 where a rank says what it holds */
+	for (size_t i = 0; i < p->nranks; i++)
+		if (p->ranks[i].holds)
+			p->version = PART_VERSION;
 	p->step = cp->step;
 	p->world = cp->world;
 	p->time_unix_ns = ipc_now_ns();
@@ -754,6 +771,23 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	return -ETIMEDOUT;
 }
 
+/*
+ * Commit thread, as a step ends, before its trainers hear: every node's
+ * plans are in the root by now (each published before its part), so a
+ * run whose plan set was not complete gets its layouts, and the next save
+ * writes replicas once; a failed step may have read plans that changed.
+ */
+static void step_end_layouts(struct agent *a, const struct checkpoint *cp, bool failed)
+{
+	bool refresh;
+
+	pthread_mutex_lock(&a->mu);
+	refresh = failed || layouts_incomplete(a, cp->job, cp->run);
+	pthread_mutex_unlock(&a->mu);
+	if (refresh)
+		layouts_refresh(a, cp->job, cp->run);
+}
+
 static void commit_work(struct work *w)
 {
 	struct checkpoint *cp = container_of(w, struct checkpoint, work);
@@ -784,6 +818,8 @@ static void commit_work(struct work *w)
 			commit_poll(cp->commit, ipc_mono_ns(), &next, &r);
 	}
 	free(v);
+	if (r.state != COMMIT_WAITING)
+		step_end_layouts(a, cp, r.state == COMMIT_FAILED);
 	pthread_mutex_lock(&a->mu);
 	/* whether a manifest may name this node's files: then they stay */
 	cp->part_written = cp->commit && commit_part_written(cp->commit) && !r.superseded;

@@ -119,7 +119,9 @@ static void plan_free(struct agent *a, struct plan *p)
 	for (size_t i = 0; i < p->n; i++)
 		free(p->t[i].name);
 	free(p->t);
-	free(p->header);
+	free(p->whole.header);
+	if (p->dedup)
+		layout_put(p->dedup);
 	free(p);
 }
 
@@ -266,14 +268,15 @@ out:
 	return rc;
 }
 
-static int lay_out(struct plan *p, char *err)
+int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
 {
-	struct st_tensor *st = calloc(p->n ? p->n : 1, sizeof(*st));
+	struct st_tensor *st = calloc(l->n ? l->n : 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
 	    {"format", "pt"}, {"producer", "ckptd"}, {"job", p->job},
 	    {"run", p->run},  {"rank", rank},        {"world", world},
 	};
+	struct plan_tensor *t = l->t;
 	uint64_t pos = 0;
 	size_t len;
 	int rc;
@@ -282,24 +285,33 @@ static int lay_out(struct plan *p, char *err)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	snprintf(rank, sizeof(rank), "%d", p->rank);
 	snprintf(world, sizeof(world), "%d", p->world);
-	for (size_t i = 0; i < p->n; i++) {
-		st[i] = (struct st_tensor){p->t[i].name,  p->t[i].dtype, p->t[i].ndim,
-		                           p->t[i].shape, pos,           pos + p->t[i].nbytes};
-		p->t[i].begin = pos;
-		p->t[i].end = pos + p->t[i].nbytes;
-		pos = p->t[i].end;
+	for (size_t i = 0; i < l->n; i++) {
+		st[i] = (struct st_tensor){t[i].name,  t[i].dtype, t[i].ndim,
+		                           t[i].shape, pos,        pos + t[i].nbytes};
+		t[i].begin = pos;
+		t[i].end = pos + t[i].nbytes;
+		pos = t[i].end;
 	}
-	rc = st_header_build(st, p->n, meta, sizeof(meta) / sizeof(meta[0]), &p->header, &len, err);
+	rc = st_header_build(st, l->n, meta, sizeof(meta) / sizeof(meta[0]), &l->header, &len, err);
 	free(st);
 	if (rc)
 		return rc;
-	p->header_len = len;
-	p->shard_bytes = len + pos;
-	for (size_t i = 0; i < p->n; i++) {
-		p->t[i].begin += len;
-		p->t[i].end += len;
+	l->header_len = len;
+	l->shard_bytes = len + pos;
+	for (size_t i = 0; i < l->n; i++) {
+		t[i].begin += len;
+		t[i].end += len;
 	}
 	return 0;
+}
+
+/* The plan's own layout: every tensor whole, in the request's order. */
+static int lay_out(struct plan *p, char *err)
+{
+	p->whole = (struct shard_layout){.n = p->n, .t = p->t};
+	for (size_t i = 0; i < p->n; i++)
+		p->whole.held_bytes += p->t[i].nbytes;
+	return shard_layout_header(&p->whole, p, err);
 }
 
 /*
@@ -480,6 +492,7 @@ static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlan
 	p->rank = req->rank;
 	p->world = req->world;
 	p->backpressure = req->backpressure ? (int)req->backpressure : a->cfg.backpressure;
+	p->copies = req->copies ? req->copies : 1;
 	p->sess = sess;
 	p->refs = 1;
 	if (req->n_cuda_regions) {
@@ -545,8 +558,8 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 		return;
 	}
 	rep.plan_id = p->id;
-	rep.shard_bytes = p->shard_bytes;
-	rep.header_bytes = p->header_len;
+	rep.shard_bytes = p->whole.shard_bytes;
+	rep.header_bytes = p->whole.header_len;
 	rep.run = p->run;
 	rep.node = (char *)a->cfg.node;
 	rep.uploads = a->up != NULL;
@@ -557,7 +570,7 @@ static void create_plan_with(struct agent *a, struct rpc *c, Ckpt__V1__CreatePla
 	 */
 	log_msg(LOG_INFO, "plan for job %s rank %d/%d (run %s, uid %u): %zu tensors, %llu bytes",
 	        p->job, p->rank, p->world, p->run, (unsigned)p->uid, p->n,
-	        (unsigned long long)p->shard_bytes);
+	        (unsigned long long)p->whole.shard_bytes);
 	rpc_reply(c, &rep.base);
 	pthread_mutex_unlock(&a->mu);
 }
@@ -761,15 +774,15 @@ void *plan_tensor_addr(const struct plan *p, size_t i)
 	return (char *)p->t[i].region->shm.data + p->t[i].offset;
 }
 
-/* The first tensor whose bytes end after `off`. */
-static size_t tensor_at(const struct plan *p, uint64_t off)
+/* The first tensor of l whose bytes end after `off`. */
+static size_t tensor_at(const struct shard_layout *l, uint64_t off)
 {
-	size_t lo = 0, hi = p->n;
+	size_t lo = 0, hi = l->n;
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 
-		if (p->t[mid].end <= off)
+		if (l->t[mid].end <= off)
 			lo = mid + 1;
 		else
 			hi = mid;
@@ -777,22 +790,27 @@ static size_t tensor_at(const struct plan *p, uint64_t off)
 	return lo;
 }
 
-/* One walk for both kinds: host bytes copied now, GPU bytes queued on the plan's lane. */
-int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len, char *err)
+/*
+ * One walk for both kinds: host bytes copied now, GPU bytes queued on the
+ * plan's lane. l's tensors carry the plan's regions: read only while the
+ * plan is busy (a capture), which keeps them.
+ */
+int plan_queue_image(const struct plan *p, const struct shard_layout *l, uint64_t off, void *dst,
+                     uint64_t len, char *err)
 {
 	char *d = dst;
 	uint64_t end = off + len;
 	int rc;
 
-	if (off < p->header_len) {
-		uint64_t n = (end < p->header_len ? end : p->header_len) - off;
+	if (off < l->header_len) {
+		uint64_t n = (end < l->header_len ? end : l->header_len) - off;
 
-		memcpy(d, (const char *)p->header + off, n);
+		memcpy(d, (const char *)l->header + off, n);
 		d += n;
 		off += n;
 	}
-	for (size_t i = tensor_at(p, off); i < p->n && off < end; i++) {
-		const struct plan_tensor *t = &p->t[i];
+	for (size_t i = tensor_at(l, off); i < l->n && off < end; i++) {
+		const struct plan_tensor *t = &l->t[i];
 		uint64_t n = (end < t->end ? end : t->end) - off;
 
 		if (t->dptr) {
@@ -800,8 +818,9 @@ int plan_queue_image(const struct plan *p, uint64_t off, void *dst, uint64_t len
 			                   (const char *)t->dptr + (off - t->begin), n, true, err);
 			if (rc)
 				return rc;
-		} else if (safe_copy(d, (const char *)plan_tensor_addr(p, i) + (off - t->begin),
-		                     n)) {
+		} else if (safe_copy(
+		               d, (const char *)t->region->shm.data + t->offset + (off - t->begin),
+		               n)) {
 			return err ? ipc_errf(err, -EFAULT,
 			                      "tensor '%s': its host memory faulted under the copy "
 			                      "(SIGBUS): the region was taken away",

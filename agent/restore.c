@@ -178,7 +178,7 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	Ckpt__V1__RestoreReply rep = CKPT__V1__RESTORE_REPLY__INIT;
 	const struct plan *p = rs->plan;
 
-	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->shard_bytes - p->header_len,
+	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->whole.shard_bytes - p->whole.header_len,
 	                   rs->t_start);
 	if (rc) {
 		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
@@ -187,7 +187,7 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	}
 	rep.step = step;
 	rep.meta_json = meta ? meta : "";
-	rep.bytes = p->shard_bytes - p->header_len;
+	rep.bytes = p->whole.shard_bytes - p->whole.header_len;
 	rep.n_skipped = rs->nskipped;
 	rep.skipped = rs->skipped;
 	rpc_reply(rs->call, &rep.base);

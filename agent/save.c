@@ -167,6 +167,9 @@ void save_forget_session(struct agent *a, struct session *sess)
 
 void save_detach(struct agent *a, struct save *s)
 {
+	if (s->plan && s->lay != &s->plan->whole)
+		layout_put(s->lay);
+	s->lay = NULL;
 	if (s->plan)
 		plan_put(a, s->plan);
 	s->plan = NULL;
@@ -254,11 +257,16 @@ static void save_capture(struct work *w)
 static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint *cp, int64_t step)
 {
 	struct save *s = calloc(1, sizeof(*s));
+	/* replicas written once where the plan set allows (layouts.c); else the whole plan */
+	struct shard_layout *lay = p->dedup ? p->dedup : &p->whole;
 
-	if (!s || !(s->digest = calloc(p->n ? p->n : 1, sizeof(uint64_t)))) {
+	if (!s || !(s->digest = calloc(lay->n ? lay->n : 1, sizeof(uint64_t)))) {
 		free(s);
 		return NULL;
 	}
+	s->lay = lay;
+	if (lay != &p->whole)
+		lay->refs++;
 	s->id = ipc_random_id();
 	s->a = a;
 	s->plan = p;
@@ -266,14 +274,14 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	snprintf(s->job, sizeof(s->job), "%s", p->job);
 	s->rank = p->rank;
 	s->world = p->world;
-	s->bytes_total = p->shard_bytes;
+	s->bytes_total = lay->shard_bytes;
 	s->cp = cp;
 	s->sess = p->sess;
 	s->step = step;
 	s->state = CKPT__V1__STATE__STATE_QUEUED;
 	s->t_queued = ipc_mono_ns();
 	s->queued_unix_ns = ipc_now_ns();
-	s->nchunks = (unsigned)((p->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
+	s->nchunks = (unsigned)((lay->shard_bytes + pool_chunk_bytes(a->pool) - 1) /
 	                        pool_chunk_bytes(a->pool));
 	s->pool_limited = s->nchunks > pool_nchunks(a->pool);
 	s->want = s->pool_limited ? pool_nchunks(a->pool) : s->nchunks;

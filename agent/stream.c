@@ -103,12 +103,12 @@ int stream_setup(struct save *s, char *why)
 		snprintf(why, IPC_ERRLEN, "out of memory for checksums");
 		return -ENOMEM;
 	}
-	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
+	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, s->lay->shard_bytes,
 	                                 s->file, &s->shard, err);
 	/* The root made anew since it was last looked at: open again now; once more. */
 	if (rc && root_after_failure(a, rc, err))
-		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, p->shard_bytes,
-		                                 s->file, &s->shard, err);
+		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank,
+		                                 s->lay->shard_bytes, s->file, &s->shard, err);
 	if (rc)
 		snprintf(why, IPC_ERRLEN, "%s", err);
 	return rc;
@@ -180,7 +180,7 @@ void stream_stage_done(struct save *s)
 		pipeline_end(s, false, why);
 	} else if (atomic_load(&s->abort)) {
 		pipeline_end(s, false, NULL); /* whoever aborted it said why */
-	} else if (!s->shard || atomic_load(&s->bytes_written) != s->plan->shard_bytes) {
+	} else if (!s->shard || atomic_load(&s->bytes_written) != s->lay->shard_bytes) {
 		pipeline_end(s, false, "the capture stopped before every byte was written");
 	} else {
 		/* Every byte written: the exact size, then fsync (the shard's durability). */
@@ -217,7 +217,7 @@ static void chunk_hash(struct work *w)
 {
 	struct pool_chunk *c = container_of(w, struct pool_chunk, hash);
 	struct save *s = c->owner;
-	const struct plan *p = s->plan;
+	const struct shard_layout *p = s->lay;
 	const uint64_t a0 = c->req.off, b0 = c->req.off + c->fill;
 	const char *buf = c->buf;
 	size_t i = s->hash_next;
@@ -285,10 +285,12 @@ static void chunk_written(struct io_req *r)
 
 /* ---- COPY (the capture worker) ---------------------------------------- */
 
-/* A part of a chunk's copy (copier.h): header and tensor bytes of the plan. */
-static int image_part(const void *plan, uint64_t off, void *dst, uint64_t len)
+/* A part of a chunk's copy (copier.h): header and tensor bytes of the save's shard. */
+static int image_part(const void *save, uint64_t off, void *dst, uint64_t len)
 {
-	return plan_queue_image(plan, off, dst, len, NULL); /* host plans: only a fault */
+	const struct save *s = save;
+
+	return plan_queue_image(s->plan, s->lay, off, dst, len, NULL); /* host: only a fault */
 }
 
 /* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
@@ -320,7 +322,7 @@ uint64_t stream_chunk_fill(const struct save *s, unsigned k, uint64_t cb)
 {
 	uint64_t off = (uint64_t)k * cb;
 
-	return s->plan->shard_bytes - off < cb ? s->plan->shard_bytes - off : cb;
+	return s->lay->shard_bytes - off < cb ? s->lay->shard_bytes - off : cb;
 }
 
 /* Host memory: each chunk copied (split across the copier's threads), then written. */
@@ -335,7 +337,7 @@ int stream_capture_host(struct save *s, char *why)
 		if (!c)
 			return -ECANCELED;
 		/* the trainer's stall is this copy: split across the copier's threads */
-		if (copier_run(a->copier, image_part, s->plan, (uint64_t)k * cb, c->buf,
+		if (copier_run(a->copier, image_part, s, (uint64_t)k * cb, c->buf,
 		               stream_chunk_fill(s, k, cb), 1u << 20)) {
 			pool_give(&s->resv, c);
 			return ipc_errf(

@@ -133,11 +133,22 @@ struct ckpt_plan_opts {
 	 * fences out late writers of a run that died.
 	 */
 	const char *run;
+	/*
+	 * How many ranks write each box that several ranks hold (its replicas:
+	 * the same tensor name, dtype, global shape, offset and local shape).
+	 * 0: one (each replicated box written once, the writers balanced);
+	 * CKPT_COPIES_ALL: every replica writes its own copy. A restore and
+	 * verify use any good copy. Every rank of a run should say the same
+	 * (the largest any rank says is used).
+	 */
+	unsigned copies;
 };
+
+#define CKPT_COPIES_ALL 0xffffffffu
 
 #define CKPT_PLAN_OPTS_INIT                                                                        \
 	{                                                                                          \
-		sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL                               \
+		sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL, 0                            \
 	}
 
 /* ckpt_plan_create with options (opts NULL: the defaults). */

@@ -393,10 +393,10 @@ static char *box_key(const char *name, json_t *c)
 
 /*
  * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
- * the tensor bytes its file holds and its boxes (chunks); the balance (the
- * largest ÷ the mean); and how many ranks hold each box (its copies: data-
- * parallel replicas that each save the same box hold it several times).
- * NULL if out of memory.
+ * the tensor bytes its file holds and its boxes (chunks written), and the
+ * boxes it holds (more, where replicas were written once by others); the
+ * balance (the largest ÷ the mean); and how many ranks wrote each box (its
+ * copies). NULL if out of memory.
  */
 static json_t *layout_json(json_t *m)
 {
@@ -440,11 +440,16 @@ static json_t *layout_json(json_t *m)
 		}
 	}
 	for (i = 0; ok && i < world; i++) {
+		json_t *h =
+		    json_object_get(json_array_get(json_object_get(m, "ranks"), i), "holds");
+
 		max = bytes[i] > max ? bytes[i] : max;
 		sum += bytes[i];
 		ok = !json_array_append_new(
-		    ranks, json_pack("{s:I, s:I, s:I}", "rank", (json_int_t)i, "bytes",
-		                     (json_int_t)bytes[i], "boxes", (json_int_t)boxes[i]));
+		    ranks,
+		    json_pack("{s:I, s:I, s:I, s:I}", "rank", (json_int_t)i, "bytes",
+		              (json_int_t)bytes[i], "boxes", (json_int_t)boxes[i], "boxes_held",
+		              (json_int_t)(json_is_object(h) ? json_object_size(h) : boxes[i])));
 	}
 	json_object_foreach(ok ? seen : NULL, key, t)
 	{
@@ -481,7 +486,7 @@ static void show_layout(json_t *l)
 	       json_real_value(json_object_get(l, "balance")));
 	json_object_foreach(json_object_get(l, "boxes_by_copies"), n, v)
 	{
-		printf("%s %" JSON_INTEGER_FORMAT " held by %s rank%s", first ? "" : ",",
+		printf("%s %" JSON_INTEGER_FORMAT " written by %s rank%s", first ? "" : ",",
 		       json_integer_value(v), n, strcmp(n, "1") ? "s" : "");
 		first = false;
 	}

@@ -407,6 +407,7 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	req.world = world;
 	req.backpressure = (Ckpt__V1__Backpressure)o.backpressure;
 	req.run = (char *)(o.run && *o.run ? o.run : "");
+	req.copies = o.copies;
 	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
 	             CL_DEFAULT_TIMEOUT_MS);
 	if (rc)

@@ -25,6 +25,7 @@ import os
 
 QUEUED, CAPTURED, DURABLE, COMMITTED, UPLOADED, FAILED, SKIPPED = range(1, 8)
 LATEST = -1
+COPIES_ALL = 0xFFFFFFFF  # every replica writes its own copy (plan option copies)
 BLOCK, SKIP = 1, 2
 
 DTYPES = {
@@ -61,6 +62,7 @@ class _PlanOpts(ctypes.Structure):
         ("size", ctypes.c_size_t),
         ("backpressure", ctypes.c_int),
         ("run", ctypes.c_char_p),
+        ("copies", ctypes.c_uint),
     ]
 
 
@@ -250,9 +252,10 @@ class Client:
         _check(_l().ckpt_host_alloc(self._c, nbytes, ctypes.byref(ptr)), self._c)
         return HostMemory(self, ptr.value, nbytes)
 
-    def plan(self, job, rank, world, tensors, backpressure=0, run=None):
+    def plan(self, job, rank, world, tensors, backpressure=0, run=None, copies=0):
         """A plan of `tensors` for rank `rank` of `world`. run: this incarnation
-        of the job (None: $CKPT_RUN, else "0")."""
+        of the job (None: $CKPT_RUN, else "0"). copies: how many ranks write
+        each box several ranks hold (0: one; COPIES_ALL: every replica)."""
         arr = (_Tensor * len(tensors))()
         keep = []
         for i, t in enumerate(tensors):
@@ -270,7 +273,7 @@ class Client:
                              ctypes.cast(go, ctypes.POINTER(ctypes.c_int64)) if go else None)
         out = ctypes.c_void_p()
         opts = _PlanOpts(ctypes.sizeof(_PlanOpts), backpressure,
-                         _c_text("run name", run) if run else None)
+                         _c_text("run name", run) if run else None, copies)
         job_b = _c_text("job name", job)
         _check(_l().ckpt_plan_create_opts(self._c, job_b, rank, world, arr, len(tensors),
                                           ctypes.byref(opts), ctypes.byref(out)), self._c)

@@ -39,6 +39,8 @@
 #define R1 6
 #define C1 40
 #define NB 7
+#define RE 4096 /* "emb" [RE, CE] f32, replicated on every rank: 16 MiB, cut in 4 pieces */
+#define CE 1024
 
 static float v_w0(int64_t i, int64_t j)
 {
@@ -52,16 +54,24 @@ static float v_bias(int64_t k)
 {
 	return (float)(7 * k + 1);
 }
+static float v_emb(int64_t i, int64_t j)
+{
+	return (float)(i * 7 + j % 13);
+}
+
 static float v_own(int rank, int64_t k)
 {
 	return (float)(rank * 10 + k) - 0.25f;
 }
 
 /*
- * One rank: mode "save", "restore" (every tensor; split ones as in the
- * save's scheme for this world), "unsplit" (w0 and w1 without a global
- * shape), "w1" (w1 alone), or "fail:WHAT" (a plan that must be refused,
- * its error holding the words the test gives).
+ * One rank: mode "save" (every replica writes its copy: copies
+ * CKPT_COPIES_ALL), "restore" (every tensor; split ones as in the save's
+ * scheme for this world), "unsplit" (w0 and w1 without a global shape),
+ * "w1" (w1 alone), or "fail:WHAT" (a plan that must be refused, its error
+ * holding the words the test gives). "dsave", "dsave2" and "drestore" add
+ * the replicated "emb" and save with copies 1 (the default) or 2: step 4,
+ * then step 5 (by then the plan set is complete: replicas written once).
  */
 static int rank_main(const char *endpoint, const char *job, int rank, int world, const char *mode,
                      const char *expect)
@@ -71,23 +81,28 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 	int64_t g1[2] = {R1, C1}, s1[2] = {R1, c1}, o1[2] = {0, c1 * rank};
 	int64_t gb[1] = {NB}, ob[1] = {0}, sown[1] = {3};
 	bool unsplit = strcmp(mode, "unsplit") == 0, only_w1 = strcmp(mode, "w1") == 0;
-	bool save = strcmp(mode, "save") == 0, fail = strncmp(mode, "fail:", 5) == 0;
-	struct ckpt_tensor t[5];
+	bool dedup = mode[0] == 'd', fail = strncmp(mode, "fail:", 5) == 0;
+	bool save = strcmp(mode + dedup, "save") == 0 || strcmp(mode, "dsave2") == 0;
+	struct ckpt_plan_opts po = CKPT_PLAN_OPTS_INIT;
+	int64_t ge[2] = {RE, CE}, oe[2] = {0, 0};
+	struct ckpt_tensor t[6];
 	struct ckpt_client *c;
 	struct ckpt_plan *p;
 	struct ckpt_save *s;
 	char own[32];
-	float *w0, *w1, *b, *o;
+	float *w0, *w1, *b, *o, *e;
 	size_t n = 0;
 	int rc;
 
 	if (ckpt_connect(endpoint, &c))
 		return 10;
-	if (ckpt_host_alloc(c, sizeof(float) * (R0 * C0 + R1 * C1 + NB + 3), (void **)&w0))
+	if (ckpt_host_alloc(c, sizeof(float) * (R0 * C0 + R1 * C1 + NB + 3 + RE * CE),
+	                    (void **)&w0))
 		return 11;
 	w1 = w0 + r0 * C0;
 	b = w1 + R1 * c1;
 	o = b + NB;
+	e = o + 3;
 	snprintf(own, sizeof(own), "own.rank%d", rank);
 	if (!only_w1)
 		t[n++] = (struct ckpt_tensor){
@@ -99,6 +114,9 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 		if (save || rank < 4) /* the saving world's ranks */
 			t[n++] = (struct ckpt_tensor){own, CKPT_F32, 1, sown, o, NULL, NULL};
 	}
+	if (dedup)
+		t[n++] = (struct ckpt_tensor){"emb", CKPT_F32, 2, ge, e, ge, oe};
+	po.copies = !dedup ? CKPT_COPIES_ALL : strcmp(mode, "dsave2") == 0 ? 2 : 0;
 	if (fail) { /* the first tensor changed as the mode says */
 		if (strcmp(mode + 5, "dtype") == 0)
 			t[0].dtype = CKPT_BF16;
@@ -117,8 +135,17 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 		b[k] = save ? v_bias(k) : -1;
 	for (int64_t k = 0; k < 3; k++)
 		o[k] = save ? v_own(rank, k) : -1;
-	if (ckpt_plan_create(c, job, rank, world, t, n, &p))
+	for (int64_t i = 0; i < RE * CE && dedup; i++)
+		e[i] = save ? v_emb(i / CE, i % CE) : -1;
+	if (ckpt_plan_create_opts(c, job, rank, world, t, n, &po, &p))
 		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+	for (int64_t step = 4; save && dedup && step < 5; step++) {
+		if (ckpt_save(p, step, NULL, &s))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
+		if (ckpt_save_wait(s, CKPT_COMMITTED, 60000))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_save_reason(s)), 14;
+		ckpt_save_release(s);
+	}
 	if (save) {
 		if (ckpt_save(p, 5, NULL, &s))
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
@@ -156,7 +183,80 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 	for (int64_t k = 0; k < 3 && !only_w1 && !unsplit && rank < 4; k++)
 		if (o[k] != v_own(rank, k))
 			return 19;
+	for (int64_t i = 0; i < RE * CE && dedup; i++)
+		if (e[i] != v_emb(i / CE, i % CE))
+			return fprintf(stderr, "rank %d: emb[%ld] = %g\n", rank, (long)i,
+			               (double)e[i]),
+			       21;
 out:
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	return 0;
+}
+
+/*
+ * Data parallel 2 x tensor parallel 4 (world 8: rank r is TP shard r / 2 of
+ * DP replica r % 2), or TP 4 alone (world 4: rank r is TP shard r): "tp.w"
+ * [TPR, CE] split in 4 boxes of 8 MiB along dimension 0, "emb" [TPR, CE]
+ * replicated on every rank (32 MiB), and a tensor of each rank's own. Mode
+ * "tpsave" saves steps 4 and 5 (copies 1), "tprestore" restores and checks
+ * every byte.
+ */
+#define TPR 8192
+
+static int tp_main(const char *endpoint, const char *job, int rank, int world, const char *mode)
+{
+	const int64_t rows = TPR / 4, tp = world == 8 ? rank / 2 : rank;
+	int64_t gw[2] = {TPR, CE}, sw[2] = {rows, CE}, ow[2] = {rows * tp, 0};
+	int64_t ge[2] = {TPR, CE}, oe[2] = {0, 0}, sown[1] = {3};
+	bool save = strcmp(mode, "tpsave") == 0;
+	struct ckpt_tensor t[3];
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	float *w, *e, *o;
+	char own[32];
+
+	if (ckpt_connect(endpoint, &c))
+		return 10;
+	if (ckpt_host_alloc(c, sizeof(float) * (rows * CE + TPR * CE + 3), (void **)&w))
+		return 11;
+	e = w + rows * CE;
+	o = e + (int64_t)TPR * CE;
+	snprintf(own, sizeof(own), "own.rank%d", rank);
+	t[0] = (struct ckpt_tensor){"tp.w", CKPT_F32, 2, sw, w, gw, ow};
+	t[1] = (struct ckpt_tensor){"emb", CKPT_F32, 2, ge, e, ge, oe};
+	t[2] = (struct ckpt_tensor){own, CKPT_F32, 1, sown, o, NULL, NULL};
+	for (int64_t i = 0; i < rows * CE; i++)
+		w[i] = save ? v_emb(ow[0] + i / CE, i % CE + 1) : -1;
+	for (int64_t i = 0; i < (int64_t)TPR * CE; i++)
+		e[i] = save ? v_emb(i / CE, i % CE) : -1;
+	for (int64_t k = 0; k < 3; k++)
+		o[k] = save ? v_own(rank, k) : -1;
+	if (ckpt_plan_create(c, job, rank, world, t, 3, &p))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+	for (int64_t step = 4; save && step <= 5; step++) {
+		if (ckpt_save(p, step, NULL, &s))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
+		if (ckpt_save_wait(s, CKPT_COMMITTED, 60000))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_save_reason(s)), 14;
+		ckpt_save_release(s);
+	}
+	if (!save && ckpt_restore(p, CKPT_LATEST, NULL, NULL))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 15;
+	for (int64_t i = 0; i < rows * CE; i++)
+		if (w[i] != v_emb(ow[0] + i / CE, i % CE + 1))
+			return fprintf(stderr, "rank %d: tp.w[%ld] = %g\n", rank, (long)i,
+			               (double)w[i]),
+			       16;
+	for (int64_t i = 0; i < (int64_t)TPR * CE; i++)
+		if (e[i] != v_emb(i / CE, i % CE))
+			return fprintf(stderr, "rank %d: emb[%ld] = %g\n", rank, (long)i,
+			               (double)e[i]),
+			       17;
+	for (int64_t k = 0; k < 3; k++)
+		if (o[k] != v_own(rank, k))
+			return 18;
 	ckpt_plan_destroy(p);
 	ckpt_disconnect(c);
 	return 0;
@@ -278,7 +378,8 @@ START_TEST(other_worlds_and_splits)
 	/* show: each rank's bytes and boxes, the balance, the bias held by all four */
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show rs 5"), 0);
 	ck_assert_msg(strstr(out, "balance: the largest rank's tensor bytes / the mean: 1.00") &&
-	                  strstr(out, "12 held by 1 rank") && strstr(out, "1 held by 4 ranks") &&
+	                  strstr(out, "12 written by 1 rank") &&
+	                  strstr(out, "1 written by 4 ranks") &&
 	                  strstr(out, "; 84 bytes in extra copies"),
 	              "%s", out);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json show rs 5"), 0);
@@ -451,7 +552,142 @@ START_TEST(across_nodes)
 	run_on(a, 2, "xn", 4, 0, 4, "save", NULL);
 	run_on(a, 2, "xn", 2, 0, 2, "restore", NULL);
 	run_on(a, 2, "xn", 8, 0, 8, "restore", NULL);
+	/* replicas written once across the nodes: each writes its pieces of emb */
+	run_on(a, 2, "xd", 4, 0, 4, "dsave", NULL);
 	for (int i = 0; i < 2; i++)
+		ck_assert_msg(h_log_has(&a[i], "job xd rank") &&
+		                  h_log_has(&a[i], "replicas written once: it writes"),
+		              "agent %d does not say its ranks write replicas once (%s)", i,
+		              a[i].log);
+	run_on(a, 2, "xd", 2, 0, 2, "drestore", NULL);
+	for (int i = 0; i < 2; i++)
+		h_agent_cleanup(&a[i]);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* show --json's layout of job step 5: rank r's "bytes", "boxes_held"; boxes written n times. */
+static json_t *layout_of(const struct agent_proc *a, const char *job, int *version)
+{
+	static char out[1 << 20];
+	json_t *j, *l;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s 5", job), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "%.400s", out);
+	*version = (int)json_integer_value(json_object_get(j, "version"));
+	l = json_incref(json_object_get(j, "layout"));
+	json_decref(j);
+	return l;
+}
+
+static json_int_t rank_field(json_t *l, int r, const char *key)
+{
+	return json_integer_value(
+	    json_object_get(json_array_get(json_object_get(l, "ranks"), r), key));
+}
+
+/*
+ * Replicas written once (the default, copies 1): the 16 MiB "emb" held by
+ * all 4 ranks is written once, a quarter by each (step 5; step 4 made the
+ * plan set complete); each rank still holds its 5 boxes, the manifest says
+ * so (version 3), and world 4 and world 2 restore every byte. With copies
+ * 2, each piece is written by two ranks: one copy corrupt, a restore reads
+ * the other, and verify says 1 of its 2 copies is good.
+ */
+START_TEST(replicas_written_once)
+{
+	const json_int_t own = 4 * (60 + 60 + 3), emb = (json_int_t)RE * CE * 4;
+	struct agent_proc a;
+	char path[512], out[16384];
+	json_int_t sum = 0, max = 0;
+	json_t *l;
+	int version;
+
+	h_agent_start(&a, NULL);
+	run_world(&a, "dd", 4, "dsave", NULL);
+	l = layout_of(&a, "dd", &version);
+	ck_assert_int_eq(version, 3);
+	for (int r = 0; r < 4; r++) {
+		json_int_t b = rank_field(l, r, "bytes");
+
+		ck_assert_int_eq(rank_field(l, r, "boxes_held"), 5);
+		ck_assert_msg(b >= own + emb / 4 && b <= own + emb / 4 + 4 * NB,
+		              "rank %d writes %lld bytes", r, (long long)b);
+		sum += b;
+		max = b > max ? b : max;
+	}
+	ck_assert_int_eq(sum, 4 * own + emb + 4 * NB); /* every box once */
+	ck_assert_ptr_null(json_object_get(json_object_get(l, "boxes_by_copies"), "4"));
+	ck_assert_int_eq(json_integer_value(json_object_get(l, "bytes_in_extra_copies")), 0);
+	json_decref(l);
+	ck_assert(h_log_has(&a, "replicas written once: it writes 4194"));
+	run_world(&a, "dd", 4, "drestore", NULL);
+	run_world(&a, "dd", 2, "drestore", NULL);
+
+	/* copies 2: two pieces of emb and the bias, each in two ranks' files */
+	run_world(&a, "d2", 4, "dsave2", NULL);
+	l = layout_of(&a, "d2", &version);
+	ck_assert_int_eq(
+	    json_integer_value(json_object_get(json_object_get(l, "boxes_by_copies"), "2")), 3);
+	ck_assert_int_eq(json_integer_value(json_object_get(l, "bytes_in_extra_copies")),
+	                 emb + 4 * NB);
+	json_decref(l);
+	h_shard(&a, path, sizeof(path), "d2", 5, 2);
+	h_flip_byte(path, chunk_at(&a, "d2", "emb", 2) + 100);
+	run_world(&a, "d2", 4, "drestore", NULL);
+	ck_assert(h_log_has(&a, "restored from other copies"));
+	ck_assert_int_ne(h_ctl(&a, out, sizeof(out), "verify d2 5"), 0);
+	ck_assert_msg(strstr(out, "tensor 'emb'") && strstr(out, "rank 2's copy is bad; 1 of its 2 "
+	                                                         "copies are good"),
+	              "%s", out);
+	/* rank 2's file gone: the others still restore every byte of emb from the other copy */
+	ck_assert_int_eq(unlink(path), 0);
+	run_ranks(&a, "d2", 4, 0, 2, "drestore", NULL);
+	run_ranks(&a, "d2", 4, 3, 4, "drestore", NULL);
+	ck_assert_int_ne(h_ctl(&a, out, sizeof(out), "verify d2 5"), 0);
+	ck_assert_msg(strstr(out, "rank 2's copy is bad; 1 of its 2 copies are good"), "%s", out);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * 8 ranks over 4 agents on one shared root, 2 DP x 4 TP: every box written
+ * once, by ranks of every node, balanced; world 8 and TP 4 alone restore
+ * every byte from files all four nodes wrote.
+ */
+START_TEST(dp_tp_over_four_nodes)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+	const json_int_t unique = 2 * (json_int_t)TPR * CE * 4 + 8 * 12;
+	struct agent_proc a[4];
+	char dir[256], root[300], cmd[400];
+	json_int_t sum = 0;
+	json_t *l;
+	int version;
+
+	snprintf(dir, sizeof(dir), "%s/cktp.XXXXXX", tmp);
+	ck_assert(mkdtemp(dir));
+	snprintf(root, sizeof(root), "%s/shared", dir);
+	for (int i = 0; i < 4; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "n%d", i);
+		h_agent_start_node(&a[i], root, name, NULL);
+	}
+	run_on(a, 4, "tp", 8, 0, 8, "tpsave", NULL);
+	l = layout_of(&a[0], "tp", &version);
+	ck_assert_int_eq(version, 3);
+	for (int r = 0; r < 8; r++)
+		sum += rank_field(l, r, "bytes");
+	ck_assert_int_eq(sum, unique);
+	ck_assert_msg(json_real_value(json_object_get(l, "balance")) <= 1.05, "balance %f",
+	              json_real_value(json_object_get(l, "balance")));
+	json_decref(l);
+	run_on(a, 4, "tp", 8, 0, 8, "tprestore", NULL);
+	run_on(a, 4, "tp", 4, 0, 4, "tprestore", NULL);
+	for (int i = 0; i < 4; i++)
 		h_agent_cleanup(&a[i]);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	ck_assert_int_eq(system(cmd), 0);
@@ -465,6 +701,8 @@ int main(int argc, char **argv)
 	SRunner *sr;
 	int failed;
 
+	if (argc == 8 && strcmp(argv[1], "--rank") == 0 && strncmp(argv[6], "tp", 2) == 0)
+		return tp_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7]);
 	s = suite_create("reshard");
@@ -476,6 +714,8 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, own_part_and_another_copy);
 	tcase_add_test(tc, uncovered_does_not_fall_back);
 	tcase_add_test(tc, across_nodes);
+	tcase_add_test(tc, replicas_written_once);
+	tcase_add_test(tc, dp_tp_over_four_nodes);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,328 @@
+/*
+ * Replicas written once (DESIGN.md §4.7): what each of this node's plans
+ * writes of what it holds, from the plans files every node publishes.
+ *
+ * On the commit thread, after this node's plans file is published and
+ * after a step of the job ends: every node's plans file of the job is read
+ * (other nodes' files are hostile input: parsed and checked by storage/),
+ * and where those of this run hold every rank of the world exactly once,
+ * layout/assign.c gives each rank the rows it writes. Each plan of this
+ * node whose rank writes less than it holds gets a shard layout of its
+ * own (struct shard_layout: the pieces, a header), made once per plan set
+ * and kept until the set changes; saves admitted from then on use it.
+ *
+ * The plan set is named by its content (every rank's tensors signature,
+ * and its node), so equal files on two nodes give equal assignments. Two
+ * nodes that looked at different sets (one saw a rank's new plan, the
+ * other not yet) may leave a row that no rank wrote: the commit refuses
+ * such a step (layout/cover.c), and the step's end refreshes the layouts.
+ *
+ * Invariants:
+ * - A plan's layout is replaced, never changed: a save keeps the one it
+ *   was admitted with (a reference under agent.mu).
+ * - This node's own ranks are taken from its published file only where
+ *   that file says what the live plan holds; otherwise the plan writes
+ *   everything (a superset never leaves a hole).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "agent.h"
+#include "assign.h"
+
+void layout_put(struct shard_layout *l)
+{
+	if (--l->refs)
+		return;
+	free(l->t);
+	free(l->header);
+	free(l);
+}
+
+bool layouts_incomplete(struct agent *a, const char *job, const char *run)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && p->dedup_key == 0 && strcmp(p->job, job) == 0 &&
+		    strcmp(p->run, run) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Every node's plans of (job, run): the files read, their ranks as assign's input. */
+struct plan_set {
+	struct plans_file **files;
+	size_t nfiles;
+	struct assign_input *in;
+	size_t n;
+	unsigned copies; /* the largest any rank asks for, at most the world */
+	uint64_t key; /* 0: not a complete set */
+};
+
+static void set_free(struct plan_set *ps)
+{
+	for (size_t i = 0; i < ps->nfiles; i++)
+		plans_free(ps->files[i]);
+	free(ps->files);
+	free(ps->in);
+}
+
+/*
+ * The plans files of (job, run) of world ranks. 0 with key 0 where they do
+ * not hold each rank once (a node not published yet, a rank gone); -errno
+ * when they cannot be read (why in err).
+ */
+static int set_read(struct agent *a, const char *job, const char *run, int world,
+                    struct plan_set *ps, char *err)
+{
+	char **names = NULL, why[IPC_ERRLEN];
+	unsigned char *seen = calloc((size_t)world, 1);
+	size_t nnames = 0, total = 0;
+	XXH3_state_t st;
+	int rc;
+
+	memset(ps, 0, sizeof(*ps));
+	if (!seen)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	rc = store_list_nodes(a->store, job, &names, &nnames, err);
+	if (!rc && !(ps->files = calloc(nnames + 1, sizeof(*ps->files))))
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; !rc && i < nnames; i++) {
+		struct plans_file *f = NULL;
+		int r = store_read_plans(a->store, job, names[i], &f, why);
+
+		if (r == -ENOENT)
+			continue; /* gone since the listing */
+		if (r) {
+			rc = ipc_errf(err, r, "%s", why);
+			break;
+		}
+		if (strcmp(f->run, run) != 0 || f->world != world) {
+			plans_free(f); /* another run's (a restart's, or one that ended) */
+			continue;
+		}
+		ps->files[ps->nfiles++] = f;
+		total += f->nranks;
+	}
+	for (size_t i = 0; i < nnames; i++)
+		free(names[i]);
+	free(names);
+	if (!rc && !(ps->in = calloc(total + 1, sizeof(*ps->in))))
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	XXH3_64bits_reset(&st);
+	for (size_t i = 0; !rc && i < ps->nfiles; i++)
+		for (size_t j = 0; j < ps->files[i]->nranks; j++) {
+			const struct plans_rank *k = &ps->files[i]->ranks[j];
+			uint64_t sig;
+
+			if (k->rank < 0 || k->rank >= world || seen[k->rank]++) {
+				free(seen);
+				return 0; /* a rank twice: not a set (the commit says more) */
+			}
+			if (tensors_signature(k->tensors, k->ntensors, &sig)) {
+				free(seen);
+				return ipc_errf(err, -ENOMEM, "out of memory");
+			}
+			ps->in[ps->n++] = (struct assign_input){ps->files[i]->node, k};
+			ps->copies = k->copies > ps->copies ? k->copies : ps->copies;
+			XXH3_64bits_update(&st, ps->files[i]->node, strlen(ps->files[i]->node) + 1);
+			XXH3_64bits_update(&st, &k->rank, sizeof(k->rank));
+			XXH3_64bits_update(&st, &sig, sizeof(sig));
+		}
+	ps->copies = ps->copies < (unsigned)world ? ps->copies : (unsigned)world;
+	XXH3_64bits_update(&st, &ps->copies, sizeof(ps->copies));
+	if (!rc && ps->n == (size_t)world) {
+		ps->key = XXH3_64bits_digest(&st);
+		ps->key += ps->key == 0; /* 0 says "none" */
+	}
+	free(seen);
+	return rc;
+}
+
+/* Whether this node's file says of p's rank what p holds, tensor by tensor in order. */
+static bool file_says(const struct plan_set *ps, const char *node, const struct plan *p)
+{
+	for (size_t i = 0; i < ps->n; i++) {
+		const struct plans_rank *k = ps->in[i].rank;
+
+		if (k->rank != p->rank)
+			continue;
+		if (strcmp(ps->in[i].node, node) != 0 || k->ntensors != p->n)
+			return false;
+		for (size_t j = 0; j < p->n; j++) {
+			const struct manifest_tensor *f = &k->tensors[j];
+			const struct plan_tensor *t = &p->t[j];
+
+			if (strcmp(f->name, t->name) || f->dtype != t->dtype ||
+			    f->ndim != t->ndim || f->sharded != t->sharded ||
+			    memcmp(f->chunks[0].shape, t->shape, t->ndim * sizeof(int64_t)) ||
+			    memcmp(f->global_shape, t->global_shape, t->ndim * sizeof(int64_t)) ||
+			    (t->sharded && memcmp(f->chunks[0].global_offset, t->global_offset,
+			                          t->ndim * sizeof(int64_t))))
+				return false;
+		}
+		return true;
+	}
+	return false;
+}
+
+/*
+ * p's layout for what r writes; NULL in *out when r writes all it holds.
+ * No lock: a plan's tensors do not change, and p is held.
+ */
+static int layout_make(const struct plan *p, const struct assign_rank *r, uint64_t key,
+                       struct shard_layout **out, char *err)
+{
+	struct shard_layout *l;
+	int rc;
+
+	*out = NULL;
+	if (r->bytes == r->held_bytes)
+		return 0;
+	l = calloc(1, sizeof(*l));
+	if (!l || !(l->t = calloc(p->n + 1, sizeof(*l->t)))) {
+		free(l);
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < p->n && i < r->ntensors; i++) {
+		const struct assign_piece *pc = &r->piece[i];
+		struct plan_tensor *t = &l->t[l->n];
+		uint64_t row;
+
+		if (!pc->writes)
+			continue;
+		*t = p->t[i];
+		l->n++;
+		if (t->ndim == 0 || (pc->row0 == 0 && pc->rows == t->shape[0]))
+			continue; /* all of it */
+		row = t->nbytes / (uint64_t)t->shape[0]; /* shape[0] > 0: it has rows to cut */
+		t->shape[0] = pc->rows;
+		t->global_offset[0] += pc->row0;
+		t->offset += (uint64_t)pc->row0 * row;
+		if (t->dptr)
+			t->dptr = (char *)t->dptr + (uint64_t)pc->row0 * row;
+		t->nbytes = (uint64_t)pc->rows * row;
+	}
+	l->held_bytes = p->whole.held_bytes;
+	l->key = key;
+	l->refs = 1;
+	rc = shard_layout_header(l, p, err);
+	if (rc) {
+		layout_put(l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
+/* Under mu: p takes layout l (NULL: its whole plan) of plan set key. */
+static void layout_install(struct plan *p, struct shard_layout *l, uint64_t key,
+                           const struct assignment *as)
+{
+	if (p->dedup)
+		layout_put(p->dedup);
+	p->dedup = l;
+	p->dedup_key = key;
+	if (l)
+		log_msg(LOG_INFO,
+		        "job %s rank %d: replicas written once: it writes %llu of the %llu bytes "
+		        "it holds (%zu ranks, balance %.3f)",
+		        p->job, p->rank, (unsigned long long)(l->shard_bytes - l->header_len),
+		        (unsigned long long)l->held_bytes, as->nranks, assign_balance(as));
+}
+
+/* This node's live plans of (job, run) whose layout is not of plan set key: held. */
+static size_t stale_plans(struct agent *a, const char *job, const char *run, uint64_t key,
+                          struct plan ***out)
+{
+	struct list *pos;
+	struct plan **v;
+	size_t n = 0;
+
+	list_for_each(pos, &a->plans) n++;
+	*out = v = calloc(n + 1, sizeof(*v));
+	if (!v)
+		return 0;
+	n = 0;
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && p->dedup_key != key && strcmp(p->job, job) == 0 &&
+		    strcmp(p->run, run) == 0) {
+			plan_get(p);
+			v[n++] = p;
+		}
+	}
+	return n;
+}
+
+static int world_of(struct agent *a, const char *job, const char *run)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0)
+			return p->world;
+	}
+	return 0;
+}
+
+void layouts_refresh(struct agent *a, const char *job, const char *run)
+{
+	struct assignment *as = NULL;
+	struct plan_set ps;
+	struct plan **v;
+	char err[IPC_ERRLEN];
+	size_t n;
+	int world, rc;
+
+	pthread_mutex_lock(&a->mu);
+	world = world_of(a, job, run);
+	pthread_mutex_unlock(&a->mu);
+	if (world < 2)
+		return; /* nothing to share */
+	rc = set_read(a, job, run, world, &ps, err);
+	if (rc) {
+		log_msg(LOG_DEBUG, "job %s: plans of the other nodes not read: %s", job, err);
+		set_free(&ps);
+		return;
+	}
+	pthread_mutex_lock(&a->mu);
+	n = stale_plans(a, job, run, ps.key, &v);
+	pthread_mutex_unlock(&a->mu);
+	if (n && ps.key && (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
+		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	for (size_t i = 0; i < n; i++) {
+		struct shard_layout *l = NULL;
+		const struct assign_rank *r = as ? assign_rank(as, v[i]->rank) : NULL;
+
+		if (r && file_says(&ps, a->cfg.node, v[i]) && layout_make(v[i], r, ps.key, &l, err))
+			log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", job,
+			        v[i]->rank, err);
+		pthread_mutex_lock(&a->mu);
+		if (!v[i]->dropped)
+			layout_install(v[i], l, as || !ps.key ? ps.key : 0, as);
+		else if (l)
+			layout_put(l);
+		plan_put(a, v[i]);
+		pthread_mutex_unlock(&a->mu);
+	}
+	free(v);
+	assign_free(as);
+	set_free(&ps);
+}
