@@ -1,0 +1,161 @@
+/*
+ * Replicas written once: R data-parallel replicas (one process each, a
+ * client of its own) hold the same model: four float32 tensors of 1, 2, 3
+ * and 4 tenths of M MiB (sizes that do not divide evenly among the ranks). Each rank saves step 1
+ * (the plan set is then complete on every agent), then step 2, timed from its ckpt_save to
+ * COMMITTED. With copies CKPT_COPIES_ALL every replica writes its own copy (dedup off); with the
+ * default, each box is written once, the writers balanced (dedup on).
+ * Prints one JSON line per run: replicas, dedup, the slowest rank's seconds
+ * and the job (bench/dedup_run.sh reads its bytes from `ckptctl show`).
+ *
+ *   dedup_bench --endpoint E [--job J] [--replicas 4,8] [--mib M] [--reps N]
+ */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+
+#define NT 4
+#define COLS 1024
+
+static const char *endpoint, *job = "dedup";
+static int64_t rows[NT];
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One replica: steps 1 and 2; step 2's seconds to fd. */
+static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
+{
+	struct ckpt_plan_opts po = CKPT_PLAN_OPTS_INIT;
+	int64_t shape[NT][2], off[2] = {0, 0};
+	struct ckpt_tensor t[NT];
+	char names[NT][8];
+	struct ckpt_client *cl;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	size_t total = 0;
+	double t0 = 0, dt = 0;
+	float *a;
+
+	for (int k = 0; k < NT; k++)
+		total += (size_t)rows[k] * COLS;
+	if (ckpt_connect(endpoint, &cl) || ckpt_host_alloc(cl, total * 4, (void **)&a))
+		return 10;
+	for (size_t i = 0; i < total; i++)
+		a[i] = (float)(i % 65521);
+	for (int64_t k = 0, at = 0; k < NT; at += rows[k] * COLS, k++) {
+		snprintf(names[k], sizeof(names[k]), "t%d", (int)k);
+		shape[k][0] = rows[k];
+		shape[k][1] = COLS;
+		t[k] = (struct ckpt_tensor){names[k], CKPT_F32, 2, shape[k], a + at, shape[k], off};
+	}
+	po.copies = dedup ? 0 : CKPT_COPIES_ALL;
+	if (ckpt_plan_create_opts(cl, name, rank, world, t, NT, &po, &p))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 11;
+	for (int step = 1; step <= 2; step++) {
+		t0 = now();
+		if (ckpt_save(p, step, NULL, &s) || ckpt_save_wait(s, CKPT_COMMITTED, 600000))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 12;
+		dt = now() - t0;
+		ckpt_save_release(s);
+	}
+	dprintf(fd, "%.6f\n", dt);
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(cl);
+	return 0;
+}
+
+static int run(const char *name, int world, bool dedup, double *slowest)
+{
+	int fds[2], rc = 0;
+	pid_t pid[64];
+	char line[64];
+	FILE *f;
+
+	if (pipe(fds))
+		return -1;
+	for (int k = 0; k < world; k++) {
+		pid[k] = fork();
+		if (pid[k] == 0) {
+			close(fds[0]);
+			_exit(rank_main(name, k, world, dedup, fds[1]));
+		}
+	}
+	close(fds[1]);
+	f = fdopen(fds[0], "r");
+	*slowest = 0;
+	while (f && fgets(line, sizeof(line), f))
+		*slowest = atof(line) > *slowest ? atof(line) : *slowest;
+	if (f)
+		fclose(f);
+	for (int k = 0; k < world; k++) {
+		int st;
+
+		waitpid(pid[k], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st))
+			rc = -1;
+	}
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {{"endpoint", 1, 0, 'e'}, {"job", 1, 0, 'j'},
+	                                     {"replicas", 1, 0, 'r'}, {"mib", 1, 0, 'm'},
+	                                     {"reps", 1, 0, 'n'},     {0, 0, 0, 0}};
+	const char *replicas = "4,8";
+	int reps = 3, o;
+	long mib = 256;
+
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (o == 'e')
+			endpoint = optarg;
+		else if (o == 'j')
+			job = optarg;
+		else if (o == 'r')
+			replicas = optarg;
+		else if (o == 'm')
+			mib = atol(optarg);
+		else if (o == 'n')
+			reps = atoi(optarg);
+		else
+			return 2;
+	}
+	if (!endpoint || mib < 4) {
+		fprintf(stderr, "usage: dedup_bench --endpoint E [--job J] [--replicas 4,8] "
+		                "[--mib M] [--reps N]\n");
+		return 2;
+	}
+	for (int k = 0; k < NT; k++) /* 1, 2, 3 and 4 tenths of M */
+		rows[k] = (int64_t)mib * (1 << 20) / 4 / COLS * (k + 1) / 10;
+	for (int rep = 0; rep < reps; rep++)
+		for (const char *w = replicas; *w; w += strcspn(w, ",") + (w[strcspn(w, ",")] != 0))
+			for (int dedup = 0; dedup < 2; dedup++) {
+				int world = atoi(w);
+				char name[128];
+				double secs;
+
+				snprintf(name, sizeof(name), "%s-r%d-%s-%d", job, world,
+				         dedup ? "on" : "off", rep);
+				if (world < 2 || world > 64 || run(name, world, dedup, &secs))
+					return fprintf(stderr, "dedup_bench: %s failed\n", name), 1;
+				printf(
+				    "{\"replicas\": %d, \"dedup\": %s, \"rep\": %d, \"seconds\": "
+				    "%.6f, \"job\": \"%s\"}\n",
+				    world, dedup ? "true" : "false", rep, secs, name);
+				fflush(stdout);
+			}
+	return 0;
+}
