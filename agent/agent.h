@@ -334,6 +334,7 @@ struct plan {
 	 */
 	struct shard_layout *dedup;
 	uint64_t dedup_key;
+	int64_t dedup_at; /* monotonic ns of the last look at the plan set (layouts.c) */
 	struct plan_gpu *gpu; /* NULL: host memory only */
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
@@ -378,8 +379,14 @@ int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
  * write their whole plan.
  */
 void layouts_refresh(struct agent *a, const char *job, const char *run);
-/* Under mu: whether some plan of (job, run) has no complete plan set yet. */
-bool layouts_incomplete(struct agent *a, const char *job, const char *run);
+/* A run's layouts are looked at again at a step's end after this long (30 s). */
+#define LAYOUTS_REFRESH_NS 30000000000LL
+/*
+ * Under mu: whether a step's end of (job, run) should look at the plans
+ * again: some plan has no complete plan set yet, or was last looked at
+ * LAYOUTS_REFRESH_NS ago.
+ */
+bool layouts_due(struct agent *a, const char *job, const char *run);
 /* Under mu: a reference to l let go (a plan's whole layout is never freed here). */
 void layout_put(struct shard_layout *l);
 /*

@@ -347,6 +347,7 @@ static int plans_snapshot(struct agent *a, const char *job, const char *run,
 		return -ENOMEM;
 	list_for_each(pos, &a->plans) n++;
 	f->version = PLANS_VERSION;
+	f->writes_once = true; /* layouts.c */
 	f->job = strdup(job);
 	f->node = strdup(a->cfg.node);
 	f->run = strdup(run);
@@ -782,7 +783,7 @@ static void step_end_layouts(struct agent *a, const struct checkpoint *cp, bool 
 	bool refresh;
 
 	pthread_mutex_lock(&a->mu);
-	refresh = failed || layouts_incomplete(a, cp->job, cp->run);
+	refresh = failed || layouts_due(a, cp->job, cp->run);
 	pthread_mutex_unlock(&a->mu);
 	if (refresh)
 		layouts_refresh(a, cp->job, cp->run);

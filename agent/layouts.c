@@ -15,7 +15,11 @@
  * and its node), so equal files on two nodes give equal assignments. Two
  * nodes that looked at different sets (one saw a rank's new plan, the
  * other not yet) may leave a row that no rank wrote: the commit refuses
- * such a step (layout/cover.c), and the step's end refreshes the layouts.
+ * such a step (layout/cover.c), and the step's end refreshes the layouts;
+ * so does any step's end once LAYOUTS_REFRESH_NS have passed since the
+ * last look. Only where every node's file says its agent writes replicas
+ * once (`writes_once`: an older agent's does not) do the plans use it.
+ * Copies as many as the replicas (CKPT_COPIES_ALL) need no assignment.
  *
  * Invariants:
  * - A plan's layout is replaced, never changed: a save keeps the one it
@@ -45,16 +49,17 @@ void layout_put(struct shard_layout *l)
 	free(l);
 }
 
-bool layouts_incomplete(struct agent *a, const char *job, const char *run)
+bool layouts_due(struct agent *a, const char *job, const char *run)
 {
+	const int64_t now = ipc_mono_ns();
 	struct list *pos;
 
 	list_for_each(pos, &a->plans)
 	{
 		const struct plan *p = container_of(pos, struct plan, link);
 
-		if (!p->dropped && p->dedup_key == 0 && strcmp(p->job, job) == 0 &&
-		    strcmp(p->run, run) == 0)
+		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 &&
+		    (p->dedup_key == 0 || now - p->dedup_at >= LAYOUTS_REFRESH_NS))
 			return true;
 	}
 	return false;
@@ -89,6 +94,7 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 	char **names = NULL, why[IPC_ERRLEN];
 	unsigned char *seen = calloc((size_t)world, 1);
 	size_t nnames = 0, total = 0;
+	bool older = false; /* a node whose agent does not write replicas once */
 	XXH3_state_t st;
 	int rc;
 
@@ -102,11 +108,14 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		struct plans_file *f = NULL;
 		int r = store_read_plans(a->store, job, names[i], &f, why);
 
-		if (r == -ENOENT)
-			continue; /* gone since the listing */
-		if (r) {
+		if (r == -ENOMEM) {
 			rc = ipc_errf(err, r, "%s", why);
 			break;
+		}
+		if (r) { /* gone since the listing, or unreadable: its ranks are missing */
+			log_msg(LOG_DEBUG, "job %s: plans of node %s not used: %s", job, names[i],
+			        why);
+			continue;
 		}
 		if (strcmp(f->run, run) != 0 || f->world != world) {
 			plans_free(f); /* another run's (a restart's, or one that ended) */
@@ -114,6 +123,7 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		}
 		ps->files[ps->nfiles++] = f;
 		total += f->nranks;
+		older = older || !f->writes_once;
 	}
 	for (size_t i = 0; i < nnames; i++)
 		free(names[i]);
@@ -142,7 +152,7 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		}
 	ps->copies = ps->copies < (unsigned)world ? ps->copies : (unsigned)world;
 	XXH3_64bits_update(&st, &ps->copies, sizeof(ps->copies));
-	if (!rc && ps->n == (size_t)world) {
+	if (!rc && ps->n == (size_t)world && !older) {
 		ps->key = XXH3_64bits_digest(&st);
 		ps->key += ps->key == 0; /* 0 says "none" */
 	}
@@ -179,10 +189,11 @@ static bool file_says(const struct plan_set *ps, const char *node, const struct 
 
 /*
  * p's layout for what r writes; NULL in *out when r writes all it holds.
- * No lock: a plan's tensors do not change, and p is held.
+ * The plan's tensors are copied under mu (a drop lets their regions go
+ * there); the rest needs no lock (p is held).
  */
-static int layout_make(const struct plan *p, const struct assign_rank *r, uint64_t key,
-                       struct shard_layout **out, char *err)
+static int layout_make(struct agent *a, const struct plan *p, const struct assign_rank *r,
+                       uint64_t key, struct shard_layout **out, char *err)
 {
 	struct shard_layout *l;
 	int rc;
@@ -195,15 +206,19 @@ static int layout_make(const struct plan *p, const struct assign_rank *r, uint64
 		free(l);
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	}
-	for (size_t i = 0; i < p->n && i < r->ntensors; i++) {
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < p->n && i < r->ntensors; i++)
+		if (r->piece[i].writes)
+			l->t[l->n++] = p->t[i];
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0, j = 0; i < p->n && i < r->ntensors; i++) {
 		const struct assign_piece *pc = &r->piece[i];
-		struct plan_tensor *t = &l->t[l->n];
+		struct plan_tensor *t = &l->t[j];
 		uint64_t row;
 
 		if (!pc->writes)
 			continue;
-		*t = p->t[i];
-		l->n++;
+		j++;
 		if (t->ndim == 0 || (pc->row0 == 0 && pc->rows == t->shape[0]))
 			continue; /* all of it */
 		row = t->nbytes / (uint64_t)t->shape[0]; /* shape[0] > 0: it has rows to cut */
@@ -242,10 +257,14 @@ static void layout_install(struct plan *p, struct shard_layout *l, uint64_t key,
 		        (unsigned long long)l->held_bytes, as->nranks, assign_balance(as));
 }
 
-/* This node's live plans of (job, run) whose layout is not of plan set key: held. */
+/*
+ * This node's live plans of (job, run) whose layout is not of plan set key:
+ * held. Every live plan of it has been looked at now.
+ */
 static size_t stale_plans(struct agent *a, const char *job, const char *run, uint64_t key,
                           struct plan ***out)
 {
+	const int64_t now = ipc_mono_ns();
 	struct list *pos;
 	struct plan **v;
 	size_t n = 0;
@@ -259,8 +278,10 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run, uin
 	{
 		struct plan *p = container_of(pos, struct plan, link);
 
-		if (!p->dropped && p->dedup_key != key && strcmp(p->job, job) == 0 &&
-		    strcmp(p->run, run) == 0) {
+		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
+			continue;
+		p->dedup_at = now;
+		if (p->dedup_key != key) {
 			plan_get(p);
 			v[n++] = p;
 		}
@@ -305,18 +326,21 @@ void layouts_refresh(struct agent *a, const char *job, const char *run)
 	pthread_mutex_lock(&a->mu);
 	n = stale_plans(a, job, run, ps.key, &v);
 	pthread_mutex_unlock(&a->mu);
-	if (n && ps.key && (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
+	/* copies as many as the world: every replica writes its own, no assignment */
+	if (n && ps.key && ps.copies < (unsigned)world &&
+	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
 		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
 	for (size_t i = 0; i < n; i++) {
 		struct shard_layout *l = NULL;
 		const struct assign_rank *r = as ? assign_rank(as, v[i]->rank) : NULL;
 
-		if (r && file_says(&ps, a->cfg.node, v[i]) && layout_make(v[i], r, ps.key, &l, err))
+		if (r && file_says(&ps, a->cfg.node, v[i]) &&
+		    layout_make(a, v[i], r, ps.key, &l, err))
 			log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", job,
 			        v[i]->rank, err);
 		pthread_mutex_lock(&a->mu);
 		if (!v[i]->dropped)
-			layout_install(v[i], l, as || !ps.key ? ps.key : 0, as);
+			layout_install(v[i], l, rc ? 0 : ps.key, as);
 		else if (l)
 			layout_put(l);
 		plan_put(a, v[i]);

@@ -142,13 +142,18 @@ struct ckpt_plan_opts {
 	 * (the largest any rank says is used).
 	 */
 	unsigned copies;
+	/*
+	 * Zero. Named so that no padding follows `copies`: an older libckpt
+	 * checks that the bytes past what it knows are zero.
+	 */
+	unsigned reserved;
 };
 
 #define CKPT_COPIES_ALL 0xffffffffu
 
 #define CKPT_PLAN_OPTS_INIT                                                                        \
 	{                                                                                          \
-		sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL, 0                            \
+		sizeof(struct ckpt_plan_opts), CKPT_BP_DEFAULT, NULL, 0, 0                         \
 	}
 
 /* ckpt_plan_create with options (opts NULL: the defaults). */

@@ -335,6 +335,11 @@ static int plan_opts(const struct ckpt_plan_opts *in, struct ckpt_plan_opts *o, 
 			    i, in->size);
 	memcpy(o, in, in->size < known ? in->size : known);
 	o->size = sizeof(*o);
+	if (o->reserved)
+		return ipc_errf(err, -EINVAL,
+		                "struct ckpt_plan_opts: `reserved` is %u, it must be zero (start "
+		                "from CKPT_PLAN_OPTS_INIT)",
+		                o->reserved);
 run:
 	if (!o->run || !*o->run)
 		o->run = getenv("CKPT_RUN");

@@ -6,10 +6,12 @@
  * One input holds up to four parts, separated by NUL bytes (JSON has none).
  * Each part accepted must write back and read back the same, give each
  * rank's tensors a signature; the parts that parse are merged, and a merged
- * manifest must pass manifest_check, write, and read back.
+ * manifest must pass manifest_check, write, and read back; whether its
+ * chunks cover every box its ranks hold (cover_check) must come back.
  */
 #include <string.h>
 
+#include "cover.h"
 #include "format.h"
 #include "fuzz.h"
 
@@ -24,7 +26,7 @@ static void roundtrip(const struct part *p)
 	int rc;
 
 	for (size_t i = 0; i < p->nranks; i++)
-		(void)tensors_signature(p->ranks[i].tensors, p->ranks[i].ntensors, &sig);
+		(void)part_rank_signature(&p->ranks[i], &sig);
 	rc = part_to_json(p, &text, &len, err);
 	FUZZ_CHECK(rc == 0, "accepted, yet it cannot be written back: %s", err);
 	rc = part_from_json(text, len, &p2, err);
@@ -49,6 +51,7 @@ static void merged(struct part *const *v, size_t n)
 		return;
 	rc = manifest_check(m, err);
 	FUZZ_CHECK(rc == 0, "merged, yet manifest_check refuses it: %s", err);
+	(void)cover_check(m, err); /* what the commit does next: a hole or not, no crash */
 	rc = manifest_to_json(m, &text, &len, err);
 	FUZZ_CHECK(rc == 0, "merged, yet it cannot be written: %s", err);
 	rc = manifest_from_json(text, len, &m2, err);

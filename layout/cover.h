@@ -10,13 +10,15 @@
 
 #include "format.h"
 
-/* Boxes of a held box still uncovered that one check follows at most. */
+/* Pieces of one held box still uncovered that the check follows at once, at most. */
 #define COVER_MAX_PIECES 4096u
 
 /*
  * 0 if every rank's holds (format 3) are covered by the chunks of m;
- * -EINVAL naming the tensor, the box and a rank holding it if not; -E2BIG
- * if the chunks cut a box into more than COVER_MAX_PIECES pieces; -ENOMEM.
+ * -EINVAL naming the tensor, the box and a rank holding it if not (a
+ * tensor no chunk is of, even an empty one); -E2BIG if the chunks cut a
+ * box into more than COVER_MAX_PIECES pieces or the check would take too
+ * long (hostile parts); -ENOMEM.
  */
 int cover_check(const struct manifest *m, char *err);
 

@@ -261,6 +261,12 @@ struct plans_file {
 	char *job, *node, *run;
 	int world;
 	char digest[17]; /* XXH3-64 of the content, hex: equal digests, equal plan sets */
+	/*
+	 * Its node writes replicas once and reads parts version 2 and manifests
+	 * version 3 ("writes_once": true): a job's ranks write replicas once
+	 * only where every node's file says so (an older agent's does not).
+	 */
+	bool writes_once;
 	size_t nranks; /* ascending */
 	struct plans_rank *ranks;
 };

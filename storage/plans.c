@@ -85,6 +85,10 @@ int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err)
 	root = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:o}", "format", PLANS_FORMAT, "version",
 	                 PLANS_VERSION, "job", f->job, "node", f->node, "run", f->run, "world",
 	                 f->world, "ranks", ranks_json(f));
+	if (root && f->writes_once && json_object_set_new(root, "writes_once", json_true())) {
+		json_decref(root);
+		root = NULL;
+	}
 	if (!root)
 		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory building the JSON");
 	/* The digest: of everything else, so equal plan sets have equal files. */
@@ -241,6 +245,7 @@ static int parse_root(struct plans_file *f, const json_t *root, char *err)
 		return ipc_errf(err, -EINVAL, PL_PREFIX "digest '%.32s' is not 16 hex digits",
 		                digest);
 	memcpy(f->digest, digest, 17);
+	f->writes_once = json_is_true(json_object_get(root, "writes_once"));
 	if (!json_is_array(ranks) || json_array_size(ranks) < 1 ||
 	    json_array_size(ranks) > (size_t)f->world)
 		return ipc_errf(err, -EINVAL,

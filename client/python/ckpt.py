@@ -63,6 +63,7 @@ class _PlanOpts(ctypes.Structure):
         ("backpressure", ctypes.c_int),
         ("run", ctypes.c_char_p),
         ("copies", ctypes.c_uint),
+        ("reserved", ctypes.c_uint),
     ]
 
 

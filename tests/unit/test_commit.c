@@ -104,9 +104,13 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 
 static void plans(const char *nd, const char *run, int world, const int *ranks, size_t n)
 {
-	struct plans_file f = {
-	    PLANS_VERSION, JOB, (char *)nd, (char *)run,
-	    world,         "",  n,          calloc(n, sizeof(struct plans_rank))};
+	struct plans_file f = {.version = PLANS_VERSION,
+	                       .job = JOB,
+	                       .node = (char *)nd,
+	                       .run = (char *)run,
+	                       .world = world,
+	                       .nranks = n,
+	                       .ranks = calloc(n, sizeof(struct plans_rank))};
 	bool wrote;
 
 	for (size_t i = 0; i < n; i++) {

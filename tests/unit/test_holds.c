@@ -140,6 +140,20 @@ START_TEST(test_hole)
 	ck_assert_msg(manifest_merge(&q, 1, &m, err) == 0, "%s", err);
 	ck_assert_int_eq(cover_check(m, err), -EINVAL);
 	manifest_free(m);
+	/* an empty tensor rank 1 holds and nobody wrote: a hole all the same */
+	p->ranks[1].holds = realloc(p->ranks[1].holds, 3 * sizeof(*p->ranks[1].holds));
+	ck_assert_ptr_nonnull(p->ranks[1].holds);
+	one(&p->ranks[1].holds[p->ranks[1].nholds++], "z", 1, 0, 0, 0);
+	p->ranks[1].holds[2].global_shape[0] = 0;
+	p->ranks[1].tensors[0].chunks[0].shape[0] = 4; /* v whole again: only z is missing */
+	p->ranks[1].tensors[0].chunks[0].end = 64 + 16;
+	p->ranks[1].tensors[1].chunks[0].begin = 64 + 16;
+	p->ranks[1].tensors[1].chunks[0].end = 64 + 32;
+	p->ranks[1].size = 64 + 32;
+	ck_assert_msg(manifest_merge(&p, 1, &m, err) == 0, "%s", err);
+	ck_assert_int_eq(cover_check(m, err), -EINVAL);
+	ck_assert_msg(strstr(err, "tensor 'z'") && strstr(err, "written by no rank"), "%s", err);
+	manifest_free(m);
 	part_free(p);
 	part_free(q);
 }

@@ -337,14 +337,14 @@ static struct plans_file *mk_plans(void)
 	struct plans_file *f = calloc(1, sizeof(*f));
 	struct part *p = mk("r", "n0", 4, (const int[]){0, 1}, 2);
 
-	*f = (struct plans_file){PLANS_VERSION,
-	                         xstrdup("job"),
-	                         xstrdup("n0"),
-	                         xstrdup("r"),
-	                         4,
-	                         "",
-	                         2,
-	                         calloc(2, sizeof(struct plans_rank))};
+	*f = (struct plans_file){.version = PLANS_VERSION,
+	                         .job = xstrdup("job"),
+	                         .node = xstrdup("n0"),
+	                         .run = xstrdup("r"),
+	                         .world = 4,
+	                         .writes_once = true,
+	                         .nranks = 2,
+	                         .ranks = calloc(2, sizeof(struct plans_rank))};
 	for (int i = 0; i < 2; i++) { /* the part's tensors, without their bytes */
 		f->ranks[i] = (struct plans_rank){.rank = i,
 		                                  .copies = 1,
@@ -373,10 +373,23 @@ START_TEST(test_plans)
 	ck_assert_str_eq(back->ranks[0].tensors[1].name, "w");
 	ck_assert(back->ranks[1].tensors[0].sharded);
 	ck_assert_int_eq(back->ranks[1].tensors[0].chunks[0].global_offset[0], 4);
+	ck_assert(back->writes_once);
+	ck_assert_uint_eq(back->ranks[0].copies, 1);
+	ck_assert_ptr_null(
+	    strstr(text, "\"copies\"")); /* 1 is not written: files stay as they were */
 	ck_assert_int_eq(plans_to_json(back, &again, &len, err), 0);
 	ck_assert_str_eq(again, text); /* the same plan set, the same bytes and digest */
 	free(again);
+	/* copies asked for: written, read back, another digest */
+	back->ranks[1].copies = 3;
+	ck_assert_int_eq(plans_to_json(back, &again, &len, err), 0);
+	ck_assert_str_ne(back->digest, digest);
+	plans_free(back);
+	ck_assert_msg(plans_from_json(again, len, &back, err) == 0, "%s", err);
+	ck_assert_uint_eq(back->ranks[1].copies, 3);
+	free(again);
 	/* another plan set, another digest */
+	back->ranks[1].copies = 1;
 	back->ranks[1].tensors[0].chunks[0].shape[0] = 3;
 	ck_assert_int_eq(plans_to_json(back, &again, &len, err), 0);
 	ck_assert_str_ne(back->digest, digest);
