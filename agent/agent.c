@@ -341,6 +341,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->ckpts);
 	list_init(&a->watchers);
 	list_init(&a->pubs);
+	list_init(&a->rgroups);
 	rc = lock_socket(a, err);
 	if (rc)
 		goto fail;

@@ -86,6 +86,7 @@ struct agent_config {
 	int copy_threads; /* helpers joining each copy; < 0: one per other CPU */
 	bool direct;
 	bool lock_pool;
+	bool read_once; /* ranks of a node restoring one step together read it once */
 	int log_level;
 	const char *node; /* this node's name (DESIGN.md §2) */
 	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
@@ -156,6 +157,8 @@ struct agent {
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
 	int sock_lock; /* "<socket>.lock", held for the agent's life (-1: none) */
 	atomic_uint_fast64_t captured_bytes; /* copied from trainers into staging, since start */
+	/* restores since start: tensor bytes into trainers, and the bytes read for them */
+	atomic_uint_fast64_t restored_bytes, restore_read_bytes;
 
 	pthread_mutex_t mu; /* everything below */
 	struct list sessions;
@@ -164,6 +167,7 @@ struct agent {
 	struct list ckpts; /* checkpoints in flight */
 	struct list watchers;
 	struct list pubs; /* struct plans_pub: jobs whose plans file is to be (re)written */
+	struct list rgroups; /* restore.c: restores of one step gathering to read it once */
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
 	unsigned nregions; /* host regions registered, all sessions */

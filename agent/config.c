@@ -211,6 +211,9 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
     [CS_DIRECT] = {NULL, NULL, "no-direct", NULL, "buffered writes instead of O_DIRECT", K_SWITCH,
                    .def = 1},
     [CS_LOCK] = {NULL, NULL, "no-lock", NULL, "do not mlock the staging pool", K_SWITCH, .def = 1},
+    [CS_READ_ONCE] = {NULL, NULL, "no-read-once", NULL,
+                      "ranks of this node restoring one step together each read alone", K_SWITCH,
+                      .def = 1},
 };
 
 /* ---- values ----------------------------------------------------------- */
@@ -921,6 +924,7 @@ int config_finish(struct config *c, char *err)
 		    n[CS_ABANDON_AFTER], n[CS_COMMIT_DEADLINE]);
 	a->direct = n[CS_DIRECT] != 0;
 	a->lock_pool = n[CS_LOCK] != 0;
+	a->read_once = n[CS_READ_ONCE] != 0;
 	a->admin_group = c->str[CS_ADMIN_GROUP];
 	a->umask = (unsigned)n[CS_UMASK];
 	a->lim.connections = (unsigned)n[CS_LIM_CONNECTIONS];

@@ -84,6 +84,7 @@ enum config_setting {
 	CS_COPY_THREADS,
 	CS_DIRECT, /* --no-direct */
 	CS_LOCK, /* --no-lock */
+	CS_READ_ONCE, /* --no-read-once */
 	CONFIG_NSETTINGS
 };
 

@@ -56,7 +56,7 @@ struct metrics {
 	double start_unix; /* seconds */
 	pthread_mutex_t mu; /* everything below */
 	struct hist h[NHIST];
-	uint64_t restores_ok, restores_failed, restored_bytes;
+	uint64_t restores_ok, restores_failed, restored_bytes, restore_read;
 	uint64_t parts_missing;
 };
 
@@ -109,11 +109,12 @@ void metrics_on_save(struct agent *a, struct save *s, int state)
 	pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, int64_t start_ns)
+void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, uint64_t read, int64_t start_ns)
 {
 	if (!m)
 		return;
 	pthread_mutex_lock(&m->mu);
+	m->restore_read += read;
 	if (rc)
 		m->restores_failed++;
 	else {
@@ -140,7 +141,7 @@ void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_mis
 /* What a scrape shows, copied under the locks. */
 struct snapshot {
 	struct hist h[NHIST];
-	uint64_t restores_ok, restores_failed, restored_bytes, parts_missing;
+	uint64_t restores_ok, restores_failed, restored_bytes, restore_read, parts_missing;
 	uint64_t finals[8];
 	unsigned inflight, sessions, plans, ckpts;
 	uint64_t captured;
@@ -172,6 +173,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->parts_missing = m->parts_missing;
 	s->restores_failed = m->restores_failed;
 	s->restored_bytes = m->restored_bytes;
+	s->restore_read = m->restore_read;
 	pthread_mutex_unlock(&m->mu);
 	ioeng_get_stats(a->io, &s->io);
 	if (a->store->ops->stats) { /* an object store: its own transfers, not the engine's */
@@ -252,6 +254,10 @@ static void render(struct metrics *m, FILE *f)
 	    (double)s.parts_missing);
 	put(f, "ckptd_restored_bytes_total", "counter", "Tensor bytes restored into trainers.",
 	    (double)s.restored_bytes);
+	put(f, "ckptd_restore_read_bytes_total", "counter",
+	    "Shard bytes read for restores (ranks of this node restoring one step together "
+	    "read each saved chunk once).",
+	    (double)s.restore_read);
 	put(f, "ckptd_captured_bytes_total", "counter",
 	    "Bytes copied from trainers' memory into the staging pool.", (double)s.captured);
 	put(f, "ckptd_written_bytes_total", "counter", "Bytes written to shard files.",

@@ -73,6 +73,8 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	rep.bytes_written = is.bytes_written;
 	rep.bytes_read = is.bytes_read;
+	rep.restored_bytes = atomic_load(&a->restored_bytes);
+	rep.restore_read_bytes = atomic_load(&a->restore_read_bytes);
 	rep.io_errors = is.errors;
 	rep.io_retries = is.retries;
 	rep.last_error = last;

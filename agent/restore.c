@@ -40,6 +40,8 @@ struct restore {
 	bool tier_only; /* the root has no such step: from the tier alone */
 	char **skipped;
 	size_t nskipped;
+	uint64_t read, delivered; /* bytes read for it (its share of a group's: 0 or all) */
+	size_t together; /* ranks of this node it was read with, itself included (0: alone) */
 };
 
 #define MAX_RETRIES 16 /* reads again from other copies, at most */
@@ -56,10 +58,217 @@ static void note(struct restore *rs, const char *text)
 		rs->nskipped++;
 }
 
+/* ---- read-once: ranks of this node restoring one step together -------- */
+
+/*
+ * The usual restart: every rank of a node restores the same step at about
+ * the same time, and replicas (or a resharded layout) need the same saved
+ * chunks. Their reads are done together: the first restore of (job, step)
+ * to reach its read gathers the others (host-memory plans of the job on
+ * this node) until all of them are in, GATHER_NS passes with nobody new,
+ * or GATHER_MAX_NS in all; then one reader reads the union of their
+ * extents, each saved chunk once, and hands its bytes to every rank that
+ * needs it. Any problem in it (a bad chunk, a file missing, a fault of one
+ * trainer's memory), and each rank reads alone, as before, with its own
+ * retries from other copies: the group is an optimisation, never another
+ * way to fail. The gathering waits on capture workers (elastic: a waiting
+ * job lets another worker take the next restore).
+ */
+#define GATHER_NS 100000000LL /* 100 ms with nobody new */
+#define GATHER_MAX_NS 1000000000LL /* 1 s in all */
+
+struct rgroup {
+	struct list link; /* agent.rgroups while it gathers */
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	struct reader **r; /* the members' readers, their extents mapped */
+	size_t n, cap, left; /* left: members not yet gone (the last frees it) */
+	int64_t t_first, t_last;
+	bool done, ok;
+	pthread_cond_t cv; /* with agent.mu: a member joined; the read is done */
+	uint64_t read;
+};
+
+/* Under mu: this node's live host-memory plans of job (those that may join). */
+static size_t host_plans(struct agent *a, const char *job)
+{
+	struct list *pos;
+	size_t n = 0;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		n += !p->dropped && !p->gpu && strcmp(p->job, job) == 0;
+	}
+	return n;
+}
+
+/* Under mu: the gathering group of (job, step), r in it; NULL if out of memory. */
+static struct rgroup *group_join(struct agent *a, const char *job, int64_t step, struct reader *r,
+                                 bool *leader)
+{
+	struct rgroup *g = NULL;
+	struct list *pos;
+	pthread_condattr_t ca;
+
+	list_for_each(pos, &a->rgroups)
+	{
+		struct rgroup *x = container_of(pos, struct rgroup, link);
+
+		if (x->step == step && strcmp(x->job, job) == 0)
+			g = x;
+	}
+	*leader = !g;
+	if (!g) {
+		if (!(g = calloc(1, sizeof(*g))))
+			return NULL;
+		snprintf(g->job, sizeof(g->job), "%s", job);
+		g->step = step;
+		g->t_first = ipc_mono_ns();
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&g->cv, &ca);
+		pthread_condattr_destroy(&ca);
+		list_add_tail(&a->rgroups, &g->link);
+	}
+	if (g->n == g->cap) {
+		size_t cap = g->cap ? 2 * g->cap : 8;
+		struct reader **v = realloc(g->r, cap * sizeof(*v));
+
+		if (!v) {
+			if (*leader) {
+				list_del(&g->link);
+				pthread_cond_destroy(&g->cv);
+				free(g);
+			}
+			return NULL;
+		}
+		g->r = v;
+		g->cap = cap;
+	}
+	g->r[g->n++] = r;
+	g->left++;
+	g->t_last = ipc_mono_ns();
+	pthread_cond_broadcast(&g->cv);
+	return g;
+}
+
+/* Under mu, the leader: until every host plan of the job is in, or the time is up. */
+static void group_gather(struct agent *a, struct rgroup *g)
+{
+	for (;;) {
+		int64_t now = ipc_mono_ns(), until = g->t_last + GATHER_NS;
+		struct timespec ts;
+
+		until = until < g->t_first + GATHER_MAX_NS ? until : g->t_first + GATHER_MAX_NS;
+		if (g->n >= host_plans(a, g->job) || now >= until)
+			break;
+		ts.tv_sec = (time_t)(until / 1000000000);
+		ts.tv_nsec = (long)(until % 1000000000);
+		pthread_cond_timedwait(&g->cv, &a->mu, &ts);
+	}
+	list_del(&g->link); /* closed: a restore that comes now starts a group of its own */
+}
+
+/* The leader, no lock: the union of the members' extents, each chunk read once. */
+static bool group_read(struct agent *a, struct rgroup *g, const struct manifest *m)
+{
+	struct reader c;
+	char err[IPC_ERRLEN] = "out of memory";
+	size_t n = 0;
+	bool ok;
+	int rc;
+
+	for (size_t i = 0; i < g->n; i++)
+		n += g->r[i]->n;
+	rc = reader_init(&c, a, g->job, g->step, n);
+	c.q = a->capture;
+	for (size_t i = 0; !rc && i < g->n; i++) {
+		memcpy(c.ext + c.n, g->r[i]->ext, g->r[i]->n * sizeof(*c.ext));
+		c.n += g->r[i]->n;
+	}
+	if (!rc)
+		rc = reader_run(&c, m, READ_AHEAD);
+	ok = !rc && !c.err;
+	if (!rc && c.err)
+		snprintf(err, sizeof(err), "%s", c.problems ? c.problems[0] : "read failed");
+	g->read = c.bytes;
+	if (ok)
+		log_msg(LOG_INFO,
+		        "job %s step %lld: %zu ranks of this node restored together: %llu bytes "
+		        "read for %llu delivered",
+		        g->job, (long long)g->step, g->n, (unsigned long long)c.bytes,
+		        (unsigned long long)c.delivered);
+	else
+		log_msg(LOG_WARNING,
+		        "job %s step %lld: %zu ranks restoring together: %s; each reads alone",
+		        g->job, (long long)g->step, g->n, err);
+	reader_free(&c);
+	return ok;
+}
+
+/*
+ * r's extents (plan rs->plan, step of the root's manifest m) read with the
+ * other ranks of this node restoring that step now: true if they are all in
+ * place; false to read alone (a CUDA plan, no other plan of the job here,
+ * out of memory, or a problem in the group's read).
+ */
+static bool read_together(struct restore *rs, struct reader *r, int64_t step,
+                          const struct manifest *m)
+{
+	struct agent *a = rs->a;
+	struct rgroup *g;
+	bool leader = false, ok;
+	uint64_t mine = 0;
+
+	if (rs->plan->gpu || !a->cfg.read_once)
+		return false; /* a CUDA plan's copies go on its own lane */
+	for (size_t i = 0; i < r->n; i++)
+		mine += r->ext[i].end - r->ext[i].begin;
+	workq_wait_begin(a->capture);
+	pthread_mutex_lock(&a->mu);
+	g = host_plans(a, rs->plan->job) > 1 ? group_join(a, rs->plan->job, step, r, &leader)
+	                                     : NULL;
+	if (g && leader) {
+		group_gather(a, g);
+		pthread_mutex_unlock(&a->mu);
+		workq_wait_end(a->capture);
+		ok = g->n > 1 ? group_read(a, g, m) : false;
+		workq_wait_begin(a->capture);
+		pthread_mutex_lock(&a->mu);
+		g->ok = ok;
+		g->done = true;
+		pthread_cond_broadcast(&g->cv);
+	}
+	while (g && !g->done)
+		pthread_cond_wait(&g->cv, &a->mu);
+	ok = g && g->ok;
+	if (ok) {
+		rs->read += leader ? g->read : 0;
+		rs->delivered += mine;
+		rs->together = g->n;
+	}
+	if (g && --g->left == 0) {
+		pthread_cond_destroy(&g->cv);
+		free(g->r);
+		free(g);
+	}
+	pthread_mutex_unlock(&a->mu);
+	workq_wait_end(a->capture);
+	if (!ok) /* read alone: its runs copied from the first */
+		for (size_t i = 0; i < r->n; i++)
+			if (r->ext[i].box)
+				r->ext[i].box->next = 0;
+	return ok;
+}
+
 /*
  * Every tensor of the plan from step's manifest m, leaving out the chunks
  * bad[0, nbad): 0, or the first problem; *failed, where it was (rank -1:
- * none of the files', e.g. the trainer's memory faulted).
+ * none of the files', e.g. the trainer's memory faulted). The first read
+ * of the root's step is done with the other ranks of this node restoring
+ * it (read_together).
  */
 static int read_all(struct restore *rs, struct storage *store, int64_t step,
                     const struct manifest *m, const struct bad_chunk *bad, size_t nbad,
@@ -79,8 +288,14 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 		return ipc_errf(err, rc, "out of memory");
 	}
 	rc = restore_map(&r, p, m, bad, nbad, err);
+	if (!rc && !nbad && store == rs->a->store && read_together(rs, &r, step, m)) {
+		reader_free(&r);
+		return 0;
+	}
 	if (!rc)
 		rc = reader_run(&r, m, READ_AHEAD);
+	rs->read += r.bytes;
+	rs->delivered += r.delivered;
 	if (!rc && r.err) {
 		rc = ipc_errf(err, r.err, "%s", r.problems ? r.problems[0] : "read failed");
 		*failed = (struct bad_chunk){r.bad_rank, r.bad_begin};
@@ -179,7 +394,8 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	const struct plan *p = rs->plan;
 
 	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->whole.shard_bytes - p->whole.header_len,
-	                   rs->t_start);
+	                   rs->read, rs->t_start);
+	atomic_fetch_add(&rs->a->restore_read_bytes, rs->read);
 	if (rc) {
 		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
 		         (long long)step, p->rank, err);
@@ -191,8 +407,18 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	rep.n_skipped = rs->nskipped;
 	rep.skipped = rs->skipped;
 	rpc_reply(rs->call, &rep.base);
-	log_msg(LOG_INFO, "restored job %s step %lld rank %d: %llu bytes", p->job, (long long)step,
-	        p->rank, (unsigned long long)rep.bytes);
+	atomic_fetch_add(&rs->a->restored_bytes, rep.bytes);
+	if (rs->together > 1)
+		log_msg(LOG_INFO,
+		        "restored job %s step %lld rank %d: %llu bytes (read once with %zu other "
+		        "ranks of this node: %llu of the %llu chunk bytes it needed read for it)",
+		        p->job, (long long)step, p->rank, (unsigned long long)rep.bytes,
+		        rs->together - 1, (unsigned long long)rs->read,
+		        (unsigned long long)rs->delivered);
+	else
+		log_msg(LOG_INFO, "restored job %s step %lld rank %d: %llu bytes (%llu read)",
+		        p->job, (long long)step, p->rank, (unsigned long long)rep.bytes,
+		        (unsigned long long)rs->read);
 }
 
 /* Under mu: the next older checkpoint to fall back to, marked as being read. */

@@ -75,6 +75,8 @@ struct extent {
 	struct box_copy *box;
 	bool *good; /* set once all its bytes were read and their checksum matched (verify) */
 	const char *tensor;
+	/* reader_run: extents of the very same bytes (other ranks'), delivered as these pass */
+	struct extent *also;
 };
 
 /* One restore or verify: set up with reader_init, then ext[0, n) filled. */
@@ -93,7 +95,9 @@ struct reader {
 	 * all of it (UINT64_MAX); -1: none of the files' (the trainer's memory faulted) */
 	int bad_rank;
 	uint64_t bad_begin;
-	uint64_t bytes;
+	uint64_t bytes; /* read and checked */
+	uint64_t delivered; /* copied to where extents go (more than bytes where several share) */
+	struct extent *dups; /* extents of bytes another extent reads (their `also` chains) */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct pool_resv resv;

@@ -20,7 +20,9 @@
  *                               bytes pass (one stream across windows), the
  *                               bytes to dst (host: split across the copier's
  *                               helpers; GPU: queued on the plan's lane, and
- *                               waited for), problems noted
+ *                               waited for), and to the dst of each extent of
+ *                               the same bytes (`also`: ranks restoring
+ *                               together, read once), problems noted
  *     v
  *   RELEASE    reader's thread  pool_give: the chunk goes back to the pool
  *
@@ -88,6 +90,7 @@ void reader_free(struct reader *r)
 		free(r->problems[i]);
 	free(r->problems);
 	free(r->ext);
+	free(r->dups);
 	for (size_t i = 0; i < r->nboxes; i++)
 		free(r->boxes[i]);
 	free(r->boxes);
@@ -245,18 +248,23 @@ static void consume(struct reader *r, const struct window *w, uint64_t got, size
 		if (from == e->begin)
 			XXH3_64bits_reset(xs);
 		XXH3_64bits_update(xs, buf + (from - a0), to - from);
-		deliver(r, e, buf + (from - a0), from - e->begin, to - from);
+		for (struct extent *f = e; f; f = f->also) {
+			deliver(r, f, buf + (from - a0), from - e->begin, to - from);
+			r->delivered += to - from;
+		}
 		r->bytes += to - from;
 		if (e->end > b0)
 			return; /* goes on in the next window */
-		if (e->whole)
-			*e->whole = true;
+		for (struct extent *f = e; f; f = f->also)
+			if (f->whole)
+				*f->whole = true;
 		if (e->nosum)
 			continue;
 		sum = XXH3_64bits_digest(xs);
 		if (sum == e->xxh3) {
-			if (e->good)
-				*e->good = true;
+			for (struct extent *f = e; f; f = f->also)
+				if (f->good)
+					*f->good = true;
 			continue;
 		}
 		if (r->bad_rank < 0 && !r->err) {
@@ -384,6 +392,49 @@ static void read_file(struct reader *r, size_t first, size_t last, XXH3_state_t 
 		               r->ext[ei].tensor, r->path, r->size);
 }
 
+/*
+ * Extents of the very same bytes of one file (ranks restoring together that
+ * each need one saved chunk: restore.c's read-once) become one: the first
+ * is read and checked, and its bytes go to the others' places too (`also`).
+ * ext sorted. 0 or -ENOMEM.
+ */
+static int share_same_bytes(struct reader *r)
+{
+	size_t np = 0, nd = 0, *of;
+
+	for (size_t i = 1; i < r->n && !nd; i++)
+		nd = r->ext[i].rank == r->ext[i - 1].rank &&
+		     r->ext[i].begin == r->ext[i - 1].begin && r->ext[i].end == r->ext[i - 1].end;
+	if (!nd)
+		return 0; /* the usual case: one rank's extents, none shared */
+	r->dups = malloc(r->n * sizeof(*r->dups));
+	of = malloc(r->n * sizeof(*of));
+	if (!r->dups || !of) {
+		free(of);
+		return -ENOMEM;
+	}
+	nd = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		const struct extent *e = &r->ext[i], *p = np ? &r->ext[np - 1] : NULL;
+
+		if (p && e->rank == p->rank && e->begin == p->begin && e->end == p->end &&
+		    e->nosum == p->nosum && e->xxh3 == p->xxh3) {
+			of[nd] = np - 1;
+			r->dups[nd++] = *e;
+		} else {
+			r->ext[np++] = *e;
+		}
+	}
+	/* in place now: link each to the extent that reads its bytes */
+	for (size_t d = nd; d-- > 0;) {
+		r->dups[d].also = r->ext[of[d]].also;
+		r->ext[of[d]].also = &r->dups[d];
+	}
+	r->n = np;
+	free(of);
+	return 0;
+}
+
 /* Checks empty tensors (no bytes to read), then reads file by file. */
 int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 {
@@ -411,6 +462,11 @@ int reader_run(struct reader *r, const struct manifest *m, unsigned want)
 	}
 	r->n = kept;
 	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
+	rc = share_same_bytes(r);
+	if (rc) {
+		XXH3_freeState(xs);
+		return rc;
+	}
 	if (want > pool_nchunks(r->a->pool))
 		want = pool_nchunks(r->a->pool);
 	rc = pool_reserve(r->a->pool, &r->resv, want, r, true, &r->abort, r->q);

@@ -7,8 +7,11 @@
  * default, each box is written once, the writers balanced (dedup on).
  * Prints one JSON line per run: replicas, dedup, the slowest rank's seconds
  * and the job (bench/dedup_run.sh reads its bytes from `ckptctl show`).
+ * With --restore (dedup on alone), the ranks then meet (every plan made)
+ * and restore LATEST together, timed: the slowest rank's restore seconds
+ * too (bench/dedup_run.sh compares agents with and without read-once).
  *
- *   dedup_bench --endpoint E [--job J] [--replicas 4,8] [--mib M] [--reps N]
+ *   dedup_bench --endpoint E [--job J] [--replicas 4,8] [--mib M] [--reps N] [--restore]
  */
 #include <getopt.h>
 #include <stdbool.h>
@@ -26,6 +29,8 @@
 
 static const char *endpoint, *job = "dedup";
 static int64_t rows[NT];
+static char meet[256]; /* --restore: where the ranks meet before restoring */
+static bool restore;
 
 static double now(void)
 {
@@ -35,9 +40,28 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* One replica: steps 1 and 2; step 2's seconds to fd. */
+/* The ranks meet: each leaves a file in `meet`, then waits for all world of them. */
+static void barrier(const char *name, int rank, int world)
+{
+	char path[512];
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/%s.%d", meet, name, rank);
+	fclose(fopen(path, "w"));
+	while (n < world) {
+		n = 0;
+		for (int r = 0; r < world; r++) {
+			snprintf(path, sizeof(path), "%s/%s.%d", meet, name, r);
+			n += access(path, F_OK) == 0;
+		}
+		usleep(1000);
+	}
+}
+
+/* One replica: steps 1 and 2; step 2's seconds to fd (and a restore's, with --restore). */
 static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 {
+	double rt = 0;
 	struct ckpt_plan_opts po = CKPT_PLAN_OPTS_INIT;
 	int64_t shape[NT][2], off[2] = {0, 0};
 	struct ckpt_tensor t[NT];
@@ -71,13 +95,20 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 		dt = now() - t0;
 		ckpt_save_release(s);
 	}
-	dprintf(fd, "%.6f\n", dt);
+	if (restore) {
+		barrier(name, rank, world);
+		t0 = now();
+		if (ckpt_restore(p, CKPT_LATEST, NULL, NULL))
+			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 13;
+		rt = now() - t0;
+	}
+	dprintf(fd, "%.6f %.6f\n", dt, rt);
 	ckpt_plan_destroy(p);
 	ckpt_disconnect(cl);
 	return 0;
 }
 
-static int run(const char *name, int world, bool dedup, double *slowest)
+static int run(const char *name, int world, bool dedup, double *slowest, double *rslowest)
 {
 	int fds[2], rc = 0;
 	pid_t pid[64];
@@ -95,9 +126,13 @@ static int run(const char *name, int world, bool dedup, double *slowest)
 	}
 	close(fds[1]);
 	f = fdopen(fds[0], "r");
-	*slowest = 0;
-	while (f && fgets(line, sizeof(line), f))
+	*slowest = *rslowest = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		double r = strchr(line, ' ') ? atof(strchr(line, ' ')) : 0;
+
 		*slowest = atof(line) > *slowest ? atof(line) : *slowest;
+		*rslowest = r > *rslowest ? r : *rslowest;
+	}
 	if (f)
 		fclose(f);
 	for (int k = 0; k < world; k++) {
@@ -112,9 +147,13 @@ static int run(const char *name, int world, bool dedup, double *slowest)
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {{"endpoint", 1, 0, 'e'}, {"job", 1, 0, 'j'},
-	                                     {"replicas", 1, 0, 'r'}, {"mib", 1, 0, 'm'},
-	                                     {"reps", 1, 0, 'n'},     {0, 0, 0, 0}};
+	static const struct option opts[] = {{"endpoint", 1, 0, 'e'},
+	                                     {"job", 1, 0, 'j'},
+	                                     {"replicas", 1, 0, 'r'},
+	                                     {"mib", 1, 0, 'm'},
+	                                     {"reps", 1, 0, 'n'},
+	                                     {"restore", 0, 0, 'R'},
+	                                     {0, 0, 0, 0}};
 	const char *replicas = "4,8";
 	int reps = 3, o;
 	long mib = 256;
@@ -130,9 +169,14 @@ int main(int argc, char **argv)
 			mib = atol(optarg);
 		else if (o == 'n')
 			reps = atoi(optarg);
+		else if (o == 'R')
+			restore = true;
 		else
 			return 2;
 	}
+	snprintf(meet, sizeof(meet), "/tmp/dedup_bench.XXXXXX");
+	if (restore && !mkdtemp(meet))
+		return perror("mkdtemp"), 1;
 	if (!endpoint || mib < 4) {
 		fprintf(stderr, "usage: dedup_bench --endpoint E [--job J] [--replicas 4,8] "
 		                "[--mib M] [--reps N]\n");
@@ -142,19 +186,20 @@ int main(int argc, char **argv)
 		rows[k] = (int64_t)mib * (1 << 20) / 4 / COLS * (k + 1) / 10;
 	for (int rep = 0; rep < reps; rep++)
 		for (const char *w = replicas; *w; w += strcspn(w, ",") + (w[strcspn(w, ",")] != 0))
-			for (int dedup = 0; dedup < 2; dedup++) {
+			for (int dedup = restore; dedup < 2; dedup++) {
 				int world = atoi(w);
 				char name[128];
-				double secs;
+				double secs, rsecs;
 
 				snprintf(name, sizeof(name), "%s-r%d-%s-%d", job, world,
 				         dedup ? "on" : "off", rep);
-				if (world < 2 || world > 64 || run(name, world, dedup, &secs))
+				if (world < 2 || world > 64 ||
+				    run(name, world, dedup, &secs, &rsecs))
 					return fprintf(stderr, "dedup_bench: %s failed\n", name), 1;
 				printf(
 				    "{\"replicas\": %d, \"dedup\": %s, \"rep\": %d, \"seconds\": "
-				    "%.6f, \"job\": \"%s\"}\n",
-				    world, dedup ? "true" : "false", rep, secs, name);
+				    "%.6f, \"restore_seconds\": %.6f, \"job\": \"%s\"}\n",
+				    world, dedup ? "true" : "false", rep, secs, rsecs, name);
 				fflush(stdout);
 			}
 	return 0;

@@ -166,6 +166,10 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	                              (int)r->abandon_after, "kept_at_start",
 	                              (int)r->kept_at_start));
 	json_object_set_new(j, "in_flight", flight);
+	json_object_set_new(j, "restores",
+	                    json_pack("{s:I, s:I}", "delivered_bytes",
+	                              (json_int_t)r->restored_bytes, "read_bytes",
+	                              (json_int_t)r->restore_read_bytes));
 	if (*r->upload_root)
 		json_object_set_new(
 		    j, "upload",
@@ -207,6 +211,11 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	ctl_human_bytes(r->bytes_read, b, sizeof(b));
 	printf("%-12s %s written, %s read, %" PRIu64 " I/O errors, %" PRIu64 " retries\n", "bytes",
 	       a, b, r->io_errors, r->io_retries);
+	if (r->restored_bytes) {
+		ctl_human_bytes(r->restored_bytes, a, sizeof(a));
+		ctl_human_bytes(r->restore_read_bytes, b, sizeof(b));
+		printf("%-12s %s into trainers, %s read for them\n", "restores", a, b);
+	}
 	printf("%-12s", "saves");
 	for (size_t i = 0; i < r->n_saves; i++)
 		printf(" %s %" PRIu64, ipc_state_name(r->saves[i]->state), r->saves[i]->count);

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,25 @@ static float v_emb(int64_t i, int64_t j)
 static float v_own(int rank, int64_t k)
 {
 	return (float)(rank * 10 + k) - 0.25f;
+}
+
+/* The ranks' processes meet: each leaves a file in dir, then waits for all world of them. */
+static void barrier(const char *dir, int rank, int world)
+{
+	char path[512];
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/%d", dir, rank);
+	fclose(fopen(path, "w"));
+	for (int tries = 0; n < world && tries < 60000; tries++) {
+		n = 0;
+		for (int r = 0; r < world; r++) {
+			snprintf(path, sizeof(path), "%s/%d", dir, r);
+			n += access(path, F_OK) == 0;
+		}
+		if (n < world)
+			usleep(1000);
+	}
 }
 
 /*
@@ -139,6 +159,8 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 		e[i] = save ? v_emb(i / CE, i % CE) : -1;
 	if (ckpt_plan_create_opts(c, job, rank, world, t, n, &po, &p))
 		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+	if (getenv("RESHARD_BARRIER")) /* every rank's plan made before any restores */
+		barrier(getenv("RESHARD_BARRIER"), rank, world);
 	for (int64_t step = 4; save && dedup && step < 5; step++) {
 		if (ckpt_save(p, step, NULL, &s))
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
@@ -582,6 +604,21 @@ static json_t *layout_of(const struct agent_proc *a, const char *job, int *versi
 	return l;
 }
 
+/* ckptctl status's restores: bytes read for them, bytes into trainers. */
+static void status_restores(const struct agent_proc *a, json_int_t *read, json_int_t *delivered)
+{
+	char out[65536];
+	json_t *j, *r;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json status"), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "%.400s", out);
+	r = json_object_get(j, "restores");
+	*read = json_integer_value(json_object_get(r, "read_bytes"));
+	*delivered = json_integer_value(json_object_get(r, "delivered_bytes"));
+	json_decref(j);
+}
+
 static json_int_t rank_field(json_t *l, int r, const char *key)
 {
 	return json_integer_value(
@@ -599,8 +636,9 @@ static json_int_t rank_field(json_t *l, int r, const char *key)
 START_TEST(replicas_written_once)
 {
 	const json_int_t own = 4 * (60 + 60 + 3), emb = (json_int_t)RE * CE * 4;
+	json_int_t read0, read1, delivered0, delivered1;
 	struct agent_proc a;
-	char path[512], out[16384];
+	char path[512], out[16384], barrier_dir[400];
 	json_int_t sum = 0, max = 0;
 	json_t *l;
 	int version;
@@ -623,7 +661,21 @@ START_TEST(replicas_written_once)
 	ck_assert_int_eq(json_integer_value(json_object_get(l, "bytes_in_extra_copies")), 0);
 	json_decref(l);
 	ck_assert(h_log_has(&a, "replicas written once: it writes 4194"));
+	/*
+	 * read-once: the 4 ranks (each plan made before any restores) restore
+	 * together; the agent reads every saved byte once and hands emb to all 4
+	 */
+	status_restores(&a, &read0, &delivered0);
+	snprintf(barrier_dir, sizeof(barrier_dir), "%s/barrier", a.dir);
+	ck_assert_int_eq(mkdir(barrier_dir, 0700), 0);
+	setenv("RESHARD_BARRIER", barrier_dir, 1);
 	run_world(&a, "dd", 4, "drestore", NULL);
+	unsetenv("RESHARD_BARRIER");
+	status_restores(&a, &read1, &delivered1);
+	ck_assert_int_eq(read1 - read0, 4 * own + emb + 4 * NB);
+	ck_assert_int_eq(delivered1 - delivered0, 4 * (own + emb + 4 * NB));
+	ck_assert(h_log_has(&a, "job dd step 5: 4 ranks of this node restored together"));
+	ck_assert(h_log_has(&a, "(read once with 3 other ranks of this node"));
 	run_world(&a, "dd", 2, "drestore", NULL);
 
 	/* copies 2: two pieces of emb and the bias, each in two ranks' files */
