@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "fanout.h"
 
 #define NT 4
 #define COLS 1024
@@ -108,40 +109,35 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 	return 0;
 }
 
+struct job {
+	const char *name;
+	bool dedup;
+};
+
+static int rank_of(int rank, int world, void *arg, int fd)
+{
+	const struct job *j = arg;
+
+	return rank_main(j->name, rank, world, j->dedup, fd);
+}
+
+/* The slowest rank's save and restore seconds. */
+static void line_of(const char *line, void *acc)
+{
+	double *slowest = acc, r = strchr(line, ' ') ? atof(strchr(line, ' ')) : 0;
+
+	slowest[0] = atof(line) > slowest[0] ? atof(line) : slowest[0];
+	slowest[1] = r > slowest[1] ? r : slowest[1];
+}
+
 static int run(const char *name, int world, bool dedup, double *slowest, double *rslowest)
 {
-	int fds[2], rc = 0;
-	pid_t pid[64];
-	char line[64];
-	FILE *f;
+	struct job j = {name, dedup};
+	double s[2] = {0, 0};
+	int rc = fanout(world, rank_of, &j, line_of, s);
 
-	if (pipe(fds))
-		return -1;
-	for (int k = 0; k < world; k++) {
-		pid[k] = fork();
-		if (pid[k] == 0) {
-			close(fds[0]);
-			_exit(rank_main(name, k, world, dedup, fds[1]));
-		}
-	}
-	close(fds[1]);
-	f = fdopen(fds[0], "r");
-	*slowest = *rslowest = 0;
-	while (f && fgets(line, sizeof(line), f)) {
-		double r = strchr(line, ' ') ? atof(strchr(line, ' ')) : 0;
-
-		*slowest = atof(line) > *slowest ? atof(line) : *slowest;
-		*rslowest = r > *rslowest ? r : *rslowest;
-	}
-	if (f)
-		fclose(f);
-	for (int k = 0; k < world; k++) {
-		int st;
-
-		waitpid(pid[k], &st, 0);
-		if (!WIFEXITED(st) || WEXITSTATUS(st))
-			rc = -1;
-	}
+	*slowest = s[0];
+	*rslowest = s[1];
 	return rc;
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "fanout.h"
 
 static const char *endpoint, *job = "reshard", *job_of_run;
 static int64_t rows_g, cols_g; /* each tensor [rows_g, cols_g] */
@@ -90,44 +91,33 @@ static int rank_main(int rank, int world, bool save, int fd)
 	return 0;
 }
 
+struct outcome {
+	double slowest;
+	bool exact;
+};
+
+static int rank_of(int rank, int world, void *save, int fd)
+{
+	return rank_main(rank, world, *(bool *)save, fd);
+}
+
+static void line_of(const char *line, void *acc)
+{
+	struct outcome *o = acc;
+	const char *sp = strchr(line, ' ');
+
+	o->slowest = atof(line) > o->slowest ? atof(line) : o->slowest;
+	o->exact = o->exact && sp && atoi(sp + 1) == 0;
+}
+
 /* world ranks at once; the slowest one's seconds, and whether all came back right. */
 static int run(int world, bool save, double *slowest, bool *exact)
 {
-	int fds[2];
-	pid_t pid[64];
-	char line[64];
-	FILE *f;
-	int rc = 0;
+	struct outcome o = {0, true};
+	int rc = fanout(world, rank_of, &save, line_of, &o);
 
-	if (pipe(fds))
-		return -1;
-	for (int k = 0; k < world; k++) {
-		pid[k] = fork();
-		if (pid[k] == 0) {
-			close(fds[0]);
-			_exit(rank_main(k, world, save, fds[1]));
-		}
-	}
-	close(fds[1]);
-	f = fdopen(fds[0], "r");
-	*slowest = 0;
-	*exact = true;
-	while (f && fgets(line, sizeof(line), f)) {
-		double d = atof(line);
-		const char *sp = strchr(line, ' ');
-
-		*slowest = d > *slowest ? d : *slowest;
-		*exact = *exact && sp && atoi(sp + 1) == 0;
-	}
-	if (f)
-		fclose(f);
-	for (int k = 0; k < world; k++) {
-		int st;
-
-		waitpid(pid[k], &st, 0);
-		if (!WIFEXITED(st) || WEXITSTATUS(st))
-			rc = -1;
-	}
+	*slowest = o.slowest;
+	*exact = o.exact;
 	return rc;
 }
 
