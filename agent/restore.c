@@ -66,13 +66,15 @@ static void note(struct restore *rs, const char *text)
  * chunks. Their reads are done together: the first restore of (job, step)
  * to reach its read gathers the others (host-memory plans of the job on
  * this node) until all of them are in, GATHER_NS passes with nobody new,
- * or GATHER_MAX_NS in all; then one reader reads the union of their
+ * or GATHER_MAX_NS in all; then, where a quarter or more of their bytes
+ * are wanted by more than one of them, one reader reads the union of their
  * extents, each saved chunk once, and hands its bytes to every rank that
- * needs it. Any problem in it (a bad chunk, a file missing, a fault of one
- * trainer's memory), and each rank reads alone, as before, with its own
- * retries from other copies: the group is an optimisation, never another
- * way to fail. The gathering waits on capture workers (elastic: a waiting
- * job lets another worker take the next restore).
+ * needs it (ranks that share little read alone, side by side: one reader
+ * for all would copy on one thread what several copy at once). Any problem in it (a bad chunk, a
+ * file missing, a fault of one trainer's memory), and each rank reads alone, as before, with its
+ * own retries from other copies: the group is an optimisation, never another way to fail. The
+ * gathering waits on capture workers (elastic: a waiting job lets another worker take the next
+ * restore).
  */
 #define GATHER_NS 100000000LL /* 100 ms with nobody new */
 #define GATHER_MAX_NS 1000000000LL /* 1 s in all */
@@ -89,18 +91,26 @@ struct rgroup {
 	uint64_t read;
 };
 
-/* Under mu: this node's live host-memory plans of job (those that may join). */
-static size_t host_plans(struct agent *a, const char *job)
+/*
+ * Under mu: this node's live host-memory plans of job (those that may
+ * join); *restoring: how many of them are restoring now.
+ */
+static size_t host_plans(struct agent *a, const char *job, size_t *restoring)
 {
 	struct list *pos;
-	size_t n = 0;
+	size_t n = 0, r = 0;
 
 	list_for_each(pos, &a->plans)
 	{
 		const struct plan *p = container_of(pos, struct plan, link);
 
-		n += !p->dropped && !p->gpu && strcmp(p->job, job) == 0;
+		if (p->dropped || p->gpu || strcmp(p->job, job) != 0)
+			continue;
+		n++;
+		r += p->restoring > 0;
 	}
+	if (restoring)
+		*restoring = r;
 	return n;
 }
 
@@ -158,11 +168,18 @@ static struct rgroup *group_join(struct agent *a, const char *job, int64_t step,
 static void group_gather(struct agent *a, struct rgroup *g)
 {
 	for (;;) {
-		int64_t now = ipc_mono_ns(), until = g->t_last + GATHER_NS;
+		const int64_t now = ipc_mono_ns(), cap = g->t_first + GATHER_MAX_NS;
+		size_t restoring, live = host_plans(a, g->job, &restoring);
 		struct timespec ts;
+		int64_t until;
 
-		until = until < g->t_first + GATHER_MAX_NS ? until : g->t_first + GATHER_MAX_NS;
-		if (g->n >= host_plans(a, g->job) || now >= until)
+		/*
+		 * Ranks whose restore was asked for are on their way: wait for them
+		 * (to the cap). The others may ask soon: GATHER_NS from the last join.
+		 */
+		until = g->n < restoring ? cap : g->t_last + GATHER_NS;
+		until = until < cap ? until : cap;
+		if (g->n >= live || now >= until)
 			break;
 		ts.tv_sec = (time_t)(until / 1000000000);
 		ts.tv_nsec = (long)(until % 1000000000);
@@ -171,8 +188,44 @@ static void group_gather(struct agent *a, struct rgroup *g)
 	list_del(&g->link); /* closed: a restore that comes now starts a group of its own */
 }
 
-/* The leader, no lock: the union of the members' extents, each chunk read once. */
-static bool group_read(struct agent *a, struct rgroup *g, const struct manifest *m)
+static int cmp_range(const void *x, const void *y)
+{
+	const struct extent *a = *(const struct extent *const *)x,
+	                    *b = *(const struct extent *const *)y;
+
+	if (a->rank != b->rank)
+		return a->rank < b->rank ? -1 : 1;
+	if (a->begin != b->begin)
+		return a->begin < b->begin ? -1 : 1;
+	return a->end < b->end ? -1 : a->end > b->end;
+}
+
+/* Whether a quarter or more of the bytes of c's extents are wanted by more than one. */
+static bool worth_sharing(const struct reader *c)
+{
+	const struct extent **v = malloc((c->n ? c->n : 1) * sizeof(*v));
+	uint64_t all = 0, shared = 0;
+
+	if (!v)
+		return false;
+	for (size_t i = 0; i < c->n; i++) {
+		v[i] = &c->ext[i];
+		all += c->ext[i].end - c->ext[i].begin;
+	}
+	qsort(v, c->n, sizeof(*v), cmp_range);
+	for (size_t i = 1; i < c->n; i++)
+		if (cmp_range(&v[i - 1], &v[i]) == 0)
+			shared += v[i]->end - v[i]->begin;
+	free(v);
+	return shared && shared >= all / 4;
+}
+
+/*
+ * The leader, no lock: the union of the members' extents, each chunk read
+ * once. 1: done; 0: not worth it (they share little: each reads alone, side
+ * by side, as fast); -1: a problem (each reads alone).
+ */
+static int group_read(struct agent *a, struct rgroup *g, const struct manifest *m)
 {
 	struct reader c;
 	char err[IPC_ERRLEN] = "out of memory";
@@ -188,11 +241,17 @@ static bool group_read(struct agent *a, struct rgroup *g, const struct manifest 
 		memcpy(c.ext + c.n, g->r[i]->ext, g->r[i]->n * sizeof(*c.ext));
 		c.n += g->r[i]->n;
 	}
+	if (!rc && !worth_sharing(&c)) {
+		reader_free(&c);
+		return 0;
+	}
 	if (!rc)
 		rc = reader_run(&c, m, READ_AHEAD);
 	ok = !rc && !c.err;
 	if (!rc && c.err)
 		snprintf(err, sizeof(err), "%s", c.problems ? c.problems[0] : "read failed");
+	else if (rc)
+		snprintf(err, sizeof(err), "%s", strerror(-rc));
 	g->read = c.bytes;
 	if (ok)
 		log_msg(LOG_INFO,
@@ -205,14 +264,15 @@ static bool group_read(struct agent *a, struct rgroup *g, const struct manifest 
 		        "job %s step %lld: %zu ranks restoring together: %s; each reads alone",
 		        g->job, (long long)g->step, g->n, err);
 	reader_free(&c);
-	return ok;
+	return ok ? 1 : -1;
 }
 
 /*
  * r's extents (plan rs->plan, step of the root's manifest m) read with the
  * other ranks of this node restoring that step now: true if they are all in
  * place; false to read alone (a CUDA plan, no other plan of the job here,
- * out of memory, or a problem in the group's read).
+ * out of memory, ranks that share less than a quarter of their bytes, or a
+ * problem in the group's read).
  */
 static bool read_together(struct restore *rs, struct reader *r, int64_t step,
                           const struct manifest *m)
@@ -228,13 +288,13 @@ static bool read_together(struct restore *rs, struct reader *r, int64_t step,
 		mine += r->ext[i].end - r->ext[i].begin;
 	workq_wait_begin(a->capture);
 	pthread_mutex_lock(&a->mu);
-	g = host_plans(a, rs->plan->job) > 1 ? group_join(a, rs->plan->job, step, r, &leader)
-	                                     : NULL;
+	g = host_plans(a, rs->plan->job, NULL) > 1 ? group_join(a, rs->plan->job, step, r, &leader)
+	                                           : NULL;
 	if (g && leader) {
 		group_gather(a, g);
 		pthread_mutex_unlock(&a->mu);
 		workq_wait_end(a->capture);
-		ok = g->n > 1 ? group_read(a, g, m) : false;
+		ok = g->n > 1 && group_read(a, g, m) == 1;
 		workq_wait_begin(a->capture);
 		pthread_mutex_lock(&a->mu);
 		g->ok = ok;
@@ -244,8 +304,8 @@ static bool read_together(struct restore *rs, struct reader *r, int64_t step,
 	while (g && !g->done)
 		pthread_cond_wait(&g->cv, &a->mu);
 	ok = g && g->ok;
+	rs->read += g && leader ? g->read : 0; /* read, even where the group then failed */
 	if (ok) {
-		rs->read += leader ? g->read : 0;
 		rs->delivered += mine;
 		rs->together = g->n;
 	}
@@ -276,6 +336,7 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 {
 	const struct plan *p = rs->plan;
 	struct reader r;
+	bool together;
 	int rc;
 
 	*failed = (struct bad_chunk){-1, 0};
@@ -287,7 +348,13 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 		reader_free(&r);
 		return ipc_errf(err, rc, "out of memory");
 	}
-	rc = restore_map(&r, p, m, bad, nbad, err);
+	/*
+	 * Ranks that may read together take the same copy of a replica (the
+	 * first good one), so they share its read; alone, each starts at its
+	 * rank, so many reading alone spread over the copies.
+	 */
+	together = !nbad && store == rs->a->store && rs->a->cfg.read_once && !p->gpu;
+	rc = restore_map(&r, p, m, bad, nbad, together ? 0 : (unsigned)p->rank, err);
 	if (!rc && !nbad && store == rs->a->store && read_together(rs, &r, step, m)) {
 		reader_free(&r);
 		return 0;

@@ -42,6 +42,7 @@ struct extents {
 	/* chunks that failed, left out: read the other copies of their boxes */
 	const struct bad_chunk *bad;
 	size_t nbad;
+	unsigned start; /* a tensor's chunks are looked at from this one on (mod their number) */
 };
 
 static int ext_add(struct extents *x, const struct extent *e, const struct box_copy *bc)
@@ -178,7 +179,7 @@ static int assemble(const struct plan *p, size_t i, const struct manifest_tensor
 
 	for (int pass = 0; pass < 3 && !rc && u.n; pass++)
 		for (size_t n = 0; n < nc && !rc && u.n; n++) {
-			size_t j = (n + (size_t)p->rank) % nc;
+			size_t j = (n + x->start) % nc;
 			const struct manifest_chunk *c = &mt->chunks[j];
 			int64_t oo[IPC_MAX_NDIM], os[IPC_MAX_NDIM];
 			struct box_copy bc;
@@ -254,9 +255,9 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 }
 
 int restore_map(struct reader *r, const struct plan *p, const struct manifest *m,
-                const struct bad_chunk *bad, size_t nbad, char *err)
+                const struct bad_chunk *bad, size_t nbad, unsigned start, char *err)
 {
-	struct extents x = {r, 0, NULL, 0, bad, nbad};
+	struct extents x = {r, 0, NULL, 0, bad, nbad, start};
 	int rc = 0;
 
 	for (size_t i = 0; i < p->n && !rc; i++)

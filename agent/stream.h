@@ -138,11 +138,14 @@ struct bad_chunk {
 /*
  * r's extents for every tensor of plan p from manifest m, leaving out the
  * chunks bad[0, nbad): a tensor's own saved chunk as it is, else assembled
- * from the saved chunks that overlap its box. 0, -EINVAL (the plan does
- * not match the checkpoint: the tensor and box named in err) or -ENOMEM.
+ * from the saved chunks that overlap its box, looked at from the chunk at
+ * `start` (mod their number) on: ranks that start apart spread their reads
+ * over a box's copies, ranks that start alike read the same ones. 0,
+ * -EINVAL (the plan does not match the checkpoint: the tensor and box
+ * named in err) or -ENOMEM.
  */
 int restore_map(struct reader *r, const struct plan *p, const struct manifest *m,
-                const struct bad_chunk *bad, size_t nbad, char *err);
+                const struct bad_chunk *bad, size_t nbad, unsigned start, char *err);
 /* A shape or an offset as "[a,b,c]". */
 void shape_text(const int64_t *v, size_t n, char *buf, size_t len);
 

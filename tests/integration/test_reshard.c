@@ -65,14 +65,20 @@ static float v_own(int rank, int64_t k)
 	return (float)(rank * 10 + k) - 0.25f;
 }
 
-/* The ranks' processes meet: each leaves a file in dir, then waits for all world of them. */
-static void barrier(const char *dir, int rank, int world)
+/*
+ * The ranks' processes meet: each leaves a file in dir, then waits for all
+ * world of them; false if they did not come within 60 s.
+ */
+static bool barrier(const char *dir, int rank, int world)
 {
 	char path[512];
+	FILE *f;
 	int n = 0;
 
 	snprintf(path, sizeof(path), "%s/%d", dir, rank);
-	fclose(fopen(path, "w"));
+	if (!(f = fopen(path, "w")))
+		return false;
+	fclose(f);
 	for (int tries = 0; n < world && tries < 60000; tries++) {
 		n = 0;
 		for (int r = 0; r < world; r++) {
@@ -82,6 +88,7 @@ static void barrier(const char *dir, int rank, int world)
 		if (n < world)
 			usleep(1000);
 	}
+	return n == world;
 }
 
 /*
@@ -159,8 +166,9 @@ static int rank_main(const char *endpoint, const char *job, int rank, int world,
 		e[i] = save ? v_emb(i / CE, i % CE) : -1;
 	if (ckpt_plan_create_opts(c, job, rank, world, t, n, &po, &p))
 		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
-	if (getenv("RESHARD_BARRIER")) /* every rank's plan made before any restores */
-		barrier(getenv("RESHARD_BARRIER"), rank, world);
+	/* every rank's plan made before any restores */
+	if (getenv("RESHARD_BARRIER") && !barrier(getenv("RESHARD_BARRIER"), rank, world))
+		return fprintf(stderr, "rank %d: the other ranks never came\n", rank), 22;
 	for (int64_t step = 4; save && dedup && step < 5; step++) {
 		if (ckpt_save(p, step, NULL, &s))
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 13;
@@ -555,6 +563,33 @@ START_TEST(uncovered_does_not_fall_back)
 }
 END_TEST
 
+/* n agents "n0".. on one shared root, in a new directory (dir: 256 bytes) of their own. */
+static void nodes_start(struct agent_proc *a, int n, char *dir)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+	char root[300];
+
+	snprintf(dir, 256, "%s/ckrs.XXXXXX", tmp);
+	ck_assert(mkdtemp(dir));
+	snprintf(root, sizeof(root), "%s/shared", dir);
+	for (int i = 0; i < n; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "n%d", i);
+		h_agent_start_node(&a[i], root, name, NULL);
+	}
+}
+
+static void nodes_cleanup(struct agent_proc *a, int n, const char *dir)
+{
+	char cmd[400];
+
+	for (int i = 0; i < n; i++)
+		h_agent_cleanup(&a[i]);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
 /*
  * Two agents on one shared root: world 4 saved with ranks on both, then
  * restored as world 2 and world 8 with ranks on both, each assembling its
@@ -562,15 +597,10 @@ END_TEST
  */
 START_TEST(across_nodes)
 {
-	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
 	struct agent_proc a[2];
-	char dir[256], root[300], cmd[400];
+	char dir[256];
 
-	snprintf(dir, sizeof(dir), "%s/ckrs.XXXXXX", tmp);
-	ck_assert(mkdtemp(dir));
-	snprintf(root, sizeof(root), "%s/shared", dir);
-	h_agent_start_node(&a[0], root, "n0", NULL);
-	h_agent_start_node(&a[1], root, "n1", NULL);
+	nodes_start(a, 2, dir);
 	run_on(a, 2, "xn", 4, 0, 4, "save", NULL);
 	run_on(a, 2, "xn", 2, 0, 2, "restore", NULL);
 	run_on(a, 2, "xn", 8, 0, 8, "restore", NULL);
@@ -582,10 +612,7 @@ START_TEST(across_nodes)
 		              "agent %d does not say its ranks write replicas once (%s)", i,
 		              a[i].log);
 	run_on(a, 2, "xd", 2, 0, 2, "drestore", NULL);
-	for (int i = 0; i < 2; i++)
-		h_agent_cleanup(&a[i]);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	nodes_cleanup(a, 2, dir);
 }
 END_TEST
 
@@ -688,7 +715,15 @@ START_TEST(replicas_written_once)
 	json_decref(l);
 	h_shard(&a, path, sizeof(path), "d2", 5, 2);
 	h_flip_byte(path, chunk_at(&a, "d2", "emb", 2) + 100);
+	/* together: the shared read meets the bad chunk, and each rank reads alone after */
+	snprintf(barrier_dir, sizeof(barrier_dir), "%s/barrier2", a.dir);
+	ck_assert_int_eq(mkdir(barrier_dir, 0700), 0);
+	setenv("RESHARD_BARRIER", barrier_dir, 1);
 	run_world(&a, "d2", 4, "drestore", NULL);
+	unsetenv("RESHARD_BARRIER");
+	ck_assert_msg(h_log_has(&a, "job d2 step 5: 4 ranks restoring together: tensor 'emb'") &&
+	                  h_log_has(&a, "checksum mismatch") && h_log_has(&a, "each reads alone"),
+	              "%s", a.log);
 	ck_assert(h_log_has(&a, "restored from other copies"));
 	ck_assert_int_ne(h_ctl(&a, out, sizeof(out), "verify d2 5"), 0);
 	ck_assert_msg(strstr(out, "tensor 'emb'") && strstr(out, "rank 2's copy is bad; 1 of its 2 "
@@ -711,23 +746,14 @@ END_TEST
  */
 START_TEST(dp_tp_over_four_nodes)
 {
-	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
 	const json_int_t unique = 2 * (json_int_t)TPR * CE * 4 + 8 * 12;
 	struct agent_proc a[4];
-	char dir[256], root[300], cmd[400];
-	json_int_t sum = 0;
+	char dir[256];
 	json_t *l;
+	json_int_t sum = 0;
 	int version;
 
-	snprintf(dir, sizeof(dir), "%s/cktp.XXXXXX", tmp);
-	ck_assert(mkdtemp(dir));
-	snprintf(root, sizeof(root), "%s/shared", dir);
-	for (int i = 0; i < 4; i++) {
-		char name[8];
-
-		snprintf(name, sizeof(name), "n%d", i);
-		h_agent_start_node(&a[i], root, name, NULL);
-	}
+	nodes_start(a, 4, dir);
 	run_on(a, 4, "tp", 8, 0, 8, "tpsave", NULL);
 	l = layout_of(&a[0], "tp", &version);
 	ck_assert_int_eq(version, 3);
@@ -739,10 +765,7 @@ START_TEST(dp_tp_over_four_nodes)
 	json_decref(l);
 	run_on(a, 4, "tp", 8, 0, 8, "tprestore", NULL);
 	run_on(a, 4, "tp", 4, 0, 4, "tprestore", NULL);
-	for (int i = 0; i < 4; i++)
-		h_agent_cleanup(&a[i]);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	nodes_cleanup(a, 4, dir);
 }
 END_TEST
 
