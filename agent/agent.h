@@ -343,6 +343,7 @@ struct plan {
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
 	unsigned restoring; /* restores writing its regions: saves must wait */
+	bool gathered; /* its restore is past read-once's gathering: nobody waits for it */
 	bool dropped;
 	uid_t uid; /* its user's (limits) */
 };

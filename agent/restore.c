@@ -64,20 +64,23 @@ static void note(struct restore *rs, const char *text)
  * The usual restart: every rank of a node restores the same step at about
  * the same time, and replicas (or a resharded layout) need the same saved
  * chunks. Their reads are done together: the first restore of (job, step)
- * to reach its read gathers the others (host-memory plans of the job on
- * this node) until all of them are in, GATHER_NS passes with nobody new,
- * or GATHER_MAX_NS in all; then, where a quarter or more of their bytes
- * are wanted by more than one of them, one reader reads the union of their
+ * that needs another rank's file gathers the others (host-memory plans of
+ * the job on this node) until all of them are in, or those whose restore
+ * is on its way are in and GATHER_NS passes with nobody new, or
+ * GATHER_MAX_NS in all; then, where a quarter or more of their bytes are
+ * wanted by more than one of them, one reader reads the union of their
  * extents, each saved chunk once, and hands its bytes to every rank that
- * needs it (ranks that share little read alone, side by side: one reader
- * for all would copy on one thread what several copy at once). Any problem in it (a bad chunk, a
- * file missing, a fault of one trainer's memory), and each rank reads alone, as before, with its
- * own retries from other copies: the group is an optimisation, never another way to fail. The
- * gathering waits on capture workers (elastic: a waiting job lets another worker take the next
- * restore).
+ * needs it. A rank with only its own file to read never waits, and ranks
+ * that share little read alone, side by side (one reader for all would
+ * copy on one thread what several copy at once). Any problem in it (a bad
+ * chunk, a file missing, a fault of one trainer's memory), and each rank
+ * reads alone, as before, with its own retries from other copies: the
+ * group is an optimisation, never another way to fail. The gathering waits
+ * on capture workers (elastic: a waiting job lets another worker take the
+ * next restore); plan.gathered says a rank is past it (nobody waits for it).
  */
-#define GATHER_NS 100000000LL /* 100 ms with nobody new */
-#define GATHER_MAX_NS 1000000000LL /* 1 s in all */
+#define GATHER_NS 50000000LL /* 50 ms with nobody new */
+#define GATHER_MAX_NS 500000000LL /* 500 ms in all */
 
 struct rgroup {
 	struct list link; /* agent.rgroups while it gathers */
@@ -93,9 +96,10 @@ struct rgroup {
 
 /*
  * Under mu: this node's live host-memory plans of job (those that may
- * join); *restoring: how many of them are restoring now.
+ * join); *coming: how many of them are restoring and not yet past the
+ * gathering (on their way to a group).
  */
-static size_t host_plans(struct agent *a, const char *job, size_t *restoring)
+static size_t host_plans(struct agent *a, const char *job, size_t *coming)
 {
 	struct list *pos;
 	size_t n = 0, r = 0;
@@ -107,10 +111,10 @@ static size_t host_plans(struct agent *a, const char *job, size_t *restoring)
 		if (p->dropped || p->gpu || strcmp(p->job, job) != 0)
 			continue;
 		n++;
-		r += p->restoring > 0;
+		r += p->restoring > 0 && !p->gathered;
 	}
-	if (restoring)
-		*restoring = r;
+	if (coming)
+		*coming = r;
 	return n;
 }
 
@@ -169,7 +173,7 @@ static void group_gather(struct agent *a, struct rgroup *g)
 {
 	for (;;) {
 		const int64_t now = ipc_mono_ns(), cap = g->t_first + GATHER_MAX_NS;
-		size_t restoring, live = host_plans(a, g->job, &restoring);
+		size_t coming, live = host_plans(a, g->job, &coming);
 		struct timespec ts;
 		int64_t until;
 
@@ -177,7 +181,7 @@ static void group_gather(struct agent *a, struct rgroup *g)
 		 * Ranks whose restore was asked for are on their way: wait for them
 		 * (to the cap). The others may ask soon: GATHER_NS from the last join.
 		 */
-		until = g->n < restoring ? cap : g->t_last + GATHER_NS;
+		until = coming ? cap : g->t_last + GATHER_NS;
 		until = until < cap ? until : cap;
 		if (g->n >= live || now >= until)
 			break;
@@ -278,18 +282,20 @@ static bool read_together(struct restore *rs, struct reader *r, int64_t step,
                           const struct manifest *m)
 {
 	struct agent *a = rs->a;
-	struct rgroup *g;
-	bool leader = false, ok;
+	struct rgroup *g = NULL;
+	bool leader = false, foreign = false, ok;
 	uint64_t mine = 0;
 
-	if (rs->plan->gpu || !a->cfg.read_once)
-		return false; /* a CUDA plan's copies go on its own lane */
-	for (size_t i = 0; i < r->n; i++)
+	for (size_t i = 0; i < r->n; i++) {
 		mine += r->ext[i].end - r->ext[i].begin;
+		foreign = foreign || r->ext[i].rank != rs->plan->rank;
+	}
 	workq_wait_begin(a->capture);
 	pthread_mutex_lock(&a->mu);
-	g = host_plans(a, rs->plan->job, NULL) > 1 ? group_join(a, rs->plan->job, step, r, &leader)
-	                                           : NULL;
+	rs->plan->gathered = true; /* in a group now, or reading alone: nobody waits for it */
+	/* only its own file to read: what others need of it they read themselves */
+	if (foreign && host_plans(a, rs->plan->job, NULL) > 1)
+		g = group_join(a, rs->plan->job, step, r, &leader);
 	if (g && leader) {
 		group_gather(a, g);
 		pthread_mutex_unlock(&a->mu);
@@ -355,10 +361,14 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 	 */
 	together = !nbad && store == rs->a->store && rs->a->cfg.read_once && !p->gpu;
 	rc = restore_map(&r, p, m, bad, nbad, together ? 0 : (unsigned)p->rank, err);
-	if (!rc && !nbad && store == rs->a->store && read_together(rs, &r, step, m)) {
+	if (!rc && together && read_together(rs, &r, step, m)) {
 		reader_free(&r);
 		return 0;
 	}
+	/* past the gathering (read alone): a group of its job waits for it no more */
+	pthread_mutex_lock(&rs->a->mu);
+	rs->plan->gathered = true;
+	pthread_mutex_unlock(&rs->a->mu);
 	if (!rc)
 		rc = reader_run(&r, m, READ_AHEAD);
 	rs->read += r.bytes;
@@ -673,6 +683,7 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	plan_get(p);
 	plan_busy(p);
 	p->restoring++;
+	p->gathered = false;
 	return 0;
 }
 

@@ -7,11 +7,13 @@
 # slowest rank's time per world, median [min, max] over the repetitions,
 # and writes bench/results/<date>-<host>-reshard.json.
 #
-#   bench/reshard_run.sh [--mib M] [--reps N] [--dir DIR]
+#   bench/reshard_run.sh [--mib M] [--reps N] [--dir DIR] [--agent-flag F]...
+# (--agent-flag --no-read-once: the same with each rank reading alone;
+# the results file is then named ...-reshard-no-read-once.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
-mib=512 reps=3 dir= quick=0 build=build-bench out=bench/results sizes=
+mib=512 reps=3 dir= quick=0 build=build-bench out=bench/results sizes= flags=() tag=
 while (($#)); do
 	case $1 in
 	--mib) mib=$2; shift ;;
@@ -19,7 +21,8 @@ while (($#)); do
 	--dir) dir=$2; shift ;;
 	--build) build=$2; shift ;;
 	--out) out=$2; shift ;;
-	*) echo "usage: bench/reshard_run.sh [--mib M] [--reps N] [--dir DIR]" >&2
+	--agent-flag) flags+=("$2"); tag=$tag${2#-}; shift ;;
+	*) echo "usage: bench/reshard_run.sh [--mib M] [--reps N] [--dir DIR] [--agent-flag F]..." >&2
 		exit 2 ;;
 	esac
 	shift
@@ -30,8 +33,8 @@ sizes=$mib
 bench_build reshard_bench
 ckptd=$build/agent/ckptd ckptctl=$build/client/ckptctl
 bench_workdir ckpt-reshard
-start_agent
-file=$out/$(date +%F)-$(hostname -s)-reshard.json
+start_agent "${flags[@]}"
+file=$out/$(date +%F)-$(hostname -s)-reshard${tag:+$tag}.json
 "$build/bench/reshard_bench" --endpoint "$sock" --mib "$mib" --reps "$reps" \
 	--save-world 8 --restore-worlds 8,4,2,1 | tee "$raw/lines.jsonl"
 python3 - "$raw/lines.jsonl" "$file" <<'PY'
