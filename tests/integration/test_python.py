@@ -1,4 +1,4 @@
-"""The Python module (client/python/ckpt.py) against a real agent: numpy
+"""The Python package (client/python/ckpt) against a real agent: numpy
 arrays in host memory saved and restored with their meta, and failures
 raised as ckpt.Error with the agent's words."""
 

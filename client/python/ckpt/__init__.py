@@ -14,14 +14,19 @@ The same shape as ckpt.h:
 Failures raise ckpt.Error with the errno and the agent's message; names,
 meta and the endpoint holding NUL or control characters are refused with
 EINVAL before anything reaches C (ctypes would cut them at the NUL). The
-library is found through $CKPT_LIB, then libckpt.so.0 on the loader's path.
+library is found through $CKPT_LIB, then libckpt.so.0 next to this
+package, then libckpt.so.0 on the loader's path; when none loads, the
+first call raises ckpt.Error (ELIBACC) naming each place tried.
 numpy is only needed for Tensor(name, array) and HostMemory.ndarray.
 """
+
+from __future__ import annotations
 
 import ctypes
 import errno as _errno
 import json
 import os
+from typing import Any, Optional, Sequence, Tuple
 
 QUEUED, CAPTURED, DURABLE, COMMITTED, UPLOADED, FAILED, SKIPPED = range(1, 8)
 LATEST = -1
@@ -41,7 +46,8 @@ _NUMPY_DTYPES = {
 
 
 class Error(OSError):
-    """A libckpt failure: errno, and the agent's message."""
+    """A libckpt failure: `errno` (a positive errno value), and the agent's
+    message (`strerror`, and str(e))."""
 
 
 class _Tensor(ctypes.Structure):
@@ -67,9 +73,31 @@ class _PlanOpts(ctypes.Structure):
     ]
 
 
+def _candidates():
+    """Where libckpt may be, in order, each with what to call it in a message."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so.0")
+    env = os.environ.get("CKPT_LIB")
+    found = [(env, "$CKPT_LIB")] if env else []
+    return found + [(here, "next to the package"), ("libckpt.so.0", "the loader's path")]
+
+
+def _open_lib():
+    tried = []
+    if not os.environ.get("CKPT_LIB"):
+        tried.append("$CKPT_LIB (not set)")
+    for path, where in _candidates():
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({where}): {e}")
+    raise Error(_errno.ELIBACC,
+                "cannot load libckpt; tried " + "; ".join(tried) +
+                ". Build it (README: cmake --build build) and set CKPT_LIB to "
+                "build/client/libckpt.so, or install it (cmake --install, ldconfig)")
+
+
 def _load():
-    path = os.environ.get("CKPT_LIB", "libckpt.so.0")
-    lib = ctypes.CDLL(path)
+    lib = _open_lib()
     vp, cp, i64, i32 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int
     sigs = {
         "ckpt_connect": (i32, [cp, ctypes.POINTER(vp)]),
@@ -107,7 +135,8 @@ def _l():
     return _lib
 
 
-def state_name(state):
+def state_name(state: int) -> str:
+    """The name of a save state (QUEUED ... SKIPPED), as the agent says it."""
     return _l().ckpt_state_name(state).decode()
 
 
@@ -140,13 +169,15 @@ def _c_text(what, text, json_text=False):
 class HostMemory:
     """Memory from ckpt_host_alloc: .address, .size, and views into it."""
 
-    def __init__(self, client, ptr, size):
+    def __init__(self, client: "Client", ptr: int, size: int):
         self._client, self.address, self.size = client, ptr, size
 
-    def buffer(self):
+    def buffer(self) -> ctypes.Array:
+        """All of it, as a ctypes char array (writable, no copy)."""
         return (ctypes.c_char * self.size).from_address(self.address)
 
-    def ndarray(self, dtype, shape, offset=0):
+    def ndarray(self, dtype: Any, shape: Sequence[int], offset: int = 0) -> Any:
+        """A numpy view of `shape` elements of `dtype` at byte `offset` (no copy)."""
         import numpy as np
         dt = np.dtype(dtype)
         count = 1
@@ -158,7 +189,8 @@ class HostMemory:
         return np.frombuffer(self.buffer(), dtype=dt, count=count,
                              offset=offset).reshape(shape)
 
-    def free(self):
+    def free(self) -> None:
+        """Gives it back (a plan using it keeps it until the plan is destroyed)."""
         if self.address:
             _l().ckpt_host_free(self._client._c, self.address)
             self.address = 0
@@ -167,8 +199,14 @@ class HostMemory:
 class Tensor:
     """A tensor of a plan: a numpy array living in host memory, or raw fields."""
 
-    def __init__(self, name, array=None, dtype=None, shape=None, address=None,
-                 global_shape=None, global_offset=None):
+    def __init__(self, name: str, array: Any = None, dtype: Optional[str] = None,
+                 shape: Optional[Sequence[int]] = None, address: Optional[int] = None,
+                 global_shape: Optional[Sequence[int]] = None,
+                 global_offset: Optional[Sequence[int]] = None):
+        """`array`: a C-contiguous numpy array in ckpt host memory; else `dtype`
+        (a safetensors name: "F32", "BF16", ...), `shape` and `address`.
+        A sharded tensor says its `global_shape` and where its box starts
+        (`global_offset`); a replicated one the same shape at offset zeros."""
         if array is not None:
             dtype = _NUMPY_DTYPES.get(array.dtype.name)
             if dtype is None:
@@ -186,21 +224,26 @@ class Tensor:
 
 
 class Save:
-    def __init__(self, client, handle):
+    """A save in flight (Plan.save): its state, waited for."""
+
+    def __init__(self, client: "Client", handle: ctypes.c_void_p):
         self._client, self._s = client, handle
 
-    def wait(self, until=CAPTURED, timeout_ms=-1):
+    def wait(self, until: int = CAPTURED, timeout_ms: int = -1) -> None:
+        """Until the save reaches `until` (or ends): raises Error if it failed
+        or the time ran out (ETIMEDOUT)."""
         _check(_l().ckpt_save_wait(self._s, until, timeout_ms), self._client._c)
 
     @property
-    def state(self):
+    def state(self) -> int:
         return _l().ckpt_save_state(self._s)
 
     @property
-    def reason(self):
+    def reason(self) -> str:
+        """Why it failed or was skipped, or a note ("" if none)."""
         return _l().ckpt_save_reason(self._s).decode(errors="replace")
 
-    def release(self):
+    def release(self) -> None:
         if self._s:
             _l().ckpt_save_release(self._s)
             self._s = None
@@ -210,14 +253,19 @@ class Save:
 
 
 class Plan:
-    def __init__(self, client, handle, tensors):
+    """A rank's tensors, declared once (Client.plan); saved and restored by step."""
+
+    def __init__(self, client: "Client", handle: ctypes.c_void_p, tensors: Sequence[Tensor]):
         self._client, self._p, self._tensors = client, handle, tensors
 
     @property
-    def bytes(self):
+    def bytes(self) -> int:
+        """The size of this rank's shard file (header included)."""
         return _l().ckpt_plan_bytes(self._p)
 
-    def save(self, step, meta=None):
+    def save(self, step: int, meta: Any = None) -> Save:
+        """Queues a save of `step` (meta: JSON text, or a value json.dumps takes);
+        returns at once: wait for CAPTURED before writing the tensors again."""
         if meta is not None and not isinstance(meta, str):
             meta = json.dumps(meta)
         out = ctypes.c_void_p()
@@ -225,8 +273,10 @@ class Plan:
                               ctypes.byref(out)), self._client._c)
         return Save(self._client, out)
 
-    def restore(self, step=LATEST, fallback=False):
-        """(restored step, meta as a Python value or None)"""
+    def restore(self, step: int = LATEST, fallback: bool = False) -> Tuple[int, Any]:
+        """Restores `step` (LATEST: the newest committed) into the tensors, in
+        place; fallback: an older step where that one cannot be read. Returns
+        (the step restored, this rank's meta as a Python value or None)."""
         got, meta = ctypes.c_int64(-1), ctypes.c_void_p()
         _check(_l().ckpt_restore2(self._p, step, int(fallback), ctypes.byref(got),
                                   ctypes.byref(meta)), self._client._c)
@@ -236,24 +286,29 @@ class Plan:
             ctypes.CDLL(None).free(meta)
         return got.value, json.loads(text) if text else None
 
-    def destroy(self):
+    def destroy(self) -> None:
         if self._p:
             _l().ckpt_plan_destroy(self._p)
             self._p = None
 
 
 class Client:
-    def __init__(self, endpoint=None):
+    """A connection to ckptd (endpoint None: $CKPT_ENDPOINT, else the default socket)."""
+
+    def __init__(self, endpoint: Optional[str] = None):
         self._c = ctypes.c_void_p()
         _check(_l().ckpt_connect(_c_text("endpoint", endpoint) if endpoint else None,
                                  ctypes.byref(self._c)))
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> HostMemory:
+        """Host memory shared with the agent: tensors in it are saved without a copy
+        in the trainer."""
         ptr = ctypes.c_void_p()
         _check(_l().ckpt_host_alloc(self._c, nbytes, ctypes.byref(ptr)), self._c)
         return HostMemory(self, ptr.value, nbytes)
 
-    def plan(self, job, rank, world, tensors, backpressure=0, run=None, copies=0):
+    def plan(self, job: str, rank: int, world: int, tensors: Sequence[Tensor],
+             backpressure: int = 0, run: Optional[str] = None, copies: int = 0) -> Plan:
         """A plan of `tensors` for rank `rank` of `world`. run: this incarnation
         of the job (None: $CKPT_RUN, else "0"). copies: how many ranks write
         each box several ranks hold (0: one; COPIES_ALL: every replica)."""
@@ -281,16 +336,16 @@ class Client:
         return Plan(self, out, tensors)
 
     @property
-    def last_error(self):
+    def last_error(self) -> str:
         return _l().ckpt_last_error(self._c).decode(errors="replace")
 
-    def close(self):
+    def close(self) -> None:
         if self._c:
             _l().ckpt_disconnect(self._c)
             self._c = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
