@@ -333,6 +333,19 @@ static int plans_tensor(struct manifest_tensor *mt, const struct plan_tensor *t,
 	return 0;
 }
 
+/* What plan p holds, as tensors of one chunk each of its rank (file order), into *v, *n. */
+static int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n)
+{
+	*n = 0;
+	*v = calloc(p->n + 1, sizeof(**v));
+	if (!*v)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n; i++)
+		if (plans_tensor(&(*v)[(*n)++], &p->t[i], p->rank))
+			return -ENOMEM; /* freed with its owner, half made */
+	return 0;
+}
+
 /* Under mu: this node's live plans of (job, run), as its plans file. -ENOENT: none. */
 static int plans_snapshot(struct agent *a, const char *job, const char *run,
                           struct plans_file **out)
@@ -365,13 +378,8 @@ static int plans_snapshot(struct agent *a, const char *job, const char *run,
 		k = &f->ranks[f->nranks++];
 		k->rank = p->rank;
 		k->copies = p->copies;
-		k->tensors = calloc(p->n + 1, sizeof(*k->tensors));
-		if (!k->tensors) {
-			rc = -ENOMEM;
+		if ((rc = plan_holds(p, &k->tensors, &k->ntensors)))
 			break;
-		}
-		for (size_t i = 0; i < p->n && !rc; i++)
-			rc = plans_tensor(&k->tensors[k->ntensors++], &p->t[i], p->rank);
 	}
 	if (!rc && f->nranks == 0)
 		rc = -ENOENT;
@@ -529,12 +537,8 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
 	if (l == &p->whole)
 		return 0;
 	/* it wrote less than it holds: what it holds (its plan) is said too */
-	k->holds = calloc(p->n + 1, sizeof(*k->holds));
-	if (!k->holds)
+	if (plan_holds(p, &k->holds, &k->nholds))
 		return -ENOMEM;
-	for (size_t i = 0; i < p->n; i++)
-		if (plans_tensor(&k->holds[k->nholds++], &p->t[i], p->rank))
-			return -ENOMEM;
 	qsort(k->holds, k->nholds, sizeof(*k->holds), cmp_tensor);
 	return 0;
 }

@@ -192,38 +192,6 @@ static void group_gather(struct agent *a, struct rgroup *g)
 	list_del(&g->link); /* closed: a restore that comes now starts a group of its own */
 }
 
-static int cmp_range(const void *x, const void *y)
-{
-	const struct extent *a = *(const struct extent *const *)x,
-	                    *b = *(const struct extent *const *)y;
-
-	if (a->rank != b->rank)
-		return a->rank < b->rank ? -1 : 1;
-	if (a->begin != b->begin)
-		return a->begin < b->begin ? -1 : 1;
-	return a->end < b->end ? -1 : a->end > b->end;
-}
-
-/* Whether a quarter or more of the bytes of c's extents are wanted by more than one. */
-static bool worth_sharing(const struct reader *c)
-{
-	const struct extent **v = malloc((c->n ? c->n : 1) * sizeof(*v));
-	uint64_t all = 0, shared = 0;
-
-	if (!v)
-		return false;
-	for (size_t i = 0; i < c->n; i++) {
-		v[i] = &c->ext[i];
-		all += c->ext[i].end - c->ext[i].begin;
-	}
-	qsort(v, c->n, sizeof(*v), cmp_range);
-	for (size_t i = 1; i < c->n; i++)
-		if (cmp_range(&v[i - 1], &v[i]) == 0)
-			shared += v[i]->end - v[i]->begin;
-	free(v);
-	return shared && shared >= all / 4;
-}
-
 /*
  * The leader, no lock: the union of the members' extents, each chunk read
  * once. 1: done; 0: not worth it (they share little: each reads alone, side
@@ -233,6 +201,7 @@ static int group_read(struct agent *a, struct rgroup *g, const struct manifest *
 {
 	struct reader c;
 	char err[IPC_ERRLEN] = "out of memory";
+	uint64_t shared, all;
 	size_t n = 0;
 	bool ok;
 	int rc;
@@ -245,7 +214,8 @@ static int group_read(struct agent *a, struct rgroup *g, const struct manifest *
 		memcpy(c.ext + c.n, g->r[i]->ext, g->r[i]->n * sizeof(*c.ext));
 		c.n += g->r[i]->n;
 	}
-	if (!rc && !worth_sharing(&c)) {
+	/* worth it where a quarter or more of the bytes are wanted by more than one */
+	if (!rc && ((shared = reader_shared(&c, &all)) == 0 || shared < all / 4)) {
 		reader_free(&c);
 		return 0;
 	}
@@ -813,8 +783,8 @@ static void tensor_copies(struct reader *r, const struct manifest_tensor *t, con
 
 			if (good[idx[k]])
 				continue;
-			shape_text(c->shape, t->ndim, box, sizeof(box));
-			shape_text(c->global_offset, t->ndim, at, sizeof(at));
+			box_text(c->shape, t->ndim, box, sizeof(box));
+			box_text(c->global_offset, t->ndim, at, sizeof(at));
 			reader_problem(
 			    r, -EBADMSG,
 			    "tensor '%s', box %s at %s: rank %d's copy is bad; %u of its %u "

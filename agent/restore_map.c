@@ -15,16 +15,6 @@
 
 #include "stream.h"
 
-void shape_text(const int64_t *v, size_t n, char *buf, size_t len)
-{
-	size_t o = (size_t)snprintf(buf, len, "[");
-
-	for (size_t i = 0; i < n && o < len; i++)
-		o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)v[i]);
-	if (o < len)
-		snprintf(buf + o, len - o, "]");
-}
-
 static bool is_bad(const struct bad_chunk *b, size_t n, const struct manifest_chunk *c)
 {
 	for (size_t i = 0; i < n; i++)
@@ -207,8 +197,8 @@ static int assemble(const struct plan *p, size_t i, const struct manifest_tensor
 	if (rc)
 		return ipc_errf(err, rc, "out of memory");
 	if (left) {
-		shape_text(t->shape, nd, box, sizeof(box));
-		shape_text(off, nd, at, sizeof(at));
+		box_text(t->shape, nd, box, sizeof(box));
+		box_text(off, nd, at, sizeof(at));
 		return ipc_errf(
 		    err, -EINVAL,
 		    "tensor '%s': the checkpoint holds %llu of the %llu elements of this "
@@ -234,8 +224,8 @@ static int match_tensor(const struct plan *p, size_t i, const struct manifest *m
 
 	if (!mt)
 		return ipc_errf(err, -EINVAL, "tensor '%s' is not in the checkpoint", t->name);
-	shape_text(t->global_shape, t->ndim, want, sizeof(want));
-	shape_text(mt->global_shape, mt->ndim, have, sizeof(have));
+	box_text(t->global_shape, t->ndim, want, sizeof(want));
+	box_text(mt->global_shape, mt->ndim, have, sizeof(have));
 	if (mt->dtype != t->dtype || mt->ndim != t->ndim ||
 	    memcmp(mt->global_shape, t->global_shape, t->ndim * sizeof(int64_t)))
 		return ipc_errf(err, -EINVAL,

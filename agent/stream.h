@@ -113,6 +113,12 @@ struct reader {
 	char path[512];
 };
 
+/*
+ * Sorts r's extents by file and place; the bytes of those that read the
+ * very bytes of the one before (what reader_run reads once for all of
+ * them), and *all: every extent's bytes.
+ */
+uint64_t reader_shared(struct reader *r, uint64_t *all);
 /* ext sized for n extents (r->n = 0); 0 or -ENOMEM. reader_free in any case. */
 int reader_init(struct reader *r, struct agent *a, const char *job, int64_t step, size_t n);
 /*
@@ -146,8 +152,6 @@ struct bad_chunk {
  */
 int restore_map(struct reader *r, const struct plan *p, const struct manifest *m,
                 const struct bad_chunk *bad, size_t nbad, unsigned start, char *err);
-/* A shape or an offset as "[a,b,c]". */
-void shape_text(const int64_t *v, size_t n, char *buf, size_t len);
 
 /* ---- save.c, for the pipeline ----------------------------------------- */
 

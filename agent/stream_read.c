@@ -98,13 +98,37 @@ void reader_free(struct reader *r)
 	pthread_cond_destroy(&r->cv);
 }
 
+/* By file, then place in it: extents of the very same bytes side by side. */
 static int cmp_extent(const void *x, const void *y)
 {
 	const struct extent *a = x, *b = y;
 
 	if (a->rank != b->rank)
 		return a->rank - b->rank;
-	return a->begin < b->begin ? -1 : a->begin > b->begin;
+	if (a->begin != b->begin)
+		return a->begin < b->begin ? -1 : 1;
+	return a->end < b->end ? -1 : a->end > b->end;
+}
+
+/* Whether b reads the very bytes a reads, checked the same way (its bytes can be a's). */
+static bool same_bytes(const struct extent *a, const struct extent *b)
+{
+	return a->rank == b->rank && a->begin == b->begin && a->end == b->end &&
+	       a->nosum == b->nosum && a->xxh3 == b->xxh3;
+}
+
+uint64_t reader_shared(struct reader *r, uint64_t *all)
+{
+	uint64_t shared = 0;
+
+	qsort(r->ext, r->n, sizeof(*r->ext), cmp_extent);
+	*all = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		*all += r->ext[i].end - r->ext[i].begin;
+		if (i > 0 && same_bytes(&r->ext[i - 1], &r->ext[i]))
+			shared += r->ext[i].end - r->ext[i].begin;
+	}
+	return shared;
 }
 
 /* A part of a window's copy into the trainer's memory (copier.h). */
@@ -403,8 +427,7 @@ static int share_same_bytes(struct reader *r)
 	size_t np = 0, nd = 0, *of;
 
 	for (size_t i = 1; i < r->n && !nd; i++)
-		nd = r->ext[i].rank == r->ext[i - 1].rank &&
-		     r->ext[i].begin == r->ext[i - 1].begin && r->ext[i].end == r->ext[i - 1].end;
+		nd = same_bytes(&r->ext[i - 1], &r->ext[i]);
 	if (!nd)
 		return 0; /* the usual case: one rank's extents, none shared */
 	r->dups = malloc(r->n * sizeof(*r->dups));
@@ -417,8 +440,7 @@ static int share_same_bytes(struct reader *r)
 	for (size_t i = 0; i < r->n; i++) {
 		const struct extent *e = &r->ext[i], *p = np ? &r->ext[np - 1] : NULL;
 
-		if (p && e->rank == p->rank && e->begin == p->begin && e->end == p->end &&
-		    e->nosum == p->nosum && e->xxh3 == p->xxh3) {
+		if (p && same_bytes(p, e)) {
 			of[nd] = np - 1;
 			r->dups[nd++] = *e;
 		} else {

@@ -1,7 +1,18 @@
 /* Boxes: overlaps and their runs of contiguous bytes (box.h). */
+#include <stdio.h>
 #include <string.h>
 
 #include "box.h"
+
+void box_text(const int64_t *v, size_t n, char *buf, size_t len)
+{
+	size_t o = (size_t)snprintf(buf, len, "[");
+
+	for (size_t i = 0; i < n && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)v[i]);
+	if (o < len)
+		snprintf(buf + o, len - o, "]");
+}
 
 uint64_t box_volume(size_t nd, const int64_t *shape)
 {

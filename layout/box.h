@@ -27,6 +27,9 @@ struct box_copy {
 	uint64_t next; /* the copy's cursor: the first run not yet wholly copied */
 };
 
+/* A shape or an offset as "[a,b,c]" into buf (cut to len), for messages. */
+void box_text(const int64_t *v, size_t n, char *buf, size_t len);
+
 /* Elements in a box of this shape (0-d: 1). */
 uint64_t box_volume(size_t nd, const int64_t *shape);
 

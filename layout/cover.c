@@ -134,15 +134,6 @@ static bool written_whole(const struct cover *cv, const struct manifest_chunk *c
 	return bsearch(&c, cv->by, cv->of->nchunks, sizeof(*cv->by), cmp_chunk) != NULL;
 }
 
-static void dims_text(const int64_t *v, size_t n, char *buf, size_t len)
-{
-	size_t at = 0;
-
-	buf[0] = '\0';
-	for (size_t d = 0; d < n && at < len; d++)
-		at += (size_t)snprintf(buf + at, len - at, "%s%lld", d ? "," : "", (long long)v[d]);
-}
-
 /* Box e of a held tensor against the chunks of its tensor in m. */
 static int cover_one(struct cover *cv, const struct held *e, char *err)
 {
@@ -171,16 +162,16 @@ static int cover_one(struct cover *cv, const struct held *e, char *err)
 	}
 	if (!rc && t && !cv->l.n)
 		return 0;
-	dims_text(b->global_offset, h->ndim, off, sizeof(off));
-	dims_text(b->shape, h->ndim, shape, sizeof(shape));
+	box_text(b->global_offset, h->ndim, off, sizeof(off));
+	box_text(b->shape, h->ndim, shape, sizeof(shape));
 	if (rc)
 		return ipc_errf(err, rc,
-		                "tensor '%s' box at [%s] shape [%s] (held by rank %d): its chunks "
+		                "tensor '%s' box at %s shape %s (held by rank %d): its chunks "
 		                "cut it into more pieces than are checked (%u at once)",
 		                h->name, off, shape, e->rank, COVER_MAX_PIECES);
 	/* a tensor nobody wrote is a hole even where the box holds no element */
 	return ipc_errf(err, -EINVAL,
-	                "tensor '%s' box at [%s] shape [%s], held by rank %d, was %s (the "
+	                "tensor '%s' box at %s shape %s, held by rank %d, was %s (the "
 	                "nodes assigned the writers of replicas from different plans)",
 	                h->name, off, shape, e->rank,
 	                t ? "written only in part" : "written by no rank");

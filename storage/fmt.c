@@ -260,42 +260,55 @@ int fmt_tensors_dup(const struct manifest_tensor *v, size_t n, struct manifest_t
 
 /* ---- what a rank holds --------------------------------------------------- */
 
-json_t *fmt_holds_json(const struct manifest_tensor *v, size_t n)
+json_t *fmt_tensors_json(const struct manifest_tensor *v, size_t n, bool sums)
 {
 	json_t *o = json_object();
 
 	for (size_t i = 0; o && i < n; i++)
-		if (json_object_set_new(o, v[i].name, fmt_tensor_json(&v[i], false))) {
+		if (json_object_set_new(o, v[i].name, fmt_tensor_json(&v[i], sums))) {
 			json_decref(o);
 			return NULL;
 		}
 	return o;
 }
 
-int fmt_holds_parse(const json_t *o, struct manifest_tensor **v, size_t *n, const char *what,
-                    char *err)
+int fmt_tensors_parse(const json_t *o, bool sums, struct manifest_tensor **v, size_t *n,
+                      const char *what, char *err)
 {
 	const char *name;
 	json_t *t;
 	int rc;
 
+	*n = 0;
+	*v = calloc(json_object_size(o) + 1, sizeof(**v));
+	if (!*v)
+		return ipc_errf(err, -ENOMEM, "%s: out of memory for %zu tensors", what,
+		                json_object_size(o));
+	json_object_foreach((json_t *)o, name, t)
+	{
+		rc = fmt_tensor_parse(name, t, sums, &(*v)[(*n)++], what, err);
+		if (rc)
+			return rc; /* the caller frees *v, half made */
+	}
+	qsort(*v, *n, sizeof(**v), fmt_cmp_tensor);
+	return 0;
+}
+
+json_t *fmt_holds_json(const struct manifest_tensor *v, size_t n)
+{
+	return fmt_tensors_json(v, n, false);
+}
+
+int fmt_holds_parse(const json_t *o, struct manifest_tensor **v, size_t *n, const char *what,
+                    char *err)
+{
 	*v = NULL;
 	*n = 0;
 	if (!json_is_object(o) || json_object_size(o) > IPC_MAX_TENSORS)
 		return ipc_errf(err, -EINVAL,
 		                "%s: \"holds\" is not an object of at most %d tensors", what,
 		                IPC_MAX_TENSORS);
-	*v = calloc(json_object_size(o) + 1, sizeof(**v));
-	if (!*v)
-		return ipc_errf(err, -ENOMEM, "%s: out of memory", what);
-	json_object_foreach((json_t *)o, name, t)
-	{
-		rc = fmt_tensor_parse(name, t, false, &(*v)[(*n)++], what, err);
-		if (rc)
-			return rc; /* the caller frees *v, half made */
-	}
-	qsort(*v, *n, sizeof(**v), fmt_cmp_tensor);
-	return 0;
+	return fmt_tensors_parse(o, false, v, n, what, err);
 }
 
 int fmt_check_holds(const struct manifest_tensor *v, size_t n, int rank, const char *what,

@@ -32,6 +32,15 @@ json_t *fmt_tensor_json(const struct manifest_tensor *t, bool sums);
 int fmt_tensor_parse(const char *name, const json_t *o, bool sums, struct manifest_tensor *t,
                      const char *what, char *err);
 void fmt_tensors_free(struct manifest_tensor *t, size_t n);
+/*
+ * Tensors by name ({name: tensor}), as a manifest's "tensors", a part
+ * rank's "tensors" and a rank's "holds" hold them: written; parsed from an
+ * object the caller checked (sorted by name; *v, half made on a failure,
+ * is the caller's to free with *n).
+ */
+json_t *fmt_tensors_json(const struct manifest_tensor *v, size_t n, bool sums);
+int fmt_tensors_parse(const json_t *o, bool sums, struct manifest_tensor **v, size_t *n,
+                      const char *what, char *err);
 /* A deep copy of v[0..n) into *out (NULL when n is 0). */
 int fmt_tensors_dup(const struct manifest_tensor *v, size_t n, struct manifest_tensor **out);
 

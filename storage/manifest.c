@@ -441,19 +441,6 @@ static json_t *parts_json(const struct manifest *m)
 	return a;
 }
 
-static json_t *tensors_json(const struct manifest *m)
-{
-	json_t *o = json_object();
-
-	for (size_t i = 0; o && i < m->ntensors; i++)
-		if (json_object_set_new(o, m->tensors[i].name,
-		                        fmt_tensor_json(&m->tensors[i], true))) {
-			json_decref(o);
-			return NULL;
-		}
-	return o;
-}
-
 static json_t *root_json(const struct manifest *m, json_t *meta)
 {
 	char when[64];
@@ -468,7 +455,8 @@ static json_t *root_json(const struct manifest *m, json_t *meta)
 	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes", bytes,
 	                 "durations", "capture_seconds", m->capture_seconds, "durable_seconds",
 	                 m->durable_seconds, "commit_seconds", m->commit_seconds, "parts",
-	                 parts_json(m), "ranks", ranks_json(m), "tensors", tensors_json(m));
+	                 parts_json(m), "ranks", ranks_json(m), "tensors",
+	                 fmt_tensors_json(m->tensors, m->ntensors, true));
 	/* format 1 had neither: written back as it was read */
 	if (root && m->version == 1) {
 		json_object_del(root, "run");
@@ -601,24 +589,9 @@ static int parse_parts(struct manifest *m, const json_t *a, char *err)
 
 static int parse_tensors(struct manifest *m, const json_t *o, char *err)
 {
-	const char *name;
-	json_t *v;
-	int rc;
-
 	if (!json_is_object(o))
 		return ipc_errf(err, -EINVAL, MF_PREFIX "\"tensors\" is missing or not an object");
-	m->tensors = calloc(json_object_size(o) + 1, sizeof(*m->tensors));
-	if (!m->tensors)
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory for %zu tensors",
-		                json_object_size(o));
-	json_object_foreach((json_t *)o, name, v)
-	{
-		rc = fmt_tensor_parse(name, v, true, &m->tensors[m->ntensors++], MF, err);
-		if (rc)
-			return rc;
-	}
-	qsort(m->tensors, m->ntensors, sizeof(*m->tensors), fmt_cmp_tensor);
-	return 0;
+	return fmt_tensors_parse(o, true, &m->tensors, &m->ntensors, MF, err);
 }
 
 static int parse_durations(struct manifest *m, const json_t *o, char *err)

@@ -230,15 +230,9 @@ int part_check(const struct part *p, char *err)
 
 static json_t *rank_json(const struct part_rank *k)
 {
-	json_t *o, *meta, *tensors = json_object();
+	json_t *o, *meta, *tensors = fmt_tensors_json(k->tensors, k->ntensors, true);
 	char ignored[IPC_ERRLEN];
 
-	for (size_t j = 0; tensors && j < k->ntensors; j++)
-		if (json_object_set_new(tensors, k->tensors[j].name,
-		                        fmt_tensor_json(&k->tensors[j], true))) {
-			json_decref(tensors);
-			tensors = NULL;
-		}
 	if (fmt_meta_value(k->meta_json, &meta, PT, ignored)) {
 		json_decref(tensors);
 		return NULL;
@@ -293,9 +287,8 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 	const json_t *holds = json_object_get(o, "holds");
 	int64_t v[6] = {0};
 	const json_t *tensors = json_object_get(o, "tensors");
-	const char *file, *name;
+	const char *file;
 	char where[32];
-	json_t *t;
 	int rc;
 
 	snprintf(where, sizeof(where), "ranks[%zu]", i);
@@ -332,16 +325,9 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 		                "%s: \"tensors\" is missing, not an object or larger than "
 		                "%d",
 		                where, IPC_MAX_TENSORS);
-	k->tensors = calloc(json_object_size(tensors) + 1, sizeof(*k->tensors));
-	if (!k->tensors)
-		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
-	json_object_foreach((json_t *)tensors, name, t)
-	{
-		rc = fmt_tensor_parse(name, t, true, &k->tensors[k->ntensors++], PT, err);
-		if (rc)
-			return rc;
-	}
-	qsort(k->tensors, k->ntensors, sizeof(*k->tensors), fmt_cmp_tensor);
+	rc = fmt_tensors_parse(tensors, true, &k->tensors, &k->ntensors, PT, err);
+	if (rc)
+		return rc;
 	if (holds && version < 2)
 		return ipc_errf(err, -EINVAL, PT_PREFIX "%s: \"holds\" in a version-%d part", where,
 		                version);
