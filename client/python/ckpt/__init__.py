@@ -119,10 +119,29 @@ def _load():
         "ckpt_last_error": (cp, [vp]),
         "ckpt_state_name": (cp, [i32]),
     }
-    for name, (res, args) in sigs.items():
-        fn = getattr(lib, name)
+    # The CUDA transport, in a libckpt built with CUDA (cudaStream_t: a pointer).
+    cuda = {
+        "ckpt_save_on": (i32, [vp, i64, cp, vp, ctypes.POINTER(vp)]),
+        "ckpt_save_fence": (i32, [vp, vp]),
+    }
+    for name, (res, args) in list(sigs.items()) + list(cuda.items()):
+        fn = getattr(lib, name, None)
+        if fn is None and name in cuda:
+            continue
         fn.restype, fn.argtypes = res, args
     return lib
+
+
+def has_cuda() -> bool:
+    """Whether libckpt was built with the CUDA transport (Plan.save_on, Save.fence)."""
+    return hasattr(_l(), "ckpt_save_on")
+
+
+def _cuda_fn(name):
+    if not has_cuda():
+        raise Error(_errno.ENOSYS, "%s: this libckpt was built without CUDA (no CUDA "
+                    "toolkit where it was built): rebuild it where nvcc is found" % name)
+    return getattr(_l(), name)
 
 
 _lib = None
@@ -234,6 +253,12 @@ class Save:
         or the time ran out (ETIMEDOUT)."""
         _check(_l().ckpt_save_wait(self._s, until, timeout_ms), self._client._c)
 
+    def fence(self, stream: int) -> None:
+        """Makes the CUDA stream `stream` (a cudaStream_t, e.g.
+        torch.cuda.current_stream().cuda_stream) wait for CAPTURED; the
+        host thread does not wait (ckpt_save_fence)."""
+        _check(_cuda_fn("ckpt_save_fence")(self._s, stream), self._client._c)
+
     @property
     def state(self) -> int:
         return _l().ckpt_save_state(self._s)
@@ -271,6 +296,18 @@ class Plan:
         out = ctypes.c_void_p()
         _check(_l().ckpt_save(self._p, step, _c_text("meta", meta, True) if meta else None,
                               ctypes.byref(out)), self._client._c)
+        return Save(self._client, out)
+
+    def save_on(self, step: int, meta: Any, stream: int) -> Save:
+        """Plan.save for a plan of CUDA tensors, the agent's copies ordered
+        after the work queued on `stream` (a cudaStream_t; 0: the default
+        stream); nothing waits on the host (ckpt_save_on)."""
+        if meta is not None and not isinstance(meta, str):
+            meta = json.dumps(meta)
+        out = ctypes.c_void_p()
+        _check(_cuda_fn("ckpt_save_on")(self._p, step,
+                                         _c_text("meta", meta, True) if meta else None,
+                                         stream, ctypes.byref(out)), self._client._c)
         return Save(self._client, out)
 
     def restore(self, step: int = LATEST, fallback: bool = False) -> Tuple[int, Any]:
