@@ -1,0 +1,322 @@
+"""ckpt.torch and ckpt.dcp against a real agent (CPU tensors; torch from
+PyPI in the test environment, skipped without it):
+- a model and AdamW state dict, with bf16, fp16, int64 and bool tensors and
+  values of every kind JSON cannot hold as is, saved and loaded into a
+  fresh model and optimizer: every tensor bit for bit, every value, the
+  meta; a step after the load equals a step after the save;
+- attach(): parameters and state moved into ckpt host memory, save returns
+  before the capture, the optimizer's step waits for it, and the checkpoint
+  holds the values at save, not after the step; close() moves them back;
+- tensors shared by two keys (tied weights) saved once, and tied again;
+- clear errors naming the key (non-contiguous, an object, complex, a bad
+  key, tensors on two devices) and nothing saved; loading a tensor the
+  checkpoint lacks, or a job not saved through ckpt.torch, names it;
+- DCP: dcp.save and dcp.async_save through ckpt.dcp, loaded with dcp.load
+  into a fresh model and optimizer, equal to the original;
+- the example (examples/torch_resume.py): killed with SIGKILL after step
+  17, resumed from LATEST: the losses of steps 16.. and the digest of
+  every parameter and optimizer state equal an uninterrupted run's."""
+
+import copy
+import errno
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError:
+    print("skipped: no torch in this Python (scripts/test.sh installs it into .venv)")
+    sys.exit(77)
+
+sys.path.insert(0, os.environ["CKPT_PY_DIR"])
+import ckpt  # noqa: E402
+import ckpt.dcp  # noqa: E402
+from ckpt.torch import Checkpointer  # noqa: E402
+from agentproc import Agent  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch_resume.py")
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 8))
+
+
+def train(model, opt, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 16, generator=g)).square().mean().backward()
+        opt.step()
+
+
+def same_bits(a, b, where):
+    assert isinstance(b, torch.Tensor), (where, type(b))
+    assert a.dtype == b.dtype and a.shape == b.shape, (where, a.dtype, b.dtype, a.shape, b.shape)
+    ab = a.detach().reshape(-1).contiguous().view(torch.uint8)
+    bb = b.detach().reshape(-1).contiguous().view(torch.uint8)
+    assert torch.equal(ab, bb), where
+
+
+def same(a, b, where="sd"):
+    """a and b hold the same tensors bit for bit and the same values."""
+    if isinstance(a, torch.Tensor):
+        return same_bits(a, b, where)
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a) == list(b), (where, list(a), list(b))
+        for k in a:
+            same(a[k], b[k], "%s[%r]" % (where, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, "%s[%d]" % (where, i))
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b, (where, a, b)
+
+
+def committed(ag, job):
+    r = subprocess.run([ag.ckptctl, "--endpoint", ag.endpoint, "list", job],
+                       capture_output=True, text=True, timeout=60)
+    return [int(line.split()[1]) for line in r.stdout.splitlines()[1:]
+            if line.split()[2:3] == ["COMMITTED"]]
+
+
+def expect_error(fn, code, *words):
+    try:
+        fn()
+    except ckpt.Error as e:
+        assert e.errno == code, (e.errno, str(e))
+        for w in words:
+            assert w in str(e), (w, str(e))
+        return str(e)
+    raise AssertionError("no error: expected %s naming %s" % (errno.errorcode[code], words))
+
+
+def test_roundtrip(ag):
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, opt, 3)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict(),
+          "extra": {"bf16": torch.randn(5, 3).to(torch.bfloat16),
+                    "fp16": torch.randn(7).to(torch.float16),
+                    "i64": torch.arange(-3, 9, dtype=torch.int64).reshape(3, 4),
+                    "mask": torch.tensor([True, False, True]),
+                    "scalar": torch.tensor(2.5, dtype=torch.float64),
+                    "empty": torch.zeros(0, 4)},
+          "values": [1, -2.75, float("nan"), float("-inf"), 1 << 70, None, "text", True,
+                     (3, (4, "five")), {7: "int key", "k": []}]}
+    want = copy.deepcopy(sd)
+    with Checkpointer("rt", 0, 1, ag.endpoint) as ck:
+        h = ck.save(11, sd, meta={"loss": 0.25, "note": "first"})
+        assert h.result() == "COMMITTED" and h.state == "COMMITTED", h.state
+
+        model2 = mlp(seed=5)
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+        assert not opt2.state  # a fresh optimizer: load makes its state tensors
+        got = {"model": model2.state_dict(), "optim": opt2.state_dict(),
+               "extra": {"bf16": torch.zeros(5, 3, dtype=torch.bfloat16)}}
+        step, meta = ck.load(got, step=ckpt.LATEST)
+    assert step == 11 and meta == {"loss": 0.25, "note": "first"}, (step, meta)
+    same(want, got)
+    model2.load_state_dict(got["model"])
+    opt2.load_state_dict(got["optim"])
+    train(model, opt, 1, seed=9)
+    train(model2, opt2, 1, seed=9)
+    same(model.state_dict(), model2.state_dict(), "model after a step")
+    same(opt.state_dict(), opt2.state_dict(), "optim after a step")
+    print("round trip: model, AdamW, 6 dtypes and every kind of value, bit for bit")
+
+
+def test_attach(ag):
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ck = Checkpointer("att", 0, 1, ag.endpoint)
+    ck.attach(opt)
+    assert all(ck._in_region(p) for p in model.parameters())
+    train(model, opt, 2)  # its state is made by the step, and moved after it
+    state = [t for st in opt.state.values() for t in st.values()]
+    assert state and all(ck._in_region(t) for t in state)
+    snap = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict()})
+    h = ck.save(1, {"model": model.state_dict(), "optim": opt.state_dict()})
+    assert ck._pending == [h]  # read in place: the next step waits for it
+    waited = []  # the step's hook waits for this save, before the step writes
+    real = type(h)._captured_quietly
+    type(h)._captured_quietly = lambda self: (waited.append(
+        (self, [p.detach().clone() for p in model.parameters()])), real(self))[1]
+    try:
+        train(model, opt, 1)
+    finally:
+        type(h)._captured_quietly = real
+    assert [w[0] for w in waited] == [h], waited
+    same(list(snap["model"].values()), waited[0][1], "parameters when the hook waited")
+    assert h.state in ("CAPTURED", "DURABLE", "COMMITTED"), h.state
+    assert not ck._pending
+    h.result()
+    got = {"model": mlp(3).state_dict(), "optim": {}}
+    ck.load(got, 1)
+    same(snap, got)
+    ps = list(model.parameters())
+    ck.close()
+    assert all(not any(r.holds(p) for r in ck._regions) for p in ps) and not ck._regions
+    train(model, opt, 1)  # the tensors live on in ordinary memory
+    print("attach: saved in place, the step waited for the capture, the values at save")
+
+
+def test_tied(ag):
+    w = torch.randn(6, 4)
+    sd = {"emb": w, "head": w, "other": torch.ones(3)}
+    with Checkpointer("tied", 0, 1, ag.endpoint) as ck:
+        ck.save(1, sd).result()
+        got = {"emb": torch.zeros(6, 4), "head": torch.zeros(6, 4), "other": torch.zeros(3)}
+        ck.load(got)
+        same_bits(w, got["emb"], "emb")
+        same_bits(w, got["head"], "head")
+        fresh = {}
+        ck.load(fresh)
+    assert fresh["emb"] is fresh["head"], "tied tensors made once"
+    same_bits(w, fresh["head"], "head")
+    print("tied tensors: saved once, loaded into both keys")
+
+
+def test_errors(ag):
+    ck = Checkpointer("bad", 0, 1, ag.endpoint)
+    ck.save(1, {"w": torch.ones(2)}).result()
+    cases = [
+        ({"m": {"w": torch.ones(4, 3).t()}}, ["state_dict['m']['w']", "not contiguous"]),
+        ({"m": {"f": object()}}, ["state_dict['m']['f']", "object"]),
+        ({"c": torch.ones(2, dtype=torch.complex64)}, ["state_dict['c']", "complex64"]),
+        ({"m": {(1, 2): torch.ones(1)}}, ["state_dict['m']", "(1, 2)", "str or int"]),
+        ({"a.b": torch.ones(1), "a": {"b": torch.ones(1)}}, ["'a.b'", "rename"]),
+        ([torch.ones(1)], ["must be a dict"]),
+    ]
+    for sd, words in cases:
+        expect_error(lambda: ck.save(2, sd), errno.EINVAL, *words)
+    assert committed(ag, "bad") == [1], committed(ag, "bad")
+    msg = expect_error(lambda: ck.load({"w": torch.ones(2), "nope": torch.ones(3)}),
+                       errno.EINVAL, "nope")
+    ck.close()
+    c = ckpt.Client(ag.endpoint)  # a job saved with the plain API, not ckpt.torch
+    mem = c.host_alloc(8192)
+    p = c.plan("plain", 0, 1, [ckpt.Tensor("w", dtype="U8", shape=(16,), address=mem.address)])
+    p.save(3).wait(ckpt.COMMITTED)
+    p.destroy()
+    with Checkpointer("plain", 0, 1, ag.endpoint) as ck2:
+        expect_error(lambda: ck2.load({"w": torch.zeros(16, dtype=torch.uint8)}),
+                     errno.EINVAL, "ckpt.torch")
+        expect_error(lambda: ck2.load({}, step=99), errno.ENOENT)
+    # forged heads and trees, as a hostile or broken writer would leave them
+    forged = [(b'{"ckpt.torch":1,"tree":{"D":[["w",{"T":["F32","x"]}]]}}', 0),
+              (b'{"ckpt.torch":1,"tree":{"D":[["w",{"A":"nothing"}]]}}', 0),
+              (b'{"ckpt.torch":1,"tree":{"D":[["w",{"T":["Q9",[2]]}]]}}', 0),
+              (b'not json at all', 0),
+              (b'{"ckpt.torch":1}', 0),
+              (b'{}', 1 << 20)]  # a length past the capacity
+    for i, (text, extra) in enumerate(forged):
+        job = "forged%d" % i
+        buf = mem.buffer()
+        head = struct.pack("<QQ", 4096, len(text) + extra)
+        buf[:16] = head
+        buf[64:64 + 4096] = text.ljust(4096, b" ")
+        p = c.plan(job, 0, 1, [
+            ckpt.Tensor("ckpt.torch.0", dtype="U8", shape=(16,), address=mem.address),
+            ckpt.Tensor("ckpt.torch.tree.0", dtype="U8", shape=(4096,),
+                        address=mem.address + 64)])
+        p.save(1).wait(ckpt.COMMITTED)
+        p.destroy()
+        with Checkpointer(job, 0, 1, ag.endpoint) as ck3:
+            sd = {}
+            expect_error(lambda: ck3.load(sd), errno.EBADMSG, job)
+    c.close()
+    print("errors named:", msg)
+
+
+def test_dcp(ag):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, opt, 2)
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt),
+          "epoch": 4}
+    want = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict()})
+    dcp.save(sd, storage_writer=ckpt.dcp.StorageWriter("dcp", endpoint=ag.endpoint),
+             checkpoint_id=5)
+    train(model, opt, 1)
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt),
+          "epoch": 5}
+    want6 = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict()})
+    f = dcp.async_save(sd, storage_writer=ckpt.dcp.StorageWriter("dcp", endpoint=ag.endpoint),
+                       checkpoint_id="6")
+    (f.result if hasattr(f, "result") else f.upload_completion.result)()
+    assert committed(ag, "dcp") == [5, 6], committed(ag, "dcp")
+    for step, expect, epoch in ((None, want6, 5), (5, want, 4)):
+        model2 = mlp(seed=7)
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+        got = {"model": model2.state_dict(), "optim": get_optimizer_state_dict(model2, opt2),
+               "epoch": 0}
+        dcp.load(got, storage_reader=ckpt.dcp.StorageReader("dcp", endpoint=ag.endpoint),
+                 checkpoint_id=step)
+        model2.load_state_dict(got["model"])
+        set_optimizer_state_dict(model2, opt2, got["optim"])
+        same(expect, {"model": model2.state_dict(), "optim": opt2.state_dict()})
+        assert got["epoch"] == epoch, got["epoch"]
+    expect_error(lambda: ckpt.dcp.StorageWriter("dcp").reset("/a/path"), errno.EINVAL,
+                 "not a step")
+    print("DCP: save and async_save through ckptd, load equals the original")
+
+
+def test_resume(ag, tmp):
+    env = dict(os.environ, CKPT_ENDPOINT=ag.endpoint, PYTHONPATH=os.environ["CKPT_PY_DIR"])
+
+    def run(job, *extra):
+        r = subprocess.run([sys.executable, EXAMPLE, "--job", job, "--steps", "24",
+                            "--every", "5", *extra], env=env, capture_output=True,
+                           text=True, timeout=300)
+        return r.returncode, r.stdout.splitlines(), r.stderr
+
+    rc, ref, err = run("ref")
+    assert rc == 0, err
+    rc, killed, err = run("kr", "--kill-at", "17")
+    assert rc == -9, (rc, err)
+    assert killed[-1] == ref[17], (killed[-1], ref[17])  # it died right after step 17
+    rc, resumed, err = run("kr")
+    assert rc == 0, err
+    assert resumed[0].startswith("resumed from step 15"), resumed[0]
+    steps = lambda lines, k: [x for x in lines if x.startswith(("step", "digest")) and
+                              (not x.startswith("step") or int(x.split()[1]) > k)]
+    assert steps(resumed, 15) == steps(ref, 15), "\n".join(resumed + ["--"] + ref)
+    assert resumed[-1].startswith("digest"), resumed[-1]
+    print("kill and resume: steps 16-24 and", resumed[-1], "as the uninterrupted run")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="cktorch.", dir=os.environ.get("CK_TMPDIR"))
+    ag = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
+    try:
+        ag.wait_ready()
+        test_roundtrip(ag)
+        test_attach(ag)
+        test_tied(ag)
+        test_errors(ag)
+        test_dcp(ag)
+        test_resume(ag, tmp)
+    except BaseException:
+        print(ag.log_tail())
+        raise
+    finally:
+        rc = ag.stop()
+    assert rc == 0, "ckptd exited %s" % rc
+
+
+if __name__ == "__main__":
+    main()
