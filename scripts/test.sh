@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test, from a fresh clone on Debian 12 as root: installs the
-# Debian packages, makes the Python virtual environment the safetensors test
-# uses, then builds three ways (plain, ASan+UBSan, TSan) and runs ctest in
-# each, and once more without CUDA (as where no toolkit exists: it must build,
+# Debian packages, makes the Python virtual environment the Python tests
+# use (safetensors, numpy, torch), then builds three ways (plain,
+# ASan+UBSan, TSan) and runs ctest in each, and once more without CUDA (as where no toolkit exists: it must build,
 # and the unit tests and a round trip must pass). The first three are built
 # with fault injection (CKPT_FAULTS, storage/faults.c) for test_faults; the
 # nocuda one, like an install, without. Tests that cannot run here (no GPU,
@@ -31,6 +31,23 @@ if ! .venv/bin/python3 -c 'import safetensors, numpy' 2>/dev/null; then
 	python3 -m venv .venv
 	.venv/bin/pip install -q --disable-pip-version-check safetensors numpy
 fi
+# torch from PyPI for ckpt.torch and ckpt.dcp (integration/test_torch*):
+# several GB with its CUDA libraries, about a minute; it runs without a GPU.
+# Installed while the first build compiles; the first ctest waits for it.
+torch_pid=
+if ! .venv/bin/python3 -c 'import torch' 2>/dev/null; then
+	.venv/bin/pip install -q --disable-pip-version-check torch >.venv/pip-torch.log 2>&1 &
+	torch_pid=$!
+fi
+torch_ready() {
+	[[ -n $torch_pid ]] || return 0
+	if ! wait "$torch_pid"; then
+		cat .venv/pip-torch.log >&2
+		echo "test.sh: pip install torch failed (above)" >&2
+		exit 1
+	fi
+	torch_pid=
+}
 
 jobs=$(nproc)
 builds=("$@")
@@ -77,5 +94,7 @@ for b in "${builds[@]}"; do
 	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
 		-DCKPT_FAULT_INJECTION="$faults" >/dev/null
 	cmake --build "$dir" -j "$jobs" >/dev/null
+	torch_ready
 	(cd "$dir" && ctest --output-on-failure --timeout 900 -j "$par" -R "$tests")
 done
+torch_ready
