@@ -4,6 +4,7 @@ directory, ready once `ckptctl status` answers, stopped with SIGTERM."""
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 
@@ -52,3 +53,21 @@ class Agent:
                 return None
         self.log.close()
         return self.proc.returncode
+
+
+def run_tests(prefix, *tests):
+    """Starts an agent in a new temporary directory (under $CK_TMPDIR,
+    named prefix...), runs each test(agent) against it in turn, prints the
+    agent's log if one fails, and stops it: it must exit 0."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("CK_TMPDIR"))
+    agent = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
+    try:
+        agent.wait_ready()
+        for test in tests:
+            test(agent)
+    except BaseException:
+        print(agent.log_tail())
+        raise
+    finally:
+        rc = agent.stop()
+    assert rc == 0, "ckptd exited %s" % rc

@@ -24,7 +24,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 
 try:
     import torch
@@ -36,7 +35,7 @@ sys.path.insert(0, os.environ["CKPT_PY_DIR"])
 import ckpt  # noqa: E402
 import ckpt.dcp  # noqa: E402
 from ckpt.torch import Checkpointer  # noqa: E402
-from agentproc import Agent  # noqa: E402
+from agentproc import run_tests  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch_resume.py")
@@ -272,10 +271,25 @@ def test_dcp(ag):
         assert got["epoch"] == epoch, got["epoch"]
     expect_error(lambda: ckpt.dcp.StorageWriter("dcp").reset("/a/path"), errno.EINVAL,
                  "not a step")
+    # more saves than the agent's sessions per user (64): DCP never closes a
+    # storage writer, so each save's session must end with it
+    for step in range(100, 170):
+        dcp.save({"x": torch.tensor([step])}, checkpoint_id=step,
+                 storage_writer=ckpt.dcp.StorageWriter("dcp-many", endpoint=ag.endpoint))
+    got = {"x": torch.tensor([0])}
+    reader = ckpt.dcp.StorageReader("dcp-many", endpoint=ag.endpoint)
+    dcp.load(got, storage_reader=reader)
+    assert int(got["x"]) == 169, got
+    dcp.save({"x": torch.tensor([170])}, checkpoint_id=170,
+             storage_writer=ckpt.dcp.StorageWriter("dcp-many", endpoint=ag.endpoint))
+    dcp.load(got, storage_reader=reader)  # the same reader finds the newest again
+    assert int(got["x"]) == 170, got
+    dcp.load(got, storage_reader=reader, checkpoint_id=120)
+    assert int(got["x"]) == 120, got
     print("DCP: save and async_save through ckptd, load equals the original")
 
 
-def test_resume(ag, tmp):
+def test_resume(ag):
     env = dict(os.environ, CKPT_ENDPOINT=ag.endpoint, PYTHONPATH=os.environ["CKPT_PY_DIR"])
 
     def run(job, *extra):
@@ -300,22 +314,8 @@ def test_resume(ag, tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="cktorch.", dir=os.environ.get("CK_TMPDIR"))
-    ag = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
-    try:
-        ag.wait_ready()
-        test_roundtrip(ag)
-        test_attach(ag)
-        test_tied(ag)
-        test_errors(ag)
-        test_dcp(ag)
-        test_resume(ag, tmp)
-    except BaseException:
-        print(ag.log_tail())
-        raise
-    finally:
-        rc = ag.stop()
-    assert rc == 0, "ckptd exited %s" % rc
+    run_tests("cktorch.", test_roundtrip, test_attach, test_tied, test_errors, test_dcp,
+              test_resume)
 
 
 if __name__ == "__main__":

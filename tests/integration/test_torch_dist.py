@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 
 try:
     import torch
@@ -19,7 +18,7 @@ except ImportError:
 
 sys.path.insert(0, os.environ["CKPT_PY_DIR"])
 from ckpt.torch import Checkpointer  # noqa: E402
-from agentproc import Agent  # noqa: E402
+from agentproc import run_tests  # noqa: E402
 
 WORKER = r'''
 import os, sys, torch, torch.distributed as dist
@@ -55,6 +54,24 @@ with Checkpointer("dt", rank, 2, os.environ["CKPT_ENDPOINT"]) as ck:
             got = {"w": torch.zeros(8, 6), "b": torch.zeros(6)}
             ck2.load(got, 6)
             assert torch.equal(got["w"], full) and torch.equal(got["b"], bias)
+    elif mode == "attach":  # an optimizer of DTensor parameters, attached
+        w = torch.nn.Parameter(distribute_tensor(full.clone(), mesh, [Shard(0)]))
+        opt = torch.optim.AdamW([w], lr=0.1)
+        w.grad = distribute_tensor(torch.ones(8, 6), mesh, [Shard(0)])
+        opt.step()
+        # AdamW's "step" is a plain tensor, the same on both ranks: replicated
+        with Checkpointer("dt-attach", rank, 2, os.environ["CKPT_ENDPOINT"],
+                          replicated=True) as ck2:
+            ck2.attach(opt)  # DTensors stay where they are; their local tensors read in place
+            want = w.to_local().clone()
+            sd = {"w": w.detach(), "optim": opt.state_dict()}
+            h = ck2.save(1, sd)
+            w.grad = distribute_tensor(torch.ones(8, 6), mesh, [Shard(0)])
+            opt.step()  # waits for the capture first
+            h.result()
+            got = {"w": distribute_tensor(torch.zeros(8, 6), mesh, [Shard(0)])}
+            ck2.load(got, 1)
+            assert torch.equal(got["w"].to_local(), want), (got["w"].to_local(), want)
     elif mode == "dcp_save":  # DCP's planner, ckptd's storage: the coordinator commits
         import torch.distributed.checkpoint as dcp, ckpt.dcp
         sd = {"w": distribute_tensor(full * 2, mesh, [Shard(0)]),
@@ -82,7 +99,7 @@ print("rank", rank, mode, "ok")
 '''
 
 
-def two_ranks(ag, mode, tmp):
+def two_ranks(ag, mode):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -94,38 +111,38 @@ def two_ranks(ag, mode, tmp):
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER, mode], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    for rank, p in enumerate(procs):
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, "rank %d (%s) exited %d:\n%s" % (rank, mode, p.returncode, out)
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    bad = ["rank %d (%s) exited %d:\n%s" % (rank, mode, p.returncode, out)
+           for rank, (p, out) in enumerate(zip(procs, outs)) if p.returncode]
+    assert not bad, "\n".join(bad)
+
+
+def test_checkpointer(ag):
+    two_ranks(ag, "save")
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    with Checkpointer("dt", 0, 1, ag.endpoint) as ck:
+        sd = {"w": torch.zeros(8, 6), "b": torch.zeros(6)}
+        step, _ = ck.load(sd)
+    assert step == 3 and torch.equal(sd["w"], full), sd["w"]
+    assert torch.equal(sd["b"], torch.linspace(-1, 1, 6)), sd["b"]
+    print("world 2 (rows) -> world 1: the whole weight")
+    two_ranks(ag, "load")
+    print("world 2 (rows) -> world 2 (columns): each rank its columns")
+    two_ranks(ag, "attach")
+    print("attach with DTensor parameters: their local tensors read in place")
+    two_ranks(ag, "ddp")
+    print("data parallel: the same names on two ranks, refused with a hint, then saved "
+          "once with replicated=True")
+
+
+def test_dcp(ag):
+    two_ranks(ag, "dcp_save")
+    two_ranks(ag, "dcp_load")
+    print("DCP over two ranks through ckptd: saved by rows, loaded by columns")
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="ckdist.", dir=os.environ.get("CK_TMPDIR"))
-    ag = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
-    try:
-        ag.wait_ready()
-        two_ranks(ag, "save", tmp)
-        full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
-        with Checkpointer("dt", 0, 1, ag.endpoint) as ck:
-            sd = {"w": torch.zeros(8, 6), "b": torch.zeros(6)}
-            step, _ = ck.load(sd)
-        assert step == 3 and torch.equal(sd["w"], full), sd["w"]
-        assert torch.equal(sd["b"], torch.linspace(-1, 1, 6)), sd["b"]
-        print("world 2 (rows) -> world 1: the whole weight")
-        two_ranks(ag, "load", tmp)
-        print("world 2 (rows) -> world 2 (columns): each rank its columns")
-        two_ranks(ag, "ddp", tmp)
-        print("data parallel: the same names on two ranks, refused with a hint, then saved "
-              "once with replicated=True")
-        two_ranks(ag, "dcp_save", tmp)
-        two_ranks(ag, "dcp_load", tmp)
-        print("DCP over two ranks through ckptd: saved by rows, loaded by columns")
-    except BaseException:
-        print(ag.log_tail())
-        raise
-    finally:
-        rc = ag.stop()
-    assert rc == 0, "ckptd exited %s" % rc
+    run_tests("ckdist.", test_checkpointer, test_dcp)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ or with a libckpt built without CUDA):
 import copy
 import os
 import sys
-import tempfile
 import time
 
 try:
@@ -27,7 +26,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.environ["CKPT_PY_DIR"])
 import ckpt  # noqa: E402
 from ckpt.torch import Checkpointer  # noqa: E402
-from agentproc import Agent  # noqa: E402
+from agentproc import run_tests  # noqa: E402
 
 if not ckpt.has_cuda():
     print("skipped: this libckpt was built without CUDA")
@@ -125,19 +124,7 @@ def test_stall(ag):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="ckgpu.", dir=os.environ.get("CK_TMPDIR"))
-    ag = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
-    try:
-        ag.wait_ready()
-        test_attached(ag)
-        test_copied(ag)
-        test_stall(ag)
-    except BaseException:
-        print(ag.log_tail())
-        raise
-    finally:
-        rc = ag.stop()
-    assert rc == 0, "ckptd exited %s" % rc
+    run_tests("ckgpu.", test_attached, test_copied, test_stall)
 
 
 if __name__ == "__main__":

@@ -356,14 +356,18 @@ class Client:
             keep.append(shape)
             gs = go = None
             if t.global_shape is not None:
-                gs = (ctypes.c_int64 * len(t.global_shape))(*t.global_shape)
-                go = (ctypes.c_int64 * len(t.global_offset or ()))(*(t.global_offset or ()))
+                gs = (ctypes.c_int64 * max(len(t.global_shape), 1))(*t.global_shape)
+                go = (ctypes.c_int64 * max(len(t.global_offset or ()), 1))(
+                    *(t.global_offset or ()))
                 keep += [gs, go]
             name = _c_text("tensor name", t.name)
             keep.append(name)
+            # (a 0-d tensor's global shape is an empty array: falsy, yet given)
             arr[i] = _Tensor(name, DTYPES[t.dtype], len(t.shape), shape, t.address,
-                             ctypes.cast(gs, ctypes.POINTER(ctypes.c_int64)) if gs else None,
-                             ctypes.cast(go, ctypes.POINTER(ctypes.c_int64)) if go else None)
+                             ctypes.cast(gs, ctypes.POINTER(ctypes.c_int64))
+                             if gs is not None else None,
+                             ctypes.cast(go, ctypes.POINTER(ctypes.c_int64))
+                             if go is not None else None)
         out = ctypes.c_void_p()
         opts = _PlanOpts(ctypes.sizeof(_PlanOpts), backpressure,
                          _c_text("run name", run) if run else None, copies)

@@ -29,8 +29,11 @@ the other ranks' write_data returns once their shard is DURABLE, the
 coordinator's finish once the step is COMMITTED. Nothing is unpickled but
 what DCP itself unpickles (its bytes items).
 
-The rank and world are those of DCP's process group (torch.distributed),
-or 0 of 1 without one.
+The rank is DCP's; the world is the size of the process group given to
+the constructor (None: the default group; 1 without torch.distributed).
+use_collectives=False is refused: the step commits once, from the
+coordinator. Each save and each read uses an agent session of its own,
+closed when it is done (DCP never closes a storage writer or reader).
 """
 
 from __future__ import annotations
@@ -70,17 +73,24 @@ def _step_of(checkpoint_id: Any, what: str) -> int:
                 "(an int >= 0, or a string of digits)" % (what, checkpoint_id))
 
 
-def _rank_world() -> Tuple[int, int]:
+def _world(group: Any) -> int:
+    """The process group's size (the default group's; 1 without one)."""
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        return dist.get_world_size(group)
+    return 1
+
+
+def _rank(group: Any) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group)
+    return 0
 
 
 class _Shard:
     """One rank's items, copied into ckpt host memory (one region) when saved."""
 
-    def __init__(self, client: Client):
-        self.client, self.items = client, []
+    def __init__(self):
+        self.items = []
 
     def add(self, name: str, data: torch.Tensor, gshape=None, goff=None) -> None:
         """A tensor item (its box of the global tensor), or, without a box,
@@ -97,10 +107,17 @@ class _Shard:
             data = data.cpu()
         self.items.append((name, data, gshape, goff))
 
-    def save(self, job: str, step: int, until: int) -> None:
-        rank, world = _rank_world()
-        region = _Region(self.client, sum(_aligned(t.numel() * t.element_size())
-                                          for _, t, _, _ in self.items))
+    def save(self, endpoint: Optional[str], job: str, rank: int, world: int, step: int,
+             until: int) -> None:
+        """Saves the items as `step` of rank of world and waits for `until`,
+        through a session of its own (DCP never closes a storage writer)."""
+        with Client(endpoint) as client:
+            self._save(client, job, rank, world, step, until)
+
+    def _save(self, client: Client, job: str, rank: int, world: int, step: int,
+              until: int) -> None:
+        region = _Region(client, sum(_aligned(t.numel() * t.element_size())
+                                     for _, t, _, _ in self.items))
         try:
             tensors, off = [], 0
             for name, t, gs, go in self.items:
@@ -110,7 +127,7 @@ class _Shard:
                                         global_offset=go))
                 off = _aligned(off + t.numel() * t.element_size())
             self.items = []
-            plan = self.client.plan(job, rank, world, tensors)
+            plan = client.plan(job, rank, world, tensors)
             try:
                 s = plan.save(step, {"dcp": True})
                 try:
@@ -128,14 +145,18 @@ class _Shard:
 
 class StorageWriter(_Writer):
     """DCP's storage writer over ckptd (job `job`, endpoint None:
-    $CKPT_ENDPOINT); the step is the checkpoint_id (or `step`)."""
+    $CKPT_ENDPOINT); the step is the checkpoint_id (or `step`).
+    process_group: the one given to dcp.save (None: the default group);
+    its size is the checkpoint's world, DCP's rank this rank's. Each save
+    talks to the agent through a session of its own, closed when done."""
 
-    def __init__(self, job: str, step: Optional[int] = None, endpoint: Optional[str] = None):
+    def __init__(self, job: str, step: Optional[int] = None, endpoint: Optional[str] = None,
+                 process_group: Any = None):
         super().__init__()
         self.job, self.step, self.endpoint = job, step, endpoint
-        self._client: Optional[Client] = None
+        self.group = process_group
         self._shard: Optional[_Shard] = None
-        self._coordinator = False
+        self._coordinator, self._rank = False, 0
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -153,9 +174,12 @@ class StorageWriter(_Writer):
         if self.step is None:
             raise Error(_errno.EINVAL, "ckpt.dcp.StorageWriter: no step: give checkpoint_id="
                         "STEP to dcp.save, or step= here")
+        if kwargs.get("use_collectives") is False:
+            raise Error(_errno.EINVAL, "ckpt.dcp.StorageWriter: use_collectives=False: every "
+                        "rank would finish() on its own; ckptd commits a step once, when the "
+                        "coordinator has every rank's results")
         self._coordinator = is_coordinator
-        if self._client is None:
-            self._client = Client(self.endpoint)
+        self._rank = kwargs.get("rank", _rank(self.group))
 
     def prepare_local_plan(self, plan):
         return plan
@@ -164,7 +188,7 @@ class StorageWriter(_Writer):
         return plans
 
     def write_data(self, plan, planner) -> Future:
-        shard = _Shard(self._client)
+        shard = _Shard()
         results = []
         for item in plan.items:
             data = planner.resolve_data(item)
@@ -182,7 +206,8 @@ class StorageWriter(_Writer):
         if self._coordinator:
             self._shard = shard  # saved in finish(), with the metadata
         else:
-            shard.save(self.job, self.step, DURABLE)
+            shard.save(self.endpoint, self.job, self._rank, _world(self.group), self.step,
+                       DURABLE)
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -191,18 +216,14 @@ class StorageWriter(_Writer):
         nbytes = {r.index.fqn: r.storage_data["bytes"] for rs in results for r in rs
                   if isinstance(r.storage_data, dict) and "bytes" in r.storage_data}
         text = json.dumps(_metadata_json(metadata, nbytes), separators=(",", ":")).encode()
-        shard, self._shard = self._shard or _Shard(self._client), None
+        shard, self._shard = self._shard or _Shard(), None
         shard.add(_MD_LEN, torch.tensor([len(text)], dtype=torch.int64))
         shard.add(_MD, torch.frombuffer(bytearray(text), dtype=torch.uint8))
-        shard.save(self.job, self.step, COMMITTED)
+        shard.save(self.endpoint, self.job, self._rank, _world(self.group), self.step,
+                   COMMITTED)
 
     def storage_meta(self):
         return None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 def _metadata_json(md: Metadata, nbytes: Dict[str, int]) -> Dict[str, Any]:
@@ -251,33 +272,37 @@ def _metadata_from(doc: Any, where: str) -> Metadata:
 
 class StorageReader(_Reader):
     """DCP's storage reader over ckptd (job `job`, endpoint None:
-    $CKPT_ENDPOINT); the step is the checkpoint_id (None: the newest)."""
+    $CKPT_ENDPOINT); the step is the checkpoint_id (None: the newest
+    committed, found by each rank's first read: a step committed while
+    ranks load may split them, so name the step where that can happen).
+    process_group as for StorageWriter."""
 
-    def __init__(self, job: str, step: Optional[int] = None, endpoint: Optional[str] = None):
+    def __init__(self, job: str, step: Optional[int] = None, endpoint: Optional[str] = None,
+                 process_group: Any = None):
         super().__init__()
-        self.job, self.endpoint = job, endpoint
-        self.step = LATEST if step is None else step
-        self._client: Optional[Client] = None
+        self.job, self.endpoint, self.group = job, endpoint, process_group
+        self._asked = LATEST if step is None else step
+        self.step = self._asked  # the step being read, once LATEST is found
+        self._rank = _rank(process_group)
         self._nbytes: Dict[str, int] = {}
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self.step = _step_of(checkpoint_id, "ckpt.dcp.StorageReader")
+            self._asked = _step_of(checkpoint_id, "ckpt.dcp.StorageReader")
+        self.step = self._asked
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return StorageWriter.validate_checkpoint_id(checkpoint_id)
 
-    def _c(self) -> Client:
-        if self._client is None:
-            self._client = Client(self.endpoint)
-        return self._client
-
     def _restore(self, items: List[Tuple[str, torch.Tensor, Any, Any]]) -> None:
         """Restores (name, host tensor, global shape, offset) of self.step."""
-        rank, world = _rank_world()
-        region = _Region(self._c(), sum(_aligned(t.numel() * t.element_size())
-                                        for _, t, _, _ in items))
+        with Client(self.endpoint) as client:  # DCP never closes a reader
+            self._restore_with(client, items)
+
+    def _restore_with(self, client: Client, items: List[Tuple[str, torch.Tensor, Any, Any]]):
+        region = _Region(client, sum(_aligned(t.numel() * t.element_size())
+                                     for _, t, _, _ in items))
         try:
             off, views, tensors = 0, [], []
             for name, t, gs, go in items:
@@ -286,7 +311,7 @@ class StorageReader(_Reader):
                                         global_offset=go))
                 views.append(_view(region.buf, 0, off, t.dtype, tuple(t.shape)))
                 off = _aligned(off + t.numel() * t.element_size())
-            plan = self._c().plan(self.job, rank, world, tensors)
+            plan = client.plan(self.job, self._rank, _world(self.group), tensors)
             try:
                 got, _ = plan.restore(self.step)
             finally:
@@ -298,6 +323,8 @@ class StorageReader(_Reader):
             region.free()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        self._rank = kwargs.get("rank", self._rank)
+        self.step = self._asked  # a load begins here: LATEST is found again
         n = torch.zeros(1, dtype=torch.int64)
         self._restore([(_MD_LEN, n, [1], [0])])
         if not 0 < int(n) <= 1 << 30:
@@ -316,6 +343,7 @@ class StorageReader(_Reader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
+        self._rank = kwargs.get("rank", self._rank)
         self._nbytes = metadata.storage_data or {}
 
     def prepare_local_plan(self, plan):
@@ -367,8 +395,3 @@ class StorageReader(_Reader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None

@@ -22,7 +22,8 @@ Where the bytes come from, and who copies them:
   transport (its data pointer: no copy in the trainer) when it is a
   parameter or optimizer state of an attached optimizer; any other CUDA
   tensor is copied on the current stream into a buffer of the plan on the
-  same device (device to device), so it may change as soon as save returns.
+  same device (device to device), so work queued on that stream after save
+  may change it.
 - A CPU tensor is copied at save time into ckpt host memory of the plan
   (a memcpy in the trainer), unless it already lives in ckpt host memory
   and is a parameter or optimizer state of an attached optimizer:
@@ -144,6 +145,15 @@ def _sharded(t: torch.Tensor, where: str):
     return t, None, None
 
 
+def _boxed_scalar(local: torch.Tensor, gshape, goff):
+    """A 0-d tensor given a global box (a replicated scalar, as AdamW's
+    "step") is saved as one element of shape [1]: the protocol tells a
+    sharded tensor by its global dimensions, which a scalar has none of."""
+    if gshape is not None and local.dim() == 0:
+        return local.view(1), [1], [0]
+    return local, gshape, goff
+
+
 def _encode_scalar(v: Any, where: str) -> Any:
     if v is None or isinstance(v, (bool, str)):
         return v
@@ -202,9 +212,10 @@ class _Flat:
         if local.numel() and key in self._seen:
             return {"A": self._seen[key]}
         self._seen[key] = name
+        node = [_DTYPES[local.dtype], list(local.shape)]
+        local, gshape, goff = _boxed_scalar(local, gshape, goff)
         e = _Entry(name, where, t, local, gshape, goff)
         self.entries.append(e)
-        node = [e.dtype, list(local.shape)]
         if gshape is not None:
             node += [gshape, goff]
         return {"T": node}
@@ -249,7 +260,8 @@ class _Loaded:
 
     _NONE = object()
 
-    def __init__(self, flat: _Flat):
+    def __init__(self, flat: _Flat, own: bool = True):
+        self.own = own  # the tree is this rank's (not rank 0's, read for another world)
         self.tensors = {e.name: e for e in flat.entries}  # by name: given or made
         self.made: List[_Entry] = []
         self.aliases: List[Tuple[torch.Tensor, str]] = []
@@ -260,10 +272,16 @@ class _Loaded:
             return _decode_scalar(node)
         if "T" in node:
             dtype, shape, g = node["T"][0], node["T"][1], node["T"][2:]
+            whole = bool(g) and list(g[0]) == (list(shape) or [1]) and not any(g[1])
+            if g and not whole and not self.own:
+                raise _einval("%s: a sharded tensor the state dict lacks, and this rank's "
+                              "box of it is not known (it was saved by another world "
+                              "size): give it in the state dict" % where)
             if dtype not in _TORCH_DTYPES:
                 raise Error(_errno.EBADMSG, "%s: the checkpoint says dtype %r" % (where, dtype))
             t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
-            e = _Entry(name, where, t, t, g[0] if g else None, g[1] if g else None)
+            local, gs, go = _boxed_scalar(t, g[0] if g else None, g[1] if g else None)
+            e = _Entry(name, where, t, local, gs, go)
             self.tensors[name] = e
             self.made.append(e)
             return t
@@ -548,7 +566,9 @@ class Checkpointer:
         host memory (their .data replaced; state made by a later step is
         moved after that step), so saves copy nothing in the trainer.
         Anything else that writes them between a save and the next step
-        must call wait_captured() first."""
+        must call wait_captured() first. State dicts taken before attach view
+        the old storage: take state_dict() after it (for every save, as DCP
+        asks too)."""
         self._optims.append(optimizer)
         self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
         if move:
@@ -572,11 +592,15 @@ class Checkpointer:
     def _before_step(self, opt, args, kwargs) -> None:
         self.wait_captured()
 
-    def _tensors_of(self, opt) -> List[torch.Tensor]:
+    @staticmethod
+    def _tensors_of(opt) -> List[torch.Tensor]:
+        """The optimizer's parameters and state tensors, as plain tensors
+        (a DTensor's local tensor: what a state dict's entry reads)."""
         out = [p for g in opt.param_groups for p in g["params"]]
         out += [v for st in opt.state.values() for v in st.values()
                 if isinstance(v, torch.Tensor)]
-        return out
+        return [getattr(t, "_local_tensor", t) if type(t).__name__ == "DTensor" else t
+                for t in out if type(t).__name__ != "ShardedTensor"]
 
     def _in_region(self, t: torch.Tensor) -> bool:
         return any(r.holds(t) for r in self._regions)
@@ -592,8 +616,9 @@ class Checkpointer:
         todo, seen = [], set()
         for t in self._tensors_of(opt):
             if t.device.type != "cpu" or not t.numel() or not t.is_contiguous() or \
-                    t.dtype not in _DTYPES or self._in_region(t) or id(t) in seen:
-                continue
+                    t.dtype not in _DTYPES or self._in_region(t) or id(t) in seen or \
+                    type(t) not in (torch.Tensor, torch.nn.Parameter):
+                continue  # a DTensor's local tensor stays where it is
             seen.add(id(t))
             todo.append(t)
         if not todo:
@@ -621,11 +646,16 @@ class Checkpointer:
         copies is copied (see the module's docstring)."""
         flat = _Flat(state_dict, self.replicated)
         tree, cap = _tree_bytes(flat)
+        if meta is not None and not isinstance(meta, str):
+            try:
+                meta = json.dumps(meta, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise _einval("meta: %s (it must be a JSON value)" % e) from None
         device = self._device(flat)
         inplace = self._inplace(flat, device)
         key = (device, cap, tuple((e.name, e.dtype, tuple(e.local.shape),
                                    tuple(e.gshape or ()), tuple(e.goff or ()),
-                                   e.local.data_ptr() if ip else None)
+                                   e.local.device, e.local.data_ptr() if ip else None)
                                   for e, ip in zip(flat.entries, inplace)))
         if self._plan is None or self._plan.key != key:
             self._drop_plan()
@@ -697,8 +727,10 @@ class Checkpointer:
 
     def load(self, state_dict: Dict[str, Any], step: int = LATEST,
              fallback: bool = False) -> Tuple[int, Any]:
-        """Restores `step` (LATEST: the newest committed; fallback: an older
-        one where it cannot be read) into `state_dict` in place: its tensors
+        """Restores `step` (LATEST: the newest committed; fallback: with
+        LATEST, an older step where this rank's head and tree of the newest
+        cannot be read; a damaged tensor of the step chosen raises EBADMSG
+        naming it) into `state_dict` in place: its tensors
         get the saved values (same dtype and shape, or the global tensor's
         box for sharded ones: another split is assembled by the agent), its
         other values are set from the checkpoint, and tensors the checkpoint
@@ -706,7 +738,7 @@ class Checkpointer:
         on CPU. Returns (the step, its meta)."""
         self._drop_plan()
         flat = _Flat(state_dict, self.replicated)
-        got, meta, tree = self._read_tree(step, fallback)
+        got, meta, tree, own = self._read_tree(step, fallback)
         aliases = _aliases(tree, "", {})
         by_device: Dict[torch.device, List[_Entry]] = {}
         for e in flat.entries:
@@ -714,11 +746,13 @@ class Checkpointer:
                 by_device.setdefault(e.local.device, []).append(e)
         for dev in sorted(by_device, key=lambda d: (d.type != "cpu", str(d))):
             self._restore_into(by_device[dev], got)
-        lay = _Loaded(flat)
+        lay = _Loaded(flat, own)
         try:
             lay.apply(state_dict, tree, "", "state_dict")
         except (Error, TypeError, ValueError, KeyError, IndexError, AttributeError,
                 RuntimeError) as e:  # a tree that is not what save writes
+            if isinstance(e, Error) and e.errno != _errno.EBADMSG:
+                raise Error(e.errno, "job %s step %d: %s" % (self.job, got, e.strerror)) from None
             why = e.strerror if isinstance(e, Error) else repr(e)
             raise Error(_errno.EBADMSG, "job %s step %d: the ckpt.torch tree of rank %d "
                         "cannot be read: %s" % (self.job, got, self.rank, why)) from None
@@ -760,6 +794,10 @@ class Checkpointer:
                 addrs.append(region.start + off)
                 views.append((e, _view(region.buf, 0, off, e.local.dtype, e.local.shape)))
                 off = _aligned(off + e.nbytes)
+            for dev in {e.local.device for e in entries if e.local.device.type == "cuda"}:
+                # the agent writes on its own stream: work still queued on the
+                # trainer's (the tensors' fill, say) must not run after it
+                torch.cuda.current_stream(dev).synchronize()
             self._restore_plan(entries, addrs, step)
             for e, v in views:
                 e.local.copy_(v)
@@ -779,9 +817,9 @@ class Checkpointer:
         finally:
             region.free()
 
-    def _read_tree(self, step: int, fallback: bool) -> Tuple[int, Any, Any]:
-        """The step, its meta and this rank's tree (rank 0's where this rank
-        has none: another world size)."""
+    def _read_tree(self, step: int, fallback: bool) -> Tuple[int, Any, Any, bool]:
+        """The step, its meta, this rank's tree (rank 0's where this rank
+        has none: another world size), and whether it is this rank's."""
         err = None
         for rank in dict.fromkeys((self.rank, 0)):
             try:
@@ -798,7 +836,7 @@ class Checkpointer:
                                                            n, cap))
             _, _, text = self._restore_bytes(_tree_name(rank), cap, got)
             try:
-                return got, meta, json.loads(text[:n])["tree"]
+                return got, meta, json.loads(text[:n])["tree"], rank == self.rank
             except (ValueError, KeyError, TypeError) as e:
                 raise Error(_errno.EBADMSG, "job %s step %d: %s is not a ckpt.torch tree (%s)"
                             % (self.job, got, _tree_name(rank), e)) from None
