@@ -145,6 +145,10 @@ START_TEST(plan_extents)
 	struct ipc_tensor outside[] = {T("a", 2, 64, 5, 2)}; /* 40 bytes at 64 of 100 */
 	struct ipc_tensor wrap[] = {T("a", 1, UINT64_MAX - 3, 1, 2)};
 	struct ipc_tensor overlap[] = {T("a", 1, 0, 10, 10), T("b", 1, 396, 1, 2)};
+	/* the bounds to the byte: the last byte of a region, one past it, one shared */
+	struct ipc_tensor last[] = {T("a", 2, 60, 5, 2)}; /* 40 bytes at 60 of 100 */
+	struct ipc_tensor past1[] = {T("a", 2, 61, 5, 2)};
+	struct ipc_tensor overlap1[] = {T("a", 1, 0, 10, 10), T("b", 1, 399, 1, 2)};
 	struct ipc_tensor dup[] = {T("a", 1, 0, 1, 1), T("a", 2, 0, 1, 1)};
 	struct ipc_tensor noregion[] = {T("a", 3, 0, 1, 1)};
 	struct ipc_tensor wrongbytes[] = {T("a", 1, 0, 2, 2)};
@@ -158,6 +162,11 @@ START_TEST(plan_extents)
 	ck_assert_int_eq(ipc_check_tensors(overlap, 2, sizes, NULL, err), -EINVAL);
 	ck_assert_msg(strstr(err, "'a'") && strstr(err, "'b'") && strstr(err, "overlap"), "%s",
 	              err);
+	ck_assert_int_eq(ipc_check_tensors(last, 1, sizes, NULL, err), 0);
+	ck_assert_int_eq(ipc_check_tensors(past1, 1, sizes, NULL, err), -ERANGE);
+	ck_assert_msg(strstr(err, "[61, +40)") && strstr(err, "100 bytes"), "%s", err);
+	ck_assert_int_eq(ipc_check_tensors(overlap1, 2, sizes, NULL, err), -EINVAL);
+	ck_assert_msg(strstr(err, "overlap") && strstr(err, "399"), "%s", err);
 	ck_assert_int_eq(ipc_check_tensors(dup, 2, sizes, NULL, err), -EINVAL);
 	ck_assert_msg(strstr(err, "twice"), "%s", err);
 	ck_assert_int_eq(ipc_check_tensors(noregion, 1, sizes, NULL, err), -ENOENT);
