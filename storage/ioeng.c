@@ -58,7 +58,7 @@
 
 struct ioeng_counters {
 	_Atomic uint64_t bytes_written, bytes_read;
-	_Atomic uint64_t writes, reads, fsyncs;
+	_Atomic uint64_t writes, reads, fsyncs, fsyncs_issued;
 	_Atomic uint64_t retries, errors;
 	_Atomic unsigned inflight;
 };
@@ -368,6 +368,8 @@ static void uring_issue(struct ioeng *e, struct io_req *r)
 		io_uring_prep_read(sqe, r->fd, p, n, off);
 	else
 		io_uring_prep_fsync(sqe, r->fd, 0);
+	if (sqe->opcode == IORING_OP_FSYNC)
+		count(&e->c.fsyncs_issued, 1);
 	io_uring_sqe_set_data(sqe, r);
 }
 
@@ -449,8 +451,10 @@ static void pwrite_run(struct ioeng *e, struct io_req *r)
 			res = e->ops->pwrite(r->fd, p, n, off);
 		else if (r->op == IO_READ)
 			res = e->ops->pread(r->fd, p, n, off);
-		else
+		else {
+			count(&e->c.fsyncs_issued, 1);
 			res = e->ops->fsync(r->fd);
+		}
 		if (settle(e, r, res, &final))
 			break;
 	}
@@ -674,6 +678,7 @@ void ioeng_get_stats(struct ioeng *e, struct ioeng_stats *out)
 	out->writes = atomic_load_explicit(&e->c.writes, memory_order_relaxed);
 	out->reads = atomic_load_explicit(&e->c.reads, memory_order_relaxed);
 	out->fsyncs = atomic_load_explicit(&e->c.fsyncs, memory_order_relaxed);
+	out->fsyncs_issued = atomic_load_explicit(&e->c.fsyncs_issued, memory_order_relaxed);
 	out->retries = atomic_load_explicit(&e->c.retries, memory_order_relaxed);
 	out->errors = atomic_load_explicit(&e->c.errors, memory_order_relaxed);
 	out->inflight = atomic_load_explicit(&e->c.inflight, memory_order_relaxed);

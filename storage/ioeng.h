@@ -60,6 +60,12 @@ struct ioeng_opts {
 struct ioeng_stats {
 	uint64_t bytes_written, bytes_read;
 	uint64_t writes, reads, fsyncs;
+	/*
+	 * fsyncs that went out to the kernel: an IORING_OP_FSYNC prepared, or
+	 * ops->fsync called. Tests compare it with fsyncs: a request finished
+	 * as an fsync that never reached the disk shows as one fewer here.
+	 */
+	uint64_t fsyncs_issued;
 	uint64_t retries, errors;
 	unsigned inflight;
 };

@@ -911,6 +911,7 @@ static void roundtrip(bool refuse_direct, enum ioeng_kind kind)
 	unsigned char *buf, *back;
 	const char *why = NULL;
 	const char *want[] = {"io-fsync:" SHARD0, "io-fsync:step-000000000007", "io-fsync:rt"};
+	struct ioeng_stats ist;
 	unsigned k = 0;
 	struct stat sb;
 	uint64_t size = 0;
@@ -933,6 +934,16 @@ static void roundtrip(bool refuse_direct, enum ioeng_kind kind)
 			k++;
 		}
 	ck_assert_uint_eq(k, 3);
+	/*
+	 * ... and each went out: to the kernel as an fsync (io_uring: the SQE's
+	 * opcode; the pwrite engine: the fsync call itself, recorded), not only
+	 * finished as one.
+	 */
+	ioeng_get_stats(io, &ist);
+	ck_assert_uint_eq(ist.fsyncs, 3);
+	ck_assert_uint_eq(ist.fsyncs_issued, 3);
+	if (strcmp(ioeng_name(io), "pwrite") == 0)
+		ck_assert_msg(find_log("fsync:" SHARD0, 0) >= 0, "fsync(2) of the shard file");
 	if (refuse_direct)
 		ck_assert(!local_direct(st, &why) && strstr(why, "O_DIRECT refused"));
 	st->ops->shard_close(s.sh);
