@@ -66,6 +66,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "fsops.h"
 #include "stream.h"
 
 #define ALIGN 4096u
@@ -336,6 +337,7 @@ int stream_capture_host(struct save *s, char *why)
 
 		if (!c)
 			return -ECANCELED;
+		fsops_capture_wait(s->plan->job, s->step, s->plan->rank, k); /* tests only */
 		/* the trainer's stall is this copy: split across the copier's threads */
 		if (copier_run(a->copier, image_part, s, (uint64_t)k * cb, c->buf,
 		               stream_chunk_fill(s, k, cb), 1u << 20)) {

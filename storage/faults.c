@@ -26,7 +26,13 @@
  *           catch a save while it writes; the engine's thread waits, so
  *           every request behind it waits too); for openat also "slow=MS"
  *           (the calling thread waits MS milliseconds, then opens: a slow
- *           metadata server, holding up that thread alone)
+ *           metadata server, holding up that thread alone); for capture
+ *           only "slow=MS"
+ *   capture the copy of each chunk of a save from the trainer's host memory
+ *           into the staging pool, before it is made (path:
+ *           "JOB/step-NNNNNNNNNNNN/rank-R/chunk-K"): "slow=MS" holds the
+ *           capture worker MS milliseconds first, for tests that must act
+ *           between the chunks of one save
  *   path=G  only calls whose path matches the glob G (fnmatch(3), no flags:
  *           '*' crosses '/'): for a call on a descriptor, the path it was
  *           opened under (root-relative names joined to the root); for
@@ -94,13 +100,14 @@ enum fop {
 	F_IO_WRITE,
 	F_IO_READ,
 	F_IO_FSYNC,
+	F_CAPTURE,
 	F_NOPS,
 };
 
 static const char *const op_names[F_NOPS] = {
     "openat",   "pwrite",           "pread",    "fsync",   "ftruncate", "fallocate",
     "renameat", "rename_noreplace", "linkat",   "mkdirat", "unlinkat",  "direct",
-    "io_write", "io_read",          "io_fsync",
+    "io_write", "io_read",          "io_fsync", "capture",
 };
 
 static const struct {
@@ -464,10 +471,11 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 		uint64_t ms;
 
 		if (r->op != F_IO_WRITE && r->op != F_IO_READ && r->op != F_IO_FSYNC &&
-		    r->op != F_OPENAT)
+		    r->op != F_OPENAT && r->op != F_CAPTURE)
 			return ipc_errf(err, -EINVAL,
-			                FAULTS_ENV " rule %u: '%s' of %s: only io_write, "
-			                           "io_read, io_fsync and openat can be slow",
+			                FAULTS_ENV
+			                " rule %u: '%s' of %s: only io_write, "
+			                "io_read, io_fsync, openat and capture can be slow",
 			                k, s, op_names[r->op]);
 		if (parse_u64(s + 5, &ms) || ms == 0 || ms > 60000)
 			return ipc_errf(err, -EINVAL,
@@ -477,6 +485,11 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 		r->slow_ms = (unsigned)ms;
 		return 0;
 	}
+	if (r->op == F_CAPTURE)
+		return ipc_errf(err, -EINVAL,
+		                FAULTS_ENV " rule %u: '%s' of capture: a capture can only be "
+		                           "slow=MS",
+		                k, s);
 	if (strcmp(s, "short") == 0 || strncmp(s, "short=", 6) == 0) {
 		if (!transfers(r->op))
 			return ipc_errf(err, -EINVAL,
@@ -630,7 +643,26 @@ int fsops_from_env(const struct fsops **sync, const struct fsops **async,
 	return 0;
 }
 
+void fsops_capture_wait(const char *job, int64_t step, int rank, unsigned chunk)
+{
+	char path[IPC_MAX_JOB + 64];
+	const struct rule *r;
+
+	if (!plan.n)
+		return;
+	snprintf(path, sizeof(path), "%s/step-%012lld/rank-%d/chunk-%u", job, (long long)step, rank,
+	         chunk);
+	r = decide(F_CAPTURE, path, NULL);
+	if (r && r->slow_ms)
+		usleep(r->slow_ms * 1000u); /* the capture worker only */
+}
+
 #else /* !CKPT_FAULT_INJECTION */
+
+void fsops_capture_wait(const char *job, int64_t step, int rank, unsigned chunk)
+{
+	(void)job, (void)step, (void)rank, (void)chunk;
+}
 
 int fsops_from_env(const struct fsops **sync, const struct fsops **async,
                    void (*note)(const char *line), char *err)

@@ -54,4 +54,12 @@ extern const struct fsops fsops_posix;
 int fsops_from_env(const struct fsops **sync, const struct fsops **async,
                    void (*note)(const char *line), char *err);
 
+/*
+ * The capture worker, before it copies chunk `chunk` of a save from host
+ * memory: waits if a CKPT_FAULTS rule "capture:slow=MS" fires for it
+ * ("JOB/step-NNNNNNNNNNNN/rank-R/chunk-K"). Nothing without fault injection
+ * or without such a rule.
+ */
+void fsops_capture_wait(const char *job, int64_t step, int rank, unsigned chunk);
+
 #endif /* CKPT_STORAGE_FSOPS_H */

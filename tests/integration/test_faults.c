@@ -632,6 +632,48 @@ START_TEST(read_faults)
 }
 END_TEST
 
+/* ---- the capture --------------------------------------------------------- */
+
+/*
+ * CAPTURED comes only once the last chunk is copied: each chunk's copy is
+ * held 150 ms (capture:slow), and the trainer writes new values the moment
+ * CAPTURED comes; every chunk of the checkpoint, the last one included,
+ * must hold the values of before.
+ */
+static const char capture_plan[] = "CKPT_FAULTS=capture:slow=150:path=hold/*:count=inf";
+
+START_TEST(captured_after_last_chunk)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	struct h_model m;
+	size_t bad = 0;
+
+	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1", capture_plan);
+	c = h_connect(&a);
+	h_model_make(&m, c, 4, 1 << 20); /* ~4 MiB: 5 chunks of 1 MiB */
+	ck_assert_int_eq(ckpt_plan_create(c, "hold", 0, 1, m.t, m.n, &p), 0);
+	h_model_fill(&m, 7);
+	ck_assert_int_eq(ckpt_save(p, 1, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 60000), 0);
+	h_model_fill(&m, 8); /* the next step's values, at once */
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), 0);
+	ckpt_save_release(s);
+	ck_assert_msg(
+	    h_log_has(&a, "fault injected: capture(hold/step-000000000001/rank-0/chunk-4)"),
+	    "the last chunk's copy was not held");
+	ck_assert_int_eq(ckpt_restore(p, 1, NULL, NULL), 0);
+	ck_assert_msg(h_model_check(&m, 7, &bad), "tensor %s holds values written after CAPTURED",
+	              m.name[bad]);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* ---- the plan itself ---------------------------------------------------- */
 
 /* ckptd with CKPT_FAULTS=plan: its exit code and what it said (out, len bytes). */
@@ -672,6 +714,8 @@ START_TEST(bad_plans_refused)
 	    {"fsync:EIO:path", "is not key=value"},
 	    {"fsync:EIO:color=red", "unknown key"},
 	    {"pwrite:short=lots", "short=BYTES"},
+	    {"capture:EIO", "can only be slow"},
+	    {"fsync:slow=5", "can be slow"},
 	};
 	char out[8192];
 
@@ -702,6 +746,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, commit_faults);
 	tcase_add_test(tc, removal_faults);
 	tcase_add_test(tc, read_faults);
+	tcase_add_test(tc, captured_after_last_chunk);
 	tcase_add_test(tc, bad_plans_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
