@@ -674,6 +674,71 @@ START_TEST(captured_after_last_chunk)
 }
 END_TEST
 
+/*
+ * No commit while a rank is still on its way: each chunk of rank 1's save
+ * is held 400 ms before its copy (rank 0's are not); once rank 0 is DURABLE
+ * (and 300 ms more, time for a commit to happen), the step has no
+ * manifest, is not listed as committed, and rank 1 is not yet DURABLE;
+ * then it commits.
+ */
+static const char slow_rank_plan[] =
+    "CKPT_FAULTS=capture:slow=400:path=nc/step-000000000001/rank-1/*:count=inf";
+
+START_TEST(no_commit_while_a_rank_writes)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s[2];
+	int64_t shape[1] = {4 << 20};
+	char path[512], out[8192];
+	void *mem;
+
+	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1", slow_rank_plan);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * ((size_t)4 << 20), &mem), 0);
+	for (int r = 0; r < 2; r++) {
+		struct ckpt_tensor t = {r ? "r1.w" : "r0.w",
+		                        CKPT_U8,
+		                        1,
+		                        shape,
+		                        (char *)mem + ((size_t)r << 22),
+		                        NULL,
+		                        NULL};
+
+		memset(t.data, 'a' + r, (size_t)4 << 20);
+		ck_assert_int_eq(ckpt_plan_create(c, "nc", r, 2, &t, 1, &p[r]), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ckpt_save(p[r], 1, NULL, &s[r]), 0);
+	ck_assert_int_eq(ckpt_save_wait(s[0], CKPT_DURABLE, 60000), 0);
+	usleep(300 * 1000);
+	h_path(&a, path, sizeof(path), "nc/step-%012d/manifest.json", 1);
+	ck_assert_msg(ckpt_save_state(s[1]) < CKPT_DURABLE, "rank 1 was not slowed: %s",
+	              ckpt_state_name(ckpt_save_state(s[1])));
+	ck_assert_msg(!h_exists(path), "a manifest while rank 1 still writes");
+	ck_assert_int_eq(ckpt_save_state(s[0]), CKPT_DURABLE);
+	h_ctl(&a, out, sizeof(out), "list nc");
+	for (char *l = out; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		char state[32] = "";
+
+		if (strncmp(l, "nc ", 3) == 0 && sscanf(l, "%*s %*s %31s", state) == 1)
+			ck_assert_msg(strcmp(state, "COMMITTED") != 0, "listed as committed: %s",
+			              out);
+	}
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s[r]);
+		ckpt_plan_destroy(p[r]);
+	}
+	ck_assert(h_exists(path) &&
+	          h_log_has(&a, "fault injected: capture(nc/step-000000000001/rank-1/chunk-3)"));
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* ---- the plan itself ---------------------------------------------------- */
 
 /* ckptd with CKPT_FAULTS=plan: its exit code and what it said (out, len bytes). */
@@ -747,6 +812,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, removal_faults);
 	tcase_add_test(tc, read_faults);
 	tcase_add_test(tc, captured_after_last_chunk);
+	tcase_add_test(tc, no_commit_while_a_rank_writes);
 	tcase_add_test(tc, bad_plans_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
