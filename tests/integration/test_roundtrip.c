@@ -308,6 +308,117 @@ START_TEST(latest_after_restart)
 }
 END_TEST
 
+/*
+ * Ranks saving steps out of order: rank 1 saves 3 before 2. Step 3 commits
+ * once both ranks have it; step 2, still missing a rank then, FAILS saying
+ * why, and stays failed when rank 1 saves it late. LATEST is 3 in the
+ * listing and for a restore, and so after a restart.
+ */
+static void oo_check(const struct agent_proc *a, struct ckpt_plan **p, unsigned char *mem)
+{
+	char out[8192];
+	int64_t step = -1;
+	int committed = 0;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "list oo"), 0);
+	for (char *save, *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+		long long st = -1;
+		char state[32] = "";
+
+		if (strncmp(l, "oo ", 3) != 0 || sscanf(l, "%*s %lld %31s", &st, state) != 2)
+			continue;
+		ck_assert_msg((strcmp(state, "COMMITTED") == 0) == (st != 2), "%s", l);
+		ck_assert_msg((strstr(l, "LATEST") != NULL) == (st == 3), "LATEST: %s", l);
+		committed += st != 2;
+	}
+	ck_assert_msg(committed == 2, "steps 1 and 3 committed, not %d", committed);
+	memset(mem, 0, 2 * 4096);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(ckpt_restore(p[r], CKPT_LATEST, &step, NULL), 0);
+		ck_assert_int_eq(step, 3);
+		ck_assert_int_eq(mem[r * 4096], 30 + r);
+		ck_assert_int_eq(mem[r * 4096 + 4095], 30 + r);
+	}
+	ck_assert_int_eq(ckpt_restore(p[0], 2, &step, NULL), -ENOENT);
+}
+
+static void oo_plans(struct ckpt_client *c, struct ckpt_plan **p, unsigned char *mem)
+{
+	static const int64_t shape[1] = {4096};
+
+	for (int r = 0; r < 2; r++) {
+		struct ckpt_tensor t = {r ? "r1.w" : "r0.w", CKPT_U8, 1,   shape,
+		                        mem + r * 4096,      NULL,    NULL};
+
+		ck_assert_int_eq(ckpt_plan_create(c, "oo", r, 2, &t, 1, &p[r]), 0);
+	}
+}
+
+static struct ckpt_save *oo_save(struct ckpt_plan *p, void *mem, int r, int step)
+{
+	struct ckpt_save *s;
+
+	memset((char *)mem + r * 4096, step * 10 + r, 4096);
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 60000), 0);
+	return s;
+}
+
+START_TEST(out_of_order_steps)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s0[3], *s1[3];
+	void *mem;
+	int rc;
+
+	h_agent_start(&a, NULL);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * 4096, &mem), 0);
+	oo_plans(c, p, mem);
+	for (int k = 0; k < 3; k++)
+		s0[k] = oo_save(p[0], mem, 0, k + 1);
+	s1[0] = oo_save(p[1], mem, 1, 1);
+	s1[2] = oo_save(p[1], mem, 1, 3);
+	for (int k = 0; k < 3; k += 2) {
+		ck_assert_int_eq(ckpt_save_wait(s0[k], CKPT_COMMITTED, 60000), 0);
+		ck_assert_int_eq(ckpt_save_wait(s1[k], CKPT_COMMITTED, 60000), 0);
+	}
+	rc = ckpt_save_wait(s0[1], CKPT_COMMITTED, 60000);
+	ck_assert_msg(rc == -EIO && strstr(ckpt_save_reason(s0[1]), "step 3 committed"),
+	              "step 2: %d %s", rc, ckpt_save_reason(s0[1]));
+	/* rank 1's step 2, late: it cannot commit either */
+	memset((char *)mem + 4096, 21, 4096);
+	rc = ckpt_save(p[1], 2, NULL, &s1[1]);
+	if (rc == 0) {
+		ck_assert_int_ne(ckpt_save_wait(s1[1], CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s1[1]);
+	}
+	for (int k = 0; k < 3; k++) {
+		ckpt_save_release(s0[k]);
+		if (k != 1)
+			ckpt_save_release(s1[k]);
+	}
+	oo_check(&a, p, mem);
+	for (int r = 0; r < 2; r++)
+		ckpt_plan_destroy(p[r]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_restart(&a);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * 4096, &mem), 0);
+	oo_plans(c, p, mem);
+	oo_check(&a, p, mem);
+	for (int r = 0; r < 2; r++)
+		ckpt_plan_destroy(p[r]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -325,6 +436,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, larger_than_pool);
 	tcase_add_test(tc, four_ranks_one_checkpoint);
 	tcase_add_test(tc, latest_after_restart);
+	tcase_add_test(tc, out_of_order_steps);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
