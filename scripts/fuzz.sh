@@ -12,6 +12,7 @@
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: manifest part plans safetensors config rpc s3xml s3zstd
 #   CKPT_FUZZ_JOBS=N   N processes per target (libFuzzer -fork=N), default 1
+#   CKPT_FUZZ_PAR=N    N targets at once, default one per core
 #   CKPT_FUZZ_FLAGS="-use_value_profile=1 ..."   more libFuzzer options
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,11 +41,14 @@ echo "== fuzz build (build-fuzz)"
 CC=clang cmake -S . -B build-fuzz -DCKPT_FUZZ=ON -DCKPT_WITH_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target fuzz >/dev/null
 
-failed=()
-for t in "${targets[@]}"; do
-	corpus=build-fuzz/corpus/$t crashes=build-fuzz/crashes/$t log=build-fuzz/fuzz-$t.log
+# One target: its lines into build-fuzz/fuzz-<target>.out, and
+# build-fuzz/fuzz-<target>.failed if it failed.
+fuzz_one() {
+	local t=$1 corpus=build-fuzz/corpus/$1 crashes=build-fuzz/crashes/$1
+	local log=build-fuzz/fuzz-$1.log d execs input
+	local seeds=() opts=()
 	mkdir -p "$corpus" "$crashes"
-	seeds=()
+	rm -f "build-fuzz/fuzz-$t.failed"
 	for d in fuzz/corpus/$t build-fuzz/fuzz/seeds/$t; do
 		[[ -d $d ]] && seeds+=("$d")
 	done
@@ -68,8 +72,24 @@ for t in "${targets[@]}"; do
 		input=$(grep -o "Test unit written to [^ ]*" "$log" | tail -1 | cut -d' ' -f5)
 		echo "   FAILED: fuzz_$t (log: $log)"
 		echo "   replay: build-fuzz/fuzz/fuzz_$t ${input:-$crashes/...}"
-		failed+=("$t")
+		touch "build-fuzz/fuzz-$t.failed"
 	fi
+}
+
+# CKPT_FUZZ_PAR targets at once (default: one per core, each one process),
+# their lines printed in order once all have run.
+par=${CKPT_FUZZ_PAR:-$(nproc)}
+for t in "${targets[@]}"; do
+	while (($(jobs -rp | wc -l) >= par)); do
+		wait -n || true
+	done
+	fuzz_one "$t" >"build-fuzz/fuzz-$t.out" 2>&1 &
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+	cat "build-fuzz/fuzz-$t.out"
+	[[ -e build-fuzz/fuzz-$t.failed || ! -s build-fuzz/fuzz-$t.out ]] && failed+=("$t")
 done
 if ((${#failed[@]})); then
 	echo "fuzz.sh: ${failed[*]} failed" >&2
