@@ -354,6 +354,15 @@ static void oo_plans(struct ckpt_client *c, struct ckpt_plan **p, unsigned char 
 	}
 }
 
+/* Each rank's plan dropped, the memory given back, the client gone. */
+static void oo_close(struct ckpt_client *c, struct ckpt_plan **p, void *mem)
+{
+	ckpt_plan_destroy(p[0]);
+	ckpt_plan_destroy(p[1]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+}
+
 static struct ckpt_save *oo_save(struct ckpt_plan *p, void *mem, int r, int step)
 {
 	struct ckpt_save *s;
@@ -401,20 +410,14 @@ START_TEST(out_of_order_steps)
 			ckpt_save_release(s1[k]);
 	}
 	oo_check(&a, p, mem);
-	for (int r = 0; r < 2; r++)
-		ckpt_plan_destroy(p[r]);
-	ckpt_host_free(c, mem);
-	ckpt_disconnect(c);
+	oo_close(c, p, mem);
 	ck_assert_int_eq(h_agent_stop(&a), 0);
 	h_agent_restart(&a);
 	c = h_connect(&a);
 	ck_assert_int_eq(ckpt_host_alloc(c, 2 * 4096, &mem), 0);
 	oo_plans(c, p, mem);
 	oo_check(&a, p, mem);
-	for (int r = 0; r < 2; r++)
-		ckpt_plan_destroy(p[r]);
-	ckpt_host_free(c, mem);
-	ckpt_disconnect(c);
+	oo_close(c, p, mem);
 	h_agent_cleanup(&a);
 }
 END_TEST
