@@ -309,10 +309,10 @@ START_TEST(latest_after_restart)
 END_TEST
 
 /*
- * Ranks saving steps out of order: rank 1 saves 3 before 2. Step 3 commits
- * once both ranks have it; step 2, still missing a rank then, FAILS saying
- * why, and stays failed when rank 1 saves it late. LATEST is 3 in the
- * listing and for a restore, and so after a restart.
+ * Ranks saving steps out of order: after step 1, rank 1 saves 3 before 2.
+ * Step 3 commits once both ranks have it; step 2, still missing a rank
+ * then, FAILS saying why, and stays failed when rank 1 saves it late.
+ * LATEST is 3 in the listing and for a restore, and so after a restart.
  */
 static void oo_check(const struct agent_proc *a, struct ckpt_plan **p, unsigned char *mem)
 {
@@ -386,14 +386,17 @@ START_TEST(out_of_order_steps)
 	c = h_connect(&a);
 	ck_assert_int_eq(ckpt_host_alloc(c, 2 * 4096, &mem), 0);
 	oo_plans(c, p, mem);
-	for (int k = 0; k < 3; k++)
-		s0[k] = oo_save(p[0], mem, 0, k + 1);
+	/* step 1 of both, committed before anything else is saved */
+	s0[0] = oo_save(p[0], mem, 0, 1);
 	s1[0] = oo_save(p[1], mem, 1, 1);
+	ck_assert_int_eq(ckpt_save_wait(s0[0], CKPT_COMMITTED, 60000), 0);
+	ck_assert_int_eq(ckpt_save_wait(s1[0], CKPT_COMMITTED, 60000), 0);
+	/* rank 0 saves 2 and 3, rank 1 only 3: step 3 commits, step 2 cannot */
+	s0[1] = oo_save(p[0], mem, 0, 2);
+	s0[2] = oo_save(p[0], mem, 0, 3);
 	s1[2] = oo_save(p[1], mem, 1, 3);
-	for (int k = 0; k < 3; k += 2) {
-		ck_assert_int_eq(ckpt_save_wait(s0[k], CKPT_COMMITTED, 60000), 0);
-		ck_assert_int_eq(ckpt_save_wait(s1[k], CKPT_COMMITTED, 60000), 0);
-	}
+	ck_assert_int_eq(ckpt_save_wait(s0[2], CKPT_COMMITTED, 60000), 0);
+	ck_assert_int_eq(ckpt_save_wait(s1[2], CKPT_COMMITTED, 60000), 0);
 	rc = ckpt_save_wait(s0[1], CKPT_COMMITTED, 60000);
 	ck_assert_msg(rc == -EIO && strstr(ckpt_save_reason(s0[1]), "step 3 committed"),
 	              "step 2: %d %s", rc, ckpt_save_reason(s0[1]));
