@@ -56,7 +56,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 from . import COMMITTED, DURABLE, LATEST, Client, Error, Tensor as _CTensor
-from .torch import _DTYPES, _TORCH_DTYPES, _Region, _aligned, _view
+from .torch import _DTYPES, _TORCH_DTYPES, _Region, _nbytes, _packed, _view
 
 __all__ = ["StorageReader", "StorageWriter"]
 
@@ -116,16 +116,15 @@ class _Shard:
 
     def _save(self, client: Client, job: str, rank: int, world: int, step: int,
               until: int) -> None:
-        region = _Region(client, sum(_aligned(t.numel() * t.element_size())
-                                     for _, t, _, _ in self.items))
+        offsets, total = _packed(_nbytes(t) for _, t, _, _ in self.items)
+        region = _Region(client, total)
         try:
-            tensors, off = [], 0
-            for name, t, gs, go in self.items:
-                _view(region.buf, 0, off, t.dtype, tuple(t.shape)).copy_(t)
+            tensors = []
+            for (name, t, gs, go), off in zip(self.items, offsets):
+                _view(region.buf, off, t.dtype, tuple(t.shape)).copy_(t)
                 tensors.append(_CTensor(name, dtype=_DTYPES[t.dtype], shape=tuple(t.shape),
                                         address=region.start + off, global_shape=gs,
                                         global_offset=go))
-                off = _aligned(off + t.numel() * t.element_size())
             self.items = []
             plan = client.plan(job, rank, world, tensors)
             try:
@@ -202,7 +201,7 @@ class StorageWriter(_Writer):
             td = item.tensor_data
             t = data.detach().contiguous()
             shard.add(name, t, list(td.size), list(td.chunk.offsets))
-            results.append(WriteResult(item.index, t.numel() * t.element_size(), None))
+            results.append(WriteResult(item.index, _nbytes(t), None))
         if self._coordinator:
             self._shard = shard  # saved in finish(), with the metadata
         else:
@@ -301,16 +300,15 @@ class StorageReader(_Reader):
             self._restore_with(client, items)
 
     def _restore_with(self, client: Client, items: List[Tuple[str, torch.Tensor, Any, Any]]):
-        region = _Region(client, sum(_aligned(t.numel() * t.element_size())
-                                     for _, t, _, _ in items))
+        offsets, total = _packed(_nbytes(t) for _, t, _, _ in items)
+        region = _Region(client, total)
         try:
-            off, views, tensors = 0, [], []
-            for name, t, gs, go in items:
+            views, tensors = [], []
+            for (name, t, gs, go), off in zip(items, offsets):
                 tensors.append(_CTensor(name, dtype=_DTYPES[t.dtype], shape=tuple(t.shape),
                                         address=region.start + off, global_shape=gs,
                                         global_offset=go))
-                views.append(_view(region.buf, 0, off, t.dtype, tuple(t.shape)))
-                off = _aligned(off + t.numel() * t.element_size())
+                views.append(_view(region.buf, off, t.dtype, tuple(t.shape)))
             plan = client.plan(self.job, self._rank, _world(self.group), tensors)
             try:
                 got, _ = plan.restore(self.step)

@@ -113,7 +113,7 @@ class _Entry:
 
     @property
     def nbytes(self) -> int:
-        return self.local.numel() * self.local.element_size()
+        return _nbytes(self.local)
 
 
 def _sharded(t: torch.Tensor, where: str):
@@ -350,7 +350,21 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _view(buf: Any, base: int, off: int, dtype: torch.dtype, shape) -> torch.Tensor:
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _packed(sizes) -> Tuple[List[int], int]:
+    """Offsets for blocks of `sizes` bytes laid one after another, each at
+    a multiple of _ALIGN, and the bytes they take in all."""
+    offsets, off = [], 0
+    for n in sizes:
+        offsets.append(off)
+        off = _aligned(off + n)
+    return offsets, off
+
+
+def _view(buf: Any, off: int, dtype: torch.dtype, shape) -> torch.Tensor:
     """A tensor of `shape` at byte `off` of a flat uint8 tensor `buf`."""
     n = 1
     for d in shape:
@@ -371,7 +385,7 @@ class _Region:
     def holds(self, t: torch.Tensor) -> bool:
         p = t.data_ptr()
         return t.device.type == "cpu" and self.start <= p and \
-            p + t.numel() * t.element_size() <= self.end
+            p + _nbytes(t) <= self.end
 
     def free(self) -> None:
         self.buf = None
@@ -439,11 +453,9 @@ class _Plan:
         self.key, self.device, self.tree_cap = key, device, tree_cap
         self.inplace, self.last = inplace, None
         cuda = device.type == "cuda"
-        off, self.offsets = 0, []
-        for e, ip in zip(flat.entries, inplace):
-            self.offsets.append(None if ip else off)
-            if not ip:
-                off = _aligned(off + e.nbytes)
+        copied, off = _packed(e.nbytes for e, ip in zip(flat.entries, inplace) if not ip)
+        it = iter(copied)
+        self.offsets = [None if ip else next(it) for ip in inplace]
         self.tree_off = off  # the head, then the tree at tree_off + _ALIGN
         total = off + _ALIGN + tree_cap
         self.region = None if cuda else _Region(ck._client, total)
@@ -451,8 +463,8 @@ class _Plan:
             self.buf = torch.empty(total, dtype=torch.uint8, device=device)
             base = self.buf.data_ptr()
             # what comes from host memory goes through pinned memory to the device
-            host = sum(_aligned(e.nbytes) for e, ip in zip(flat.entries, inplace)
-                       if not ip and e.local.device.type == "cpu")
+            _, host = _packed(e.nbytes for e, ip in zip(flat.entries, inplace)
+                              if not ip and e.local.device.type == "cpu")
             self.pinned = torch.empty(host + _ALIGN + tree_cap, dtype=torch.uint8,
                                       pin_memory=True)
             self.h2d_done = None
@@ -486,7 +498,7 @@ class _Plan:
             self.last._captured_quietly()
         for e, o in zip(flat.entries, self.offsets):
             if o is not None and e.nbytes:
-                _view(self.buf, 0, o, e.local.dtype, e.local.shape).copy_(e.local)
+                _view(self.buf, o, e.local.dtype, e.local.shape).copy_(e.local)
         self._put_tree(self.buf, self.tree_off, tree)
 
     def _put_tree(self, buf: torch.Tensor, off: int, tree: bytes) -> None:
@@ -505,9 +517,9 @@ class _Plan:
         for e, o in zip(flat.entries, self.offsets):
             if o is None or not e.nbytes:
                 continue
-            dst = _view(self.buf, 0, o, e.local.dtype, e.local.shape)
+            dst = _view(self.buf, o, e.local.dtype, e.local.shape)
             if e.local.device.type == "cpu":
-                pin = _view(self.pinned, 0, poff, e.local.dtype, e.local.shape)
+                pin = _view(self.pinned, poff, e.local.dtype, e.local.shape)
                 pin.copy_(e.local)
                 dst.copy_(pin, non_blocking=True)
                 poff = _aligned(poff + e.nbytes)
@@ -624,16 +636,14 @@ class Checkpointer:
         if not todo:
             return
         self.wait_captured()
-        region = _Region(self._client, sum(_aligned(t.numel() * t.element_size())
-                                           for t in todo))
+        offsets, total = _packed(_nbytes(t) for t in todo)
+        region = _Region(self._client, total)
         self._regions.append(region)
-        off = 0
-        for t in todo:
-            v = _view(region.buf, 0, off, t.dtype, t.shape)
+        for t, off in zip(todo, offsets):
+            v = _view(region.buf, off, t.dtype, t.shape)
             v.copy_(t)
             t.data = v
             self._moved.append(weakref.ref(t))
-            off = _aligned(off + t.numel() * t.element_size())
 
     def _protected(self) -> set:
         return {(t.device, t.data_ptr()) for o in self._optims for t in self._tensors_of(o)}
@@ -783,17 +793,17 @@ class Checkpointer:
         if not entries:
             return
         direct = [e.local.device.type == "cuda" or self._in_region(e.local) for e in entries]
-        size = sum(_aligned(e.nbytes) for e, d in zip(entries, direct) if not d)
+        offsets, size = _packed(e.nbytes for e, d in zip(entries, direct) if not d)
         region = _Region(self._client, size) if size else None
         try:
-            addrs, off, views = [], 0, []
+            addrs, views, it = [], [], iter(offsets)
             for e, d in zip(entries, direct):
                 if d:
                     addrs.append(e.local.data_ptr())
                     continue
+                off = next(it)
                 addrs.append(region.start + off)
-                views.append((e, _view(region.buf, 0, off, e.local.dtype, e.local.shape)))
-                off = _aligned(off + e.nbytes)
+                views.append((e, _view(region.buf, off, e.local.dtype, e.local.shape)))
             for dev in {e.local.device for e in entries if e.local.device.type == "cuda"}:
                 # the agent writes on its own stream: work still queued on the
                 # trainer's (the tensors' fill, say) must not run after it
