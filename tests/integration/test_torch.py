@@ -204,7 +204,7 @@ def test_errors(ag):
                        errno.EINVAL, "nope")
     ck.close()
     c = ckpt.Client(ag.endpoint)  # a job saved with the plain API, not ckpt.torch
-    mem = c.host_alloc(8192)
+    mem = c.host_alloc(64 + 32768)
     p = c.plan("plain", 0, 1, [ckpt.Tensor("w", dtype="U8", shape=(16,), address=mem.address)])
     p.save(3).wait(ckpt.COMMITTED)
     p.destroy()
@@ -218,16 +218,19 @@ def test_errors(ag):
               (b'{"ckpt.torch":1,"tree":{"D":[["w",{"T":["Q9",[2]]}]]}}', 0),
               (b'not json at all', 0),
               (b'{"ckpt.torch":1}', 0),
+              (b'{"ckpt.torch":true,"tree":{"D":[]}}', 0),
+              (b'{"ckpt.torch":1,"tree":{"D":[["a"]]}}', 0),
+              (b'{"ckpt.torch":1,"tree":{"D":[["a",{"F":1}]]}}', 0),
+              (b'{"ckpt.torch":1,"tree":' + b'{"L":[' * 3000 + b']}' * 3000 + b'}', 0),
               (b'{}', 1 << 20)]  # a length past the capacity
     for i, (text, extra) in enumerate(forged):
         job = "forged%d" % i
-        buf = mem.buffer()
-        head = struct.pack("<QQ", 4096, len(text) + extra)
-        buf[:16] = head
-        buf[64:64 + 4096] = text.ljust(4096, b" ")
+        buf, cap = mem.buffer(), 4096 if len(text) <= 4096 else 32768
+        buf[:16] = struct.pack("<QQ", cap, len(text) + extra)
+        buf[64:64 + cap] = text.ljust(cap, b" ")
         p = c.plan(job, 0, 1, [
             ckpt.Tensor("ckpt.torch.0", dtype="U8", shape=(16,), address=mem.address),
-            ckpt.Tensor("ckpt.torch.tree.0", dtype="U8", shape=(4096,),
+            ckpt.Tensor("ckpt.torch.tree.0", dtype="U8", shape=(cap,),
                         address=mem.address + 64)])
         p.save(1).wait(ckpt.COMMITTED)
         p.destroy()
@@ -271,6 +274,11 @@ def test_dcp(ag):
         assert got["epoch"] == epoch, got["epoch"]
     expect_error(lambda: ckpt.dcp.StorageWriter("dcp").reset("/a/path"), errno.EINVAL,
                  "not a step")
+    for doc in ({"ckpt.dcp": True, "sd": {}}, {"ckpt.dcp": 1, "sd": {"x": {"b": -5}}},
+                {"ckpt.dcp": 1, "sd": {"x": {"t": "F32", "size": [2],
+                                              "chunks": [[[10], [20]]]}}},
+                {"ckpt.dcp": 1, "sd": {}, "planner": {"a": 1}}):
+        expect_error(lambda: ckpt.dcp._metadata_from(doc, "forged"), errno.EBADMSG, "forged")
     # more saves than the agent's sessions per user (64): DCP never closes a
     # storage writer, so each save's session must end with it
     for step in range(100, 166):

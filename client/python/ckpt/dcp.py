@@ -241,30 +241,52 @@ def _metadata_json(md: Metadata, nbytes: Dict[str, int]) -> Dict[str, Any]:
     return {"ckpt.dcp": 1, "sd": sd, "planner": planner}
 
 
+def _dims(v: Any, ndim: Optional[int] = None) -> torch.Size:
+    """A list of dimensions (non-negative ints below 2^62), of ndim of them if given."""
+    if not isinstance(v, list) or (ndim is not None and len(v) != ndim) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in v):
+        raise ValueError("%.60r is not a list of %s dimensions" % (v, ndim or "any"))
+    return torch.Size(v)
+
+
 def _metadata_from(doc: Any, where: str) -> Metadata:
     """DCP's Metadata from the JSON saved by finish(), checked as input."""
     def bad(why):
         return Error(_errno.EBADMSG, "%s: %s is not ckpt.dcp metadata: %s" % (where, _MD, why))
-    if not isinstance(doc, dict) or doc.get("ckpt.dcp") != 1 or \
-            not isinstance(doc.get("sd"), dict):
+    if not isinstance(doc, dict) or type(doc.get("ckpt.dcp")) is not int or \
+            doc["ckpt.dcp"] != 1 or not isinstance(doc.get("sd"), dict):
         raise bad("no version 1")
     sd: Dict[str, Any] = {}
     nbytes: Dict[str, int] = {}
     for fqn, m in doc["sd"].items():
         try:
+            if not isinstance(m, dict):
+                raise ValueError("not an object")
             if "b" in m:
                 sd[fqn] = BytesStorageMetadata()
-                nbytes[fqn] = int(m["b"])
+                nbytes[fqn] = _dims([m["b"]], 1)[0]
                 continue
-            chunks = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
-                      for o, s in m["chunks"]]
+            size = _dims(m["size"])
+            chunks = []
+            for c in m["chunks"]:
+                if not isinstance(c, list) or len(c) != 2:
+                    raise ValueError("a chunk is not [offsets, sizes]")
+                off, sz = _dims(c[0], len(size)), _dims(c[1], len(size))
+                if any(o + n > d for o, n, d in zip(off, sz, size)):
+                    raise ValueError("chunk %s+%s is outside %s" % (list(off), list(sz),
+                                                                    list(size)))
+                chunks.append(ChunkStorageMetadata(offsets=off, sizes=sz))
             sd[fqn] = TensorStorageMetadata(
                 properties=TensorProperties(dtype=_TORCH_DTYPES[m["t"]]),
-                size=torch.Size(m["size"]), chunks=chunks)
-        except (KeyError, TypeError, ValueError) as e:
-            raise bad("entry %r: %r" % (fqn, e)) from None
+                size=size, chunks=chunks)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise bad("entry %r: %s" % (fqn, e)) from None
     planner = doc.get("planner")
     if planner is not None:
+        if not isinstance(planner, dict) or not all(
+                isinstance(v, list) and all(isinstance(k, (str, int)) for k in v)
+                for v in planner.values()):
+            raise bad("planner data that is not {fqn: [keys]}")
         planner = {k: tuple(v) for k, v in planner.items()}
     return Metadata(state_dict_metadata=sd, planner_data=planner, storage_data=nbytes)
 

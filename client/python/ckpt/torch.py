@@ -166,6 +166,58 @@ def _encode_scalar(v: Any, where: str) -> Any:
                   % (where, type(v).__qualname__))
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _tree_fault(tree: Any) -> Optional[str]:
+    """What is wrong with a tree read back (None: it is one save can write),
+    checked before anything uses it. Iterative: a deep tree is no danger."""
+    if not (isinstance(tree, dict) and len(tree) == 1 and "D" in tree):
+        return "the tree is not a dict node"
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if node is None or isinstance(node, (bool, str)) or _is_int(node):
+            continue
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                return "a float that is not finite"
+            continue
+        if not isinstance(node, dict) or len(node) != 1:
+            return "a node that is not a one-key object: %.60r" % (node,)
+        (kind, v), = node.items()
+        if kind == "D":
+            if not isinstance(v, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and
+                    (isinstance(p[0], str) or _is_int(p[0])) for p in v):
+                return "a dict node that is not a list of [str or int key, node]"
+            todo += [p[1] for p in v]
+        elif kind in ("L", "U"):
+            if not isinstance(v, list):
+                return "a list node that is not a list"
+            todo += v
+        elif kind == "T":
+            shapes = v[1:] if isinstance(v, list) and len(v) in (2, 4) else None
+            if not shapes or v[0] not in _TORCH_DTYPES or not all(
+                    isinstance(x, list) and len(x) <= 16 and
+                    all(_is_int(d) and d >= 0 for d in x) for x in shapes) or \
+                    (len(shapes) == 3 and len(shapes[1]) != len(shapes[2])):
+                return "a tensor node that is not [dtype, shape(, global shape, offset)]"
+        elif kind == "A":
+            if not isinstance(v, str):
+                return "an alias that is not a name"
+        elif kind == "I":
+            if not (isinstance(v, str) and v.lstrip("-").isdigit() and len(v) < 10000):
+                return "a big int that is not a string of digits"
+        elif kind == "F":
+            if v not in ("nan", "inf", "-inf"):
+                return "a float node that is not nan, inf or -inf"
+        else:
+            return "an unknown node %r" % kind
+    return None
+
+
 def _decode_scalar(v: Any) -> Any:
     if isinstance(v, dict):
         if "I" in v:
@@ -846,8 +898,15 @@ class Checkpointer:
                                                            n, cap))
             _, _, text = self._restore_bytes(_tree_name(rank), cap, got)
             try:
-                return got, meta, json.loads(text[:n])["tree"], rank == self.rank
-            except (ValueError, KeyError, TypeError) as e:
+                doc = json.loads(text[:n])
+                if not (isinstance(doc, dict) and _is_int(doc.get("ckpt.torch")) and
+                        doc["ckpt.torch"] == 1):
+                    raise ValueError("no ckpt.torch version 1")
+                fault = _tree_fault(doc.get("tree"))
+                if fault:
+                    raise ValueError(fault)
+                return got, meta, doc["tree"], rank == self.rank
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
                 raise Error(_errno.EBADMSG, "job %s step %d: %s is not a ckpt.torch tree (%s)"
                             % (self.job, got, _tree_name(rank), e)) from None
         raise Error(err.errno, "%s; was it saved through ckpt.torch.Checkpointer? (it has "
