@@ -596,7 +596,12 @@ static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v,
 
 /* ---- the outcome -------------------------------------------------------- */
 
-/* Under mu: an older step of the job still missing ranks never will have them now. */
+/*
+ * Under mu: an older step of the job still missing ranks of this node never
+ * will have them now (they went on to `done`). One every rank here saved
+ * goes on to its commit: it may just be slower to be durable (LATEST only
+ * moves up, so it stays on `done`).
+ */
 static void supersede(struct agent *a, const struct checkpoint *done)
 {
 	struct list *pos, *tmp;
@@ -608,7 +613,8 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 
 		if (cp == done || strcmp(cp->job, done->job) != 0 || cp->step >= done->step)
 			continue;
-		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->part_built) {
+		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->part_built &&
+		    !local_all_saved(a, cp)) {
 			snprintf(why, sizeof(why),
 			         "step %lld committed while this node's ranks had not all saved "
 			         "this one",

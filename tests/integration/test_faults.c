@@ -739,6 +739,87 @@ START_TEST(no_commit_while_a_rank_writes)
 }
 END_TEST
 
+/*
+ * A step every rank saved commits even when a newer one commits first:
+ * rank 1's copy of step 1 is held 300 ms a chunk, so step 2 (saved by both
+ * right after, rank 1's with the same values) commits while step 1 is still
+ * on its way. Step 1 must not
+ * fail for it ("ranks had not all saved" was said of a step both had
+ * saved); it commits after, LATEST stays on 2, and each restores its own.
+ */
+static const char behind_plan[] =
+    "CKPT_FAULTS=capture:slow=300:path=sb/step-000000000001/rank-1/*:count=inf";
+
+/* the byte rank r's tensor holds in step */
+static int want(int step, int r)
+{
+	return r ? 'z' : '0' + step;
+}
+
+START_TEST(older_step_commits_behind_newer)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s[2][2];
+	struct ckpt_tensor t[2];
+	int64_t shape[1] = {4 << 20};
+	char latest[64], reason[256];
+	void *mem;
+
+	h_agent_start_env(&a, "--staging-mb 64 --chunk-mb 1 --capture-threads 4", behind_plan);
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, 2 * ((size_t)4 << 20), &mem), 0);
+	for (int r = 0; r < 2; r++) {
+		t[r] = (struct ckpt_tensor){r ? "r1.w" : "r0.w",
+		                            CKPT_U8,
+		                            1,
+		                            shape,
+		                            (char *)mem + ((size_t)r << 22),
+		                            NULL,
+		                            NULL};
+		ck_assert_int_eq(ckpt_plan_create(c, "sb", r, 2, &t[r], 1, &p[r]), 0);
+	}
+	/* rank 0 writes new values once its step 1 is CAPTURED; rank 1 keeps its own */
+	for (int r = 0; r < 2; r++) {
+		memset(t[r].data, want(1, r), (size_t)4 << 20);
+		ck_assert_int_eq(ckpt_save(p[r], 1, NULL, &s[0][r]), 0);
+	}
+	ck_assert_int_eq(ckpt_save_wait(s[0][0], CKPT_CAPTURED, 60000), 0);
+	memset(t[0].data, want(2, 0), (size_t)4 << 20);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ckpt_save(p[r], 2, NULL, &s[1][r]), 0);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ckpt_save_wait(s[1][r], CKPT_COMMITTED, 60000), 0);
+	ck_assert_msg(ckpt_save_state(s[0][1]) < CKPT_DURABLE,
+	              "step 1 was durable before step 2 committed: nothing tested");
+	for (int r = 0; r < 2; r++) {
+		int rc = ckpt_save_wait(s[0][r], CKPT_COMMITTED, 60000);
+
+		snprintf(reason, sizeof(reason), "%s", ckpt_save_reason(s[0][r]));
+		ck_assert_msg(rc == 0, "rank %d's step 1, saved by both ranks, ended %s: %s", r,
+		              ckpt_state_name(ckpt_save_state(s[0][r])), reason);
+	}
+	latest_of(&a, "sb", latest, sizeof(latest));
+	ck_assert_msg(strcmp(latest, "2") == 0, "LATEST says '%s', not 2", latest);
+	for (int step = 1; step <= 2; step++)
+		for (int r = 0; r < 2; r++) {
+			memset(t[r].data, 0, (size_t)4 << 20);
+			ck_assert_int_eq(ckpt_restore(p[r], step, NULL, NULL), 0);
+			ck_assert_int_eq(((unsigned char *)t[r].data)[(4 << 20) - 1],
+			                 want(step, r));
+		}
+	for (int step = 0; step < 2; step++)
+		for (int r = 0; r < 2; r++)
+			ckpt_save_release(s[step][r]);
+	for (int r = 0; r < 2; r++)
+		ckpt_plan_destroy(p[r]);
+	ckpt_host_free(c, mem);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* ---- the plan itself ---------------------------------------------------- */
 
 /* ckptd with CKPT_FAULTS=plan: its exit code and what it said (out, len bytes). */
@@ -813,6 +894,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, read_faults);
 	tcase_add_test(tc, captured_after_last_chunk);
 	tcase_add_test(tc, no_commit_while_a_rank_writes);
+	tcase_add_test(tc, older_step_commits_behind_newer);
 	tcase_add_test(tc, bad_plans_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
