@@ -344,24 +344,38 @@ END_TEST
 START_TEST(stop_mid_save)
 {
 	struct agent_proc a;
-	char out[8192], dir[512];
+	char out[8192], dir[512], held[128];
 	pid_t pid;
 
+#ifdef CKPT_FAULT_INJECTION
+	/*
+	 * The copy of one chunk of each save is held 3 s (chunk 0 of step 10:
+	 * before anything is written; chunk 100 of step 11: half-way): the
+	 * stop comes while the save is surely in flight, whatever the machine.
+	 */
+	h_agent_start_env(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1",
+	                  "CKPT_FAULTS=capture:slow=3000:path=term/step-000000000010/rank-0/"
+	                  "chunk-0:count=1;capture:slow=3000:path=term/step-000000000011/rank-0/"
+	                  "chunk-100:count=1");
+#else
 	h_agent_start(&a, "--staging-mb 16 --chunk-mb 1 --queue-depth 1");
+#endif
 	for (int k = 0; k < 2; k++) {
 		int i;
 
 		pid = spawn_rank(&a, "term", 0, 1, 10 + k, "big", NULL);
-		/*
-		 * In flight once its step directory is there (its shard is being
-		 * made): 192 MiB take well under 100 ms here, shorter than a
-		 * ckptctl poll, so the directory is what is watched, every ms.
-		 */
 		h_path(&a, dir, sizeof(dir), "term/step-%012d", 10 + k);
-		for (i = 0; i < 30000 && !h_exists(dir); i++)
+#ifdef CKPT_FAULT_INJECTION
+		snprintf(held, sizeof(held),
+		         "fault injected: capture(term/step-%012d/rank-0/chunk-%d)", 10 + k,
+		         k * 100);
+#else
+		/* in flight once its step directory is there (its shard is being made) */
+		snprintf(held, sizeof(held), "%s", "");
+#endif
+		for (i = 0; i < 30000 && !(held[0] ? h_log_has(&a, held) : h_exists(dir)); i++)
 			usleep(1000);
-		ck_assert_msg(i < 30000, "the save of step %d never started", 10 + k);
-		usleep(k * 30000);
+		ck_assert_msg(i < 30000, "the save of step %d never started (%s)", 10 + k, a.log);
 		/* a clean stop, whatever the save was doing: exit 0, nothing freed twice */
 		ck_assert_int_eq(h_agent_stop(&a), 0);
 		h_reap(pid);
