@@ -27,7 +27,9 @@
  *           every request behind it waits too); for openat also "slow=MS"
  *           (the calling thread waits MS milliseconds, then opens: a slow
  *           metadata server, holding up that thread alone); for capture
- *           only "slow=MS"
+ *           only "slow=MS"; for every op also "seen": the call is made as
+ *           it is and only said (tests count what the agent did, e.g. the
+ *           fsyncs of each file: "fault injected: fsync(<path>) = seen")
  *   capture the copy of each chunk of a save from the trainer's host memory
  *           into the staging pool, before it is made (path:
  *           "JOB/step-NNNNNNNNNNNN/rank-R/chunk-K"): "slow=MS" holds the
@@ -148,6 +150,7 @@ struct rule {
 	bool isshort; /* else: a short transfer */
 	uint64_t limit; /* short=N: at most N bytes; UINT64_MAX: half */
 	unsigned slow_ms; /* slow=MS: the request's result comes MS later, as it was */
+	bool seen_only; /* seen: the call as it is, only said */
 	char glob[MAX_GLOB]; /* "" matches every path */
 	uint64_t after, count;
 	uint64_t seen, fired; /* under mu */
@@ -230,7 +233,9 @@ static const struct rule *decide(enum fop op, const char *path, const char *path
 		k = i;
 	}
 	if (hit) {
-		if (hit->slow_ms)
+		if (hit->seen_only)
+			snprintf(what, sizeof(what), "seen");
+		else if (hit->slow_ms)
 			snprintf(what, sizeof(what), "as it was, %u ms late", hit->slow_ms);
 		else if (hit->isshort && hit->limit == UINT64_MAX)
 			snprintf(what, sizeof(what), "short (half)");
@@ -256,7 +261,7 @@ static const struct rule *decide(enum fop op, const char *path, const char *path
 	pthread_mutex_unlock(&plan.mu);
 	if (hit && plan.note)
 		plan.note(line);
-	return hit;
+	return hit && hit->seen_only ? NULL : hit; /* seen: no fault for the caller */
 }
 
 static const struct rule *decide_at(enum fop op, int dirfd, const char *name, int dirfd2,
@@ -467,6 +472,10 @@ static bool transfers(enum fop op)
 
 static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 {
+	if (strcmp(s, "seen") == 0) {
+		r->seen_only = true;
+		return 0;
+	}
 	if (strncmp(s, "slow=", 5) == 0) {
 		uint64_t ms;
 
@@ -488,7 +497,7 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 	if (r->op == F_CAPTURE)
 		return ipc_errf(err, -EINVAL,
 		                FAULTS_ENV " rule %u: '%s' of capture: a capture can only be "
-		                           "slow=MS",
+		                           "slow=MS or seen",
 		                k, s);
 	if (strcmp(s, "short") == 0 || strncmp(s, "short=", 6) == 0) {
 		if (!transfers(r->op))
@@ -511,7 +520,8 @@ static int parse_result(struct rule *r, const char *s, unsigned k, char *err)
 		}
 	return ipc_errf(err, -EINVAL,
 	                FAULTS_ENV " rule %u: unknown result '%s': an errno name "
-	                           "(EIO, ENOSPC, EDQUOT, EROFS, ...) or short or short=BYTES",
+	                           "(EIO, ENOSPC, EDQUOT, EROFS, ...), short, short=BYTES, "
+	                           "slow=MS or seen",
 	                k, s);
 }
 

@@ -18,6 +18,8 @@
  * Needs a ckptd built with -DCKPT_FAULT_INJECTION=ON: skipped (77) otherwise.
  */
 #include <errno.h>
+#include <fnmatch.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -820,6 +822,151 @@ START_TEST(older_step_commits_behind_newer)
 }
 END_TEST
 
+/* ---- the durability sequence, observed ---------------------------------- */
+
+/* The agent's log: what each "seen" rule saw, in order ("fsync(<path>) = seen ..."). */
+struct seen {
+	char **line;
+	int n;
+};
+
+static void seen_read(const struct agent_proc *a, struct seen *v)
+{
+	static const char tag[] = "fault injected: ";
+	FILE *f = fopen(a->log, "r");
+	char buf[8192];
+
+	ck_assert_ptr_nonnull(f);
+	*v = (struct seen){NULL, 0};
+	while (fgets(buf, sizeof(buf), f)) {
+		char *t = strstr(buf, tag);
+
+		if (!t || !strstr(t, ") = seen"))
+			continue;
+		v->line = realloc(v->line, (size_t)(v->n + 1) * sizeof(char *));
+		ck_assert_ptr_nonnull(v->line);
+		t[strcspn(t, "\n")] = '\0';
+		v->line[v->n++] = strdup(t + sizeof(tag) - 1);
+	}
+	fclose(f);
+}
+
+/* The first call at or after `from` that matches the glob (ROOT stands for the root), or -1. */
+static int seen_at(const struct seen *v, const struct agent_proc *a, int from, const char *fmt, ...)
+{
+	char glob[2048], g[1024];
+	va_list ap;
+
+	if (from < 0)
+		return -1;
+	va_start(ap, fmt);
+	vsnprintf(g, sizeof(g), fmt, ap);
+	va_end(ap);
+	snprintf(glob, sizeof(glob), "%s = seen*", g);
+	for (char *r; (r = strstr(glob, "ROOT"));) {
+		char rest[2048];
+
+		snprintf(rest, sizeof(rest), "%s", r + 4);
+		snprintf(r, sizeof(glob) - (size_t)(r - glob), "%s%s", a->root, rest);
+	}
+	for (int i = from; i < v->n; i++)
+		if (fnmatch(glob, v->line[i], 0) == 0)
+			return i;
+	return -1;
+}
+
+/*
+ * What makes a checkpoint durable, seen call by call (rules "seen": each
+ * fsync, rename and link made as it is, and said in the log): for each
+ * rank, the shard's fsync, then its step directory's and job directory's;
+ * this node's part written, fsync'd, linked, its directory fsync'd; only
+ * then the manifest (fsync'd before it is linked, its directory after);
+ * only then LATEST (fsync'd, renamed, the job directory fsync'd). A missing
+ * fsync or one out of order fails here, named.
+ */
+static const char seen_plan[] = "CKPT_FAULTS=fsync:seen:count=inf;io_fsync:seen:count=inf;"
+                                "renameat:seen:count=inf;linkat:seen:count=inf;"
+                                "rename_noreplace:seen:count=inf";
+
+START_TEST(durability_sequence_observed)
+{
+	const char *step = "ROOT/ds/step-000000000001";
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct ckpt_save *s[2];
+	struct h_model m[2];
+	struct seen v;
+	int shards = -1, part, part_dir, man, man_dir, latest, latest_dir, k;
+
+	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1", seen_plan);
+	c = h_connect(&a);
+	for (int r = 0; r < 2; r++) {
+		h_model_make(&m[r], c, 3, 1 << 18);
+		for (size_t i = 0; i < m[r].n; i++)
+			m[r].name[i][0] = r ? 'b' : 'a'; /* two ranks, names of their own */
+		h_model_fill(&m[r], 5 + r);
+		ck_assert_int_eq(ckpt_plan_create(c, "ds", r, 2, m[r].t, m[r].n, &p[r]), 0);
+		ck_assert_int_eq(ckpt_save(p[r], 1, NULL, &s[r]), 0);
+	}
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s[r]);
+	}
+	usleep(200 * 1000); /* LATEST's directory fsync comes just after COMMITTED is told */
+	seen_read(&a, &v);
+	for (int r = 0; r < 2; r++) {
+		int f = seen_at(&v, &a, 0, "io_fsync(%s/rank-%05d.*.safetensors)", step, r);
+		int d = seen_at(&v, &a, f + 1, "io_fsync(%s)", step);
+		int j = seen_at(&v, &a, d + 1, "io_fsync(ROOT/ds)");
+
+		ck_assert_msg(f >= 0, "rank %d: no fsync of its shard (%s)", r, a.log);
+		ck_assert_msg(d >= 0 && j >= 0,
+		              "rank %d: no fsync of the step or job directory after its shard's "
+		              "(%s)",
+		              r, a.log);
+		shards = j > shards ? j : shards;
+	}
+	k = 0;
+	for (int i = seen_at(&v, &a, 0, "io_fsync(%s)", step); i >= 0;
+	     i = seen_at(&v, &a, i + 1, "io_fsync(%s)", step))
+		k++;
+	ck_assert_msg(k >= 2, "the step directory fsync'd %d times for 2 shards", k);
+	part = seen_at(&v, &a, seen_at(&v, &a, 0, "fsync(%s/parts/*.tmp)", step) + 1,
+	               "linkat(*, %s/parts/*.json)", step);
+	part_dir = seen_at(&v, &a, part + 1, "fsync(%s/parts)", step);
+	ck_assert_msg(part >= 0 && part_dir >= 0,
+	              "the part: not fsync'd, linked, its directory fsync'd (%s)", a.log);
+	man = seen_at(&v, &a, seen_at(&v, &a, 0, "fsync(%s/*manifest.json.tmp)", step) + 1,
+	              "linkat(*, %s/manifest.json)", step);
+	man_dir = seen_at(&v, &a, man + 1, "fsync(%s)", step);
+	ck_assert_msg(man >= 0 && man_dir >= 0,
+	              "the manifest: not fsync'd, linked, its directory fsync'd (%s)", a.log);
+	ck_assert_msg(man > shards && man > part_dir,
+	              "the manifest was linked (call %d) before every shard (%d) and the part "
+	              "(%d) were durable",
+	              man, shards, part_dir);
+	latest = seen_at(&v, &a, seen_at(&v, &a, man_dir + 1, "fsync(ROOT/ds/*LATEST.tmp)") + 1,
+	                 "renameat(*, ROOT/ds/LATEST)");
+	latest_dir = seen_at(&v, &a, latest + 1, "fsync(ROOT/ds)");
+	ck_assert_msg(latest >= 0 && latest_dir >= 0,
+	              "LATEST: not fsync'd, renamed after the manifest was durable, its directory "
+	              "fsync'd (%s)",
+	              a.log);
+	ck_assert_msg(seen_at(&v, &a, 0, "renameat(*, ROOT/ds/LATEST)") == latest,
+	              "LATEST was renamed before the manifest was durable");
+	for (int i = 0; i < v.n; i++)
+		free(v.line[i]);
+	free(v.line);
+	for (int r = 0; r < 2; r++) {
+		ckpt_plan_destroy(p[r]);
+		h_model_free(&m[r]);
+	}
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* ---- the plan itself ---------------------------------------------------- */
 
 /* ckptd with CKPT_FAULTS=plan: its exit code and what it said (out, len bytes). */
@@ -895,6 +1042,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, captured_after_last_chunk);
 	tcase_add_test(tc, no_commit_while_a_rank_writes);
 	tcase_add_test(tc, older_step_commits_behind_newer);
+	tcase_add_test(tc, durability_sequence_observed);
 	tcase_add_test(tc, bad_plans_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
