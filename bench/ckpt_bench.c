@@ -101,6 +101,7 @@ struct rank {
 	pthread_barrier_t *bar;
 	double t0, stall, durable, commit, upload, rs0, rs1;
 	int state, keep_going, wait_uploaded, *ncommitted;
+	uint64_t digest; /* of the bytes saved: the restore must give them back */
 	char reason[256];
 };
 
@@ -181,6 +182,17 @@ static void record_states(long mib, int rep, const struct rank *r, int world)
 }
 
 /* Training: every byte of the rank's tensors changes between saves. */
+/* A digest of a rank's memory, taken outside the timed parts. */
+static uint64_t digest(const struct rank *r)
+{
+	const uint64_t *w = r->mem;
+	uint64_t h = 0x243f6a8885a308d3ull;
+
+	for (uint64_t i = 0; i < r->bytes / 8; i++)
+		h = (h ^ w[i]) * 0x100000001b3ull + i;
+	return h;
+}
+
 static void train(struct rank *r, uint64_t seed)
 {
 	uint64_t *w = r->mem, n = r->bytes / 8;
@@ -254,6 +266,7 @@ static void *rank_rep(void *arg)
 	int rc;
 
 	train(r, (uint64_t)r->step + 2);
+	r->digest = digest(r);
 	pthread_barrier_wait(r->bar);
 	r->t0 = now();
 	rc = ckpt_save(r->p, r->step, NULL, &s);
@@ -281,11 +294,19 @@ static void *rank_rep(void *arg)
 	pthread_barrier_wait(r->bar);
 	if (__atomic_load_n(r->ncommitted, __ATOMIC_RELAXED) < r->world)
 		return NULL;
+	memset(r->mem, 0xa5, r->bytes); /* what the restore must overwrite */
 	r->rs0 = now();
 	rc = ckpt_restore(r->p, r->step, NULL, NULL);
 	r->rs1 = now();
 	if (rc)
 		die("restore", r->c, rc);
+	if (digest(r) != r->digest) {
+		fprintf(
+		    stderr,
+		    "ckpt_bench: rank %d step %lld: the restore gave other bytes than were saved\n",
+		    r->id, (long long)r->step);
+		exit(1);
+	}
 	return NULL;
 }
 
