@@ -452,11 +452,32 @@ static void keys_of(const char *section, char *buf, size_t len)
 			                      settings[s].key);
 }
 
+/*
+ * A comment after a value: '#' after white space, as inih takes ';' there
+ * ("listen = unix:/a.sock  # note" is unix:/a.sock). A '#' inside a word
+ * stays. The value without it, in buf (len bytes), or value as it is.
+ */
+static const char *uncomment(const char *value, char *buf, size_t len)
+{
+	const char *h;
+	size_t n;
+
+	for (h = strchr(value, '#'); h; h = strchr(h + 1, '#'))
+		if (h > value && isspace((unsigned char)h[-1]))
+			break;
+	if (!h)
+		return value;
+	for (n = (size_t)(h - value); n && isspace((unsigned char)value[n - 1]); n--)
+		;
+	snprintf(buf, len, "%.*s", (int)n, value);
+	return buf;
+}
+
 /* inih's handler: one key = value of the line x->line. */
 static int ini_on_key(void *user, const char *section, const char *name, const char *value)
 {
 	struct ini_ctx *x = user;
-	char why[WHY_LEN], keys[128];
+	char why[WHY_LEN], keys[128], bare[4096];
 	int s;
 
 	x->after_key = true;
@@ -483,6 +504,7 @@ static int ini_on_key(void *user, const char *section, const char *name, const c
 		           section, name),
 		       0;
 	x->seen[s] = x->line;
+	value = uncomment(value, bare, sizeof(bare));
 	if (set_value(x->c, s, value, why))
 		return ini_error(x, "[%s] %s = '%.200s': %s", section, name, value, why), 0;
 	x->c->from[s] = CONFIG_FILE;

@@ -85,13 +85,13 @@ START_TEST(test_every_key)
 	snprintf(text, sizeof(text),
 	         "# every key\n" /* 1 */
 	         "[agent]\n" /* 2 */
-	         "listen = unix:/tmp/x/ckptd.sock\n" /* 3 */
+	         "listen = unix:/tmp/x/ckptd.sock   # the trainers' socket\n" /* 3 */
 	         "socket_mode = 0640\n" /* 4 */
 	         "socket_group = %s\n" /* 5 */
 	         "log_level = debug   ; inline comment\n" /* 6 */
 	         "stop_timeout = 300\n" /* 7 */
 	         "[storage]\n" /* 8 */
-	         "root = /srv/ckpt\n" /* 9 */
+	         "root = /srv/ckpt\t# shared by the job's nodes\n" /* 9 */
 	         "io_engine = pwrite\n" /* 10 */
 	         "queue_depth = 32\n" /* 11 */
 	         "[staging]\n" /* 12 */
@@ -121,7 +121,7 @@ START_TEST(test_every_key)
 	         "[s3]\n" /* 36 */
 	         "endpoint = https://s3.example.net\n" /* 37 */
 	         "region = eu-west-3\n" /* 38 */
-	         "credentials = /etc/ckptd/s3.key\n" /* 39 */
+	         "credentials = /etc/ckptd/s3#1.key ; a # inside a word stays\n" /* 39 */
 	         "addressing = virtual\n" /* 40 */
 	         "connections = 4\n" /* 41 */
 	         "max_tries = 3\n" /* 42 */
@@ -166,7 +166,7 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(c.cfg.lim.watch_bytes, 17ull << 10);
 	ck_assert_str_eq(c.cfg.s3.endpoint, "https://s3.example.net");
 	ck_assert_str_eq(c.cfg.s3.region, "eu-west-3");
-	ck_assert_str_eq(c.cfg.s3.credentials, "/etc/ckptd/s3.key");
+	ck_assert_str_eq(c.cfg.s3.credentials, "/etc/ckptd/s3#1.key");
 	ck_assert(c.cfg.s3.virtual_host);
 	ck_assert_uint_eq(c.cfg.s3.connections, 4);
 	ck_assert_uint_eq(c.cfg.s3.max_tries, 3);
@@ -228,6 +228,84 @@ static void assert_defaults(const struct config *c)
 	for (int s = 0; s < CONFIG_NSETTINGS; s++)
 		ck_assert_int_eq(c->from[s], CONFIG_DEFAULT);
 }
+
+/* config_print of c, each line without the "; where from" that ends it. */
+static char *printed(const struct config *c)
+{
+	char *buf = NULL, *out, *o;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	ck_assert_ptr_nonnull(f);
+	config_print(c, f);
+	fclose(f);
+	out = o = calloc(1, len + 1);
+	ck_assert_ptr_nonnull(out);
+	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+		char *from = NULL;
+
+		for (char *p = strstr(line + 1, "; "); p; p = strstr(p + 1, "; "))
+			from = p;
+		if (from)
+			*from = '\0';
+		for (size_t n = strlen(line); n && line[n - 1] == ' '; n--)
+			line[n - 1] = '\0';
+		o += sprintf(o, "%s\n", line);
+	}
+	free(buf);
+	return out;
+}
+
+/*
+ * The shipped example (systemd/ckptd.conf.example) says every value in it is
+ * the default: loaded, it makes the configuration no file makes, but for
+ * socket_group, which the installed unit needs (commented there as not the
+ * default; here a group that exists).
+ */
+START_TEST(test_example_is_defaults)
+{
+	char path[256], absent[300], line[128], err[IPC_ERRLEN] = "", *text, *at, *ex, *def;
+	const char *argv[] = {"ckptd", "--config", path, NULL}, *none[] = {"ckptd", NULL};
+	static const char grp_line[] = "\nsocket_group = ckpt\n";
+	struct config c, d;
+	gid_t gid;
+	FILE *f = fopen(CKPT_EXAMPLE_CONF, "r");
+	size_t n;
+
+	ck_assert_msg(f, "%s: %s", CKPT_EXAMPLE_CONF, strerror(errno));
+	text = calloc(1, 1 << 16);
+	n = fread(text, 1, (1 << 16) - 256, f);
+	fclose(f);
+	text[n] = '\0';
+	at = strstr(text, grp_line);
+	ck_assert_msg(at, "the example has no '%s'", grp_line + 1);
+	snprintf(line, sizeof(line), "\nsocket_group = %s\n", some_group(&gid));
+	memmove(at + strlen(line), at + strlen(grp_line), strlen(at + strlen(grp_line)) + 1);
+	memcpy(at, line, strlen(line));
+	write_conf(path, "example.conf", text);
+	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "the example refused: %s", err);
+	snprintf(absent, sizeof(absent), "%s/absent.conf", dir);
+	ck_assert_msg(load_argv(&d, absent, err, none) == 0, "%s", err);
+	ex = printed(&c);
+	def = printed(&d);
+	for (char *e = ex, *g = def; *e || *g;) {
+		size_t ne = strcspn(e, "\n"), ng = strcspn(g, "\n");
+
+		if (*e != '#' && strncmp(e, "socket_group = ", 15) != 0 &&
+		    strncmp(g, "; socket_group = ", 17) != 0)
+			ck_assert_msg(ne == ng && strncmp(e, g, ne) == 0,
+			              "the example sets '%.*s', the default is '%.*s'", (int)ne, e,
+			              (int)ng, g);
+		e += ne + (e[ne] != '\0');
+		g += ng + (g[ng] != '\0');
+	}
+	free(ex);
+	free(def);
+	free(text);
+	config_free(&c);
+	config_free(&d);
+}
+END_TEST
 
 START_TEST(test_defaults_without_file)
 {
@@ -877,6 +955,7 @@ static Suite *config_suite(void)
 
 	tcase_add_checked_fixture(good, setup, teardown);
 	tcase_add_test(good, test_every_key);
+	tcase_add_test(good, test_example_is_defaults);
 	tcase_add_test(good, test_defaults_without_file);
 	tcase_add_test(good, test_default_path_read);
 	tcase_add_loop_test(good, test_flags_override_file, 0, 2);
