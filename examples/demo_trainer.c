@@ -139,7 +139,7 @@ static int check(const struct model *m, int64_t s, size_t *bad_tensor, size_t *b
 	return 0;
 }
 
-static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
+static int train(struct ckpt_client *c, struct ckpt_plan *p, struct model *m, const struct opts *o)
 {
 	struct ckpt_save *last = NULL;
 	double stall_sum = 0;
@@ -158,7 +158,7 @@ static int train(struct ckpt_plan *p, struct model *m, const struct opts *o)
 		rc = ckpt_save(p, s, meta, &sv);
 		if (rc) {
 			fprintf(stderr, "demo: save of step %" PRId64 ": %s (%s)\n", s,
-			        ckpt_strerror(rc), ckpt_last_error(NULL));
+			        ckpt_strerror(rc), ckpt_last_error(c));
 			return rc;
 		}
 		rc = ckpt_save_wait(sv, CKPT_CAPTURED, -1);
@@ -311,7 +311,7 @@ int main(int argc, char **argv)
 	}
 	printf("job %s rank %d/%d: %zu tensors, %.1f MiB in shared memory, shard %.1f MiB\n", o.job,
 	       o.rank, o.world, m.n, m.bytes / 1048576.0, ckpt_plan_bytes(p) / 1048576.0);
-	rc = o.resume ? resume(c, p, &m, o.rank) : train(p, &m, &o);
+	rc = o.resume ? resume(c, p, &m, o.rank) : train(c, p, &m, &o);
 out:
 	ckpt_plan_destroy(p);
 	ckpt_host_free(c, m.base);

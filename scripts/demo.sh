@@ -11,14 +11,16 @@ scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target ckptd ckptctl demo_trainer >/dev/null
 
+# the socket's directory; the root too, unless one is given (then it goes at the end)
 work=$(mktemp -d /tmp/ckptd-demo.XXXXXX)
 root=${1:-$work/root}
 sock=unix:$work/ckptd.sock
 ctl() { build/client/ckptctl --endpoint "$sock" "$@"; }
+tidy() { if [[ -n ${1:-} ]]; then rm -rf "$work"; else rm -f "$work/ckptd.sock"; fi; }
 
 build/agent/ckptd --root "$root" --listen "$sock" --staging-mb 1024 &
 agent=$!
-trap 'kill $agent 2>/dev/null; wait $agent 2>/dev/null; rm -rf "$work/ckptd.sock"' EXIT
+trap 'kill $agent 2>/dev/null; wait $agent 2>/dev/null; tidy "${1:-}"' EXIT
 for _ in $(seq 100); do ctl status >/dev/null 2>&1 && break; sleep 0.1; done
 
 echo "== the trainer: 256 MiB of tensors, 40 steps, a save every 5"
@@ -35,4 +37,5 @@ ctl status
 kill "$agent"
 wait "$agent" || true
 trap - EXIT
+tidy "${1:-}"
 echo "== done: checkpoints are under $root"
