@@ -170,7 +170,7 @@ if "$ckptd" --config "$example" "${group_flag[@]}" --check-config >"$tmp/check.o
 	n=0
 	for kv in "listen = unix:/run/ckptd/ckptd.sock" "socket_mode = 0660" "socket_group = ckpt" \
 		"log_level = info" "root = /var/lib/ckptd" "io_engine = auto" "queue_depth = 8" \
-		"size_mb = 4096" "backpressure = block" "keep_last = 3" "keep_every = 0"; do
+		"size_mb = 1024" "backpressure = block" "keep_last = 0" "keep_every = 0"; do
 		[[ ${#group_flag[@]} -gt 0 && $kv == socket_group* ]] && continue
 		if grep -q -E "^${kv} +; ${example}:[0-9]+\$" "$tmp/check.out"; then
 			n=$((n + 1))
