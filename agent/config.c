@@ -51,7 +51,7 @@ struct choice {
 };
 
 struct setting {
-	const char *section, *key; /* NULL: flag only */
+	const char *section, *key; /* its [section] and key in the file */
 	const char *flag; /* without the leading "--" */
 	const char *arg; /* the flag's value, for the usage */
 	const char *help;
@@ -200,20 +200,26 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                             "the upload tier's shards, if not as [s3] compress: off, or "
                             "zstd[:LEVEL] (default: [s3] compress)",
                             K_TEXT, .def_str = "off"},
-    [CS_CHUNK_MB] = {NULL, NULL, "chunk-mb", "N",
+    [CS_CHUNK_MB] = {"staging", "chunk_mb", "chunk-mb", "N",
                      "staging chunk (and write) size in MiB (default 8)", K_NUMBER, 1, 1024,
                      .def = 8},
-    [CS_CAPTURE_THREADS] = {NULL, NULL, "capture-threads", "N", "copy workers (default 2)",
-                            K_NUMBER, 1, 64, .def = 2},
-    [CS_COPY_THREADS] = {NULL, NULL, "copy-threads", "N",
-                         "helpers joining each copy (default: CPUs - 1)", K_NUMBER, 0, 64,
-                         .def = -1},
-    [CS_DIRECT] = {NULL, NULL, "no-direct", NULL, "buffered writes instead of O_DIRECT", K_SWITCH,
-                   .def = 1},
-    [CS_LOCK] = {NULL, NULL, "no-lock", NULL, "do not mlock the staging pool", K_SWITCH, .def = 1},
-    [CS_READ_ONCE] = {NULL, NULL, "no-read-once", NULL,
-                      "ranks of this node restoring one step together each read alone", K_SWITCH,
-                      .def = 1},
+    [CS_CAPTURE_THREADS] = {"agent", "capture_threads", "capture-threads", "N",
+                            "copy workers: saves and restores copied at once (default 2)", K_NUMBER,
+                            1, 64, .def = 2},
+    [CS_COPY_THREADS] = {"agent", "copy_threads", "copy-threads", "N",
+                         "helpers joining each copy, or auto (default auto: CPUs - 1; on a "
+                         "training node leave the trainers their cores)",
+                         K_NUMBER, 0, 64, .def = -1},
+    [CS_DIRECT] = {"storage", "direct", "no-direct", NULL,
+                   "buffered writes instead of O_DIRECT (key: direct = yes or no, default yes)",
+                   K_SWITCH, .def = 1},
+    [CS_LOCK] = {"staging", "lock", "no-lock", NULL,
+                 "do not mlock the staging pool (key: lock = yes or no, default yes)", K_SWITCH,
+                 .def = 1},
+    [CS_READ_ONCE] = {"storage", "read_once", "no-read-once", NULL,
+                      "ranks of this node restoring one step together each read alone (key: "
+                      "read_once = yes or no, default yes)",
+                      K_SWITCH, .def = 1},
 };
 
 /* ---- values ----------------------------------------------------------- */
@@ -273,6 +279,12 @@ static int set_value(struct config *c, int s, const char *v, char *why)
 
 	switch (st->kind) {
 	case K_NUMBER:
+		if (strcmp(v, "auto") == 0 && st->def < st->min) { /* its default: worked out */
+			n = st->def, rc = 0;
+			break;
+		}
+		rc = parse_number(st, v, &n, why);
+		break;
 	case K_MODE:
 		rc = parse_number(st, v, &n, why);
 		break;
@@ -284,8 +296,14 @@ static int set_value(struct config *c, int s, const char *v, char *why)
 		if (rc)
 			snprintf(why, WHY_LEN, "expected %s", st->expect);
 		break;
-	case K_SWITCH:
+	case K_SWITCH: /* "": the --no-... flag; from the file, yes or no */
 		rc = 0;
+		if (!*v || strcmp(v, "no") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0)
+			n = 0;
+		else if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0)
+			n = 1;
+		else
+			rc = -EINVAL, snprintf(why, WHY_LEN, "expected yes or no");
 		break;
 	default:
 		rc = check_text(st, v, why);
@@ -477,7 +495,7 @@ static const char *uncomment(const char *value, char *buf, size_t len)
 static int ini_on_key(void *user, const char *section, const char *name, const char *value)
 {
 	struct ini_ctx *x = user;
-	char why[WHY_LEN], keys[128], bare[4096];
+	char why[WHY_LEN], keys[256], bare[4096];
 	int s;
 
 	x->after_key = true;
@@ -505,6 +523,8 @@ static int ini_on_key(void *user, const char *section, const char *name, const c
 		       0;
 	x->seen[s] = x->line;
 	value = uncomment(value, bare, sizeof(bare));
+	if (settings[s].kind == K_SWITCH && !*value) /* "" is the flag's: a file says yes or no */
+		return ini_error(x, "[%s] %s = '': expected yes or no", section, name), 0;
 	if (set_value(x->c, s, value, why))
 		return ini_error(x, "[%s] %s = '%.200s': %s", section, name, value, why), 0;
 	x->c->from[s] = CONFIG_FILE;
@@ -995,7 +1015,7 @@ static bool value_text(const struct config *c, int s, char *buf, size_t len)
 	case K_MODE:
 		return snprintf(buf, len, "%04llo", c->num[s]), true;
 	case K_SWITCH:
-		return snprintf(buf, len, "%s", c->num[s] ? "no" : "yes"), true;
+		return snprintf(buf, len, "%s", c->num[s] ? "yes" : "no"), true;
 	case K_CHOICE:
 		for (size_t i = 0; st->choices[i].name; i++)
 			if (st->choices[i].value == c->num[s])
@@ -1013,10 +1033,7 @@ static void print_setting(const struct config *c, int s, FILE *f)
 	bool set = value_text(c, s, val, sizeof(val));
 
 	origin(c, s, from, sizeof(from));
-	if (!settings[s].key)
-		snprintf(line, sizeof(line), ";   --%s%s%s", settings[s].flag,
-		         settings[s].kind == K_SWITCH ? ": " : " ", val);
-	else if (set)
+	if (set)
 		snprintf(line, sizeof(line), "%s = %s", settings[s].key, val);
 	else
 		snprintf(line, sizeof(line), "; %s = (not set%s)", settings[s].key,
@@ -1039,16 +1056,20 @@ void config_print(const struct config *c, FILE *f)
 
 	fprintf(f, "# ckptd: the effective configuration (defaults, then %s, then flags)\n",
 	        c->path ? c->path : "no file");
-	for (int s = 0; s < CS_CHUNK_MB; s++) {
-		if (!section || strcmp(section, settings[s].section) != 0) {
-			section = settings[s].section;
-			fprintf(f, "\n[%s]\n", section);
-		}
-		print_setting(c, s, f);
+	/* each section once, in the order it first comes, with all its keys */
+	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
+		bool done = false;
+
+		for (int k = 0; k < s && !done; k++)
+			done = strcmp(settings[k].section, settings[s].section) == 0;
+		if (done)
+			continue;
+		section = settings[s].section;
+		fprintf(f, "\n[%s]\n", section);
+		for (int k = s; k < CONFIG_NSETTINGS; k++)
+			if (strcmp(settings[k].section, section) == 0)
+				print_setting(c, k, f);
 	}
-	fprintf(f, "\n; flags only, no key in the file:\n");
-	for (int s = CS_CHUNK_MB; s < CONFIG_NSETTINGS; s++)
-		print_setting(c, s, f);
 }
 
 int config_command_line(int argc, char **argv, const char *default_path, struct config *c,
@@ -1070,6 +1091,7 @@ int config_command_line(int argc, char **argv, const char *default_path, struct 
 		return fprintf(errs, "ckptd: out of memory\n"), 1;
 	if (config_load(c, &args, default_path, err))
 		return fprintf(errs, "ckptd: %s\n", err), 1;
+	c->action = args.action;
 	if (args.action == CONFIG_CHECK)
 		return config_print(c, out), 0;
 	return -1;

@@ -37,7 +37,7 @@
 
 #define CONFIG_DEFAULT_PATH "/etc/ckptd/ckptd.conf"
 
-/* Every setting; the first ones have a key in the file, the rest are flags only. */
+/* Every setting: each a key in the file and a flag. */
 enum config_setting {
 	CS_LISTEN,
 	CS_SOCKET_MODE,
@@ -78,7 +78,7 @@ enum config_setting {
 	CS_UPLOAD_KEEP_EVERY,
 	CS_UPLOAD_MAX_MBPS,
 	CS_UPLOAD_COMPRESS,
-	/* flags only */
+	/* tuning */
 	CS_CHUNK_MB,
 	CS_CAPTURE_THREADS,
 	CS_COPY_THREADS,
@@ -97,6 +97,7 @@ struct config {
 	enum config_from from[CONFIG_NSETTINGS];
 	unsigned line[CONFIG_NSETTINGS]; /* CONFIG_FILE: its line */
 	char *path; /* the file read, or NULL */
+	int action; /* enum config_action: what the command line asked */
 };
 
 enum config_action { CONFIG_RUN, CONFIG_CHECK, CONFIG_HELP, CONFIG_VERSION };

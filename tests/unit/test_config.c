@@ -132,7 +132,18 @@ START_TEST(test_every_key)
 	         "keep_last = 5\n" /* 47 */
 	         "keep_every = 100\n" /* 48 */
 	         "max_mbps = 800\n" /* 49 */
-	         "compress = zstd:3\n", /* 50 */
+	         "compress = zstd:3\n" /* 50 */
+	         "[staging]\n" /* 51 */
+	         "chunk_mb = 16\n" /* 52 */
+	         "[agent]\n" /* 53 */
+	         "capture_threads = 3\n" /* 54 */
+	         "copy_threads = 1\n" /* 55 */
+	         "[storage]\n" /* 56 */
+	         "direct = no\n" /* 57 */
+	         "[staging]\n" /* 58 */
+	         "lock = off\n" /* 59 */
+	         "[storage]\n" /* 60 */
+	         "read_once = false\n", /* 61 */
 	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -179,17 +190,21 @@ START_TEST(test_every_key)
 	ck_assert_int_eq(c.cfg.s3.zstd_level, 2);
 	/* where each came from: the file, at its line */
 	{
-		static const unsigned lines[CS_CHUNK_MB] = {
-		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23, 25, 26, 28, 29,
-		    30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50};
+		static const unsigned lines[CONFIG_NSETTINGS] = {
+		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22,
+		    23, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40,
+		    41, 42, 43, 44, 46, 47, 48, 49, 50, 52, 54, 55, 57, 59, 61};
 
-		for (int s = 0; s < CS_CHUNK_MB; s++) {
+		for (int s = 0; s < CONFIG_NSETTINGS; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
 			ck_assert_uint_eq(c.line[s], lines[s]);
 		}
-		for (int s = CS_CHUNK_MB; s < CONFIG_NSETTINGS; s++)
-			ck_assert_int_eq(c.from[s], CONFIG_DEFAULT);
 	}
+	/* every flag is a key: the tuning ones too */
+	ck_assert_uint_eq(c.cfg.chunk_mb, 16);
+	ck_assert_uint_eq(c.cfg.capture_threads, 3);
+	ck_assert_int_eq(c.cfg.copy_threads, 1);
+	ck_assert(!c.cfg.direct && !c.cfg.lock_pool && !c.cfg.read_once);
 	config_free(&c);
 }
 END_TEST
@@ -394,10 +409,13 @@ static const struct bad bad_files[] = {
     /* unknown section, even an empty one, and keys inside one */
     {"[agent]\nlisten = unix:/a\n[bogus]\n", 3, "[bogus]: unknown section"},
     {"[Agent]\nlisten = unix:/a\n", 1, "[Agent]: unknown section"},
-    /* unknown key, and a flag-only setting is no key */
+    /* unknown key; a key in the wrong section */
     {"[agent]\nlisten = unix:/a\nlisten_addr = x\n", 3,
      "[agent] listen_addr: unknown key (keys of [agent]: listen, socket_mode"},
-    {"[staging]\nchunk_mb = 8\n", 2, "[staging] chunk_mb: unknown key"},
+    {"[storage]\nchunk_mb = 8\n", 2, "[storage] chunk_mb: unknown key"},
+    /* a switch says yes or no */
+    {"[storage]\ndirect = maybe\n", 2, "[storage] direct = 'maybe': expected yes or no"},
+    {"[staging]\nlock =\n", 2, "[staging] lock = '': expected yes or no"},
     {"[storage]\nsize_mb = 64\n", 2, "[storage] size_mb: unknown key"},
     /* bad values, one per kind */
     {"[staging]\nsize_mb = lots\n", 2,
@@ -832,8 +850,10 @@ START_TEST(test_check_config_prints)
 	ck_assert_msg(has_line(r.out, "socket_mode = 0660 ", "; default"), "%s", r.out);
 	ck_assert_msg(has_line(r.out, "root = /var/lib/ckptd ", "; default"), "%s", r.out);
 	ck_assert_msg(has_line(r.out, "; socket_group = (not set", "; default"), "%s", r.out);
-	ck_assert_msg(has_line(r.out, ";   --chunk-mb 8 ", "; default"), "%s", r.out);
-	for (int s = 0; s < CS_CHUNK_MB; s++) {
+	ck_assert_msg(has_line(r.out, "chunk_mb = 8 ", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "copy_threads = auto ", "; default"), "%s", r.out);
+	ck_assert_msg(has_line(r.out, "direct = yes ", "; default"), "%s", r.out);
+	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
 		static const char *const keys[] = {"listen",
 		                                   "socket_mode",
 		                                   "socket_group",
@@ -872,7 +892,13 @@ START_TEST(test_check_config_prints)
 		                                   "keep_last",
 		                                   "keep_every",
 		                                   "max_mbps",
-		                                   "compress"};
+		                                   "compress",
+		                                   "chunk_mb",
+		                                   "capture_threads",
+		                                   "copy_threads",
+		                                   "direct",
+		                                   "lock",
+		                                   "read_once"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);
@@ -886,7 +912,7 @@ START_TEST(test_check_config_prints)
 	write_conf(again, "again.conf", r.out);
 	ck_assert_int_eq(config_init(&back), 0);
 	ck_assert_msg(config_read_file(&back, again, err) == 0, "%s\n%s", err, r.out);
-	for (int s = 0; s < CS_CHUNK_MB; s++) {
+	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
 		ck_assert_msg(back.num[s] == r.c.num[s], "setting %d: %lld, printed %lld", s,
 		              r.c.num[s], back.num[s]);
 		ck_assert_msg(!back.str[s] == !r.c.str[s] &&
