@@ -10,6 +10,7 @@
  * bad usage.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 
 #include "agent.h"
 #include "config.h"
+#include "probe.h"
 
 static atomic_bool stop;
 
@@ -28,7 +30,7 @@ static void on_signal(int sig)
 	atomic_store(&stop, true);
 }
 
-/* The socket's directory (e.g. /run/ckptd), made if missing. */
+/* The socket's directory (e.g. /run/ckptd), made with its parents if missing. */
 static int socket_dir(const char *listen, char *err)
 {
 	char dir[PATH_MAX];
@@ -41,10 +43,19 @@ static int socket_dir(const char *listen, char *err)
 	if (!slash || slash == dir)
 		return 0;
 	*slash = '\0';
-	if (mkdir(dir, 0755) && errno != EEXIST)
-		return ipc_errf(err, -errno, "creating the socket directory %s: %s", dir,
-		                strerror(errno));
-	return 0;
+	for (char *p = dir + 1;; p++) {
+		bool last = *p == '\0';
+
+		if (*p != '/' && !last)
+			continue;
+		*p = '\0';
+		if (mkdir(dir, 0755) && errno != EEXIST)
+			return ipc_errf(err, -errno, "creating the socket directory %s: %s", dir,
+			                strerror(errno));
+		if (last)
+			return 0;
+		*p = '/';
+	}
 }
 
 int main(int argc, char **argv)
@@ -56,6 +67,12 @@ int main(int argc, char **argv)
 	int rc;
 
 	rc = config_command_line(argc, argv, CONFIG_DEFAULT_PATH, &c, stdout, stderr);
+	/* --check-config: the paths too, as this user (run it as the agent's) */
+	if (rc == 0 && c.action == CONFIG_CHECK &&
+	    probe_paths(c.cfg.root, c.cfg.listen, stdout, err)) {
+		fprintf(stderr, "ckptd: %s\n", err);
+		rc = 1;
+	}
 	if (rc >= 0) { /* --help, --version, --check-config, or a bad configuration */
 		config_free(&c);
 		return rc;
@@ -65,7 +82,10 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	rc = socket_dir(c.cfg.listen, err);
+	/* a root this user cannot write: said now, not at the first save (nor READY) */
+	rc = probe_paths(c.cfg.root, c.cfg.listen, NULL, err);
+	if (!rc)
+		rc = socket_dir(c.cfg.listen, err);
 	if (!rc)
 		rc = agent_start(&c.cfg, &a, err);
 	if (rc) {

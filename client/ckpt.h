@@ -210,6 +210,10 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
                   char **meta_json);
 
 const char *ckpt_strerror(int err);
+/*
+ * The agent's (or libckpt's) message for c's last failure; with NULL, why
+ * this thread's last ckpt_connect failed ("" if none did).
+ */
 const char *ckpt_last_error(struct ckpt_client *c);
 const char *ckpt_state_name(enum ckpt_state s);
 

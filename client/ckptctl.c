@@ -1,17 +1,20 @@
 /*
  * ckptctl: the operator's view of ckptd.
  *
- *   ckptctl [--endpoint E] [--json] status | list [JOB] | show JOB STEP |
- *           verify JOB STEP | delete JOB STEP | watch [JOB] | pin JOB STEP |
- *           unpin JOB STEP | gc JOB | commit --finish JOB STEP
+ *   ckptctl [--endpoint E] [--json] COMMAND [ARGS]   (the commands: `commands` below)
+ *   ckptctl help [COMMAND] | COMMAND --help | --version
  *
- * Tables for people, JSON (--json) for programs. Exit status: 0 ok, 1 the
- * operation failed (or verify found damage), 2 bad usage (a JOB or STEP the
- * agent would refuse included: checked here by its rules, nothing sent).
+ * Tables for people, JSON (--json) for programs, errors included (an object
+ * {"error", "errno", "code"} on stdout). Exit status: 0 ok, 1 the operation
+ * failed (or verify found damage), 2 bad usage (a JOB or STEP the agent
+ * would refuse included: checked here by its rules, nothing sent). A STEP
+ * may be "latest": the step LATEST names, asked of the agent first.
  */
+#define _GNU_SOURCE /* strerrorname_np */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,26 +25,160 @@
 
 #include "ckptctl.h"
 
+static int cmd_status(struct ctl *x, int argc, char **argv);
+static int cmd_list(struct ctl *x, int argc, char **argv);
+static int cmd_show(struct ctl *x, int argc, char **argv);
+static int cmd_verify(struct ctl *x, int argc, char **argv);
+static int cmd_delete(struct ctl *x, int argc, char **argv);
+static int cmd_pin(struct ctl *x, int argc, char **argv);
+static int cmd_unpin(struct ctl *x, int argc, char **argv);
+static int cmd_gc(struct ctl *x, int argc, char **argv);
+static int cmd_commit(struct ctl *x, int argc, char **argv);
+
+/* The commands: what `help` prints, and what a usage error names. */
+static const struct ctl_cmd {
+	const char *name, *args, *what;
+	int (*fn)(struct ctl *x, int argc, char **argv);
+} commands[] = {
+    {"status", "", "the agent: I/O path, staging pool, saves, last error", cmd_status},
+    {"list", "[JOB]", "committed checkpoints (and those in flight)", cmd_list},
+    {"show", "[--tier T] JOB STEP",
+     "one checkpoint: ranks and tensors (T: root, the default, or upload: the upload tier)",
+     cmd_show},
+    {"verify", "[--tier T] JOB STEP",
+     "read every byte back and check every checksum (T: root, the default, or upload)", cmd_verify},
+    {"delete", "[--force] JOB STEP",
+     "remove a checkpoint (the one LATEST names only with --force: LATEST then moves back to "
+     "the newest before it)",
+     cmd_delete},
+    {"watch", "[JOB]",
+     "saves in flight, live (Ctrl-C quits); one line per event when stdout is not a terminal",
+     ctl_watch},
+    {"pin", "JOB STEP", "keep a checkpoint whatever the retention policy says", cmd_pin},
+    {"unpin", "JOB STEP", "let retention remove it again", cmd_unpin},
+    {"gc", "JOB", "apply the retention policy to JOB now", cmd_gc},
+    {"commit", "--finish JOB STEP",
+     "commit a step whose parts are all in the root (the agent that was to commit it is gone)",
+     cmd_commit},
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const struct ctl_cmd *cmd_named(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (strcmp(commands[i].name, name) == 0)
+			return &commands[i];
+	return NULL;
+}
+
+/* "what" folded to lines of at most 56 columns, each indented by `indent`. */
+static void print_folded(FILE *f, const char *what, int indent)
+{
+	const char *p = what;
+
+	while (*p) {
+		int n = (int)strlen(p);
+
+		if (n > 56) {
+			n = 56;
+			while (n > 0 && p[n] != ' ')
+				n--;
+			if (n == 0)
+				n = 56;
+		}
+		fprintf(f, "%*s%.*s\n", indent, "", n, p);
+		p += n;
+		while (*p == ' ')
+			p++;
+	}
+}
+
 void ctl_usage(FILE *f)
 {
-	fprintf(f, "usage: ckptctl [--endpoint E] [--json] COMMAND\n"
-	           "  status              the agent: I/O path, staging pool, saves, last error\n"
-	           "  list [JOB]          committed checkpoints (and those in flight)\n"
-	           "  show [--tier T] JOB STEP\n"
-	           "                      one checkpoint: ranks and tensors\n"
-	           "  verify [--tier T] JOB STEP\n"
-	           "                      read every byte back and check every checksum\n"
-	           "                      (T: root, the default, or upload: the upload tier)\n"
-	           "  delete JOB STEP     remove a checkpoint\n"
-	           "  watch [JOB]         saves in flight, live (Ctrl-C quits); one line per\n"
-	           "                      event when stdout is not a terminal\n"
-	           "  pin JOB STEP        keep a checkpoint whatever the retention policy says\n"
-	           "  unpin JOB STEP      let retention remove it again\n"
-	           "  gc JOB              apply the retention policy to JOB now\n"
-	           "  commit --finish JOB STEP\n"
-	           "                      commit a step whose parts are all in the root (the\n"
-	           "                      agent that was to commit it is gone)\n"
-	           "endpoint: --endpoint, else $CKPT_ENDPOINT, else " IPC_DEFAULT_ENDPOINT "\n");
+	fprintf(f, "usage: ckptctl [--endpoint E] [--json] COMMAND [ARGS]\n"
+	           "       ckptctl help [COMMAND] | COMMAND --help | --version\n\n");
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		fprintf(f, "  %s%s%s\n", commands[i].name, *commands[i].args ? " " : "",
+		        commands[i].args);
+		print_folded(f, commands[i].what, 6);
+	}
+	fprintf(f, "\nSTEP: a step number, or latest (the step LATEST names).\n"
+	           "endpoint: --endpoint, else $CKPT_ENDPOINT, else " IPC_DEFAULT_ENDPOINT "\n"
+	           "--json: JSON on stdout, errors included. Exit status: 0 done, 1 failed,\n"
+	           "2 bad usage (nothing sent). man ckptctl says more.\n");
+}
+
+static void cmd_help(const struct ctl_cmd *c, FILE *f)
+{
+	fprintf(f, "usage: ckptctl [--endpoint E] [--json] %s%s%s\n\n", c->name,
+	        *c->args ? " " : "", c->args);
+	print_folded(f, c->what, 0);
+	if (strstr(c->args, "STEP"))
+		fprintf(f, "\nSTEP: a step number, or latest (the step LATEST names).\n");
+}
+
+/*
+ * An error of ckptctl's own: on stderr, or as {"error", "errno", "code"} on
+ * stdout with --json. Returns status.
+ */
+__attribute__((format(printf, 4, 5))) static int say_error(const struct ctl *x, int status, int err,
+                                                           const char *fmt, ...)
+{
+	char msg[IPC_ERRLEN + 128];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (x && x->json) {
+		const char *code = err ? strerrorname_np(err < 0 ? -err : err) : NULL;
+
+		ctl_print_json(json_pack("{s:s, s:i, s:s?, s:i}", "error", msg, "errno",
+		                         err < 0 ? -err : err, "code", code, "status", status));
+	} else {
+		fprintf(stderr, "ckptctl: %s\n", msg);
+	}
+	return status;
+}
+
+/* A usage error of command `name`: what is wrong, and its usage line. */
+int ctl_usage_error(const struct ctl *x, const char *name, const char *fmt, ...)
+{
+	const struct ctl_cmd *c = cmd_named(name);
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return say_error(x, EXIT_USAGE, EINVAL, "%s %s (usage: ckptctl %s%s%s; ckptctl %s --help)",
+	                 name, msg, name, c && *c->args ? " " : "", c ? c->args : "", name);
+}
+
+/*
+ * argc positional arguments of command `name` against its words (`names`,
+ * min of them required): false, and what is missing or extra said.
+ */
+static bool args_ok(const struct ctl *x, const char *name, int argc, char **argv, int min, int max,
+                    const char *const names[])
+{
+	if (argc < min) {
+		char missing[128] = "";
+		size_t o = 0;
+
+		for (int i = argc; i < min && o < sizeof(missing); i++)
+			o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%s",
+			                      i > argc ? " and " : "", names[i]);
+		ctl_usage_error(x, name, "needs %s", missing);
+		return false;
+	}
+	if (argc > max) {
+		ctl_usage_error(x, name, "takes %d argument%s: '%s' is one too many", max,
+		                max == 1 ? "" : "s", argv[max]);
+		return false;
+	}
+	return true;
 }
 
 void ctl_human_bytes(uint64_t n, char *buf, size_t len)
@@ -87,39 +224,74 @@ int ctl_print_json(json_t *j)
 
 int ctl_fail(struct ctl *x, int rc)
 {
-	fprintf(stderr, "ckptctl: %s\n",
-	        *ckpt_last_error(x->c) ? ckpt_last_error(x->c) : ckpt_strerror(rc));
-	return 1;
-}
-
-/* Parses STEP; -1 (and a message) if it is not a step. */
-static int64_t parse_step(const char *s)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < 0 || v > IPC_MAX_STEP) {
-		fprintf(stderr, "ckptctl: '%s' is not a step (0..%lld)\n", s,
-		        (long long)IPC_MAX_STEP);
-		return -1;
-	}
-	return v;
+	return say_error(x, 1, rc, "%s",
+	                 *ckpt_last_error(x->c) ? ckpt_last_error(x->c) : ckpt_strerror(rc));
 }
 
 /*
  * A JOB argument, by the agent's own rules (ipc_check_job): false, and the
  * message with the offending byte's offset, for one it would refuse.
  */
-static bool job_ok(const char *job)
+static bool job_ok(const struct ctl *x, const char *job)
 {
 	char err[IPC_ERRLEN];
 
 	if (ipc_check_job(job, err) == 0)
 		return true;
-	fprintf(stderr, "ckptctl: %s\n", err);
+	say_error(x, EXIT_USAGE, EINVAL, "%s", err);
 	return false;
+}
+
+/* The summary List gives of job's LATEST; 0, -ENOENT (said) or the call's error (said). */
+static int latest_of(struct ctl *x, const char *job, int64_t *step)
+{
+	Ckpt__V1__ListRequest req = CKPT__V1__LIST_REQUEST__INIT;
+	Ckpt__V1__ListReply *r;
+	int rc;
+
+	req.job = (char *)job;
+	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
+	if (rc)
+		return ctl_fail(x, rc), rc;
+	rc = -ENOENT;
+	for (size_t i = 0; i < r->n_checkpoints; i++)
+		if (r->checkpoints[i]->latest && strcmp(r->checkpoints[i]->job, job) == 0) {
+			*step = r->checkpoints[i]->step;
+			rc = 0;
+		}
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return rc;
+}
+
+/*
+ * JOB and STEP (argv[0], argv[1]) of command `name`: checked, STEP a number
+ * or "latest" (asked of the agent). 0, or the exit status (said).
+ */
+static int job_step(struct ctl *x, const char *name, char **argv, int64_t *step)
+{
+	char *end;
+	long long v;
+
+	if (!job_ok(x, argv[0]))
+		return EXIT_USAGE;
+	if (strcmp(argv[1], "latest") == 0) {
+		int rc = latest_of(x, argv[0], step);
+
+		if (rc == -ENOENT)
+			return say_error(
+			    x, 1, ENOENT,
+			    "job %s has no LATEST (no committed checkpoint; ckptctl list "
+			    "shows the jobs)",
+			    argv[0]);
+		return rc ? 1 : 0;
+	}
+	errno = 0;
+	v = strtoll(argv[1], &end, 10);
+	if (errno || end == argv[1] || *end || v < 0 || v > IPC_MAX_STEP)
+		return ctl_usage_error(x, name, "'%s' is not a step (0..%lld, or latest)", argv[1],
+		                       (long long)IPC_MAX_STEP);
+	*step = v;
+	return 0;
 }
 
 /* ---- status ----------------------------------------------------------- */
@@ -248,8 +420,8 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 	Ckpt__V1__StatusReply *r;
 	int rc;
 
-	if (argc != 0)
-		return ctl_usage(stderr), EXIT_USAGE;
+	if (!args_ok(x, "status", argc, argv, 0, 0, NULL))
+		return EXIT_USAGE;
 	rc = cl_call(x->c, IPC_STATUS, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		return ctl_fail(x, rc);
@@ -334,9 +506,7 @@ static int cmd_list(struct ctl *x, int argc, char **argv)
 	Ckpt__V1__ListReply *r;
 	int rc;
 
-	if (argc > 1)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (argc && !job_ok(argv[0]))
+	if (!args_ok(x, "list", argc, argv, 0, 1, NULL) || (argc && !job_ok(x, argv[0])))
 		return EXIT_USAGE;
 	req.job = argc ? argv[0] : "";
 	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
@@ -503,8 +673,8 @@ static void show_layout(json_t *l)
 	       json_integer_value(json_object_get(l, "bytes_in_extra_copies")));
 }
 
-/* A leading "--tier root|upload": *tier, and the arguments after it; false if bad. */
-static bool take_tier(int *argc, char ***argv, char **tier)
+/* A leading "--tier root|upload": *tier, and the arguments after it; false if bad (said). */
+static bool take_tier(const struct ctl *x, const char *name, int *argc, char ***argv, char **tier)
 {
 	if (*argc < 1 || strncmp((*argv)[0], "--tier", 6) != 0)
 		return true;
@@ -515,14 +685,17 @@ static bool take_tier(int *argc, char ***argv, char **tier)
 		*tier = (*argv)[1];
 		*argc -= 2, *argv += 2;
 	} else {
+		ctl_usage_error(x, name, "--tier needs a tier (root or upload)");
 		return false;
 	}
 	if (strcmp(*tier, "root") != 0 && strcmp(*tier, "upload") != 0) {
-		fprintf(stderr, "ckptctl: --tier %s: expected root or upload\n", *tier);
+		ctl_usage_error(x, name, "--tier %s: expected root or upload", *tier);
 		return false;
 	}
 	return true;
 }
+
+static const char *const job_step_names[] = {"JOB", "STEP"};
 
 static int cmd_show(struct ctl *x, int argc, char **argv)
 {
@@ -532,12 +705,11 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 	size_t i;
 	int rc;
 
-	if (!take_tier(&argc, &argv, &req.tier))
+	if (!take_tier(x, "show", &argc, &argv, &req.tier) ||
+	    !args_ok(x, "show", argc, argv, 2, 2, job_step_names))
 		return EXIT_USAGE;
-	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[0]))
-		return EXIT_USAGE;
+	if ((rc = job_step(x, "show", argv, &req.step)))
+		return rc;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_SHOW, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -601,12 +773,11 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 	char size[32];
 	int rc;
 
-	if (!take_tier(&argc, &argv, &req.tier))
+	if (!take_tier(x, "verify", &argc, &argv, &req.tier) ||
+	    !args_ok(x, "verify", argc, argv, 2, 2, job_step_names))
 		return EXIT_USAGE;
-	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[0]))
-		return EXIT_USAGE;
+	if ((rc = job_step(x, "verify", argv, &req.step)))
+		return rc;
 	req.job = argv[0];
 	if (!x->json && isatty(STDERR_FILENO))
 		fprintf(stderr, "verifying %s step %" PRId64 " (reading every byte)...\n", req.job,
@@ -639,13 +810,29 @@ static int cmd_delete(struct ctl *x, int argc, char **argv)
 {
 	Ckpt__V1__DeleteRequest req = CKPT__V1__DELETE_REQUEST__INIT;
 	ProtobufCMessage *r;
+	bool force = argc && strcmp(argv[0], "--force") == 0;
+	int64_t latest;
 	int rc;
 
-	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[0]))
+	if (force)
+		argc--, argv++;
+	if (!args_ok(x, "delete", argc, argv, 2, 2, job_step_names))
 		return EXIT_USAGE;
+	if ((rc = job_step(x, "delete", argv, &req.step)))
+		return rc;
 	req.job = argv[0];
+	/* LATEST moving back is not to happen by a slip: the agent is asked first */
+	if (!force && (rc = latest_of(x, req.job, &latest)) != -ENOENT) {
+		if (rc)
+			return 1;
+		if (latest == req.step)
+			return say_error(x, EXIT_USAGE, EBUSY,
+			                 "job %s step %" PRId64
+			                 " is the one LATEST names: deleting it "
+			                 "moves LATEST back to the newest step before it; say "
+			                 "ckptctl delete --force %s %" PRId64 " to do that",
+			                 req.job, req.step, req.job, req.step);
+	}
 	rc = cl_call(x->c, IPC_DELETE, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		return ctl_fail(x, rc);
@@ -665,10 +852,10 @@ static int pin_or_unpin(struct ctl *x, int argc, char **argv, bool pinned)
 	ProtobufCMessage *r;
 	int rc;
 
-	if (argc != 2 || (req.step = parse_step(argv[1])) < 0)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[0]))
+	if (!args_ok(x, pinned ? "pin" : "unpin", argc, argv, 2, 2, job_step_names))
 		return EXIT_USAGE;
+	if ((rc = job_step(x, pinned ? "pin" : "unpin", argv, &req.step)))
+		return rc;
 	req.job = argv[0];
 	req.pinned = pinned;
 	rc = cl_call(x->c, IPC_PIN, &req.base, &r, CL_DEFAULT_TIMEOUT_MS);
@@ -739,9 +926,7 @@ static int cmd_gc(struct ctl *x, int argc, char **argv)
 	Ckpt__V1__GcReply *r;
 	int rc;
 
-	if (argc != 1)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[0]))
+	if (!args_ok(x, "gc", argc, argv, 1, 1, job_step_names) || !job_ok(x, argv[0]))
 		return EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_GC, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
@@ -766,10 +951,13 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 	char size[32];
 	int rc;
 
-	if (argc != 3 || strcmp(argv[0], "--finish") != 0 || (req.step = parse_step(argv[2])) < 0)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (!job_ok(argv[1]))
+	if (!argc || strcmp(argv[0], "--finish") != 0)
+		return ctl_usage_error(x, "commit",
+		                       "needs --finish (the only way to commit by hand)");
+	if (!args_ok(x, "commit", argc - 1, argv + 1, 2, 2, job_step_names))
 		return EXIT_USAGE;
+	if ((rc = job_step(x, "commit", argv + 1, &req.step)))
+		return rc;
 	req.job = argv[1];
 	rc = cl_call(x->c, IPC_COMMIT, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
 	if (rc)
@@ -791,14 +979,22 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 	return rc;
 }
 
-static const struct {
-	const char *name;
-	int (*fn)(struct ctl *x, int argc, char **argv);
-} commands[] = {
-    {"status", cmd_status}, {"list", cmd_list},     {"show", cmd_show}, {"verify", cmd_verify},
-    {"delete", cmd_delete}, {"watch", ctl_watch},   {"pin", cmd_pin},   {"unpin", cmd_unpin},
-    {"gc", cmd_gc},         {"commit", cmd_commit},
-};
+/* "--json", "--help" or "-h" anywhere after the command: taken out, noted. */
+static void take_flags(int *argc, char **argv, int from, struct ctl *x, bool *help)
+{
+	for (int k = from; k < *argc; k++) {
+		bool json = strcmp(argv[k], "--json") == 0;
+		bool h = strcmp(argv[k], "--help") == 0 || strcmp(argv[k], "-h") == 0;
+
+		if (!json && !h)
+			continue;
+		x->json |= json;
+		*help |= h;
+		memmove(&argv[k], &argv[k + 1], (size_t)(*argc - k) * sizeof(*argv));
+		(*argc)--;
+		k--;
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -806,45 +1002,57 @@ int main(int argc, char **argv)
 	    {"endpoint", required_argument, NULL, 'e'},
 	    {"json", no_argument, NULL, 'j'},
 	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},
 	    {NULL, 0, NULL, 0},
 	};
+	const struct ctl_cmd *cmd;
 	const char *endpoint = NULL;
 	struct ctl x = {0};
+	bool help = false;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, "+", lo, NULL)) != -1) {
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "+hV", lo, NULL)) != -1) {
 		if (opt == 'e')
 			endpoint = optarg;
 		else if (opt == 'j')
 			x.json = true;
 		else if (opt == 'h')
 			return ctl_usage(stdout), 0;
+		else if (opt == 'V')
+			return printf("ckptctl %s (protocol ckpt.v1)\n", CKPT_VERSION), 0;
+		else if (optopt == 'e' ||
+		         (optind > 0 && strcmp(argv[optind - 1], "--endpoint") == 0))
+			return say_error(&x, EXIT_USAGE, EINVAL,
+			                 "--endpoint needs an endpoint (unix:PATH)");
 		else
-			return ctl_usage(stderr), EXIT_USAGE;
+			return say_error(&x, EXIT_USAGE, EINVAL,
+			                 "unknown option '%s' (ckptctl --help lists them)",
+			                 argv[optind - 1]);
 	}
-	if (optind >= argc)
-		return ctl_usage(stderr), EXIT_USAGE;
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
-		if (strcmp(argv[optind], commands[i].name) != 0)
-			continue;
-		/* "--json" is also accepted after the command */
-		for (int k = optind + 1; k < argc; k++)
-			if (strcmp(argv[k], "--json") == 0) {
-				x.json = true;
-				memmove(&argv[k], &argv[k + 1], (size_t)(argc - k) * sizeof(*argv));
-				argc--;
-				k--;
-			}
-		rc = cl_open(endpoint, false, &x.c);
-		if (rc) {
-			fprintf(stderr, "ckptctl: %s\n", ckpt_strerror(rc));
-			return 1;
-		}
-		rc = commands[i].fn(&x, argc - optind - 1, argv + optind + 1);
-		ckpt_disconnect(x.c);
-		return rc;
+	if (optind >= argc) {
+		ctl_usage(stderr);
+		return say_error(&x, EXIT_USAGE, EINVAL, "no command given");
 	}
-	fprintf(stderr, "ckptctl: unknown command '%s'\n", argv[optind]);
-	ctl_usage(stderr);
-	return EXIT_USAGE;
+	if (strcmp(argv[optind], "help") == 0) {
+		if (optind + 1 >= argc)
+			return ctl_usage(stdout), 0;
+		if (!(cmd = cmd_named(argv[optind + 1])))
+			return say_error(&x, EXIT_USAGE, EINVAL,
+			                 "no command '%s' (ckptctl help lists them)",
+			                 argv[optind + 1]);
+		return cmd_help(cmd, stdout), 0;
+	}
+	if (!(cmd = cmd_named(argv[optind])))
+		return say_error(&x, EXIT_USAGE, EINVAL,
+		                 "unknown command '%s' (ckptctl help lists them)", argv[optind]);
+	take_flags(&argc, argv, optind + 1, &x, &help);
+	if (help)
+		return cmd_help(cmd, stdout), 0;
+	rc = cl_open(endpoint, false, &x.c);
+	if (rc)
+		return say_error(&x, 1, rc, "%s", ckpt_last_error(NULL));
+	rc = cmd->fn(&x, argc - optind - 1, argv + optind + 1);
+	ckpt_disconnect(x.c);
+	return rc;
 }

@@ -32,6 +32,12 @@ int ctl_print_json(json_t *j);
 /* Prints the agent's message for rc on stderr; returns 1 (the exit status). */
 int ctl_fail(struct ctl *x, int rc);
 void ctl_usage(FILE *f);
+/*
+ * A usage error of command `name` (fmt: what is wrong), said with its usage
+ * line, on stderr or as JSON with --json; returns EXIT_USAGE.
+ */
+int ctl_usage_error(const struct ctl *x, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* A JSON array of the strings v[0..n). */
 json_t *ctl_strings(char **v, size_t n);
 /* "parts in: n0, n1; missing: n2 (ranks 4,5)" for a step in flight ("" if nothing known). */

@@ -671,11 +671,10 @@ int ctl_watch(struct ctl *x, int argc, char **argv)
 	int rc, out = 0, status = 0;
 
 	if (argc > 1)
-		return ctl_usage(stderr), EXIT_USAGE;
-	if (argc && ipc_check_job(argv[0], err)) {
-		fprintf(stderr, "ckptctl: watch: %s\n", err);
-		return EXIT_USAGE;
-	}
+		return ctl_usage_error(x, "watch", "takes 1 argument: '%s' is one too many",
+		                       argv[1]);
+	if (argc && ipc_check_job(argv[0], err))
+		return ctl_usage_error(x, "watch", "%s", err);
 	v.job = argc ? argv[0] : NULL;
 	v.endpoint = cl_endpoint(x->c);
 	req.job = argc ? argv[0] : "";

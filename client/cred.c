@@ -8,13 +8,41 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "client.h"
 
 #define CRED_TIMEOUT_MS 10000
+
+/*
+ * The socket is there but not ours to open: who we are and which group
+ * would let us (the socket's), in words an operator can act on.
+ */
+static int denied(struct ckpt_client *c, const char *path)
+{
+	struct passwd *pw = getpwuid(geteuid());
+	struct group *gr = NULL;
+	char user[64], group[64] = "";
+	struct stat st;
+
+	snprintf(user, sizeof(user), "%s", pw ? pw->pw_name : "this user");
+	if (stat(path, &st) == 0 && (gr = getgrgid(st.st_gid)) != NULL)
+		snprintf(group, sizeof(group), "%s", gr->gr_name);
+	if (!group[0])
+		return cl_fail(c, -EACCES,
+		               "permission denied on %s: %s may not open the agent's socket (its "
+		               "directory or mode keep it out)",
+		               path, user);
+	return cl_fail(c, -EACCES,
+	               "permission denied on %s: %s is not in the socket's group %s: join it "
+	               "(usermod -aG %s %s, then log in again)",
+	               path, user, group, group, user);
+}
 
 int cl_cred_connect(struct ckpt_client *c)
 {
@@ -29,11 +57,16 @@ int cl_cred_connect(struct ckpt_client *c)
 	c->cred_sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (c->cred_sock < 0)
 		return cl_fail(c, -errno, "socket: %s", strerror(errno));
-	if (connect(c->cred_sock, (struct sockaddr *)&sa, sizeof(sa)))
-		return cl_fail(c, errno == ENOENT || errno == ECONNREFUSED ? -ECONNREFUSED : -errno,
-		               "no ckptd answers at %s: %s (is it running, and new enough to have "
-		               "its credentials socket?)",
-		               sa.sun_path, strerror(errno));
+	if (connect(c->cred_sock, (struct sockaddr *)&sa, sizeof(sa))) {
+		int e = errno;
+
+		if (e == EACCES)
+			return denied(c, sa.sun_path);
+		return cl_fail(c, e == ENOENT || e == ECONNREFUSED ? -ECONNREFUSED : -e,
+		               "no ckptd answers at %s: %s (is it running? systemctl status ckptd; "
+		               "another socket: --endpoint unix:PATH or CKPT_ENDPOINT)",
+		               sa.sun_path, strerror(e));
+	}
 	rc = ipc_cred_recv(c->cred_sock, &m, &fd, CRED_TIMEOUT_MS);
 	if (fd >= 0)
 		close(fd);

@@ -21,6 +21,9 @@
 
 #define ATTACH_TIMEOUT_MS 10000
 
+/* Why the last connect of this thread failed: ckpt_last_error(NULL). */
+static __thread char open_error[1024];
+
 _Static_assert((int)CKPT_BOOL == (int)CKPT__V1__DTYPE__DTYPE_BOOL &&
                    (int)CKPT_F32 == (int)CKPT__V1__DTYPE__DTYPE_F32 &&
                    (int)CKPT_U64 == (int)CKPT__V1__DTYPE__DTYPE_U64,
@@ -296,6 +299,7 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 	if (rc) {
 		if (session) /* ckpt_connect has no client to ask ckpt_last_error of */
 			fprintf(stderr, "libckpt: %s\n", c->last_error);
+		snprintf(open_error, sizeof(open_error), "%s", c->last_error);
 		client_free(c);
 		return rc;
 	}
@@ -309,6 +313,7 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 		if (rc) {
 			/* ckpt_connect has no client to ask ckpt_last_error of: say it here */
 			fprintf(stderr, "libckpt: %s\n", c->last_error);
+			snprintf(open_error, sizeof(open_error), "%s", c->last_error);
 			client_free(c);
 			return rc;
 		}
@@ -331,7 +336,7 @@ void ckpt_disconnect(struct ckpt_client *c)
 
 const char *ckpt_last_error(struct ckpt_client *c)
 {
-	return c ? c->last_error : "";
+	return c ? c->last_error : open_error;
 }
 
 const char *ckpt_strerror(int err)

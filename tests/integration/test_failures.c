@@ -333,7 +333,7 @@ START_TEST(trainer_killed_before_captured_aborts)
 		/* the hog finished before the victim asked: the victim saved; again, larger */
 		queued = h_log_has(&a, "before its save was CAPTURED");
 		if (!queued && h_wait_state(&a, "victim", 7, "COMMITTED", 10000))
-			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete victim 7"), 0);
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete --force victim 7"), 0);
 	}
 	ck_assert_msg(queued, "the victim's save was aborted while queued behind the hog");
 	/* the victim's save was aborted: never committed, nothing on disk */

@@ -461,19 +461,19 @@ START_TEST(removal_faults)
 		job_commit(&j[k], 1, 2);
 
 	/* the rename out of sight fails: the step stays, whole */
-	rc = h_ctl(&a, out, sizeof(out), "delete rm0 1");
+	rc = h_ctl(&a, out, sizeof(out), "delete --force rm0 1");
 	ck_assert_msg(rc != 0 && strstr(out, "rename failed") && strstr(out, "Input/output error"),
 	              "delete rm0 1 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "renameat", "rm0"));
 	is_listed(&a, "rm0", 1, true);
 	verifies(&a, "rm0", 1);
 	job_restores(&j[0], 1);
-	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete rm0 1"), 0);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete --force rm0 1"), 0);
 	is_listed(&a, "rm0", 1, false);
 	verifies(&a, "rm0", 2);
 
 	/* LATEST cannot move off the step: nothing is removed */
-	rc = h_ctl(&a, out, sizeof(out), "delete rm1 2");
+	rc = h_ctl(&a, out, sizeof(out), "delete --force rm1 2");
 	ck_assert_msg(rc != 0 && strstr(out, "LATEST") && strstr(out, "No space left"),
 	              "delete rm1 2 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "renameat", "rm1"));
@@ -481,14 +481,14 @@ START_TEST(removal_faults)
 	verifies(&a, "rm1", 2);
 	latest_of(&a, "rm1", latest, sizeof(latest));
 	ck_assert_str_eq(latest, "2");
-	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete rm1 2"), 0);
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete --force rm1 2"), 0);
 	latest_of(&a, "rm1", latest, sizeof(latest));
 	ck_assert_str_eq(latest, "1");
 	job_restores(&j[1], 1);
 
 	/* out of sight, but not durably: said; the other step is untouched */
 	ck_assert_msg(!fault_logged(&a, "fsync", "rm2"), "the rm2 rule fired before the delete");
-	rc = h_ctl(&a, out, sizeof(out), "delete rm2 1");
+	rc = h_ctl(&a, out, sizeof(out), "delete --force rm2 1");
 	ck_assert_msg(rc != 0 && strstr(out, "fsync of the directory") &&
 	                  strstr(out, "Input/output error"),
 	              "delete rm2 1 (%d): %s", rc, out);
@@ -497,7 +497,7 @@ START_TEST(removal_faults)
 	verifies(&a, "rm2", 2);
 
 	/* out of sight, its files not all deleted: said; a clean-up takes them later */
-	rc = h_ctl(&a, out, sizeof(out), "delete rm3 1");
+	rc = h_ctl(&a, out, sizeof(out), "delete --force rm3 1");
 	ck_assert_msg(rc != 0 && strstr(out, "out of sight") && strstr(out, "Input/output error"),
 	              "delete rm3 1 (%d): %s", rc, out);
 	ck_assert(fault_logged(&a, "unlinkat", "rm3"));

@@ -456,7 +456,8 @@ START_TEST(upload_tier_two_nodes)
 	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload up 3") == 0, "%s",
 	              out);
 	for (long s = 1; s <= 3; s++)
-		ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete up %ld", s) == 0, "%s", out);
+		ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete --force up %ld", s) == 0,
+		              "%s", out);
 	ck_assert_int_eq(restore_all(t.a, 2, "up", 4, 1), 3);
 	ck_assert(h_log_has(&t.a[0], "restored from the upload tier") ||
 	          h_log_has(&t.a[1], "restored from the upload tier"));
@@ -494,7 +495,7 @@ START_TEST(upload_tier_compressed)
 	json_decref(m);
 	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload uz 1") == 0, "%s",
 	              out);
-	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete uz 1") == 0, "%s", out);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete --force uz 1") == 0, "%s", out);
 	ck_assert_int_eq(restore_all(t.a, 1, "uz", 2, 12), 1);
 	ck_assert(h_log_has(&t.a[0], "restored from the upload tier"));
 	ck_assert_int_eq(open_uploads(t.bucket), 0);
@@ -554,7 +555,7 @@ START_TEST(upload_of_a_deleted_step)
 	                   true);
 	ck_assert_msg(h_wait_state(&t.a[0], "gone", 1, "COMMITTED", 60000),
 	              "step 1 never committed");
-	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete gone 1") == 0, "%s", out);
+	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete --force gone 1") == 0, "%s", out);
 	read_all(fd, out, sizeof(out));
 	ck_assert_int_eq(h_reap(pid), 20); /* its wait for UPLOADED failed: told, not timed out */
 	ck_assert_msg(strstr(out, "not uploaded: the step left the root"), "%s", out);

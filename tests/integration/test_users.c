@@ -2,7 +2,9 @@
  * A second user on the node, against a real agent run by root: refused on
  * every operation on another user's job (plans, list, show, verify, delete,
  * pin, unpin, gc, commit), the job not even listed to it; a member of the
- * admin group lists and deletes it; ownership survives a restart. Needs
+ * admin group lists and deletes it; ownership survives a restart; a user
+ * outside the socket's group is told which group to join; a root the
+ * agent's user cannot write is refused at --check-config and at start. Needs
  * root and useradd (test users ckpttest-*): skipped (77) otherwise.
  */
 #define _GNU_SOURCE
@@ -146,7 +148,7 @@ START_TEST(other_users_refused)
 	ck_assert_msg(strstr(out, "\"step\": 1"), "%s", out);
 	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "--json list"), 0);
 	ck_assert_msg(strstr(out, "priv"), "admin's list: %s", out);
-	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "delete priv 1"), 0);
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "delete --force priv 1"), 0);
 	ck_assert_int_eq(ctl_as(&a, U_OWNER, out, sizeof(out), "--json list priv"), 0);
 	ck_assert_msg(!strstr(out, "\"step\": 1"), "deleted, still listed: %s", out);
 	/* ownership survives a restart: still refused */
@@ -173,6 +175,69 @@ START_TEST(other_users_refused)
 }
 END_TEST
 
+/*
+ * A user outside the socket's group is told so, with the group to join
+ * and how, not "is it running?"; a member of the group gets in.
+ */
+START_TEST(outside_the_socket_group)
+{
+	struct agent_proc a;
+	char out[8192];
+
+	h_agent_start(&a, "--staging-mb 16 --socket-mode 0660 --socket-group " G_ADMIN);
+	ck_assert_int_eq(chmod(a.dir, 0755), 0);
+	ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), "status"), 1);
+	ck_assert_msg(strstr(out, "permission denied") &&
+	                  strstr(out, U_OTHER " is not in the socket's group " G_ADMIN) &&
+	                  strstr(out, "usermod -aG " G_ADMIN " " U_OTHER),
+	              "%s", out);
+	ck_assert_msg(!strstr(out, "is it running"), "%s", out);
+	ck_assert_msg(ctl_as(&a, U_OPS, out, sizeof(out), "status") == 0,
+	              "a member of the socket's group: %s", out);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * A root the agent's user cannot write (made by root, as a ReadWritePaths=
+ * without a chown leaves it): --check-config says so and what to do, and a
+ * start refuses before it serves, saying the same, rather than failing the
+ * first save.
+ */
+START_TEST(unwritable_root_refused)
+{
+	struct agent_proc a;
+	char out[16384], cmd[4096], root[400], sock[400];
+
+	h_agent_start(&a, "--staging-mb 16");
+	ck_assert_int_eq(chmod(a.dir, 0755), 0);
+	snprintf(root, sizeof(root), "%s/theirs", a.dir);
+	ck_assert_int_eq(mkdir(root, 0755), 0); /* root's, 0755 */
+	snprintf(sock, sizeof(sock), "%s/sock", a.dir);
+	ck_assert_int_eq(mkdir(sock, 0777), 0);
+	ck_assert_int_eq(chmod(sock, 0777), 0);
+	snprintf(cmd, sizeof(cmd),
+	         "runuser -u %s -- %s --config /dev/null --root %s --listen unix:%s/s.sock "
+	         "--check-config 2>&1",
+	         U_OTHER, CKPTD_BIN, root, sock);
+	ck_assert_int_eq(h_run(out, sizeof(out), cmd), 1);
+	ck_assert_msg(strstr(out, "; check: PROBLEM: root ") &&
+	                  strstr(out, U_OTHER " cannot make a file in it") &&
+	                  strstr(out, "chown " U_OTHER " "),
+	              "%s", out);
+	snprintf(cmd, sizeof(cmd),
+	         "runuser -u %s -- timeout 30 %s --config /dev/null --root %s --listen "
+	         "unix:%s/s.sock --staging-mb 16 --no-lock 2>&1",
+	         U_OTHER, CKPTD_BIN, root, sock);
+	ck_assert_int_eq(h_run(out, sizeof(out), cmd), 1);
+	ck_assert_msg(strstr(out, "cannot start: root ") && strstr(out, "cannot make a file in it"),
+	              "%s", out);
+	snprintf(cmd, sizeof(cmd), "%s/s.sock", sock);
+	ck_assert_msg(!h_exists(cmd), "the refused agent made its socket");
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("users");
@@ -188,6 +253,8 @@ int main(void)
 	setenv("CK_TMPDIR", "/tmp", 1);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, other_users_refused);
+	tcase_add_test(tc, outside_the_socket_group);
+	tcase_add_test(tc, unwritable_root_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
