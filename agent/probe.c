@@ -56,8 +56,8 @@ __attribute__((format(printf, 2, 3))) static void said(struct probe *p, const ch
 	fputc('\n', p->out);
 }
 
-__attribute__((format(printf, 3, 4))) static void problem(struct probe *p, int rc,
-                                                          const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void problem(struct probe *p, int rc, const char *fmt,
+                                                          ...)
 {
 	char msg[IPC_ERRLEN];
 	va_list ap;
@@ -125,8 +125,8 @@ static void job_dirs(struct probe *p, const char *root)
 		if (lstat(path, &st) || !S_ISDIR(st.st_mode) || access(path, W_OK | X_OK) == 0)
 			continue;
 		if (n < MAX_NAMED)
-			o += (size_t)snprintf(names + o, sizeof(names) - o, "%s%.64s", n ? ", " : "",
-			                      e->d_name);
+			o += (size_t)snprintf(names + o, sizeof(names) - o, "%s%.64s",
+			                      n ? ", " : "", e->d_name);
 		else if (n == MAX_NAMED)
 			o += (size_t)snprintf(names + o, sizeof(names) - o, ", ...");
 		n++;

@@ -203,19 +203,21 @@ START_TEST(socket_directory_tree_made)
 	char out[16384], cmd[4096], sock[512];
 
 	snprintf(sock, sizeof(sock), "%s/run/a/b/ckptd.sock", a.dir);
-	snprintf(cmd, sizeof(cmd), "%s --config /dev/null --root %s/r2 --listen unix:%s --check-config 2>&1",
+	snprintf(cmd, sizeof(cmd),
+	         "%s --config /dev/null --root %s/r2 --listen unix:%s --check-config 2>&1",
 	         CKPTD_BIN, a.dir, sock);
 	ck_assert_int_eq(h_run(out, sizeof(out), cmd), 0);
 	ck_assert_msg(strstr(out, "; check: socket directory ") &&
 	                  strstr(out, "/run/a/b: not there; the agent makes it"),
 	              "%s", out);
 	ck_assert_msg(strstr(out, "/r2: not there; the agent makes it"), "%s", out);
-	snprintf(cmd, sizeof(cmd),
-	         "%s --config /dev/null --root %s/r2 --listen unix:%s --staging-mb 16 --no-lock "
-	         ">%s/tree.log 2>&1 & pid=$!; ok=1; for i in $(seq 100); do "
-	         "if %s --endpoint unix:%s status >/dev/null 2>&1; then ok=0; break; fi; sleep 0.1; "
-	         "done; kill $pid; wait $pid; exit $ok",
-	         CKPTD_BIN, a.dir, sock, a.dir, CKPTCTL_BIN, sock);
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "%s --config /dev/null --root %s/r2 --listen unix:%s --staging-mb 16 --no-lock "
+	    ">%s/tree.log 2>&1 & pid=$!; ok=1; for i in $(seq 100); do "
+	    "if %s --endpoint unix:%s status >/dev/null 2>&1; then ok=0; break; fi; sleep 0.1; "
+	    "done; kill $pid; wait $pid; exit $ok",
+	    CKPTD_BIN, a.dir, sock, a.dir, CKPTCTL_BIN, sock);
 	ck_assert_msg(h_run(out, sizeof(out), cmd) == 0, "no agent served at %s (see %s/tree.log)",
 	              sock, a.dir);
 }
