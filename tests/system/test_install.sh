@@ -15,12 +15,12 @@ set -uo pipefail
 
 : "${CKPT_BUILD_DIR:?}" "${CKPT_BINDIR:?}" "${CKPT_SBINDIR:?}" "${CKPT_LIBDIR:?}"
 : "${CKPT_INCLUDEDIR:?}" "${CKPT_UNITDIR:?}" "${CKPT_SYSUSERSDIR:?}" "${CKPT_TMPFILESDIR:?}"
-: "${CKPT_DOCDIR:?}" "${CKPT_VERSION:?}"
+: "${CKPT_DOCDIR:?}" "${CKPT_VERSION:?}" "${CKPT_MANDIR:?}"
 CC=${CC:-cc}
 
 . "$(dirname "$0")/install_lib.sh"
 need_relative "$CKPT_BINDIR" "$CKPT_SBINDIR" "$CKPT_LIBDIR" "$CKPT_INCLUDEDIR" "$CKPT_UNITDIR" \
-	"$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR"
+	"$CKPT_SYSUSERSDIR" "$CKPT_TMPFILESDIR" "$CKPT_DOCDIR" "$CKPT_MANDIR"
 for tool in pkg-config "$CC" python3 ldd; do
 	command -v "$tool" >/dev/null || { echo "skipped: $tool not found"; exit 77; }
 done
@@ -45,6 +45,10 @@ expect_file "$prefix/$CKPT_SYSUSERSDIR/ckptd.conf"
 expect_file "$prefix/$CKPT_TMPFILESDIR/ckptd.conf"
 expect_file "$prefix/$CKPT_DOCDIR/ckptd.conf.example"
 expect_file "$prefix/$CKPT_DOCDIR/README.md"
+expect_file "$prefix/$CKPT_DOCDIR/DESIGN.md"
+for page in man1/ckptctl.1 man5/ckptd.conf.5 man8/ckptd.8; do
+	expect_file "$prefix/$CKPT_MANDIR/$page"
+done
 # The library exports the API and nothing else (libckpt.map).
 if nm -D --defined-only "$lib/libckpt.so.0" | awk '$2 ~ /[TDBR]/ { print $3 }' | grep -v '^ckpt_' |
 	grep -v '^_' >"$tmp/extra"; then
