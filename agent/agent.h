@@ -88,7 +88,7 @@ struct agent_config {
 	bool lock_pool;
 	bool read_once; /* ranks of a node restoring one step together read it once */
 	int log_level;
-	const char *node; /* this node's name (DESIGN.md §2) */
+	const char *node; /* this node's name (docs/DESIGN.md §2.2) */
 	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
 	unsigned abandon_after_s; /* uncommitted steps older than LATEST and this are removed */
 	unsigned stop_timeout_s; /* at stop, saves in flight get this long (0: as they need) */

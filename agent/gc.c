@@ -219,7 +219,7 @@ static bool scan_due(struct agent *a, const char *job, int64_t now, int64_t ever
 
 /*
  * Uncommitted steps of the job that every node gave up: older than LATEST
- * and untouched for abandon_after (DESIGN.md §4.5: nothing another node may
+ * and untouched for abandon_after (docs/DESIGN.md §6.9: nothing another node may
  * still commit). Runs with retention, on the node that committed.
  */
 static void abandoned(struct agent *a, const char *job)

@@ -1,5 +1,5 @@
 /*
- * Replicas written once (DESIGN.md §4.7): what each of this node's plans
+ * Replicas written once (docs/DESIGN.md §7.4): what each of this node's plans
  * writes of what it holds, from the plans files every node publishes.
  *
  * On the commit thread, after this node's plans file is published and

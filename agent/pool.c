@@ -192,10 +192,10 @@ static int map_region(struct pool *p, char *huge, size_t hlen, char *err)
 }
 
 /*
- * Fresh pages fault in at ~0.26 GB/s on first touch (DESIGN.md §5): pay
- * that here, once, and not in the trainer's first capture. A write per
- * 4 KiB reaches every page whatever the page size; a read would map the
- * shared zero page and fault again on the first real write.
+ * Fresh pages fault in at ~0.26 GB/s on first touch: pay that here, once,
+ * and not in the trainer's first capture. A write per 4 KiB reaches every
+ * page whatever the page size; a read would map the shared zero page and
+ * fault again on the first real write.
  */
 static void prefault(struct pool *p)
 {

@@ -1,6 +1,6 @@
 /*
  * agent/upload.h: the upload tier ([upload] root = s3://BUCKET/PREFIX, behind
- * a filesystem root; DESIGN.md §4.6). Each checkpoint committed on the root
+ * a filesystem root; docs/DESIGN.md §8.2). Each checkpoint committed on the root
  * is copied to the object store by the agents of the nodes that wrote it,
  * each its own shards, and committed there with its own parts and manifest:
  * the manifest is written by the node hosting rank 0 once every node's part

@@ -115,7 +115,7 @@ def main():
         print(f"{r['agents']:>6} {r['steps']:>5} | {c['median']:>19.1f} ms {c['p99']:>5.1f} ms"
               f" | {w['median']:>15.1f} ms {w['p99']:>5.1f} ms")
     if verdict:
-        print(f"target (DESIGN.md section 5): {verdict['target']}: p99 {verdict['p99_ms']:.1f} ms,"
+        print(f"target (docs/DESIGN.md §5.2): {verdict['target']}: p99 {verdict['p99_ms']:.1f} ms,"
               f" {'met' if verdict['met'] else 'MISSED'}")
     plot(results, a.png)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns bench/run.sh's raw measurements into the table, the ratios against
-their targets (DESIGN.md section 5), a JSON file and a gnuplot chart.
+their targets (docs/DESIGN.md §5.2), a JSON file and a gnuplot chart.
 
 Every ratio is computed per repetition from measurements taken side by side
 (fio then ckptd, same size, same repetition), then summarised as the median
@@ -196,7 +196,7 @@ def main():
         control = {"save_call_ms": summary([s * 1e3 for s in samples[("save_call_seconds", 0, 1)]]),
                    "plan_create_ms": summary(
                        [s * 1e3 for s in samples[("plan_create_seconds", 0, 1)]])}
-    # Each target is judged at the largest size measured (DESIGN.md: 4 GiB).
+    # Each target is judged at the largest size measured (docs/DESIGN.md §5.3: 4 GiB).
     big = sizes[-1]
     verdicts = {k: ("met" if test(ratios[big][k]["median"]) else "MISSED")
                 for k, _, _, test in TARGETS if k in ratios[big]}

@@ -1,6 +1,6 @@
 /*
  * commit: one checkpoint across every node of a job, committed through the
- * shared storage alone (DESIGN.md §4.5). No agent talks to another: each
+ * shared storage alone (docs/DESIGN.md §7.1–7.2). No agent talks to another: each
  * publishes its plans, writes its part once all its ranks of a step are
  * durable, and then either commits (the agent hosting rank 0, or any agent
  * once half the deadline has passed) or watches for the manifest.

@@ -55,7 +55,7 @@ bool ipc_state_final(int state);
 
 /* ---- validation ------------------------------------------------------- */
 
-/* [A-Za-z0-9._-]{1,64}, not "." or "..": a job, a node, a run (DESIGN.md §2). */
+/* [A-Za-z0-9._-]{1,64}, not beginning with '.': a job, a node, a run (docs/DESIGN.md §2.2). */
 int ipc_check_job(const char *job, char *err);
 int ipc_check_node(const char *node, char *err);
 int ipc_check_run(const char *run, char *err);

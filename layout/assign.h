@@ -1,5 +1,5 @@
 /*
- * Who writes each replicated box (DESIGN.md §2, §4.7): ranks whose plans
+ * Who writes each replicated box (docs/DESIGN.md §2.2, §7.4): ranks whose plans
  * hold the same box (tensor name, dtype, global shape, global offset, local
  * shape) are its replicas, and the box is written `copies` times, by
  * replicas chosen so the bytes each rank writes are balanced. A tensor

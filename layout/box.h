@@ -1,5 +1,5 @@
 /*
- * Boxes of a global tensor (DESIGN.md §2): an offset and a shape in it.
+ * Boxes of a global tensor (docs/DESIGN.md §2.2): an offset and a shape in it.
  * What a restore into another split needs: where two boxes overlap, and the
  * overlap as runs of contiguous bytes in a saved chunk and in the rank's
  * tensor (both row-major).

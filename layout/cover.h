@@ -1,6 +1,6 @@
 /*
  * Whether a checkpoint's written chunks cover every box its ranks hold
- * (DESIGN.md §4.7): with replicas written once, a rank's file may hold
+ * (docs/DESIGN.md §7.4): with replicas written once, a rank's file may hold
  * none of a box it holds, and the commit must never name a checkpoint in
  * which some row of a held box was written by no rank (two nodes that
  * assigned the writers from different plan sets could leave one).

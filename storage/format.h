@@ -96,7 +96,7 @@ int shard_file_check(int rank, const char *name, char *err);
 #define MANIFEST_FORMAT "ckptd-manifest"
 /*
  * 3: a rank may list the boxes it holds ("holds") apart from the chunks it
- * wrote (replicas written once: DESIGN.md §4.7); written only when one does.
+ * wrote (replicas written once: docs/DESIGN.md §7.4); written only when one does.
  * 2: run, parts, per-rank meta and shard names. 1 (single node) is still read.
  */
 #define MANIFEST_VERSION 3
@@ -181,7 +181,7 @@ const char *manifest_node_of(const struct manifest *m, int rank);
 /* "rank-00003.safetensors", the format-1 name, into buf (at least 32 bytes). */
 void manifest_rank_file(int rank, char *buf, size_t len);
 
-/* ---- parts (DESIGN.md §4.5): one node's account of a step -------------- */
+/* ---- parts (docs/DESIGN.md §6.4): one node's account of a step -------- */
 
 #define PART_FORMAT "ckptd-part"
 /* 2: a rank may list what it holds apart from what it wrote (holds); 1 is still read */
@@ -244,7 +244,7 @@ void part_node_text(const char *node, const int *ranks, size_t n, char *buf, siz
  */
 int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, char *err);
 
-/* ---- plans files (DESIGN.md §4.5): the plans a node serves for a job ---- */
+/* ---- plans files (docs/DESIGN.md §6.5): the plans a node serves for a job */
 
 #define PLANS_FORMAT "ckptd-plans"
 #define PLANS_VERSION 1

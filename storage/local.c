@@ -1,5 +1,5 @@
 /*
- * local: the local-filesystem backend (DESIGN.md §4.3), for one node's disk
+ * local: the local-filesystem backend (docs/DESIGN.md §6), for one node's disk
  * or a filesystem every node of a job shares.
  *
  *   <root>/<job>/step-<12d>/rank-<5d>.<node>.<attempt>.safetensors   a shard

@@ -1,6 +1,6 @@
 /*
  * manifest.c: manifest.json, the checkpoint's table of contents
- * (DESIGN.md §4.3). Its durable presence is the commit, so it must say
+ * (docs/DESIGN.md §6.3). Its durable presence is the commit, so it must say
  * enough to verify every byte and to reshard on restore without opening a
  * shard: the run, the parts it merged (which node brought which ranks), per
  * rank the file, its size and the rank's meta, per tensor its dtype, global

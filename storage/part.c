@@ -1,5 +1,5 @@
 /*
- * part.c: parts (DESIGN.md §4.5), one node's account of a step, and the
+ * part.c: parts (docs/DESIGN.md §6.4), one node's account of a step, and the
  * merge of the parts of one run into the step's manifest.
  *
  * A node writes its part once all its ranks of the step are durable: per

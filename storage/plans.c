@@ -1,5 +1,5 @@
 /*
- * plans.c: a node's plans file (DESIGN.md §4.5), <root>/<job>/plans/<node>.json:
+ * plans.c: a node's plans file (docs/DESIGN.md §6.5), <root>/<job>/plans/<node>.json:
  * which ranks of which run of the job the node serves, and each rank's
  * tensors (dtype, shape, global shape and offset). Every agent of the job
  * learns from these files which node holds which rank, and so which parts to

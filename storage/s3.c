@@ -1,5 +1,5 @@
 /*
- * The S3 backend (storage.h): the layout of DESIGN.md §4.3 as keys under
+ * The S3 backend (storage.h, docs/DESIGN.md §8.1): the layout of §6.1 as keys under
  * s3://BUCKET/PREFIX of any S3-compatible store, behind struct storage_ops.
  * This file: the backend, its shards and its small objects; s3_scan.c:
  * listings, removal, clean-up; s3http.c: the requests.

@@ -1,5 +1,5 @@
 /*
- * Compressed shards on an object store (s3.h, DESIGN.md §4.6): each staging
+ * Compressed shards on an object store (s3.h, docs/DESIGN.md §8.3): each staging
  * chunk one zstd frame, and the object ends with a seek table, so that
  * `zstd -d` of the object gives the safetensors file and a ranged restore
  * reads whole frames.

@@ -1,5 +1,5 @@
 /*
- * safetensors.c: the header that opens every shard (DESIGN.md §4.3).
+ * safetensors.c: the header that opens every shard (docs/DESIGN.md §6.2).
  *
  * A shard is a plain safetensors file: an 8-byte little-endian length N, N
  * bytes of JSON naming each tensor's dtype, shape and byte range, then the

@@ -7,7 +7,7 @@
  *   ioeng.h    asynchronous I/O: one thread owning an io_uring ring (or,
  *              where io_uring is unavailable, doing pwrite/pread itself)
  *   storage.h  (this file) the backend interface, and the local-filesystem
- *              backend that implements it (local.c, DESIGN.md §4.3)
+ *              backend that implements it (local.c, docs/DESIGN.md §6)
  *
  * Threads: the I/O engine runs one thread of its own; requests are handed to
  * it from any thread and their completions run on it. The backend's other
@@ -39,7 +39,7 @@ struct storage_step {
 };
 
 /*
- * What a clean-up may remove (DESIGN.md §4.5): never another node's work in
+ * What a clean-up may remove (docs/DESIGN.md §6.9): never another node's work in
  * progress. Uncommitted steps older than LATEST and abandon_after go; so do
  * leftovers of interrupted writes and removals that old. At start-up
  * (nothing of this node's in flight) also this node's own: its shard files
@@ -79,7 +79,7 @@ enum obj_put_mode {
 
 /*
  * A backend stores checkpoints under keys that mirror the layout
- * (DESIGN.md §4.3), "<job>/step-<12d>/parts/<node>.json" and so on; a
+ * (docs/DESIGN.md §6.1), "<job>/step-<12d>/parts/<node>.json" and so on; a
  * directory on a filesystem, a prefix in an object store. Everything it
  * reads back is hostile input. Calls are synchronous on the caller's thread
  * (any thread, several at once), but shard reads and writes, which go
@@ -237,7 +237,7 @@ static inline bool storage_is_s3(const char *root)
 }
 
 /*
- * The S3 backend (s3.c, DESIGN.md §4.6): checks the bucket is there and
+ * The S3 backend (s3.c, docs/DESIGN.md §8): checks the bucket is there and
  * writable with these credentials, and probes whether the store honours
  * If-None-Match on PUT.
  */

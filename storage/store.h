@@ -1,7 +1,7 @@
 /*
  * storage/store.h: the layout and the commit's files over any backend
  * (store.c). Keys, then what the protocol reads and writes by exact key
- * (DESIGN.md §4.3, §4.5):
+ * (docs/DESIGN.md §6.1, §7.1):
  *
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
