@@ -4,7 +4,11 @@
  * agent.mu; the restore worker calls metrics_on_restore), and at scrape
  * time the agent's counters: the I/O engine's (atomics), the pool's (its
  * mutex) and, under agent.mu for a few loads, saves by final state, saves in
- * flight, sessions, plans and the storage root's state. The text is
+ * flight, sessions, plans and the storage root's state. Per job (a `job`
+ * label): saves by final state, committed bytes, the time and step of the
+ * last commit, kept from the agent's start for every job seen (at most
+ * MAX_JOBS; the ones after are counted in the agent's totals only). The
+ * root's free space is asked of the filesystem at scrape time. The text is
  * formatted after every lock is let go.
  *
  * libmicrohttpd runs the listening socket on its own thread, one request at
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +55,17 @@ struct hist {
 
 enum { H_STALL, H_PERSIST, H_COMMIT, H_RESTORE, H_COMMIT_LATENCY, NHIST };
 
+#define MAX_JOBS 1024 /* jobs with series of their own (a node runs a few) */
+
+/* One job's series. */
+struct job_stat {
+	char job[IPC_MAX_JOB + 1];
+	uint64_t finals[8]; /* saves by final state */
+	uint64_t committed_bytes;
+	double last_commit_unix; /* 0: none yet */
+	int64_t last_commit_step;
+};
+
 struct metrics {
 	struct agent *a;
 	struct MHD_Daemon *d;
@@ -58,6 +74,8 @@ struct metrics {
 	struct hist h[NHIST];
 	uint64_t restores_ok, restores_failed, restored_bytes, restore_read;
 	uint64_t parts_missing;
+	struct job_stat *jobs; /* njobs of them, by first save */
+	size_t njobs;
 };
 
 static const struct {
@@ -93,13 +111,46 @@ static void observe(struct hist *h, int64_t from_ns, int64_t to_ns)
 		add(h, (double)(to_ns - from_ns) / 1e9);
 }
 
+/* Under m->mu: the series of job, made at its first final save; NULL past MAX_JOBS. */
+static struct job_stat *job_of(struct metrics *m, const char *job)
+{
+	for (size_t i = 0; i < m->njobs; i++)
+		if (strcmp(m->jobs[i].job, job) == 0)
+			return &m->jobs[i];
+	if (m->njobs == MAX_JOBS)
+		return NULL;
+	if (!m->jobs && !(m->jobs = calloc(MAX_JOBS, sizeof(*m->jobs))))
+		return NULL;
+	snprintf(m->jobs[m->njobs].job, sizeof(m->jobs[0].job), "%s", job);
+	return &m->jobs[m->njobs++];
+}
+
+static double unix_now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
 void metrics_on_save(struct agent *a, struct save *s, int state)
 {
 	struct metrics *m = a->metrics;
+	struct job_stat *j;
 
 	if (!m)
 		return;
 	pthread_mutex_lock(&m->mu);
+	if ((ipc_state_final(state) || state == CKPT__V1__STATE__STATE_UPLOADED) &&
+	    (j = job_of(m, s->job)) != NULL) {
+		j->finals[state]++;
+		if (state == CKPT__V1__STATE__STATE_COMMITTED) {
+			j->committed_bytes += s->bytes_total;
+			j->last_commit_unix = unix_now();
+			if (s->step > j->last_commit_step)
+				j->last_commit_step = s->step;
+		}
+	}
 	if (state == CKPT__V1__STATE__STATE_CAPTURED)
 		observe(&m->h[H_STALL], s->t_queued, s->t_captured);
 	else if (state == CKPT__V1__STATE__STATE_DURABLE)
@@ -150,6 +201,9 @@ struct snapshot {
 	struct pool_stats pool;
 	bool upload_tier;
 	struct upload_stats up;
+	uint64_t gc_removed;
+	struct job_stat *jobs; /* a copy (malloc'd), njobs of them */
+	size_t njobs;
 };
 
 static void take_snapshot(struct metrics *m, struct snapshot *s)
@@ -165,6 +219,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->ckpts = a->nckpts;
 	s->upload_tier = a->up != NULL;
 	upload_get_stats(a->up, &s->up);
+	s->gc_removed = a->gc_removed;
 	pthread_mutex_unlock(&a->mu);
 	s->captured = atomic_load(&a->captured_bytes);
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
@@ -174,6 +229,12 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->restores_failed = m->restores_failed;
 	s->restored_bytes = m->restored_bytes;
 	s->restore_read = m->restore_read;
+	s->njobs = 0;
+	s->jobs = m->njobs ? malloc(m->njobs * sizeof(*s->jobs)) : NULL;
+	if (s->jobs) { /* no memory: this scrape goes without the per-job series */
+		memcpy(s->jobs, m->jobs, m->njobs * sizeof(*s->jobs));
+		s->njobs = m->njobs;
+	}
 	pthread_mutex_unlock(&m->mu);
 	ioeng_get_stats(a->io, &s->io);
 	if (a->store->ops->stats) { /* an object store: its own transfers, not the engine's */
@@ -230,6 +291,59 @@ static void put_saves(FILE *f, const struct snapshot *s)
 	        "ckptd_restores_total{result=\"ok\"} %llu\n"
 	        "ckptd_restores_total{result=\"failed\"} %llu\n",
 	        (unsigned long long)s->restores_ok, (unsigned long long)s->restores_failed);
+}
+
+static void put_jobs(FILE *f, const struct snapshot *s)
+{
+	static const struct {
+		int state;
+		const char *label;
+	} st[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
+	          {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
+	          {CKPT__V1__STATE__STATE_FAILED, "failed"},
+	          {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
+
+	/* job names are [A-Za-z0-9._-]: nothing to escape in a label */
+	fprintf(f, "# HELP ckptd_job_saves_total A job's saves (one rank of one step) by final "
+	           "state.\n# TYPE ckptd_job_saves_total counter\n");
+	for (size_t i = 0; i < s->njobs; i++)
+		for (size_t k = 0; k < sizeof(st) / sizeof(st[0]); k++)
+			fprintf(f, "ckptd_job_saves_total{job=\"%s\",state=\"%s\"} %llu\n",
+			        s->jobs[i].job, st[k].label,
+			        (unsigned long long)s->jobs[i].finals[st[k].state]);
+	fprintf(f, "# HELP ckptd_job_committed_bytes_total Bytes of a job's saves that were "
+	           "committed.\n# TYPE ckptd_job_committed_bytes_total counter\n");
+	for (size_t i = 0; i < s->njobs; i++)
+		fprintf(f, "ckptd_job_committed_bytes_total{job=\"%s\"} %llu\n", s->jobs[i].job,
+		        (unsigned long long)s->jobs[i].committed_bytes);
+	fprintf(f, "# HELP ckptd_job_last_commit_timestamp_seconds When a save of the job last "
+	           "reached COMMITTED on this node, in Unix seconds (absent: none since the "
+	           "agent started).\n# TYPE ckptd_job_last_commit_timestamp_seconds gauge\n");
+	for (size_t i = 0; i < s->njobs; i++)
+		if (s->jobs[i].last_commit_unix > 0)
+			fprintf(f, "ckptd_job_last_commit_timestamp_seconds{job=\"%s\"} %.3f\n",
+			        s->jobs[i].job, s->jobs[i].last_commit_unix);
+	fprintf(f, "# HELP ckptd_job_last_commit_step The newest step of the job committed on "
+	           "this node since the agent started.\n"
+	           "# TYPE ckptd_job_last_commit_step gauge\n");
+	for (size_t i = 0; i < s->njobs; i++)
+		if (s->jobs[i].last_commit_unix > 0)
+			fprintf(f, "ckptd_job_last_commit_step{job=\"%s\"} %lld\n", s->jobs[i].job,
+			        (long long)s->jobs[i].last_commit_step);
+}
+
+/* The root's filesystem: free and total bytes (a directory root only). */
+static void put_root_space(FILE *f, const char *root)
+{
+	struct statvfs vs;
+
+	if (!root || strncmp(root, "s3://", 5) == 0 || statvfs(root, &vs) != 0)
+		return;
+	put(f, "ckptd_root_free_bytes", "gauge",
+	    "Bytes free for the agent's user on the root's filesystem.",
+	    (double)vs.f_bavail * (double)vs.f_frsize);
+	put(f, "ckptd_root_size_bytes", "gauge", "Size of the root's filesystem.",
+	    (double)vs.f_blocks * (double)vs.f_frsize);
 }
 
 static void render(struct metrics *m, FILE *f)
@@ -289,6 +403,11 @@ static void render(struct metrics *m, FILE *f)
 	    "1 while the storage root is there, the same directory and writable; 0 while saves "
 	    "fail for want of it (ckptctl status says why).",
 	    s.root_ok);
+	put_root_space(f, m->a->cfg.root);
+	put(f, "ckptd_retention_removed_total", "counter",
+	    "Checkpoints retention removed (after commits and ckptctl gc).", (double)s.gc_removed);
+	put_jobs(f, &s);
+	free(s.jobs);
 	if (!s.upload_tier)
 		return;
 	put(f, "ckptd_uploads_total", "counter",
@@ -434,5 +553,6 @@ void metrics_destroy(struct metrics *m)
 	if (m->d)
 		MHD_stop_daemon(m->d); /* waits for a request in progress; closes the socket */
 	pthread_mutex_destroy(&m->mu);
+	free(m->jobs);
 	free(m);
 }

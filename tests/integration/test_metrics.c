@@ -339,6 +339,95 @@ START_TEST(scrape_after_save)
 }
 END_TEST
 
+/* What the samples of key say after up to timeout_ms of scrapes, once it is want. */
+static bool reaches(unsigned port, const char *key, double want, int timeout_ms)
+{
+	static struct scrape sc;
+
+	for (int waited = 0; waited <= timeout_ms; waited += 100) {
+		bool hit = false;
+
+		scrape(port, &sc);
+		for (size_t i = 0; i < sc.n; i++)
+			hit |= strcmp(sc.s[i].key, key) == 0 && sc.s[i].v == want;
+		free(sc.raw);
+		if (hit)
+			return true;
+		usleep(100 * 1000);
+	}
+	return false;
+}
+
+/*
+ * Series per job, to alert on: two jobs, three commits; each job's saves
+ * by final state, committed bytes (together, what was captured), the step
+ * and time of its last commit; the root's free space; a checkpoint that
+ * retention removed (keep_last 1).
+ */
+START_TEST(per_job_series)
+{
+	static struct scrape sc;
+	static const char *const jobs[] = {"ja", "jb"};
+	char args[160];
+	unsigned port = h_free_port();
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct h_model m[2];
+	struct timeval t0, t1;
+	double ja, jb, when;
+
+	snprintf(args, sizeof(args),
+	         "--staging-mb 64 --chunk-mb 1 --keep-last 1 --metrics-listen 127.0.0.1:%u", port);
+	h_agent_start(&a, args);
+	ck_assert_int_eq(ckpt_connect(a.endpoint, &c), 0);
+	gettimeofday(&t0, NULL);
+	for (int j = 0; j < 2; j++) {
+		h_model_make(&m[j], c, 3, 100003);
+		ck_assert_int_eq(ckpt_plan_create(c, jobs[j], 0, 1, m[j].t, m[j].n, &p[j]), 0);
+	}
+	for (int k = 0; k < 3; k++) { /* ja 1, ja 2, jb 1 */
+		int j = k == 2, step = k == 1 ? 2 : 1;
+		struct ckpt_save *s;
+
+		h_model_fill(&m[j], (uint64_t)k);
+		ck_assert_int_eq(ckpt_save(p[j], step, NULL, &s), 0);
+		ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), 0);
+		ckpt_save_release(s);
+	}
+	gettimeofday(&t1, NULL);
+	/* ja's step 1 goes (keep_last 1), on the maintenance thread */
+	ck_assert_msg(reaches(port, "ckptd_retention_removed_total", 1, 20000),
+	              "retention removed nothing");
+	scrape(port, &sc);
+	ck_assert(get(&sc, "ckptd_job_saves_total{job=\"ja\",state=\"committed\"}") == 2);
+	ck_assert(get(&sc, "ckptd_job_saves_total{job=\"jb\",state=\"committed\"}") == 1);
+	ck_assert(get(&sc, "ckptd_job_saves_total{job=\"ja\",state=\"failed\"}") == 0);
+	ck_assert(get(&sc, "ckptd_job_saves_total{job=\"jb\",state=\"skipped\"}") == 0);
+	ja = get(&sc, "ckptd_job_committed_bytes_total{job=\"ja\"}");
+	jb = get(&sc, "ckptd_job_committed_bytes_total{job=\"jb\"}");
+	ck_assert_msg(ja == 2 * jb && ja + jb == get(&sc, "ckptd_captured_bytes_total"),
+	              "committed bytes ja %g, jb %g; captured %g", ja, jb,
+	              get(&sc, "ckptd_captured_bytes_total"));
+	ck_assert(get(&sc, "ckptd_job_last_commit_step{job=\"ja\"}") == 2);
+	ck_assert(get(&sc, "ckptd_job_last_commit_step{job=\"jb\"}") == 1);
+	when = get(&sc, "ckptd_job_last_commit_timestamp_seconds{job=\"jb\"}");
+	ck_assert_msg(when >= (double)t0.tv_sec && when <= (double)t1.tv_sec + 1,
+	              "jb's last commit at %f, not within %ld..%ld", when, (long)t0.tv_sec,
+	              (long)t1.tv_sec);
+	ck_assert(get(&sc, "ckptd_job_last_commit_timestamp_seconds{job=\"ja\"}") <= when);
+	ck_assert(get(&sc, "ckptd_root_free_bytes") > 0 &&
+	          get(&sc, "ckptd_root_free_bytes") <= get(&sc, "ckptd_root_size_bytes"));
+	free(sc.raw);
+	for (int j = 0; j < 2; j++) {
+		ckpt_plan_destroy(p[j]);
+		h_model_free(&m[j]);
+	}
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 START_TEST(absent_without_flag)
 {
 	unsigned port = h_free_port();
@@ -413,6 +502,7 @@ static Suite *metrics_suite(void)
 
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, scrape_after_save);
+	tcase_add_test(tc, per_job_series);
 	tcase_add_test(tc, absent_without_flag);
 	tcase_add_test(tc, from_config_file);
 	suite_add_tcase(s, tc);
