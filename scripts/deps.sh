@@ -40,6 +40,24 @@ if ((${#missing[@]})); then
 	fi
 	install "${missing[@]}"
 fi
+# promtool, for the alert rules' test (tests/system/test_alerts.sh): taken
+# out of Debian's prometheus package into .tools/, not installed (the
+# package would start a Prometheus server). Without it that test skips.
+tools=$(cd "$(dirname "$0")/.." && pwd)/.tools
+if [[ ${1:-} == --test && ! -x $tools/promtool ]]; then
+	if [[ $(id -u) -eq 0 ]] && ((!updated)); then
+		apt-get update -qq
+		updated=1
+	fi
+	tmp=$(mktemp -d)
+	if (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1 &&
+		dpkg -x prometheus_*.deb x) && command install -D -m 0755 "$tmp/x/usr/bin/promtool" "$tools/promtool"; then
+		echo "deps: promtool in $tools"
+	else
+		echo "deps: could not fetch Debian's prometheus package: the alert rules' test skips" >&2
+	fi
+	rm -rf "$tmp"
+fi
 mapfile -t missing < <(missing "${optional[@]}")
 if ((${#missing[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
