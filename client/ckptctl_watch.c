@@ -398,6 +398,31 @@ static void frame_line(struct frame *f, const char *fmt, ...)
 		f->lines++;
 }
 
+/*
+ * What a save in flight is doing, more than its state says: QUEUED with
+ * bytes copied is CAPTURING, CAPTURED is WRITING (its shard to the root),
+ * DURABLE is COMMITTING (waiting for the other ranks and the manifest).
+ */
+static const char *phase(const struct track *t)
+{
+	switch (t->state) {
+	case CKPT__V1__STATE__STATE_QUEUED:
+		return t->captured ? "CAPTURING" : "QUEUED";
+	case CKPT__V1__STATE__STATE_CAPTURED:
+		return "WRITING";
+	case CKPT__V1__STATE__STATE_DURABLE:
+		return "COMMITTING";
+	default:
+		return ipc_state_name(t->state);
+	}
+}
+
+/* A failed or skipped save's reason says why; another's is a note at most. */
+static bool is_failure(int state)
+{
+	return state == CKPT__V1__STATE__STATE_FAILED || state == CKPT__V1__STATE__STATE_SKIPPED;
+}
+
 static void bar(const struct track *t, unsigned width, char *buf)
 {
 	unsigned w = 0, c = 0;
@@ -465,8 +490,8 @@ static void widths_of(const struct view *v, size_t n, const struct row *rows, un
 		w->age = widest(w->age, rows[i].age);
 	}
 	w->job = w->job > 20 ? 20 : w->job;
-	/* the columns, the state's 9, the bar's brackets, the percentage, 8 spaces between */
-	used = w->job + w->step + w->rank + 9 + 2 + 4 + w->bytes + w->rate + w->age + 8;
+	/* the columns, the phase's 10, the bar's brackets, the percentage, 8 spaces between */
+	used = w->job + w->step + w->rank + 10 + 2 + 4 + w->bytes + w->rate + w->age + 8;
 	if (cols > 1 && (int)cols - 1 - used < BAR)
 		w->bar =
 		    (int)cols - 1 - used > BAR_MIN ? (unsigned)((int)cols - 1 - used) : BAR_MIN;
@@ -488,7 +513,7 @@ static void draw_inflight(struct frame *f, const struct view *v, int64_t now_uni
 	for (size_t i = 0; i < n; i++)
 		row_of(&v->t[i], now_unix, &rows[i]);
 	widths_of(v, n, rows, f->cols, &w);
-	frame_line(f, "%-*s %*s %*s %-9s %-*s %4s %*s %*s %*s", w.job, "JOB", w.step, "STEP",
+	frame_line(f, "%-*s %*s %*s %-10s %-*s %4s %*s %*s %*s", w.job, "JOB", w.step, "STEP",
 	           w.rank, "RANK", "STATE", (int)w.bar + 2, "PROGRESS", "", w.bytes, "WRITTEN",
 	           w.rate, "RATE", w.age, "AGE");
 	for (size_t i = 0; i < n; i++) {
@@ -496,9 +521,9 @@ static void draw_inflight(struct frame *f, const struct view *v, int64_t now_uni
 		double pct = t->total ? 100.0 * (double)t->written / (double)t->total : 0;
 
 		bar(t, w.bar, b);
-		frame_line(f, "%-*s %*s %*s %-9s %s %3.0f%% %*s %*s %*s%s%s%s", w.job, t->job,
-		           w.step, rows[i].step, w.rank, rows[i].rank, ipc_state_name(t->state), b,
-		           pct, w.bytes, rows[i].bytes, w.rate, rows[i].rate, w.age, rows[i].age,
+		frame_line(f, "%-*s %*s %*s %-10s %s %3.0f%% %*s %*s %*s%s%s%s", w.job, t->job,
+		           w.step, rows[i].step, w.rank, rows[i].rank, phase(t), b, pct, w.bytes,
+		           rows[i].bytes, w.rate, rows[i].rate, w.age, rows[i].age,
 		           t->pool_limited ? "  (streams through the pool)" : "",
 		           t->parts[0] ? "  " : "", t->parts);
 	}
@@ -526,10 +551,10 @@ static void draw_recent(struct frame *f, const struct view *v)
 		ctl_human_secs(r->durable, dur, sizeof(dur));
 		ctl_human_secs(r->commit, com, sizeof(com));
 		ctl_human_time(r->done_unix_ns, when, sizeof(when));
-		/* a committed checkpoint's reason is a note; a failed one's says why */
+		/* only a failure's reason: a committed checkpoint's is a note for the log */
 		frame_line(f, "%-20s %10" PRId64 " %5d %-9s %11s %9s %9s %9s  %-19s %s", r->job,
 		           r->step, r->world, ipc_state_name(r->state), size, cap, dur, com, when,
-		           r->state == CKPT__V1__STATE__STATE_COMMITTED ? "" : r->reason);
+		           is_failure(r->state) ? r->reason : "");
 	}
 }
 
@@ -649,8 +674,8 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 			one_line(parts, safe, sizeof(safe));
 			printf(" %s", safe);
 		}
-		if (reason[0])
-			printf(" reason: %s", reason);
+		if (reason[0]) /* why, for a failure; else a note (e.g. LATEST not moved) */
+			printf(" %s: %s", is_failure((int)s->state) ? "reason" : "note", reason);
 		putchar('\n');
 	}
 	/* At once: whoever reads a pipe wants the event now, not a buffer later. */

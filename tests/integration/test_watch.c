@@ -405,7 +405,8 @@ START_TEST(watch_live_view_on_a_terminal)
 	wait_text(&w, 20000, "SAVES IN FLIGHT (1)");
 	wait_text(&w, 5000, "tv ");
 	ck_assert_msg(strstr(w.buf, "\033[?25l"), "the cursor is hidden while it draws");
-	ck_assert_msg(strstr(w.buf, "DURABLE") && strstr(w.buf, "[#"), "a bar:\n%s", w.buf);
+	/* rank 0 durable, the step waiting for rank 1: COMMITTING */
+	ck_assert_msg(strstr(w.buf, "COMMITTING") && strstr(w.buf, "[#"), "a bar:\n%s", w.buf);
 	/* redrawn in place: the cursor goes back up over the last frame */
 	wait_text(&w, 5000, "\033[");
 	mark = w.len;
@@ -442,7 +443,7 @@ START_TEST(watch_live_view_fits_80_columns)
 	pair_make(&x, &a, "narrow");
 	pair_save(&x, 0, 120000, CKPT_DURABLE); /* rank 1 never comes: it stays in flight */
 	watch_start_cols(&w, &a, "", 80);
-	at = wait_line(&w, 20000, (const char *const[]){"narrow ", "DURABLE", "/s ", NULL});
+	at = wait_line(&w, 20000, (const char *const[]){"narrow ", "COMMITTING", "/s ", NULL});
 	row = w.buf + at;
 	end = strstr(row, "\033[K");
 	ck_assert_ptr_nonnull(end);
@@ -461,6 +462,55 @@ START_TEST(watch_live_view_fits_80_columns)
 	h_agent_cleanup(&a);
 }
 END_TEST
+
+#ifdef CKPT_FAULT_INJECTION
+/*
+ * A save whose writes are slow (300 ms each, 1 MiB chunks) is WRITING on
+ * an 80-column terminal, with bytes written of total and a rate; once it
+ * commits, the list of last checkpoints and the event lines on a pipe give
+ * no reason for it (reasons are for failures).
+ */
+START_TEST(watch_phases_and_reasons)
+{
+	struct agent_proc a;
+	struct watch w, p;
+	struct ckpt_client *c;
+	struct ckpt_plan *pl;
+	struct ckpt_save *s;
+	struct h_model m;
+	const char *row;
+	size_t at;
+
+	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1 --queue-depth 1",
+	                  "CKPT_FAULTS=io_write:slow=300:path=*/ph/*:count=inf");
+	watch_start_cols(&w, &a, "ph", 80);
+	watch_start(&p, &a, "ph", false);
+	c = h_connect(&a);
+	h_model_make(&m, c, 4, 1 << 20); /* about 4 MiB: 5 writes, 1.5 s */
+	ck_assert_int_eq(ckpt_plan_create(c, "ph", 0, 1, m.t, m.n, &pl), 0);
+	h_model_fill(&m, 3);
+	ck_assert_int_eq(ckpt_save(pl, 1, NULL, &s), 0);
+	at = wait_line(&w, 20000, (const char *const[]){"ph ", "WRITING", "/s ", NULL});
+	row = w.buf + at;
+	ck_assert_msg(strstr(row, "M/") || strstr(row, "K/"), "bytes written of total: %.100s",
+	              row);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), 0);
+	ckpt_save_release(s);
+	wait_text(&w, 20000, "LAST CHECKPOINTS");
+	wait_line(&w, 20000, (const char *const[]){"ph ", " COMMITTED ", NULL});
+	wait_line(&p, 20000, (const char *const[]){"job=ph", "state=COMMITTED", NULL});
+	ck_assert_msg(!strstr(p.buf, "reason:"), "a reason for a save that succeeded:\n%s", p.buf);
+	ck_assert_int_eq(watch_end(&w, SIGINT), 0);
+	ck_assert_int_eq(watch_end(&p, SIGINT), 0);
+	watch_free(&w);
+	watch_free(&p);
+	ckpt_plan_destroy(pl);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+#endif
 
 START_TEST(watch_ends_when_the_agent_goes)
 {
@@ -593,6 +643,9 @@ int main(void)
 	tcase_add_test(tc, watch_json_lines_parse);
 	tcase_add_test(tc, watch_live_view_on_a_terminal);
 	tcase_add_test(tc, watch_live_view_fits_80_columns);
+#ifdef CKPT_FAULT_INJECTION /* slow writes: the save is caught WRITING */
+	tcase_add_test(tc, watch_phases_and_reasons);
+#endif
 	tcase_add_test(tc, watch_ends_when_the_agent_goes);
 	tcase_add_test(tc, status_fields);
 	suite_add_tcase(s, tc);
