@@ -415,6 +415,40 @@ int fmt_meta_text(const json_t *v, char **out, const char *what, char *err)
 	return 0;
 }
 
+int fmt_meta_put(json_t *o, const char *text, const char *what, char *err)
+{
+	json_t *v;
+	int rc = fmt_meta_value(text, &v, what, err);
+
+	if (rc)
+		return rc;
+	if (json_object_set_new(o, "meta", v) ||
+	    (text && *text && json_object_set_new(o, "meta_raw", json_string(text))))
+		return ipc_errf(err, -ENOMEM, "%s: out of memory for meta", what);
+	return 0;
+}
+
+int fmt_meta_read(const json_t *o, char **out, const char *what, char *err)
+{
+	const json_t *v = json_object_get(o, "meta"), *raw = json_object_get(o, "meta_raw");
+	char ignored[IPC_ERRLEN];
+	json_t *back = NULL;
+
+	if (json_is_string(raw) && json_string_length(raw) <= IPC_MAX_META &&
+	    strlen(json_string_value(raw)) == json_string_length(raw) && /* no NUL inside */
+	    fmt_meta_value(json_string_value(raw), &back, what, ignored) == 0) {
+		bool same = json_equal(back, v ? v : json_null());
+
+		json_decref(back);
+		if (same) {
+			*out = strdup(json_string_value(raw));
+			return *out ? 0
+			            : ipc_errf(err, -ENOMEM, "%s: out of memory for meta", what);
+		}
+	}
+	return fmt_meta_text(v, out, what, err);
+}
+
 /* ---- checks ------------------------------------------------------------ */
 
 /*

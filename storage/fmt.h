@@ -62,6 +62,19 @@ int fmt_cmp_tensor(const void *a, const void *b);
 /* The user meta: its text as a JSON value (null when none), and back. */
 int fmt_meta_value(const char *text, json_t **out, const char *what, char *err);
 int fmt_meta_text(const json_t *v, char **out, const char *what, char *err);
+/*
+ * Meta into object o: "meta" (the value, for readers of the file) and, for
+ * meta given, "meta_raw" (its text exactly as the trainer gave it). NULL
+ * or "": "meta" null. 0, or -ENOMEM / -EINVAL (not JSON).
+ */
+int fmt_meta_put(json_t *o, const char *text, const char *what, char *err);
+/*
+ * The meta of object o as text, *out malloc'd (NULL for none): "meta_raw"
+ * byte for byte where it is there and says what "meta" says (files written
+ * before it existed, or a "meta_raw" at odds with "meta": "meta" written
+ * out again, as fmt_meta_text).
+ */
+int fmt_meta_read(const json_t *o, char **out, const char *what, char *err);
 
 /*
  * One chunk of t in the file of k (rank k->rank), world ranks: bytes =

@@ -392,7 +392,7 @@ int manifest_check(const struct manifest *m, char *err)
 
 static json_t *ranks_json(const struct manifest *m)
 {
-	json_t *a = json_array(), *o, *meta;
+	json_t *a = json_array(), *o;
 	char ignored[IPC_ERRLEN];
 
 	for (size_t r = 0; a && r < m->nranks; r++) {
@@ -400,9 +400,7 @@ static json_t *ranks_json(const struct manifest *m)
 
 		o = json_pack("{s:i, s:s, s:I, s:I}", "rank", k->rank, "file", k->file, "size",
 		              (json_int_t)k->size, "header_bytes", (json_int_t)k->header_bytes);
-		if (o && m->version > 1 &&
-		    (fmt_meta_value(k->meta_json, &meta, MF, ignored) ||
-		     json_object_set_new(o, "meta", meta))) {
+		if (o && m->version > 1 && fmt_meta_put(o, k->meta_json, MF, ignored)) {
 			json_decref(o);
 			o = NULL;
 		}
@@ -486,6 +484,12 @@ int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *er
 	root = root_json(m, meta); /* takes meta, even when it fails */
 	if (!root)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
+	/* the text as given, beside the value (fmt_meta_read returns it) */
+	if (m->meta_json && *m->meta_json &&
+	    json_object_set_new(root, "meta_raw", json_string(m->meta_json))) {
+		json_decref(root);
+		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
+	}
 	for (size_t i = 0; i < m->ntensors; i++)
 		nchunks += m->tensors[i].nchunks;
 	/* indented for people, unless that makes a huge manifest larger still */
@@ -533,8 +537,7 @@ static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 		                                     .header_bytes = (uint64_t)hb};
 		if (!m->ranks[r].file)
 			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
-		if (m->version > 1 && (rc = fmt_meta_text(json_object_get(o, "meta"),
-		                                          &m->ranks[r].meta_json, MF, err)))
+		if (m->version > 1 && (rc = fmt_meta_read(o, &m->ranks[r].meta_json, MF, err)))
 			return rc;
 		if (m->version > 2 && json_object_get(o, "holds") &&
 		    (rc = fmt_holds_parse(json_object_get(o, "holds"), &m->ranks[r].holds,
@@ -640,7 +643,7 @@ static int parse_root(struct manifest *m, const json_t *root, char *err)
 	if (rc == 0 && (rc = fmt_int(root, "bytes", 0, INT64_MAX, &v, MF, "top level", err)) == 0)
 		m->bytes = (uint64_t)v;
 	if (rc == 0)
-		rc = fmt_meta_text(json_object_get(root, "meta"), &m->meta_json, MF, err);
+		rc = fmt_meta_read(root, &m->meta_json, MF, err);
 	if (rc == 0)
 		rc = parse_durations(m, json_object_get(root, "durations"), err);
 	if (rc == 0 && m->version > 1)

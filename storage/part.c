@@ -230,19 +230,18 @@ int part_check(const struct part *p, char *err)
 
 static json_t *rank_json(const struct part_rank *k)
 {
-	json_t *o, *meta, *tensors = fmt_tensors_json(k->tensors, k->ntensors, true);
+	json_t *o, *tensors = fmt_tensors_json(k->tensors, k->ntensors, true);
 	char ignored[IPC_ERRLEN];
 
-	if (fmt_meta_value(k->meta_json, &meta, PT, ignored)) {
-		json_decref(tensors);
-		return NULL;
-	}
-	o = json_pack("{s:i, s:s, s:I, s:I, s:o, s:I, s:I, s:I, s:o}", "rank", k->rank, "file",
-	              k->file, "size", (json_int_t)k->size, "header_bytes",
-	              (json_int_t)k->header_bytes, "meta", meta, "queued_unix_ns",
-	              (json_int_t)k->queued_unix_ns, "captured_unix_ns",
+	o = json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "rank", k->rank, "file", k->file,
+	              "size", (json_int_t)k->size, "header_bytes", (json_int_t)k->header_bytes,
+	              "queued_unix_ns", (json_int_t)k->queued_unix_ns, "captured_unix_ns",
 	              (json_int_t)k->captured_unix_ns, "durable_unix_ns",
 	              (json_int_t)k->durable_unix_ns, "tensors", tensors);
+	if (o && fmt_meta_put(o, k->meta_json, PT, ignored)) {
+		json_decref(o);
+		return NULL;
+	}
 	if (o && k->holds && json_object_set_new(o, "holds", fmt_holds_json(k->holds, k->nholds))) {
 		json_decref(o);
 		return NULL;
@@ -308,7 +307,7 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 	if (!rc)
 		rc = fmt_int(o, "durable_unix_ns", 0, INT64_MAX, &v[5], PT, where, err);
 	if (!rc)
-		rc = fmt_meta_text(json_object_get(o, "meta"), &k->meta_json, PT, err);
+		rc = fmt_meta_read(o, &k->meta_json, PT, err);
 	if (rc)
 		return rc;
 	k->rank = (int)v[0];

@@ -110,7 +110,9 @@ static int rank_main(char **v)
 		memset(mem, 0, ROWS * 16 * 4 + optn);
 		if (ckpt_restore(p, CKPT_LATEST, &step, &back))
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
-		snprintf(meta, sizeof(meta), "{\"rank\":%d,\"step\":%lld}", rank, (long long)step);
+		/* as saved, byte for byte (below) */
+		snprintf(meta, sizeof(meta), "{\"rank\": %d, \"step\": %lld}", rank,
+		         (long long)step);
 		if (!back || strcmp(back, meta) != 0)
 			return fprintf(stderr, "rank %d: meta %s, want %s\n", rank,
 			               back ? back : "-", meta),

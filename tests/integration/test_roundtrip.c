@@ -91,6 +91,44 @@ START_TEST(roundtrip_odd_sizes)
 END_TEST
 
 /* The checkpoint holds the step's values even if the trainer writes right after CAPTURED. */
+/*
+ * Meta comes back byte for byte as the trainer gave it (spaces, 0.1, 1e-3,
+ * an escaped character, 1.0): from the agent that saved it, and from one
+ * that read the manifest from the disk again after a restart.
+ */
+START_TEST(meta_byte_for_byte)
+{
+	static const char given[] =
+	    "{ \"lr\": 0.1, \"wd\": 1e-3,\n  \"name\": \"caf\\u00e9\", \"k\": [1.0, 2] }";
+	struct agent_proc a;
+
+	h_agent_start(&a, NULL);
+	for (int pass = 0; pass < 2; pass++) {
+		struct ckpt_client *c = h_connect(&a);
+		struct ckpt_plan *p;
+		struct h_model m;
+		char *meta = NULL;
+
+		h_model_make(&m, c, 2, 4096);
+		ck_assert_int_eq(ckpt_plan_create(c, "meta", 0, 1, m.t, m.n, &p), 0);
+		if (pass == 0)
+			save_and_wait(p, 5, given, CKPT_COMMITTED);
+		ck_assert_int_eq(ckpt_restore(p, 5, NULL, &meta), 0);
+		ck_assert_msg(meta && strcmp(meta, given) == 0, "pass %d: meta given: %s\nback: %s",
+		              pass, given, meta ? meta : "(none)");
+		free(meta);
+		ckpt_plan_destroy(p);
+		h_model_free(&m);
+		ckpt_disconnect(c);
+		if (pass == 0) {
+			ck_assert_int_eq(h_agent_stop(&a), 0);
+			h_agent_restart(&a);
+		}
+	}
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 START_TEST(rewrite_after_captured)
 {
 	struct agent_proc a;
@@ -438,6 +476,7 @@ int main(int argc, char **argv)
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, roundtrip_odd_sizes);
+	tcase_add_test(tc, meta_byte_for_byte);
 	tcase_add_test(tc, rewrite_after_captured);
 	tcase_add_test(tc, larger_than_pool);
 	tcase_add_test(tc, four_ranks_one_checkpoint);
