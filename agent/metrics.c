@@ -378,7 +378,9 @@ static void render(struct metrics *m, FILE *f)
 	    (double)s.io.bytes_written);
 	put(f, "ckptd_read_bytes_total", "counter", "Bytes read from shard files.",
 	    (double)s.io.bytes_read);
-	put(f, "ckptd_fsyncs_total", "counter", "fsyncs of shard files.", (double)s.io.fsyncs);
+	put(f, "ckptd_fsyncs_total", "counter",
+	    "fsyncs the I/O engine made: shard files and the directories that name them.",
+	    (double)s.io.fsyncs);
 	put(f, "ckptd_io_errors_total", "counter", "Reads, writes and fsyncs that failed.",
 	    (double)s.io.errors);
 	put(f, "ckptd_io_retries_total", "counter", "Short or interrupted I/O resubmitted.",

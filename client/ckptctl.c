@@ -751,7 +751,10 @@ static int cmd_show(struct ctl *x, int argc, char **argv)
 		}
 		show_tensors(m);
 		show_layout(l);
-		if (json_object_get(m, "meta") && !json_is_null(json_object_get(m, "meta"))) {
+		if (json_is_string(json_object_get(m, "meta_raw"))) { /* as the trainer gave it */
+			printf("\nmeta %s\n", json_string_value(json_object_get(m, "meta_raw")));
+		} else if (json_object_get(m, "meta") &&
+		           !json_is_null(json_object_get(m, "meta"))) {
 			char *meta = json_dumps(json_object_get(m, "meta"), JSON_ENCODE_ANY);
 
 			printf("\nmeta %s\n", meta ? meta : "?");

@@ -94,7 +94,8 @@ END_TEST
 /*
  * Meta comes back byte for byte as the trainer gave it (spaces, 0.1, 1e-3,
  * an escaped character, 1.0): from the agent that saved it, and from one
- * that read the manifest from the disk again after a restart.
+ * that read the manifest from the disk again after a restart; ckptctl show
+ * prints it so.
  */
 START_TEST(meta_byte_for_byte)
 {
@@ -117,6 +118,12 @@ START_TEST(meta_byte_for_byte)
 		ck_assert_msg(meta && strcmp(meta, given) == 0, "pass %d: meta given: %s\nback: %s",
 		              pass, given, meta ? meta : "(none)");
 		free(meta);
+		{ /* ckptctl show says it as given too */
+			char out[16384];
+
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show meta 5"), 0);
+			ck_assert_msg(strstr(out, given), "show: %s", out);
+		}
 		ckpt_plan_destroy(p);
 		h_model_free(&m);
 		ckpt_disconnect(c);
