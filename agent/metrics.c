@@ -60,6 +60,7 @@ enum { H_STALL, H_PERSIST, H_COMMIT, H_RESTORE, H_COMMIT_LATENCY, NHIST };
 /* One job's series. */
 struct job_stat {
 	char job[IPC_MAX_JOB + 1];
+	unsigned plans; /* live plans of the job on this node (at a scrape) */
 	uint64_t finals[8]; /* saves by final state */
 	uint64_t committed_bytes;
 	double last_commit_unix; /* 0: none yet */
@@ -204,6 +205,8 @@ struct snapshot {
 	uint64_t gc_removed;
 	struct job_stat *jobs; /* a copy (malloc'd), njobs of them */
 	size_t njobs;
+	char (*plan_jobs)[IPC_MAX_JOB + 1]; /* the job of each live plan (malloc'd) */
+	size_t nplan_jobs;
 };
 
 static void take_snapshot(struct metrics *m, struct snapshot *s)
@@ -220,6 +223,21 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->upload_tier = a->up != NULL;
 	upload_get_stats(a->up, &s->up);
 	s->gc_removed = a->gc_removed;
+	/* each live plan's job, for the jobs' plans gauge (a node has a few hundred at most) */
+	s->nplan_jobs = 0;
+	s->plan_jobs = a->nplans ? calloc(a->nplans, sizeof(*s->plan_jobs)) : NULL;
+	if (s->plan_jobs) {
+		struct list *pos;
+
+		list_for_each(pos, &a->plans)
+		{
+			const struct plan *p = container_of(pos, struct plan, link);
+
+			if (s->nplan_jobs < a->nplans)
+				snprintf(s->plan_jobs[s->nplan_jobs++], sizeof(s->plan_jobs[0]),
+				         "%s", p->job);
+		}
+	}
 	pthread_mutex_unlock(&a->mu);
 	s->captured = atomic_load(&a->captured_bytes);
 	pthread_mutex_lock(&m->mu); /* not under agent.mu: no order to keep */
@@ -236,6 +254,11 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 		s->njobs = m->njobs;
 	}
 	pthread_mutex_unlock(&m->mu);
+	for (size_t i = 0; i < s->njobs; i++)
+		for (size_t k = 0; k < s->nplan_jobs; k++)
+			s->jobs[i].plans += strcmp(s->jobs[i].job, s->plan_jobs[k]) == 0;
+	free(s->plan_jobs);
+	s->plan_jobs = NULL;
 	ioeng_get_stats(a->io, &s->io);
 	if (a->store->ops->stats) { /* an object store: its own transfers, not the engine's */
 		struct storage_stats ss;
@@ -311,6 +334,10 @@ static void put_jobs(FILE *f, const struct snapshot *s)
 			fprintf(f, "ckptd_job_saves_total{job=\"%s\",state=\"%s\"} %llu\n",
 			        s->jobs[i].job, st[k].label,
 			        (unsigned long long)s->jobs[i].finals[st[k].state]);
+	fprintf(f, "# HELP ckptd_job_plans A job's live plans on this node (trainers that may "
+	           "save): 0 once they are gone.\n# TYPE ckptd_job_plans gauge\n");
+	for (size_t i = 0; i < s->njobs; i++)
+		fprintf(f, "ckptd_job_plans{job=\"%s\"} %u\n", s->jobs[i].job, s->jobs[i].plans);
 	fprintf(f, "# HELP ckptd_job_committed_bytes_total Bytes of a job's saves that were "
 	           "committed.\n# TYPE ckptd_job_committed_bytes_total counter\n");
 	for (size_t i = 0; i < s->njobs; i++)

@@ -25,6 +25,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -79,7 +80,11 @@ static void existing_parent(const char *path, char *buf, size_t len)
 	char *slash;
 
 	snprintf(buf, len, "%s", path);
-	while (stat(buf, &st) != 0 && (slash = strrchr(buf, '/')) != NULL) {
+	while (stat(buf, &st) != 0) {
+		if ((slash = strrchr(buf, '/')) == NULL) { /* a relative path: its first part */
+			snprintf(buf, len, ".");
+			return;
+		}
 		if (slash == buf) {
 			buf[1] = '\0';
 			return;
@@ -88,13 +93,19 @@ static void existing_parent(const char *path, char *buf, size_t len)
 	}
 }
 
+/* May this process's user (its effective ids) write and search dir? */
+static bool writable(const char *dir)
+{
+	return faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == 0;
+}
+
 /* A directory that is not there: can this user make it (its nearest existing parent)? */
 static bool can_make(struct probe *p, const char *what, const char *path)
 {
 	char parent[PATH_MAX];
 
 	existing_parent(path, parent, sizeof(parent));
-	if (access(parent, W_OK | X_OK) == 0) {
+	if (writable(parent)) {
 		said(p, "%s %s: not there; the agent makes it (in %s)", what, path, parent);
 		return true;
 	}
@@ -122,7 +133,7 @@ static void job_dirs(struct probe *p, const char *root)
 		if (e->d_name[0] == '.')
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", root, e->d_name);
-		if (lstat(path, &st) || !S_ISDIR(st.st_mode) || access(path, W_OK | X_OK) == 0)
+		if (lstat(path, &st) || !S_ISDIR(st.st_mode) || writable(path))
 			continue;
 		if (n < MAX_NAMED)
 			o += (size_t)snprintf(names + o, sizeof(names) - o, "%s%.64s",
@@ -152,20 +163,28 @@ static void root_dir(struct probe *p, const char *root)
 	int fd;
 
 	if (stat(root, &st) != 0) {
-		can_make(p, "root", root);
+		if (errno == ENOENT)
+			can_make(p, "root", root);
+		else
+			problem(p, -errno, "root %s: %s (as %s)", root, strerror(errno), p->user);
 		return;
 	}
 	if (!S_ISDIR(st.st_mode)) {
 		problem(p, -ENOTDIR, "root %s is not a directory", root);
 		return;
 	}
-	snprintf(file, sizeof(file), "%s/.ckptd-probe.%ld", root, (long)getpid());
-	fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0) {
+	/* a name no other node's probe takes (nodes sharing a root may share pids) */
+	snprintf(file, sizeof(file), "%s/.ckptd-probe.XXXXXX", root);
+	fd = mkostemp(file, O_CLOEXEC);
+	if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
 		problem(p, -errno,
 		        "root %s: %s cannot make a file in it (%s): chown %s %s (under systemd "
 		        "also ReadWritePaths=)",
 		        root, p->user, strerror(errno), p->user, root);
+		return;
+	}
+	if (fd < 0) {
+		problem(p, -errno, "root %s: making a file in it: %s", root, strerror(errno));
 		return;
 	}
 	close(fd);
@@ -196,11 +215,14 @@ static void socket_dir(struct probe *p, const char *listen)
 	if (!slash || slash == dir)
 		return;
 	*slash = '\0';
-	if (stat(dir, &st) != 0)
+	if (stat(dir, &st) != 0 && errno == ENOENT)
 		can_make(p, "socket directory", dir);
+	else if (errno = 0, stat(dir, &st) != 0)
+		problem(p, -errno, "socket directory %s: %s (as %s)", dir, strerror(errno),
+		        p->user);
 	else if (!S_ISDIR(st.st_mode))
 		problem(p, -ENOTDIR, "socket directory %s is not a directory", dir);
-	else if (access(dir, W_OK | X_OK) != 0)
+	else if (!writable(dir))
 		problem(p, -EACCES, "socket directory %s is not writable by %s", dir, p->user);
 	else
 		said(p, "socket directory %s: writable by %s", dir, p->user);
@@ -212,7 +234,10 @@ int probe_paths(const char *root, const char *listen, FILE *out, char *err)
 	struct probe p = {.start = !out, .out = out, .err = err};
 
 	err[0] = '\0';
-	snprintf(p.user, sizeof(p.user), "%s", pw ? pw->pw_name : "this user");
+	if (pw)
+		snprintf(p.user, sizeof(p.user), "%s", pw->pw_name);
+	else
+		snprintf(p.user, sizeof(p.user), "%ld", (long)geteuid()); /* chown takes it so */
 	if (strncmp(root, "s3://", 5) != 0)
 		root_dir(&p, root);
 	else

@@ -125,13 +125,17 @@ static void cmd_help(const struct ctl_cmd *c, FILE *f)
 __attribute__((format(printf, 4, 5))) static int say_error(const struct ctl *x, int status, int err,
                                                            const char *fmt, ...)
 {
-	char msg[IPC_ERRLEN + 128];
+	char msg[2048]; /* libckpt's last error is 1024 bytes at most */
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	if (x && x->json) {
+		/* JSON strings are UTF-8: a byte an argument brought that is not ASCII, as '?' */
+		for (char *c = msg; *c; c++)
+			if ((unsigned char)*c >= 0x80 || (unsigned char)*c < 0x20)
+				*c = '?';
 		const char *code = err ? strerrorname_np(err < 0 ? -err : err) : NULL;
 
 		ctl_print_json(json_pack("{s:s, s:i, s:s?, s:i}", "error", msg, "errno",
@@ -982,13 +986,22 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 	return rc;
 }
 
-/* "--json", "--help" or "-h" anywhere after the command: taken out, noted. */
+/*
+ * "--json", "--help" or "-h" anywhere after the command: taken out, noted;
+ * up to a "--" (taken out too), after which every word is an argument (a
+ * job named "-h").
+ */
 static void take_flags(int *argc, char **argv, int from, struct ctl *x, bool *help)
 {
 	for (int k = from; k < *argc; k++) {
 		bool json = strcmp(argv[k], "--json") == 0;
 		bool h = strcmp(argv[k], "--help") == 0 || strcmp(argv[k], "-h") == 0;
 
+		if (strcmp(argv[k], "--") == 0) {
+			memmove(&argv[k], &argv[k + 1], (size_t)(*argc - k) * sizeof(*argv));
+			(*argc)--;
+			return;
+		}
 		if (!json && !h)
 			continue;
 		x->json |= json;
@@ -1054,7 +1067,9 @@ int main(int argc, char **argv)
 		return cmd_help(cmd, stdout), 0;
 	rc = cl_open(endpoint, false, &x.c);
 	if (rc)
-		return say_error(&x, 1, rc, "%s", ckpt_last_error(NULL));
+		return say_error(&x, 1, rc, "%s",
+		                 *ckpt_last_error(NULL) ? ckpt_last_error(NULL)
+		                                        : ckpt_strerror(rc));
 	rc = cmd->fn(&x, argc - optind - 1, argv + optind + 1);
 	ckpt_disconnect(x.c);
 	return rc;

@@ -23,6 +23,19 @@
  * The socket is there but not ours to open: who we are and which group
  * would let us (the socket's), in words an operator can act on.
  */
+static bool in_group(gid_t g)
+{
+	gid_t v[256];
+	int n = getgroups(256, v);
+
+	if (getegid() == g)
+		return true;
+	for (int i = 0; i < n; i++)
+		if (v[i] == g)
+			return true;
+	return false;
+}
+
 static int denied(struct ckpt_client *c, const char *path)
 {
 	struct passwd *pw = getpwuid(geteuid());
@@ -33,6 +46,11 @@ static int denied(struct ckpt_client *c, const char *path)
 	snprintf(user, sizeof(user), "%s", pw ? pw->pw_name : "this user");
 	if (stat(path, &st) == 0 && (gr = getgrgid(st.st_gid)) != NULL)
 		snprintf(group, sizeof(group), "%s", gr->gr_name);
+	if (group[0] && in_group(st.st_gid)) /* in it already: the mode or a policy */
+		return cl_fail(c, -EACCES,
+		               "permission denied on %s: %s is in the socket's group %s, yet may "
+		               "not open it (the socket's mode, or a security policy)",
+		               path, user, group);
 	if (!group[0])
 		return cl_fail(c, -EACCES,
 		               "permission denied on %s: %s may not open the agent's socket (its "

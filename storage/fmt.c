@@ -422,9 +422,16 @@ int fmt_meta_put(json_t *o, const char *text, const char *what, char *err)
 
 	if (rc)
 		return rc;
-	if (json_object_set_new(o, "meta", v) ||
-	    (text && *text && json_object_set_new(o, "meta_raw", json_string(text))))
+	if (json_object_set_new(o, "meta", v))
 		return ipc_errf(err, -ENOMEM, "%s: out of memory for meta", what);
+	if (text && *text) { /* the text only where writing the value again would change it */
+		char *again = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+		bool same = again && strcmp(again, text) == 0;
+
+		free(again);
+		if (!same && json_object_set_new(o, "meta_raw", json_string(text)))
+			return ipc_errf(err, -ENOMEM, "%s: out of memory for meta", what);
+	}
 	return 0;
 }
 

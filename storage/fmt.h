@@ -63,9 +63,10 @@ int fmt_cmp_tensor(const void *a, const void *b);
 int fmt_meta_value(const char *text, json_t **out, const char *what, char *err);
 int fmt_meta_text(const json_t *v, char **out, const char *what, char *err);
 /*
- * Meta into object o: "meta" (the value, for readers of the file) and, for
- * meta given, "meta_raw" (its text exactly as the trainer gave it). NULL
- * or "": "meta" null. 0, or -ENOMEM / -EINVAL (not JSON).
+ * Meta into object o: "meta" (the value, for readers of the file) and,
+ * where writing that value again would not give the text back, "meta_raw"
+ * (the text exactly as the trainer gave it). NULL or "": "meta" null. 0, or
+ * -ENOMEM / -EINVAL (not JSON).
  */
 int fmt_meta_put(json_t *o, const char *text, const char *what, char *err);
 /*

@@ -484,11 +484,10 @@ int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *er
 	root = root_json(m, meta); /* takes meta, even when it fails */
 	if (!root)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
-	/* the text as given, beside the value (fmt_meta_read returns it) */
-	if (m->meta_json && *m->meta_json &&
-	    json_object_set_new(root, "meta_raw", json_string(m->meta_json))) {
+	/* the text as given, beside the value, where they differ (fmt_meta_read returns it) */
+	if ((rc = fmt_meta_put(root, m->meta_json, MF, err)) != 0) {
 		json_decref(root);
-		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
+		return rc;
 	}
 	for (size_t i = 0; i < m->ntensors; i++)
 		nchunks += m->tensors[i].nchunks;

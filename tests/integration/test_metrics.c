@@ -409,6 +409,7 @@ START_TEST(per_job_series)
 	ck_assert_msg(ja == 2 * jb && ja + jb == get(&sc, "ckptd_captured_bytes_total"),
 	              "committed bytes ja %g, jb %g; captured %g", ja, jb,
 	              get(&sc, "ckptd_captured_bytes_total"));
+	ck_assert(get(&sc, "ckptd_job_plans{job=\"ja\"}") == 1); /* its plan is still there */
 	ck_assert(get(&sc, "ckptd_job_last_commit_step{job=\"ja\"}") == 2);
 	ck_assert(get(&sc, "ckptd_job_last_commit_step{job=\"jb\"}") == 1);
 	when = get(&sc, "ckptd_job_last_commit_timestamp_seconds{job=\"jb\"}");
