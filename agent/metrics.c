@@ -292,21 +292,24 @@ static void put(FILE *f, const char *name, const char *type, const char *help, d
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The final states counted, as their label says them. */
+static const struct {
+	int state;
+	const char *label;
+} final_states[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
+                    {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
+                    {CKPT__V1__STATE__STATE_FAILED, "failed"},
+                    {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
+
+#define NFINALS (sizeof(final_states) / sizeof(final_states[0]))
+
 static void put_saves(FILE *f, const struct snapshot *s)
 {
-	static const struct {
-		int state;
-		const char *label;
-	} st[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
-	          {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
-	          {CKPT__V1__STATE__STATE_FAILED, "failed"},
-	          {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
-
 	fprintf(f, "# HELP ckptd_saves_total Saves (one rank of one step) by final state.\n"
 	           "# TYPE ckptd_saves_total counter\n");
-	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++)
-		fprintf(f, "ckptd_saves_total{state=\"%s\"} %llu\n", st[i].label,
-		        (unsigned long long)s->finals[st[i].state]);
+	for (size_t i = 0; i < NFINALS; i++)
+		fprintf(f, "ckptd_saves_total{state=\"%s\"} %llu\n", final_states[i].label,
+		        (unsigned long long)s->finals[final_states[i].state]);
 	fprintf(f,
 	        "# HELP ckptd_restores_total Restores run, by result (requests refused at once, "
 	        "e.g. for a step that does not exist, are not counted).\n"
@@ -318,22 +321,14 @@ static void put_saves(FILE *f, const struct snapshot *s)
 
 static void put_jobs(FILE *f, const struct snapshot *s)
 {
-	static const struct {
-		int state;
-		const char *label;
-	} st[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
-	          {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
-	          {CKPT__V1__STATE__STATE_FAILED, "failed"},
-	          {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
-
 	/* job names are [A-Za-z0-9._-]: nothing to escape in a label */
 	fprintf(f, "# HELP ckptd_job_saves_total A job's saves (one rank of one step) by final "
 	           "state.\n# TYPE ckptd_job_saves_total counter\n");
 	for (size_t i = 0; i < s->njobs; i++)
-		for (size_t k = 0; k < sizeof(st) / sizeof(st[0]); k++)
+		for (size_t k = 0; k < NFINALS; k++)
 			fprintf(f, "ckptd_job_saves_total{job=\"%s\",state=\"%s\"} %llu\n",
-			        s->jobs[i].job, st[k].label,
-			        (unsigned long long)s->jobs[i].finals[st[k].state]);
+			        s->jobs[i].job, final_states[k].label,
+			        (unsigned long long)s->jobs[i].finals[final_states[k].state]);
 	fprintf(f, "# HELP ckptd_job_plans A job's live plans on this node (trainers that may "
 	           "save): 0 once they are gone.\n# TYPE ckptd_job_plans gauge\n");
 	for (size_t i = 0; i < s->njobs; i++)
