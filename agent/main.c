@@ -34,15 +34,9 @@ static void on_signal(int sig)
 static int socket_dir(const char *listen, char *err)
 {
 	char dir[PATH_MAX];
-	char *slash;
 
-	if (strncmp(listen, "unix:", 5) != 0)
+	if (!probe_socket_dir(listen, dir, sizeof(dir)))
 		return 0;
-	snprintf(dir, sizeof(dir), "%s", listen + 5);
-	slash = strrchr(dir, '/');
-	if (!slash || slash == dir)
-		return 0;
-	*slash = '\0';
 	for (char *p = dir + 1;; p++) {
 		bool last = *p == '\0';
 

@@ -203,24 +203,34 @@ static void root_dir(struct probe *p, const char *root)
 	job_dirs(p, root);
 }
 
-static void socket_dir(struct probe *p, const char *listen)
+bool probe_socket_dir(const char *listen, char *dir, size_t len)
 {
-	char dir[PATH_MAX], *slash;
-	struct stat st;
+	char *slash;
 
 	if (strncmp(listen, "unix:", 5) != 0)
-		return;
-	snprintf(dir, sizeof(dir), "%s", listen + 5);
+		return false;
+	snprintf(dir, len, "%s", listen + 5);
 	slash = strrchr(dir, '/');
 	if (!slash || slash == dir)
-		return;
+		return false;
 	*slash = '\0';
-	if (stat(dir, &st) != 0 && errno == ENOENT)
-		can_make(p, "socket directory", dir);
-	else if (errno = 0, stat(dir, &st) != 0)
-		problem(p, -errno, "socket directory %s: %s (as %s)", dir, strerror(errno),
-		        p->user);
-	else if (!S_ISDIR(st.st_mode))
+	return true;
+}
+
+static void socket_dir(struct probe *p, const char *listen)
+{
+	char dir[PATH_MAX];
+	struct stat st;
+
+	if (!probe_socket_dir(listen, dir, sizeof(dir)))
+		return;
+	if (stat(dir, &st) != 0) {
+		if (errno == ENOENT)
+			can_make(p, "socket directory", dir);
+		else
+			problem(p, -errno, "socket directory %s: %s (as %s)", dir, strerror(errno),
+			        p->user);
+	} else if (!S_ISDIR(st.st_mode))
 		problem(p, -ENOTDIR, "socket directory %s is not a directory", dir);
 	else if (!writable(dir))
 		problem(p, -EACCES, "socket directory %s is not writable by %s", dir, p->user);

@@ -5,6 +5,8 @@
 #ifndef CKPT_AGENT_PROBE_H
 #define CKPT_AGENT_PROBE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "ipc.h"
@@ -18,5 +20,8 @@
  * (IPC_ERRLEN bytes) with what to do about it.
  */
 int probe_paths(const char *root, const char *listen, FILE *out, char *err);
+
+/* The directory of listen's socket (unix:DIR/NAME) into dir; false if none (a bare name). */
+bool probe_socket_dir(const char *listen, char *dir, size_t len);
 
 #endif /* CKPT_AGENT_PROBE_H */
