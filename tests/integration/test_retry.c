@@ -202,6 +202,14 @@ START_TEST(waits_bounded_when_agent_stopped)
 	ck_assert_msg(took < 10, "giving up took %.1f s with the agent stopped", took);
 	ck_assert_int_eq(kill(a.pid, SIGCONT), 0);
 	ckpt_disconnect(c);
+	/*
+	 * The agent learns of the old trainer's end on its own connection, in its
+	 * own time (the plan the trainer gave up is its until then): the new
+	 * trainer of the same job and rank comes once it has.
+	 */
+	for (int i = 0; i < 300 && !h_log_has(&a, "left:"); i++)
+		usleep(100000);
+	ck_assert_msg(h_log_has(&a, "left:"), "the agent did not see the old trainer leave");
 	/* the agent goes on: a new trainer commits */
 	c = h_connect(&a);
 	h_model_make(&m, c, 2, 4099);
