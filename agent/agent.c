@@ -566,6 +566,8 @@ void agent_destroy(struct agent *a)
 	if (!a)
 		return;
 	metrics_destroy(a->metrics); /* first: a scrape reads the pool and the engine */
+	/* No connection adopted into the server while it goes (a client attaching again). */
+	cred_stop(a->cred);
 	server_destroy(a->srv);
 	cred_destroy(a->cred); /* after the handlers that ask it */
 	/* Uploads first: they read the root through the engine (the tier stays, for restores). */

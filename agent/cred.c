@@ -391,17 +391,23 @@ fail:
 	return rc;
 }
 
-void cred_destroy(struct cred *c)
+void cred_stop(struct cred *c)
 {
 	uint64_t one = 1;
 
+	if (!c || !c->started)
+		return;
+	if (write(c->stopfd, &one, sizeof(one)) < 0)
+		log_msg(LOG_WARNING, "credentials thread: %s", strerror(errno));
+	pthread_join(c->thread, NULL);
+	c->started = false;
+}
+
+void cred_destroy(struct cred *c)
+{
 	if (!c)
 		return;
-	if (c->started) {
-		if (write(c->stopfd, &one, sizeof(one)) < 0)
-			log_msg(LOG_WARNING, "credentials thread: %s", strerror(errno));
-		pthread_join(c->thread, NULL);
-	}
+	cred_stop(c);
 	for (unsigned i = 0; i < CRED_MAX_CONNS; i++)
 		conn_free(c->conns[i]);
 	if (c->lsock >= 0) {

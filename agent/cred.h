@@ -36,6 +36,11 @@ struct cred_opts {
 
 int cred_create(const struct cred_opts *o, struct cred **out, char *err);
 /* Stops the thread, closes every connection and descriptor, removes the socket. */
+/*
+ * Stops the thread: no connection is taken, and none handed to the server,
+ * from here on (before the server goes). cred_destroy stops it too.
+ */
+void cred_stop(struct cred *c);
 void cred_destroy(struct cred *c);
 
 /* The peer a token (hex, as the call's metadata carried it) stands for; -EACCES. */
