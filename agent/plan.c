@@ -442,6 +442,13 @@ static int attach_gpu(struct plan *p, struct session *sess, struct plan_gpu *g,
 	p->gpu = g;
 	g->fence_region = fence;
 	fence->refs++;
+	/*
+	 * Numbers go on from the word the page holds: a trainer that attaches
+	 * again after an agent restart keeps its page, which its streams may
+	 * still wait on, and the word never moves back (a new page holds 0).
+	 */
+	g->fence.issued = g->fence.released =
+	    __atomic_load_n((uint32_t *)fence->shm.data, __ATOMIC_ACQUIRE);
 	return 0;
 }
 

@@ -113,6 +113,12 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	char err[IPC_ERRLEN];
 	struct session *s;
 
+	if (ipc_compatible(true, req->version, req->protocol, err)) {
+		log_msg(LOG_WARNING, "client %.64s (pid %u) refused: %s",
+		        req->client && *req->client ? req->client : "?", req->pid, err);
+		rpc_fail(c, -ENOTSUP, "%s", err);
+		goto out;
+	}
 	pthread_mutex_lock(&a->mu);
 	if (a->nsessions >= MAX_SESSIONS || a->stopping) {
 		pthread_mutex_unlock(&a->mu);
@@ -150,10 +156,12 @@ void rpc_attach(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	a->nsessions++;
 	rpc_stream_hold(c, on_session_close, s);
 	ev.session_id = s->id;
+	ev.agent_version = (char *)ipc_release();
+	ev.protocol = ipc_protocol();
 	rpc_stream_send(c, &ev.base);
 	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_INFO, "client %s (pid %u, uid %u) attached", s->client, s->pid,
-	        (unsigned)s->who.uid);
+	log_msg(LOG_INFO, "client %s (pid %u, uid %u, libckpt %.32s) attached", s->client, s->pid,
+	        (unsigned)s->who.uid, req->version && *req->version ? req->version : "?");
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }

@@ -36,6 +36,12 @@
 #define IPC_MAX_MESSAGE (32u << 20)
 #define IPC_MAX_STEP 999999999999LL /* 12 digits in step-<step> */
 #define IPC_DEFAULT_ENDPOINT "unix:/run/ckptd/ckptd.sock"
+/*
+ * The protocol this build speaks (AttachRequest.protocol, SessionEvent.protocol):
+ * a change that an older peer would misread takes the next number. A side
+ * that sends none (older than the field) speaks 1.
+ */
+#define IPC_PROTOCOL 1
 
 /* Formats into err (may be NULL) and returns rc: `return ipc_errf(...)`. */
 int ipc_errf(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -238,6 +244,21 @@ int ipc_decode(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb,
 /* grpc_status_code <-> negative errno, both ways, one table. */
 int ipc_status_to_errno(int status);
 int ipc_errno_to_status(int err);
+
+/*
+ * What this side says it is at attach: its release ("0.1.0") and the
+ * protocol it speaks (IPC_PROTOCOL). A test build takes them from
+ * $CKPT_TEST_VERSION and $CKPT_TEST_PROTOCOL where set (a "newer build").
+ */
+const char *ipc_release(void);
+uint32_t ipc_protocol(void);
+/*
+ * Whether this side can talk to a peer that speaks `protocol` (0: a peer
+ * older than the field, which speaks 1); if not, why, naming both sides
+ * ("libckpt 0.2.0 speaks protocol 2; ckptd 0.1.0 speaks 1") and what to do.
+ * `agent`: whether this side is the agent.
+ */
+int ipc_compatible(bool agent, const char *peer_version, uint32_t protocol, char *err);
 
 /* Random bytes from getrandom(2); a random non-zero id. */
 int ipc_random(void *buf, size_t len);

@@ -2,11 +2,12 @@
  * The wire: protobuf-c messages in gRPC byte buffers, the method table, the
  * one mapping between gRPC status codes and errno, and the agent's decode
  * edge (ipc_decode, called by its completion-queue thread for every request:
- * strings with NUL or control characters are refused before unpacking).
- * Any thread; no state.
+ * strings with NUL or control characters are refused before unpacking),
+ * and the versions both sides name at attach. Any thread; no state.
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -366,4 +367,51 @@ int64_t ipc_now_ns(void)
 int64_t ipc_mono_ns(void)
 {
 	return clock_ns(CLOCK_MONOTONIC);
+}
+
+/* ---- versions ---------------------------------------------------------- */
+
+#ifndef CKPT_RELEASE
+#define CKPT_RELEASE "0.0.0"
+#endif
+
+const char *ipc_release(void)
+{
+#ifdef CKPT_TEST_HOOKS
+	const char *v = getenv("CKPT_TEST_VERSION");
+
+	if (v && *v)
+		return v;
+#endif
+	return CKPT_RELEASE;
+}
+
+uint32_t ipc_protocol(void)
+{
+#ifdef CKPT_TEST_HOOKS
+	const char *v = getenv("CKPT_TEST_PROTOCOL");
+
+	if (v && *v)
+		return (uint32_t)strtoul(v, NULL, 10);
+#endif
+	return IPC_PROTOCOL;
+}
+
+int ipc_compatible(bool agent, const char *peer_version, uint32_t protocol, char *err)
+{
+	uint32_t ours = ipc_protocol(), theirs = protocol ? protocol : 1;
+	const char *pv = peer_version && *peer_version ? peer_version : "(older than 0.1)";
+
+	if (theirs == ours)
+		return 0;
+	if (agent)
+		return ipc_errf(
+		    err, -ENOTSUP,
+		    "libckpt %.32s speaks protocol %u; this ckptd %s speaks %u: "
+		    "use the libckpt of ckptd's release (or upgrade ckptd to libckpt's)",
+		    pv, theirs, ipc_release(), ours);
+	return ipc_errf(err, -ENOTSUP,
+	                "ckptd %.32s speaks protocol %u; this libckpt %s speaks %u: use the "
+	                "libckpt of ckptd's release (or upgrade ckptd to libckpt's)",
+	                pv, theirs, ipc_release(), ours);
 }
