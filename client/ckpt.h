@@ -85,9 +85,22 @@ struct ckpt_tensor {
 
 /*
  * Connects to the agent. endpoint NULL: $CKPT_ENDPOINT, else
- * unix:/run/ckptd/ckptd.sock. Fails with -ECONNREFUSED when no agent answers.
+ * unix:/run/ckptd/ckptd.sock. Fails with -ECONNREFUSED when no agent answers,
+ * -ENOTSUP when the agent speaks another protocol (the message names both
+ * versions).
+ *
+ * Agent restarts: when the agent goes away (restarted, upgraded, crashed),
+ * the client attaches again to the one that comes back, for up to
+ * $CKPT_RECONNECT_SECONDS (default 300; 0: never), and hands it its host
+ * memory and plans again; nothing changes for the caller's pointers. Saves
+ * the agent had not committed end FAILED with a reason saying it went away;
+ * a save asked while it is away is FAILED at once (the training loop is not
+ * held); other calls wait for the new agent. Committed checkpoints are the
+ * agent's root's, untouched.
  */
 int ckpt_connect(const char *endpoint, struct ckpt_client **out);
+/* The release of the agent the client is attached to ("0.1.0"). */
+const char *ckpt_agent_version(struct ckpt_client *c);
 
 /* Releases the client's plans and memory; saves past CAPTURED still commit. */
 void ckpt_disconnect(struct ckpt_client *c);

@@ -15,11 +15,15 @@
 #include "cuda_ipc.h"
 #include "ipc.h"
 
-/* A host region from ckpt_host_alloc. */
+/*
+ * A host region from ckpt_host_alloc. Its descriptor stays open: an agent
+ * that comes back after a restart is handed it again.
+ */
 struct cl_alloc {
 	struct cl_alloc *next;
-	struct ipc_shm shm; /* its descriptor closed once the agent has it */
-	uint64_t region_id;
+	struct ipc_shm shm;
+	uint64_t region_id; /* the agent's; 0 while it has none */
+	uint64_t key; /* ours, for good: plans name their regions by it (cl_register_again) */
 };
 
 /* The Attach call's batches; each flag is set when its batch completes. */
@@ -56,11 +60,32 @@ struct ckpt_client {
 	grpc_slice sdetails;
 	struct attach_tags atags; /* live as long as the call: late completions name them */
 	pthread_t thread;
-	bool gone; /* the session ended: the agent went away */
+	/*
+	 * The session's end. When the agent goes away (a restart, an upgrade, a
+	 * crash), the session thread attaches again within reconnect_ms: while
+	 * `away`, calls wait for it (saves end FAILED at once); `gone` once it
+	 * gave up, or the client is closing.
+	 */
+	bool gone;
+	bool away;
+	bool closing; /* ckpt_disconnect has begun */
+	unsigned calls; /* API calls talking to the agent now (cl_enter) */
+	/*
+	 * Held by the session thread while it hands the regions and plans to a
+	 * new agent, and by a tidy-up call that drops one of them while the
+	 * agent is away (before c->mu, when both are taken).
+	 */
+	pthread_mutex_t reg_mu;
+	int reconnect_ms; /* $CKPT_RECONNECT_SECONDS; 0: never attach again */
+	unsigned reattached; /* how many times */
+	char agent_version[32]; /* the attached agent's release */
+	char away_why[IPC_ERRLEN]; /* while away or gone: what saves and calls are told */
+	char session_error[1024]; /* the last failure of the session thread (cl_fail) */
 	struct ckpt_save *saves;
 	struct cl_early early[CL_EARLY];
 	unsigned nearly;
 	struct cl_alloc *allocs;
+	uint64_t next_key;
 	struct ckpt_plan *plans;
 	/* the credentials socket (cred.c) */
 	int cred_sock;
@@ -104,6 +129,15 @@ struct ckpt_plan {
 	void *fence_mem; /* its host page (from ckpt_host_alloc) */
 	uint32_t last_seq; /* the newest fence number the agent gave, */
 	uint64_t nsaved; /* if it gave any */
+	/*
+	 * The CreatePlan request as the agent last took it (packed): an agent
+	 * that comes back gets it again, its region ids mapped to the new ones.
+	 */
+	uint8_t *req;
+	size_t req_len;
+	uint64_t *keys; /* each tensor's region (cl_alloc.key), 0 for CUDA memory */
+	uint64_t fence_key;
+	char lost[IPC_ERRLEN]; /* why the agent that came back has no such plan, or "" */
 };
 
 /* Saves a CUDA plan with the trainer's event recorded on `stream`. */
@@ -156,6 +190,34 @@ void cl_cred_close(struct ckpt_client *c);
 void cl_metadata(struct ckpt_client *c, grpc_op *op);
 /* Hands a region's descriptor to the agent; its ticket for RegisterRegion. */
 int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *ticket);
+
+/*
+ * Around each API call that talks to the agent on a trainer's client: waits
+ * while the session thread attaches again to an agent that went away; 0, or
+ * -ENOTCONN (with the reason) once it is gone. cl_leave after the call.
+ */
+int cl_enter(struct ckpt_client *c);
+void cl_leave(struct ckpt_client *c);
+/*
+ * Around a call that only tidies up (ckpt_plan_destroy, ckpt_host_free),
+ * which never waits for an agent to come back: true when the agent is to be
+ * told (cl_leave after); false while it is away or gone: drop the thing here
+ * only, then cl_leave_local.
+ */
+bool cl_enter_tidy(struct ckpt_client *c);
+void cl_leave_local(struct ckpt_client *c);
+/*
+ * The session thread, attached to a new agent: hands it every region again
+ * and re-creates every plan. 0; or a negative errno when the agent stopped
+ * answering on the way (attach again). A plan the agent refuses keeps the
+ * reason in its `lost`.
+ */
+int cl_register_again(struct ckpt_client *c);
+/* The reason saves and calls get while the agent is away or gone. */
+void cl_away_reason(struct ckpt_client *c, char *buf, size_t len);
+
+/* On a client's session thread, that client (cl_fail keeps its messages apart). */
+extern __thread struct ckpt_client *cl_session_thread;
 
 /* Records a failure's message for ckpt_last_error; returns err. */
 int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)

@@ -107,6 +107,7 @@ void cl_cred_close(struct ckpt_client *c)
 	if (c->cred_sock >= 0)
 		close(c->cred_sock);
 	c->cred_sock = -1;
+	c->token[0] = '\0';
 	grpc_slice_unref(c->cred_md.key);
 	grpc_slice_unref(c->cred_md.value);
 	memset(&c->cred_md, 0, sizeof(c->cred_md));

@@ -5,6 +5,12 @@
  * the stream and records each save's state changes, so ckpt_save_wait only
  * waits on a condition variable (no polling, no extra call). Every other
  * call is one unary RPC on the caller's thread.
+ *
+ * When the stream ends without our asking (the agent restarted, was
+ * upgraded, crashed), the same thread fails the saves in flight, attaches
+ * again with a bounded back-off, and hands the new agent every region and
+ * plan (cl_register_again): the trainer's next save works as before. Calls
+ * made meanwhile wait for it (cl_enter); a save is refused at once.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,6 +26,11 @@
 #include "client.h"
 
 #define ATTACH_TIMEOUT_MS 10000
+/* How long a client tries to attach again to an agent that went away. */
+#define RECONNECT_DEFAULT_S 300
+#define RECONNECT_MAX_S 86400
+#define BACKOFF_FIRST_MS 50
+#define BACKOFF_MAX_MS 1000
 
 /* Why the last connect of this thread failed: ckpt_last_error(NULL). */
 static __thread char open_error[1024];
@@ -61,9 +72,23 @@ static void apply_event(struct ckpt_client *c, const Ckpt__V1__SaveInfo *info)
 	snprintf(e->reason, sizeof(e->reason), "%s", info->reason ? info->reason : "");
 }
 
-static void *session_thread(void *arg)
+static bool wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag,
+                      gpr_timespec deadline);
+
+/* A completion of one of the Attach call's own batches: noted (close_call waits for each). */
+static void note_tag(struct attach_tags *t, void *tag)
 {
-	struct ckpt_client *c = arg;
+	if (tag == &t->start)
+		t->start = true;
+	else if (tag == &t->status)
+		t->status = true;
+	else if (tag == &t->recv)
+		t->recv = true;
+}
+
+/* Reads the session's events until the stream ends. */
+static void read_events(struct ckpt_client *c)
+{
 	grpc_byte_buffer *in = NULL;
 	int tag_recv;
 	grpc_op op;
@@ -75,13 +100,15 @@ static void *session_thread(void *arg)
 		op.op = GRPC_OP_RECV_MESSAGE;
 		op.data.recv_message.recv_message = &in;
 		if (grpc_call_start_batch(c->scall, &op, 1, &tag_recv, NULL) != GRPC_CALL_OK)
-			break;
-		do
+			return;
+		do {
 			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
 			                                NULL);
-		while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
+			if (ev.type == GRPC_OP_COMPLETE)
+				note_tag(&c->atags, ev.tag);
+		} while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
 		if (ev.type != GRPC_OP_COMPLETE || !in)
-			break; /* the stream ended: cancelled by us, or the agent went */
+			return; /* the stream ended: cancelled by us, or the agent went */
 		Ckpt__V1__SessionEvent *m =
 		    (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
 
@@ -96,15 +123,284 @@ static void *session_thread(void *arg)
 		pthread_mutex_unlock(&c->mu);
 		protobuf_c_message_free_unpacked(&m->base, NULL);
 	}
-	pthread_mutex_lock(&c->mu);
-	c->gone = true;
-	/* No agent to move the fences any more: a trainer's GPU must not wait forever. */
+}
+
+/* Under c->mu: no agent moves the fences of CUDA plans now: the GPU must not wait. */
+static void open_fences(struct ckpt_client *c)
+{
 	for (struct ckpt_plan *p = c->plans; p; p = p->next)
 		if (p->cuda)
 			cl_gpu_release(&p->gpu, p->last_seq);
 	pthread_cond_broadcast(&c->cv);
+}
+
+/*
+ * Under c->mu: the agent went away. Saves it had not committed end FAILED
+ * with `why` (uploads it had not finished, likewise), and the fences of
+ * CUDA plans open: no agent moves them now, and the GPU must not wait.
+ */
+static void session_lost(struct ckpt_client *c, const char *why)
+{
+	for (struct ckpt_save *s = c->saves; s; s = s->next) {
+		if (s->state < CKPT_COMMITTED) {
+			s->state = CKPT_FAILED;
+			snprintf(s->reason, sizeof(s->reason), "%s", why);
+		} else if (s->state == CKPT_COMMITTED && s->uploads && !s->upload_failed) {
+			s->upload_failed = true;
+			snprintf(s->reason, sizeof(s->reason), "%s", why);
+		}
+	}
+	memset(c->early, 0, sizeof(c->early)); /* the next agent's ids are its own */
+	c->nearly = 0;
+	open_fences(c);
+}
+
+/* Ends the session's call and its queue (the session thread, or at free). */
+static void close_call(struct ckpt_client *c)
+{
+	struct attach_tags *t = &c->atags;
+	grpc_call *call;
+	grpc_event ev;
+
+	pthread_mutex_lock(&c->mu);
+	call = c->scall;
+	c->scall = NULL;
+	pthread_mutex_unlock(&c->mu);
+	if (call) {
+		grpc_call_cancel(call, NULL);
+		/* every batch of the call completes after a cancel: none may name it later */
+		wait_flag(c, t, &t->start, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		wait_flag(c, t, &t->status, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		wait_flag(c, t, &t->recv, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+		grpc_call_unref(call);
+	}
+	if (c->scq) {
+		grpc_completion_queue_shutdown(c->scq);
+		do
+			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+			                                NULL);
+		while (ev.type != GRPC_QUEUE_SHUTDOWN);
+		grpc_completion_queue_destroy(c->scq);
+		c->scq = NULL;
+	}
+	if (c->sreq)
+		grpc_byte_buffer_destroy(c->sreq);
+	c->sreq = NULL;
+	grpc_metadata_array_destroy(&c->smd);
+	grpc_metadata_array_destroy(&c->strail);
+	grpc_metadata_array_init(&c->smd);
+	grpc_metadata_array_init(&c->strail);
+	grpc_slice_unref(c->sdetails);
+	c->sdetails = grpc_empty_slice();
+}
+
+static grpc_channel *channel_new(const char *endpoint)
+{
+	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
+	                     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+	                     .value.integer = IPC_MAX_MESSAGE}};
+	grpc_channel_args cargs = {1, args};
+	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+	grpc_channel *ch = grpc_channel_create(endpoint, creds, &cargs);
+
+	grpc_channel_credentials_release(creds);
+	return ch;
+}
+
+static int attach(struct ckpt_client *c);
+
+/* One try: a new token, channel and session, then the regions and plans. */
+static int attach_again(struct ckpt_client *c)
+{
+	int rc;
+
+	cl_cred_close(c);
+	rc = cl_cred_connect(c);
+	if (rc)
+		return rc;
+	grpc_channel_destroy(c->ch);
+	c->ch = channel_new(c->endpoint);
+	rc = attach(c);
+	if (!rc) {
+		pthread_mutex_lock(&c->reg_mu);
+		rc = cl_register_again(c);
+		pthread_mutex_unlock(&c->reg_mu);
+	}
+	if (rc)
+		close_call(c);
+	return rc;
+}
+
+static int64_t mono_ms(void)
+{
+	return ipc_mono_ns() / 1000000;
+}
+
+/*
+ * The stream ended. Unless we are closing, fail what was in flight and
+ * attach again until reconnect_ms have passed; whether the session goes on.
+ */
+static bool reattach(struct ckpt_client *c)
+{
+	int64_t t0 = mono_ms(), deadline;
+	unsigned backoff = BACKOFF_FIRST_MS, nplans = 0, nregions = 0;
+	char last[IPC_ERRLEN] = "";
+	struct timespec ts;
+	int rc = -ECONNREFUSED;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->closing || !c->reconnect_ms) {
+		pthread_mutex_unlock(&c->mu);
+		return false;
+	}
+	c->away = true;
+	snprintf(c->away_why, sizeof(c->away_why),
+	         "ckptd at %s went away (restarted, upgraded or stopped) before this save "
+	         "was committed; libckpt attaches again when it is back: save again then",
+	         c->endpoint);
+	session_lost(c, c->away_why);
+	/* calls in flight fail fast (nobody answers) or finish: none may see the swap */
+	while (c->calls)
+		pthread_cond_wait(&c->cv, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	fprintf(stderr, "libckpt: ckptd at %s went away: attaching again (for up to %d s)\n",
+	        c->endpoint, c->reconnect_ms / 1000);
+	close_call(c);
+	deadline = t0 + c->reconnect_ms;
+	for (;;) {
+		rc = attach_again(c);
+		if (rc) {
+			pthread_mutex_lock(&c->mu);
+			snprintf(last, sizeof(last), "%s", c->session_error);
+			pthread_mutex_unlock(&c->mu);
+		}
+		/* refused for good: an agent that speaks another protocol */
+		if (!rc || rc == -ENOTSUP)
+			break;
+		pthread_mutex_lock(&c->mu);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)backoff * 1000000;
+		ts.tv_sec += ts.tv_nsec / 1000000000;
+		ts.tv_nsec %= 1000000000;
+		if (!c->closing)
+			pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+		if (c->closing || mono_ms() >= deadline) {
+			pthread_mutex_unlock(&c->mu);
+			break;
+		}
+		pthread_mutex_unlock(&c->mu);
+		backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (rc) {
+		if (rc == -ENOTSUP)
+			snprintf(c->away_why, sizeof(c->away_why), "ckptd at %s came back, but: %s",
+			         c->endpoint, last);
+		else if (!c->closing)
+			snprintf(c->away_why, sizeof(c->away_why),
+			         "ckptd at %s went away and libckpt could not attach again "
+			         "within %d s: %s",
+			         c->endpoint, c->reconnect_ms / 1000, last);
+	} else {
+		c->reattached++;
+		for (struct ckpt_plan *p = c->plans; p; p = p->next)
+			nplans += !p->lost[0];
+		for (struct cl_alloc *a = c->allocs; a; a = a->next)
+			nregions++;
+	}
+	c->away = false;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (rc && !c->closing)
+		fprintf(stderr, "libckpt: %s\n", c->away_why);
+	else if (!rc)
+		fprintf(stderr,
+		        "libckpt: attached again to ckptd %s at %s after %.1f s: %u regions and "
+		        "%u plans registered again\n",
+		        c->agent_version, c->endpoint, (mono_ms() - t0) / 1000.0, nregions, nplans);
+	return rc == 0;
+}
+
+__thread struct ckpt_client *cl_session_thread;
+
+static void *session_thread(void *arg)
+{
+	struct ckpt_client *c = arg;
+
+	cl_session_thread = c;
+
+	do
+		read_events(c);
+	while (reattach(c));
+	pthread_mutex_lock(&c->mu);
+	c->gone = true;
+	if (!c->away_why[0])
+		snprintf(c->away_why, sizeof(c->away_why), "the connection to ckptd at %s was lost",
+		         c->endpoint);
+	if (c->closing) /* the user's saves keep their states: waits return -ENOTCONN */
+		open_fences(c);
+	else
+		session_lost(c, c->away_why);
 	pthread_mutex_unlock(&c->mu);
 	return NULL;
+}
+
+int cl_enter(struct ckpt_client *c)
+{
+	char why[IPC_ERRLEN];
+
+	if (!c->attached)
+		return 0;
+	pthread_mutex_lock(&c->mu);
+	while (c->away && !c->closing)
+		pthread_cond_wait(&c->cv, &c->mu);
+	if (c->gone) {
+		snprintf(why, sizeof(why), "%s", c->away_why);
+		pthread_mutex_unlock(&c->mu);
+		return cl_fail(c, -ENOTCONN, "%s", why);
+	}
+	c->calls++;
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+bool cl_enter_tidy(struct ckpt_client *c)
+{
+	if (!c->attached)
+		return true;
+	pthread_mutex_lock(&c->reg_mu);
+	pthread_mutex_lock(&c->mu);
+	if (c->away || c->gone) {
+		pthread_mutex_unlock(&c->mu);
+		return false; /* reg_mu held: the session thread keeps off the lists */
+	}
+	c->calls++;
+	pthread_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&c->reg_mu);
+	return true;
+}
+
+void cl_leave_local(struct ckpt_client *c)
+{
+	if (c->attached)
+		pthread_mutex_unlock(&c->reg_mu);
+}
+
+void cl_leave(struct ckpt_client *c)
+{
+	if (!c->attached)
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (--c->calls == 0)
+		pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void cl_away_reason(struct ckpt_client *c, char *buf, size_t len)
+{
+	pthread_mutex_lock(&c->mu);
+	snprintf(buf, len, "%s", c->away_why);
+	pthread_mutex_unlock(&c->mu);
 }
 
 /*
@@ -120,12 +416,7 @@ static bool wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag,
 
 		if (e.type != GRPC_OP_COMPLETE)
 			return false;
-		if (e.tag == &t->start)
-			t->start = true;
-		else if (e.tag == &t->status)
-			t->status = true;
-		else if (e.tag == &t->recv)
-			t->recv = true;
+		note_tag(t, e.tag);
 	}
 	return true;
 }
@@ -142,19 +433,26 @@ static int attach(struct ckpt_client *c)
 	int rc = 0;
 	grpc_byte_buffer *in = NULL;
 	Ckpt__V1__SessionEvent *ev = NULL;
-	char prog[64] = "libckpt";
+	char prog[64] = "libckpt", err[IPC_ERRLEN];
+	grpc_call *call;
 	grpc_op ops[4];
 
 	if (readlink("/proc/self/exe", prog, sizeof(prog) - 1) > 0)
 		prog[sizeof(prog) - 1] = '\0';
 	req.client = strrchr(prog, '/') ? strrchr(prog, '/') + 1 : prog;
 	req.pid = (uint32_t)getpid();
+	req.version = (char *)ipc_release();
+	req.protocol = ipc_protocol();
 	c->sreq = ipc_pack(&req.base);
 	c->scq = grpc_completion_queue_create_for_next(NULL);
-	c->scall =
-	    grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->scq,
-	                             grpc_slice_from_static_string(ipc_methods[IPC_ATTACH].path),
-	                             NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->scq,
+	                                grpc_slice_from_static_string(ipc_methods[IPC_ATTACH].path),
+	                                NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	pthread_mutex_lock(&c->mu); /* ckpt_disconnect cancels it from another thread */
+	c->scall = call;
+	if (c->closing)
+		grpc_call_cancel(call, NULL);
+	pthread_mutex_unlock(&c->mu);
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
 	cl_metadata(c, &ops[0]);
@@ -191,8 +489,14 @@ static int attach(struct ckpt_client *c)
 		ev = (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
 		if (!ev || !ev->session_id)
 			rc = cl_fail(c, -EPROTO, "%s does not speak ckpt.v1", c->endpoint);
-		else
+		else if ((rc = ipc_compatible(false, ev->agent_version, ev->protocol, err)))
+			cl_fail(c, rc, "%s", err);
+		else {
 			c->session_id = ev->session_id;
+			snprintf(c->agent_version, sizeof(c->agent_version), "%s",
+			         ev->agent_version && *ev->agent_version ? ev->agent_version
+			                                                 : "(older than 0.1)");
+		}
 	}
 	if (ev)
 		protobuf_c_message_free_unpacked(&ev->base, NULL);
@@ -203,16 +507,38 @@ static int attach(struct ckpt_client *c)
 
 /* ---- connect / disconnect -------------------------------------------- */
 
+/* $CKPT_RECONNECT_SECONDS into reconnect_ms: how long to attach again. */
+static int reconnect_window(struct ckpt_client *c)
+{
+	const char *v = getenv("CKPT_RECONNECT_SECONDS");
+	char *end;
+	long n;
+
+	c->reconnect_ms = RECONNECT_DEFAULT_S * 1000;
+	if (!v || !*v)
+		return 0;
+	errno = 0;
+	n = strtol(v, &end, 10);
+	if (errno || *end || end == v || n < 0 || n > RECONNECT_MAX_S)
+		return cl_fail(c, -EINVAL,
+		               "$CKPT_RECONNECT_SECONDS is '%.32s': a number of seconds, 0 (never "
+		               "attach again) to %d",
+		               v, RECONNECT_MAX_S);
+	c->reconnect_ms = (int)n * 1000;
+	return 0;
+}
+
 static void client_free(struct ckpt_client *c)
 {
-	grpc_event ev;
-
-	if (c->scall) {
+	/* The session thread stops, whether reading or attaching again. */
+	pthread_mutex_lock(&c->mu);
+	c->closing = true;
+	if (c->scall)
 		grpc_call_cancel(c->scall, NULL);
-		if (c->attached)
-			pthread_join(c->thread, NULL);
-		grpc_call_unref(c->scall);
-	}
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (c->attached)
+		pthread_join(c->thread, NULL);
 	/* Threads still in ckpt_save_wait leave (-ENOTCONN) before c goes. */
 	pthread_mutex_lock(&c->mu);
 	c->gone = true;
@@ -220,16 +546,7 @@ static void client_free(struct ckpt_client *c)
 	while (c->waiters)
 		pthread_cond_wait(&c->idle, &c->mu);
 	pthread_mutex_unlock(&c->mu);
-	if (c->scq) {
-		grpc_completion_queue_shutdown(c->scq);
-		do
-			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-			                                NULL);
-		while (ev.type != GRPC_QUEUE_SHUTDOWN);
-		grpc_completion_queue_destroy(c->scq);
-	}
-	if (c->sreq)
-		grpc_byte_buffer_destroy(c->sreq);
+	close_call(c);
 	grpc_metadata_array_destroy(&c->smd);
 	grpc_metadata_array_destroy(&c->strail);
 	grpc_slice_unref(c->sdetails);
@@ -259,6 +576,7 @@ static void client_free(struct ckpt_client *c)
 		p->c = NULL;
 	pthread_mutex_destroy(&c->mu);
 	pthread_mutex_destroy(&c->cred_mu);
+	pthread_mutex_destroy(&c->reg_mu);
 	pthread_cond_destroy(&c->cv);
 	pthread_cond_destroy(&c->idle);
 	free(c);
@@ -267,11 +585,6 @@ static void client_free(struct ckpt_client *c)
 
 int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 {
-	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
-	                     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-	                     .value.integer = IPC_MAX_MESSAGE}};
-	grpc_channel_args cargs = {1, args};
-	grpc_channel_credentials *creds;
 	struct ckpt_client *c;
 	int rc;
 
@@ -287,6 +600,7 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 		return -ENOMEM;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->cred_mu, NULL);
+	pthread_mutex_init(&c->reg_mu, NULL);
 	c->cred_sock = -1;
 	pthread_cond_init(&c->cv, NULL);
 	pthread_cond_init(&c->idle, NULL);
@@ -303,11 +617,11 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out)
 		client_free(c);
 		return rc;
 	}
-	creds = grpc_insecure_credentials_create();
-	c->ch = grpc_channel_create(c->endpoint, creds, &cargs);
-	grpc_channel_credentials_release(creds);
+	c->ch = channel_new(c->endpoint);
 	if (session) {
-		rc = attach(c);
+		rc = reconnect_window(c);
+		if (!rc)
+			rc = attach(c);
 		if (!rc)
 			rc = -pthread_create(&c->thread, NULL, session_thread, c);
 		if (rc) {

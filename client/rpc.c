@@ -25,6 +25,9 @@ int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
 	va_end(ap);
+	/* the session thread's own, which the trainer's threads do not write over */
+	if (cl_session_thread == c)
+		memcpy(c->session_error, c->last_error, sizeof(c->session_error));
 	pthread_mutex_unlock(&c->mu);
 	return err;
 }

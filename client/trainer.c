@@ -16,19 +16,37 @@
 
 /* ---- host memory ------------------------------------------------------ */
 
-int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
+/*
+ * Hands a region to the agent: its descriptor on the credentials socket,
+ * then RegisterRegion with the ticket; the agent's id into a->region_id.
+ * Ours stays open, for an agent that comes back after a restart.
+ */
+static int register_region(struct ckpt_client *c, struct cl_alloc *a)
 {
 	Ckpt__V1__RegisterRegionRequest req = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
 	Ckpt__V1__RegisterRegionReply *rep;
+	int rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &req.ticket);
+
+	if (rc)
+		return rc;
+	req.session_id = c->session_id;
+	req.size = a->shm.size;
+	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
+	             CL_DEFAULT_TIMEOUT_MS);
+	if (rc)
+		return rc;
+	a->region_id = rep->region_id;
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	return 0;
+}
+
+/* ckpt_host_alloc inside a call that has entered (cl_enter) already. */
+static int host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
+{
 	char err[IPC_ERRLEN];
 	struct cl_alloc *a;
 	int rc;
 
-	if (!c || !ptr)
-		return -EINVAL;
-	*ptr = NULL;
-	if (!c->attached)
-		return cl_fail(c, -EINVAL, "ckpt_host_alloc needs a client from ckpt_connect");
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return cl_fail(c, -ENOMEM, "out of memory");
@@ -37,24 +55,14 @@ int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 		free(a);
 		return cl_fail(c, rc, "ckpt_host_alloc(%zu): %s", bytes, err);
 	}
-	rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &req.ticket);
-	/* The agent has its own descriptor now (or refused): ours has done its job. */
-	close(a->shm.fd);
-	a->shm.fd = -1;
-	if (!rc) {
-		req.session_id = c->session_id;
-		req.size = a->shm.size;
-		rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
-		             CL_DEFAULT_TIMEOUT_MS);
-	}
+	rc = register_region(c, a);
 	if (rc) {
 		ipc_shm_unmap(&a->shm);
 		free(a);
 		return rc;
 	}
-	a->region_id = rep->region_id;
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	pthread_mutex_lock(&c->mu);
+	a->key = ++c->next_key;
 	a->next = c->allocs;
 	c->allocs = a;
 	pthread_mutex_unlock(&c->mu);
@@ -62,14 +70,30 @@ int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 	return 0;
 }
 
-void ckpt_host_free(struct ckpt_client *c, void *ptr)
+int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
+{
+	int rc;
+
+	if (!c || !ptr)
+		return -EINVAL;
+	*ptr = NULL;
+	if (!c->attached)
+		return cl_fail(c, -EINVAL, "ckpt_host_alloc needs a client from ckpt_connect");
+	rc = cl_enter(c);
+	if (rc)
+		return rc;
+	rc = host_alloc(c, bytes, ptr);
+	cl_leave(c);
+	return rc;
+}
+
+/* ckpt_host_free inside a call that has entered already (or with no agent). */
+static void host_free(struct ckpt_client *c, void *ptr, bool agent)
 {
 	Ckpt__V1__DropRegionRequest req = CKPT__V1__DROP_REGION_REQUEST__INIT;
 	ProtobufCMessage *rep;
 	struct cl_alloc **pa, *a = NULL;
 
-	if (!c || !ptr)
-		return;
 	pthread_mutex_lock(&c->mu);
 	for (pa = &c->allocs; *pa; pa = &(*pa)->next)
 		if ((*pa)->shm.data == ptr) {
@@ -82,10 +106,25 @@ void ckpt_host_free(struct ckpt_client *c, void *ptr)
 		return;
 	req.session_id = c->session_id;
 	req.region_id = a->region_id;
-	if (cl_tidy_call(c, IPC_DROP_REGION, &req.base, &rep) == 0)
+	if (agent && a->region_id && cl_tidy_call(c, IPC_DROP_REGION, &req.base, &rep) == 0)
 		protobuf_c_message_free_unpacked(rep, NULL);
 	ipc_shm_unmap(&a->shm);
 	free(a);
+}
+
+void ckpt_host_free(struct ckpt_client *c, void *ptr)
+{
+	bool agent;
+
+	if (!c || !ptr)
+		return;
+	/* away or gone: the agent dropped it with the session */
+	agent = cl_enter_tidy(c);
+	host_free(c, ptr, agent);
+	if (agent)
+		cl_leave(c);
+	else
+		cl_leave_local(c);
 }
 
 /* Under c->mu: the region holding [p, p + n), and the offset of p in it. */
@@ -115,6 +154,7 @@ struct build {
 	struct ckpt_client *c;
 	struct cl_gpu_alloc *gpu; /* each allocation once, in first-seen order */
 	size_t ngpu;
+	uint64_t *keys; /* each tensor's host region (its key), 0 for CUDA memory */
 };
 
 static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
@@ -155,7 +195,7 @@ static int gpu_region(struct build *b, const struct cl_gpu_alloc *a, char *err)
 
 /* Where a tensor's bytes are: a host region, or a CUDA allocation. */
 static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
-                 Ckpt__V1__TensorSpec *s, char *err)
+                 Ckpt__V1__TensorSpec *s, uint64_t *key, char *err)
 {
 	const struct cl_alloc *a = locate(b->c, t->data, nbytes, &s->offset);
 	struct cl_gpu_alloc g;
@@ -164,6 +204,7 @@ static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
 	if (a) {
 		s->kind = CKPT__V1__REGION_KIND__REGION_HOST;
 		s->region = a->region_id;
+		*key = a->key;
 		return 0;
 	}
 	rc = cl_gpu_locate(t->data, nbytes, &g, err);
@@ -186,7 +227,7 @@ static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
 
 /* Under c->mu: one tensor into the request, with its region found. */
 static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
-                       struct ipc_tensor *v, char *err)
+                       struct ipc_tensor *v, uint64_t *key, char *err)
 {
 	uint64_t nbytes;
 	int rc;
@@ -200,7 +241,7 @@ static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__T
 	if (rc)
 		return rc;
 	ckpt__v1__tensor_spec__init(s);
-	rc = place(b, t, nbytes, s, err);
+	rc = place(b, t, nbytes, s, key, err);
 	if (rc)
 		return rc;
 	s->name = (char *)t->name;
@@ -230,13 +271,14 @@ static int plan_request(struct build *b, const struct ckpt_tensor *t, size_t n,
 	struct ipc_tensor *v = calloc(n ? n : 1, sizeof(*v));
 	int rc = 0;
 
-	if (!specs || !pv || !v) {
+	b->keys = calloc(n ? n : 1, sizeof(*b->keys));
+	if (!specs || !pv || !v || !b->keys) {
 		rc = ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
 		goto out;
 	}
 	pthread_mutex_lock(&b->c->mu);
 	for (size_t i = 0; i < n && !rc; i++) {
-		rc = spec_tensor(b, &t[i], &specs[i], &v[i], err);
+		rc = spec_tensor(b, &t[i], &specs[i], &v[i], &b->keys[i], err);
 		pv[i] = &specs[i];
 	}
 	if (!rc)
@@ -281,7 +323,7 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 		regs[i].device_uuid.len = CL_GPU_UUID;
 		pregs[i] = &regs[i];
 	}
-	rc = ckpt_host_alloc(b->c, 4096, &p->fence_mem);
+	rc = host_alloc(b->c, 4096, &p->fence_mem);
 	if (rc)
 		return ipc_errf(err, rc, "the fence page: %s", b->c->last_error);
 	rc = cl_gpu_plan_init(&p->gpu, b->gpu[0].dev, p->fence_mem, err);
@@ -290,6 +332,7 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 	pthread_mutex_lock(&b->c->mu);
 	fa = locate(b->c, p->fence_mem, 4096, &off);
 	req->fence_region = fa ? fa->region_id : 0;
+	p->fence_key = fa ? fa->key : 0;
 	pthread_mutex_unlock(&b->c->mu);
 	p->cuda = true;
 	req->n_cuda_regions = b->ngpu;
@@ -297,14 +340,16 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 	return 0;
 }
 
-/* Frees a plan that never reached (or has left) the agent. */
-static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p)
+/* Frees a plan that never reached (or has left) the agent; agent: whether one answers. */
+static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p, bool agent)
 {
 	if (!p)
 		return;
 	cl_gpu_plan_free(&p->gpu); /* unregisters the fence page before it goes */
 	if (p->fence_mem && c)
-		ckpt_host_free(c, p->fence_mem);
+		host_free(c, p->fence_mem, agent);
+	free(p->req);
+	free(p->keys);
 	free(p);
 }
 
@@ -387,6 +432,9 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	*out = NULL;
 	if (!c->attached)
 		return cl_fail(c, -EINVAL, "ckpt_plan_create needs a client from ckpt_connect");
+	rc = cl_enter(c);
+	if (rc)
+		return rc;
 	rc = plan_opts(opts, &o, err);
 	if (!rc)
 		rc = plan_args(c, job, rank, world, n, o.backpressure, err);
@@ -413,11 +461,20 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	req.backpressure = (Ckpt__V1__Backpressure)o.backpressure;
 	req.run = (char *)(o.run && *o.run ? o.run : "");
 	req.copies = o.copies;
+	p->req_len = protobuf_c_message_get_packed_size(&req.base);
+	p->req = malloc(p->req_len ? p->req_len : 1);
+	if (!p->req) {
+		rc = cl_fail(c, -ENOMEM, "out of memory");
+		goto out;
+	}
+	protobuf_c_message_pack(&req.base, p->req);
 	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
 	             CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		goto out;
 	p->c = c;
+	p->keys = b.keys;
+	b.keys = NULL;
 	p->id = rep->plan_id;
 	snprintf(p->job, sizeof(p->job), "%s", job);
 	p->rank = rank;
@@ -432,13 +489,15 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	*out = p;
 	p = NULL;
 out:
-	plan_free_local(c, p);
+	plan_free_local(c, p, true);
 	if (req.n_tensors && req.tensors)
 		free(req.tensors[0]);
 	free(req.tensors);
 	free(regs);
 	free(pregs);
 	free(b.gpu);
+	free(b.keys);
+	cl_leave(c);
 	return rc;
 }
 
@@ -475,7 +534,8 @@ static void wait_fence(struct ckpt_plan *p)
 	for (;;) {
 		pthread_mutex_lock(&c->mu);
 		last = p->last_seq;
-		gone = c->gone || c->unanswered; /* an agent that does not answer moves nothing */
+		/* an agent that does not answer (or went away) moves nothing */
+		gone = c->gone || c->away || c->unanswered;
 		pthread_mutex_unlock(&c->mu);
 		if (gone || cl_gpu_passed(cl_gpu_fence_word(&p->gpu), last))
 			break;
@@ -495,13 +555,17 @@ static void wait_fence(struct ckpt_plan *p)
 void ckpt_plan_destroy(struct ckpt_plan *p)
 {
 	Ckpt__V1__DropPlanRequest req = CKPT__V1__DROP_PLAN_REQUEST__INIT;
+	struct ckpt_client *c = p ? p->c : NULL;
 	ProtobufCMessage *rep;
+
+	bool agent = false;
 
 	if (!p)
 		return;
 	if (p->c) { /* else the client is gone, and the agent dropped the plan with it */
+		agent = cl_enter_tidy(p->c);
 		req.plan_id = p->id;
-		if (cl_tidy_call(p->c, IPC_DROP_PLAN, &req.base, &rep) == 0)
+		if (agent && !p->lost[0] && cl_tidy_call(p->c, IPC_DROP_PLAN, &req.base, &rep) == 0)
 			protobuf_c_message_free_unpacked(rep, NULL);
 		if (p->cuda)
 			wait_fence(p);
@@ -516,7 +580,11 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 				s->fence_dev = 0; /* the page goes: ckpt_save_fence has passed */
 		pthread_mutex_unlock(&p->c->mu);
 	}
-	plan_free_local(p->c, p);
+	plan_free_local(p->c, p, agent);
+	if (agent)
+		cl_leave(c);
+	else if (c)
+		cl_leave_local(c);
 }
 
 uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
@@ -535,15 +603,41 @@ static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, boo
 	pthread_mutex_unlock(&c->mu);
 }
 
+/*
+ * A save the agent never saw, FAILED with `why`: what a trainer gets while
+ * the agent is away, so that its loop goes on and its next save works.
+ */
+static int save_not_taken(struct ckpt_client *c, struct ckpt_plan *p, const char *why,
+                          struct ckpt_save **out)
+{
+	struct ckpt_save *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return cl_fail(c, -ENOMEM, "out of memory");
+	s->c = c;
+	s->plan_id = p->id;
+	s->uploads = p->uploads;
+	s->cuda = p->cuda; /* no fence to wait on (fence_dev 0): ckpt_save_fence passes */
+	s->state = CKPT_FAILED;
+	snprintf(s->reason, sizeof(s->reason), "%s", why);
+	pthread_mutex_lock(&c->mu);
+	s->next = c->saves;
+	c->saves = s;
+	pthread_mutex_unlock(&c->mu);
+	*out = s;
+	return 0;
+}
+
+static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
+                     struct ckpt_save **out);
+
 int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
             struct ckpt_save **out)
 {
-	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
-	Ckpt__V1__SaveReply *rep;
-	struct ckpt_client *c;
 	char err[IPC_ERRLEN];
-	struct ckpt_save *s;
-	int rc, slot = -1;
+	struct ckpt_client *c;
+	bool away;
+	int rc;
 
 	if (!p || !out)
 		return -EINVAL;
@@ -556,6 +650,42 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 		rc = ipc_check_meta(meta_json, err);
 	if (rc)
 		return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step, err);
+	pthread_mutex_lock(&c->mu);
+	away = c->away;
+	pthread_mutex_unlock(&c->mu);
+	if (away) { /* a training loop is not held while the agent restarts */
+		cl_away_reason(c, err, sizeof(err));
+		return save_not_taken(c, p, err, out);
+	}
+	rc = cl_enter(c);
+	if (rc)
+		return rc;
+	if (p->lost[0])
+		rc = cl_fail(c, -ENOENT, "save of job %s step %lld: %s", p->job, (long long)step,
+		             p->lost);
+	else
+		rc = save_call(p, step, meta_json, stream, out);
+	cl_leave(c);
+	/* The agent went away under the call: the session thread attaches again. */
+	if ((rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE) && c->reconnect_ms) {
+		snprintf(err, sizeof(err), "%s; libckpt attaches again when ckptd is back",
+		         c->last_error);
+		return save_not_taken(c, p, err, out);
+	}
+	return rc;
+}
+
+/* The Save call itself, with the CUDA plan's event; inside cl_enter. */
+static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
+                     struct ckpt_save **out)
+{
+	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
+	Ckpt__V1__SaveReply *rep;
+	struct ckpt_client *c = p->c;
+	char err[IPC_ERRLEN];
+	struct ckpt_save *s;
+	int rc, slot = -1;
+
 	req.plan_id = p->id;
 	req.step = step;
 	req.meta_json = (char *)(meta_json ? meta_json : "");
@@ -783,11 +913,17 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 		return -ENOTCONN;
 	if (step != CKPT_LATEST && (rc = ipc_check_step(step, err)))
 		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
-	req.plan_id = p->id;
-	req.step = step;
 	req.fallback = fallback != 0;
+	req.step = step;
+	rc = cl_enter(p->c);
+	if (rc)
+		return rc;
+	req.plan_id = p->id;
 	/* No deadline: a restore moves as many bytes as the shard has. */
-	rc = cl_call(p->c, IPC_RESTORE, &req.base, (ProtobufCMessage **)&rep, CL_NO_TIMEOUT);
+	rc = p->lost[0]
+	         ? cl_fail(p->c, -ENOENT, "restore of job %s: %s", p->job, p->lost)
+	         : cl_call(p->c, IPC_RESTORE, &req.base, (ProtobufCMessage **)&rep, CL_NO_TIMEOUT);
+	cl_leave(p->c);
 	if (rc)
 		return rc;
 	if (restored_step)
@@ -804,4 +940,138 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json)
 {
 	return ckpt_restore2(p, step, 0, restored_step, meta_json);
+}
+
+/* ---- attaching again to an agent that came back ------------------------ */
+
+/* The agent did not answer (or went): attach again, rather than give a plan up. */
+static bool unreachable(int rc)
+{
+	return rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE || rc == -ECONNRESET ||
+	       rc == -ETIMEDOUT || rc == -EIO;
+}
+
+/* Under c->mu: the new agent's id of the region with `key`; 0 if it has none. */
+static uint64_t region_of(struct ckpt_client *c, uint64_t key)
+{
+	for (const struct cl_alloc *a = c->allocs; a; a = a->next)
+		if (a->key == key)
+			return a->region_id;
+	return 0;
+}
+
+/*
+ * The plan's request again, its region ids the new agent's. 0, or why not
+ * (a region freed by the trainer, or one the agent refused) into `why`.
+ */
+static int request_again(struct ckpt_client *c, const struct ckpt_plan *p,
+                         Ckpt__V1__CreatePlanRequest *req, char *why, size_t len)
+{
+	int rc = 0;
+
+	req->session_id = c->session_id;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < req->n_tensors && !rc; i++) {
+		Ckpt__V1__TensorSpec *t = req->tensors[i];
+
+		if (t->kind != CKPT__V1__REGION_KIND__REGION_HOST)
+			continue;
+		t->region = region_of(c, p->keys[i]);
+		if (!t->region) {
+			snprintf(why, len,
+			         "tensor '%s': its memory (from ckpt_host_alloc) is freed, or the "
+			         "agent refused it",
+			         t->name);
+			rc = -ENOENT;
+		}
+	}
+	if (!rc && p->cuda) {
+		req->fence_region = region_of(c, p->fence_key);
+		if (!req->fence_region) {
+			snprintf(why, len, "its fence page is not registered");
+			rc = -ENOENT;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+/* One plan created again; a refusal is kept in p->lost. 0, or the agent is unreachable. */
+static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
+{
+	Ckpt__V1__CreatePlanRequest *req =
+	    ckpt__v1__create_plan_request__unpack(NULL, p->req_len, p->req);
+	Ckpt__V1__CreatePlanReply *rep;
+	char why[IPC_ERRLEN];
+	int rc;
+
+	if (!req) {
+		snprintf(p->lost, sizeof(p->lost), "out of memory re-creating the plan");
+		return 0;
+	}
+	rc = request_again(c, p, req, why, sizeof(why));
+	if (!rc)
+		rc = cl_call(c, IPC_CREATE_PLAN, &req->base, (ProtobufCMessage **)&rep,
+		             CL_DEFAULT_TIMEOUT_MS);
+	else
+		cl_fail(c, rc, "%s", why);
+	ckpt__v1__create_plan_request__free_unpacked(req, NULL);
+	if (rc && unreachable(rc))
+		return rc;
+	pthread_mutex_lock(&c->mu);
+	if (rc) {
+		snprintf(p->lost, sizeof(p->lost),
+		         "the plan of job %s rank %d could not be created again after ckptd "
+		         "restarted: %s (destroy it and create it anew)",
+		         p->job, p->rank, c->session_error);
+	} else {
+		p->id = rep->plan_id;
+		p->shard_bytes = rep->shard_bytes;
+		p->uploads = rep->uploads;
+		p->lost[0] = '\0';
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (!rc)
+		protobuf_c_message_free_unpacked(&rep->base, NULL);
+	else
+		fprintf(stderr, "libckpt: %s\n", p->lost);
+	return 0;
+}
+
+int cl_register_again(struct ckpt_client *c)
+{
+	struct cl_alloc *a;
+	struct ckpt_plan *p;
+	int rc;
+
+	/* No call of the trainer runs now (cl_enter waits): the lists stay as they are. */
+	for (a = c->allocs; a; a = a->next) {
+		a->region_id = 0;
+		rc = register_region(c, a);
+		if (rc && unreachable(rc))
+			return rc;
+		if (rc)
+			fprintf(stderr, "libckpt: a region of %zu bytes: %s\n", a->shm.size,
+			        c->session_error);
+	}
+	for (p = c->plans; p; p = p->next) {
+		if (p->lost[0])
+			continue; /* refused before: destroy and create it anew */
+		rc = create_again(c, p);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+const char *ckpt_agent_version(struct ckpt_client *c)
+{
+	static __thread char v[sizeof(c->agent_version)];
+
+	if (!c)
+		return "";
+	pthread_mutex_lock(&c->mu);
+	snprintf(v, sizeof(v), "%s", c->agent_version);
+	pthread_mutex_unlock(&c->mu);
+	return v;
 }

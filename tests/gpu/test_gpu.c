@@ -5,7 +5,8 @@
  * device memory and compared; two allocations filled on two streams; saves
  * back to back, more than a plan's ring of events, each fenced; a
  * trainer killed after CAPTURED (the checkpoint commits) and before it (the
- * save is aborted and the agent lets go of the trainer's GPU memory).
+ * save is aborted and the agent lets go of the trainer's GPU memory); the
+ * agent killed and restarted under fenced saves.
  *
  * Where no GPU is usable (CI, the build machine) it exits 77: skipped, with
  * CUDA's reason.
@@ -220,6 +221,71 @@ START_TEST(back_to_back_fenced_saves)
 }
 END_TEST
 
+/*
+ * The agent SIGKILLed and restarted under a trainer that saves on its
+ * stream and fences each save, its next step's values queued right behind
+ * the fence: libckpt attaches again and re-creates the CUDA plan (same IPC
+ * handle, same fence page), the fence numbers go on from the page's word,
+ * and the first save that commits holds its own step's values, not those
+ * queued after its fence.
+ */
+START_TEST(agent_restart_under_fenced_saves)
+{
+	enum { N = 1 << 22 };
+	int64_t shape[1] = {N};
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *sv;
+	struct ckpt_tensor t;
+	uint32_t *A;
+	cudaStream_t s;
+	int step, rc = -1;
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 8");
+	c = connect_to(&a);
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&A, (uint64_t)N * 4));
+	t = (struct ckpt_tensor){"w", CKPT_U32, 1, shape, A, NULL, NULL};
+	ck_assert_int_eq(ckpt_plan_create(c, "rgpu", 0, 1, &t, 1, &p), 0);
+	for (step = 1; step <= 3 + 600 && rc; step++) {
+		if (step == 4) { /* three commits in: the agent dies and comes back */
+			h_agent_kill(&a);
+			h_agent_restart(&a);
+		}
+		ck_assert_int_eq(gpu_test_spin(100000000ull, s), 0);
+		ck_assert_int_eq(gpu_test_fill(A, N, (uint32_t)step, s), 0);
+		ck_assert_msg(ckpt_save_on(p, step, NULL, s, &sv) == 0, "%s", ckpt_last_error(c));
+		ck_assert_int_eq(ckpt_save_fence(sv, s), 0);
+		ck_assert_int_eq(gpu_test_fill(A, N, 1000u + (uint32_t)step, s), 0);
+		rc = ckpt_save_wait(sv, CKPT_COMMITTED, 120000);
+		ck_assert_msg(rc == 0 || (step > 3 && rc == -EIO), "step %d: %s", step,
+		              ckpt_save_reason(sv));
+		if (step <= 3)
+			rc = -1; /* on to the restart */
+		ckpt_save_release(sv);
+		if (rc)
+			usleep(100000);
+	}
+	ck_assert_msg(rc == 0, "no save committed after the restart");
+	step--; /* the one that committed */
+	CU(cudaStreamSynchronize(s));
+	CU(cudaMemset(A, 0, (uint64_t)N * 4));
+	CU(cudaDeviceSynchronize());
+	ck_assert_msg(ckpt_restore(p, CKPT_LATEST, NULL, NULL) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(holds(A, N, (uint32_t)step, 0), "step %d after the restart", step);
+	CU(cudaMemset(A, 0, (uint64_t)N * 4));
+	CU(cudaDeviceSynchronize());
+	ck_assert_int_eq(ckpt_restore(p, 2, NULL, NULL), 0);
+	ck_assert_msg(holds(A, N, 2, 0), "step 2, from before the restart");
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	cudaFree(A);
+	cudaStreamDestroy(s);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 /* A trainer process: one device tensor of `mib`; saves step 1, then `mode`. */
 static int trainer_main(const char *endpoint, long mib, const char *mode)
 {
@@ -348,6 +414,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, back_to_back_fenced_saves);
 	tcase_add_test(tc, killed_after_captured_commits);
 	tcase_add_test(tc, killed_before_captured_releases);
+	tcase_add_test(tc, agent_restart_under_fenced_saves);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

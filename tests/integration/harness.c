@@ -34,6 +34,17 @@
 #error "CKPTCTL_BIN must name ckptctl"
 #endif
 
+/*
+ * The programs under test: the build's, or $CKPTD_BIN / $CKPTCTL_BIN where
+ * set (the test binaries carried to another machine, such as a GPU one).
+ */
+static const char *prog(const char *var, const char *built)
+{
+	const char *v = getenv(var);
+
+	return v && *v ? v : built;
+}
+
 static void sleep_ms(long ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
@@ -49,7 +60,7 @@ static void spawn(struct agent_proc *a)
 	/* --config /dev/null: a host's /etc/ckptd/ckptd.conf must not change the test */
 	snprintf(cmd, sizeof(cmd),
 	         "exec %s --config /dev/null --root %s --listen %s --log-level debug %s >>%s 2>&1",
-	         CKPTD_BIN, a->root, a->endpoint, a->args, a->log);
+	         prog("CKPTD_BIN", CKPTD_BIN), a->root, a->endpoint, a->args, a->log);
 	pid = fork();
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
 	if (pid == 0) {
@@ -218,7 +229,8 @@ int h_ctl(const struct agent_proc *a, char *out, size_t len, const char *fmt, ..
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof(args), fmt, ap);
 	va_end(ap);
-	snprintf(cmd, sizeof(cmd), "%s --endpoint %s %s 2>&1", CKPTCTL_BIN, a->endpoint, args);
+	snprintf(cmd, sizeof(cmd), "%s --endpoint %s %s 2>&1", prog("CKPTCTL_BIN", CKPTCTL_BIN),
+	         a->endpoint, args);
 	return h_run(out, len, cmd);
 }
 

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -38,6 +39,10 @@ def main():
         agent.wait_ready()
         rng = np.random.default_rng(7)
         with ckpt.Client(agent.endpoint) as c:
+            # the agent's release, as its --version says it
+            v = subprocess.run([os.environ["CKPTD_BIN"], "--version"], capture_output=True,
+                               text=True, check=True).stdout.split()[-1]
+            assert c.agent_version == v, (c.agent_version, v)
             mem = c.host_alloc(1 << 20)
             w = mem.ndarray(np.float32, (300, 301))
             b = mem.ndarray(np.int64, (77,), offset=w.nbytes)

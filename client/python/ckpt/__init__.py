@@ -101,6 +101,7 @@ def _load():
     vp, cp, i64, i32 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int
     sigs = {
         "ckpt_connect": (i32, [cp, ctypes.POINTER(vp)]),
+        "ckpt_agent_version": (cp, [vp]),
         "ckpt_disconnect": (None, [vp]),
         "ckpt_host_alloc": (i32, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
         "ckpt_host_free": (None, [vp, vp]),
@@ -379,6 +380,11 @@ class Client:
     @property
     def last_error(self) -> str:
         return _l().ckpt_last_error(self._c).decode(errors="replace")
+
+    @property
+    def agent_version(self) -> str:
+        """The release of the agent attached to (after a restart, the new one's)."""
+        return _l().ckpt_agent_version(self._c).decode(errors="replace")
 
     def close(self) -> None:
         if self._c:
