@@ -199,8 +199,10 @@ int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct c
 
 /*
  * Waits until the save reaches `until` or a later state. 0 once reached;
- * -ETIMEDOUT after timeout_ms (negative: no limit); -EIO if FAILED;
- * -ECANCELED if SKIPPED; -ENOTCONN if the agent went away.
+ * -ETIMEDOUT after timeout_ms (negative: no limit); -EIO if FAILED (also
+ * when the agent went away before it committed: the reason says so);
+ * -ECANCELED if SKIPPED; -ENOTCONN once the client is disconnected or no
+ * longer attaches again ($CKPT_RECONNECT_SECONDS=0, or it gave up).
  */
 int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms);
 enum ckpt_state ckpt_save_state(struct ckpt_save *s);
@@ -217,6 +219,11 @@ void ckpt_save_release(struct ckpt_save *s);
  * mismatch -EBADMSG; ckpt_last_error() names the tensor and the file.
  */
 int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json);
+
+/*
+ * Saves and restores of a plan that the agent that came back after a
+ * restart refused: -ESTALE, with its reason (destroy the plan, create it anew).
+ */
 
 /* ckpt_restore, and with CKPT_LATEST fall back to the newest step that verifies. */
 int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,

@@ -197,6 +197,8 @@ int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *
  * -ENOTCONN (with the reason) once it is gone. cl_leave after the call.
  */
 int cl_enter(struct ckpt_client *c);
+/* cl_enter without the wait: -EAGAIN while the agent is away. */
+int cl_try_enter(struct ckpt_client *c);
 void cl_leave(struct ckpt_client *c);
 /*
  * Around a call that only tidies up (ckpt_plan_destroy, ckpt_host_free),

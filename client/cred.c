@@ -12,6 +12,7 @@
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -65,6 +66,7 @@ static int denied(struct ckpt_client *c, const char *path)
 int cl_cred_connect(struct ckpt_client *c)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct timeval tv = {CRED_TIMEOUT_MS / 1000, 0};
 	struct ipc_cred_msg m;
 	int fd, rc;
 
@@ -75,8 +77,15 @@ int cl_cred_connect(struct ckpt_client *c)
 	c->cred_sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (c->cred_sock < 0)
 		return cl_fail(c, -errno, "socket: %s", strerror(errno));
+	/* an agent that is stopped (its backlog full) makes connect wait: this long */
+	setsockopt(c->cred_sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	if (connect(c->cred_sock, (struct sockaddr *)&sa, sizeof(sa))) {
 		int e = errno;
+
+		if (e == EAGAIN || e == EINPROGRESS)
+			return cl_fail(c, -ETIMEDOUT,
+			               "ckptd at %s did not take the connection within %d s",
+			               sa.sun_path, CRED_TIMEOUT_MS / 1000);
 
 		if (e == EACCES)
 			return denied(c, sa.sun_path);

@@ -209,7 +209,11 @@ static grpc_channel *channel_new(const char *endpoint)
 
 static int attach(struct ckpt_client *c);
 
-/* One try: a new token, channel and session, then the regions and plans. */
+/*
+ * One try: a new token, channel and session, then the regions and plans.
+ * On success the client is back (`away` cleared) before the trainer's
+ * tidy-up calls may take reg_mu: they then tell the new agent.
+ */
 static int attach_again(struct ckpt_client *c)
 {
 	int rc;
@@ -224,6 +228,13 @@ static int attach_again(struct ckpt_client *c)
 	if (!rc) {
 		pthread_mutex_lock(&c->reg_mu);
 		rc = cl_register_again(c);
+		if (!rc) {
+			pthread_mutex_lock(&c->mu);
+			c->away = false;
+			c->reattached++;
+			pthread_cond_broadcast(&c->cv);
+			pthread_mutex_unlock(&c->mu);
+		}
 		pthread_mutex_unlock(&c->reg_mu);
 	}
 	if (rc)
@@ -236,17 +247,32 @@ static int64_t mono_ms(void)
 	return ipc_mono_ns() / 1000000;
 }
 
+/* Under c->mu: waits ms, or less if the client closes; whether it is closing. */
+static bool pause_ms(struct ckpt_client *c, unsigned ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += (long)ms * 1000000;
+	ts.tv_sec += ts.tv_nsec / 1000000000;
+	ts.tv_nsec %= 1000000000;
+	if (!c->closing)
+		pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+	return c->closing;
+}
+
 /*
- * The stream ended. Unless we are closing, fail what was in flight and
- * attach again until reconnect_ms have passed; whether the session goes on.
+ * The stream ended. Unless we are closing (or told never to), fail what
+ * was in flight and attach again until reconnect_ms have passed; whether
+ * the session goes on. When not, the client is `gone` on return.
  */
 static bool reattach(struct ckpt_client *c)
 {
-	int64_t t0 = mono_ms(), deadline;
+	int64_t t0 = mono_ms(), deadline = t0 + c->reconnect_ms;
 	unsigned backoff = BACKOFF_FIRST_MS, nplans = 0, nregions = 0;
 	char last[IPC_ERRLEN] = "";
-	struct timespec ts;
-	int rc = -ECONNREFUSED;
+	bool closing;
+	int rc;
 
 	pthread_mutex_lock(&c->mu);
 	if (c->closing || !c->reconnect_ms) {
@@ -254,70 +280,62 @@ static bool reattach(struct ckpt_client *c)
 		return false;
 	}
 	c->away = true;
-	snprintf(c->away_why, sizeof(c->away_why),
-	         "ckptd at %s went away (restarted, upgraded or stopped) before this save "
-	         "was committed; libckpt attaches again when it is back: save again then",
-	         c->endpoint);
-	session_lost(c, c->away_why);
 	/* calls in flight fail fast (nobody answers) or finish: none may see the swap */
 	while (c->calls)
 		pthread_cond_wait(&c->cv, &c->mu);
+	/* then every save, a reply that came in meanwhile included, is told */
+	snprintf(c->away_why, sizeof(c->away_why),
+	         "ckptd at %s went away (restarted, upgraded or stopped) before this save was "
+	         "committed here (one past CAPTURED may still commit: ckptctl list); libckpt "
+	         "attaches again when it is back: save again then",
+	         c->endpoint);
+	session_lost(c, c->away_why);
 	pthread_mutex_unlock(&c->mu);
 	fprintf(stderr, "libckpt: ckptd at %s went away: attaching again (for up to %d s)\n",
 	        c->endpoint, c->reconnect_ms / 1000);
 	close_call(c);
-	deadline = t0 + c->reconnect_ms;
 	for (;;) {
 		rc = attach_again(c);
-		if (rc) {
-			pthread_mutex_lock(&c->mu);
-			snprintf(last, sizeof(last), "%s", c->session_error);
-			pthread_mutex_unlock(&c->mu);
-		}
-		/* refused for good: an agent that speaks another protocol */
-		if (!rc || rc == -ENOTSUP)
-			break;
 		pthread_mutex_lock(&c->mu);
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += (long)backoff * 1000000;
-		ts.tv_sec += ts.tv_nsec / 1000000000;
-		ts.tv_nsec %= 1000000000;
-		if (!c->closing)
-			pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-		if (c->closing || mono_ms() >= deadline) {
-			pthread_mutex_unlock(&c->mu);
+		if (rc)
+			snprintf(last, sizeof(last), "%s", c->session_error);
+		/* done, closing, out of time, or refused for good (another protocol) */
+		if (!rc || rc == -ENOTSUP || c->closing || mono_ms() >= deadline ||
+		    pause_ms(c, backoff) || mono_ms() >= deadline)
 			break;
-		}
 		pthread_mutex_unlock(&c->mu);
 		backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
 	}
-	pthread_mutex_lock(&c->mu);
-	if (rc) {
+	/* under c->mu */
+	closing = c->closing;
+	if (rc) { /* gone, with why, in one step with the end of `away` */
 		if (rc == -ENOTSUP)
 			snprintf(c->away_why, sizeof(c->away_why), "ckptd at %s came back, but: %s",
 			         c->endpoint, last);
-		else if (!c->closing)
+		else if (!closing)
 			snprintf(c->away_why, sizeof(c->away_why),
 			         "ckptd at %s went away and libckpt could not attach again "
 			         "within %d s: %s",
 			         c->endpoint, c->reconnect_ms / 1000, last);
+		c->gone = true;
+		c->away = false;
+		open_fences(c);
 	} else {
-		c->reattached++;
 		for (struct ckpt_plan *p = c->plans; p; p = p->next)
 			nplans += !p->lost[0];
 		for (struct cl_alloc *a = c->allocs; a; a = a->next)
 			nregions++;
 	}
-	c->away = false;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
-	if (rc && !c->closing)
+	if (rc && !closing)
 		fprintf(stderr, "libckpt: %s\n", c->away_why);
 	else if (!rc)
 		fprintf(stderr,
 		        "libckpt: attached again to ckptd %s at %s after %.1f s: %u regions and "
 		        "%u plans registered again\n",
-		        c->agent_version, c->endpoint, (mono_ms() - t0) / 1000.0, nregions, nplans);
+		        ckpt_agent_version(c), c->endpoint, (mono_ms() - t0) / 1000.0, nregions,
+		        nplans);
 	return rc == 0;
 }
 
@@ -328,40 +346,69 @@ static void *session_thread(void *arg)
 	struct ckpt_client *c = arg;
 
 	cl_session_thread = c;
-
 	do
 		read_events(c);
 	while (reattach(c));
+	/*
+	 * Closing, told never to attach again, or given up (reattach did it all):
+	 * the user's saves keep their states and waits return -ENOTCONN.
+	 */
 	pthread_mutex_lock(&c->mu);
-	c->gone = true;
-	if (!c->away_why[0])
+	if (!c->gone) {
+		c->gone = true;
 		snprintf(c->away_why, sizeof(c->away_why), "the connection to ckptd at %s was lost",
 		         c->endpoint);
-	if (c->closing) /* the user's saves keep their states: waits return -ENOTCONN */
 		open_fences(c);
-	else
-		session_lost(c, c->away_why);
+	}
 	pthread_mutex_unlock(&c->mu);
 	return NULL;
 }
 
+/* Under c->mu: -ENOTCONN with why, recorded for ckpt_last_error. */
+static int not_connected(struct ckpt_client *c)
+{
+	if (cl_session_thread != c)
+		snprintf(c->last_error, sizeof(c->last_error), "%s",
+		         c->closing ? "the client is disconnecting" : c->away_why);
+	return -ENOTCONN;
+}
+
 int cl_enter(struct ckpt_client *c)
 {
-	char why[IPC_ERRLEN];
+	int rc = 0;
 
 	if (!c->attached)
 		return 0;
 	pthread_mutex_lock(&c->mu);
+	/* counted as a waiter: ckpt_disconnect lets it out before c goes */
+	c->waiters++;
 	while (c->away && !c->closing)
 		pthread_cond_wait(&c->cv, &c->mu);
-	if (c->gone) {
-		snprintf(why, sizeof(why), "%s", c->away_why);
-		pthread_mutex_unlock(&c->mu);
-		return cl_fail(c, -ENOTCONN, "%s", why);
-	}
-	c->calls++;
+	if (--c->waiters == 0)
+		pthread_cond_broadcast(&c->idle);
+	if (c->gone || c->closing)
+		rc = not_connected(c);
+	else
+		c->calls++;
 	pthread_mutex_unlock(&c->mu);
-	return 0;
+	return rc;
+}
+
+int cl_try_enter(struct ckpt_client *c)
+{
+	int rc = 0;
+
+	if (!c->attached)
+		return 0;
+	pthread_mutex_lock(&c->mu);
+	if (c->gone || c->closing)
+		rc = not_connected(c);
+	else if (c->away)
+		rc = -EAGAIN;
+	else
+		c->calls++;
+	pthread_mutex_unlock(&c->mu);
+	return rc;
 }
 
 bool cl_enter_tidy(struct ckpt_client *c)
@@ -492,10 +539,13 @@ static int attach(struct ckpt_client *c)
 		else if ((rc = ipc_compatible(false, ev->agent_version, ev->protocol, err)))
 			cl_fail(c, rc, "%s", err);
 		else {
+			pthread_mutex_lock(
+			    &c->mu); /* ckpt_agent_version reads it from any thread */
 			c->session_id = ev->session_id;
 			snprintf(c->agent_version, sizeof(c->agent_version), "%s",
 			         ev->agent_version && *ev->agent_version ? ev->agent_version
 			                                                 : "(older than 0.1)");
+			pthread_mutex_unlock(&c->mu);
 		}
 	}
 	if (ev)
@@ -664,6 +714,8 @@ const char *ckpt_strerror(int err)
 		return "checksum mismatch: the checkpoint is corrupt";
 	case -ENOTCONN:
 		return "the connection to ckptd was lost";
+	case -ESTALE:
+		return "the agent that came back refused the plan again: create it anew";
 	default:
 		return strerror(err < 0 ? -err : err);
 	}

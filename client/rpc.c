@@ -23,11 +23,12 @@ int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
 
 	pthread_mutex_lock(&c->mu);
 	va_start(ap, fmt);
-	vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-	va_end(ap);
-	/* the session thread's own, which the trainer's threads do not write over */
+	/* the session thread's failures are its own: the trainer's last error stays */
 	if (cl_session_thread == c)
-		memcpy(c->session_error, c->last_error, sizeof(c->session_error));
+		vsnprintf(c->session_error, sizeof(c->session_error), fmt, ap);
+	else
+		vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+	va_end(ap);
 	pthread_mutex_unlock(&c->mu);
 	return err;
 }

@@ -21,7 +21,7 @@
  * then RegisterRegion with the ticket; the agent's id into a->region_id.
  * Ours stays open, for an agent that comes back after a restart.
  */
-static int register_region(struct ckpt_client *c, struct cl_alloc *a)
+static int register_region(struct ckpt_client *c, struct cl_alloc *a, int timeout_ms)
 {
 	Ckpt__V1__RegisterRegionRequest req = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
 	Ckpt__V1__RegisterRegionReply *rep;
@@ -31,8 +31,7 @@ static int register_region(struct ckpt_client *c, struct cl_alloc *a)
 		return rc;
 	req.session_id = c->session_id;
 	req.size = a->shm.size;
-	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep,
-	             CL_DEFAULT_TIMEOUT_MS);
+	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep, timeout_ms);
 	if (rc)
 		return rc;
 	a->region_id = rep->region_id;
@@ -55,7 +54,7 @@ static int host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 		free(a);
 		return cl_fail(c, rc, "ckpt_host_alloc(%zu): %s", bytes, err);
 	}
-	rc = register_region(c, a);
+	rc = register_region(c, a, CL_DEFAULT_TIMEOUT_MS);
 	if (rc) {
 		ipc_shm_unmap(&a->shm);
 		free(a);
@@ -615,12 +614,12 @@ static int save_not_taken(struct ckpt_client *c, struct ckpt_plan *p, const char
 	if (!s)
 		return cl_fail(c, -ENOMEM, "out of memory");
 	s->c = c;
-	s->plan_id = p->id;
-	s->uploads = p->uploads;
 	s->cuda = p->cuda; /* no fence to wait on (fence_dev 0): ckpt_save_fence passes */
 	s->state = CKPT_FAILED;
 	snprintf(s->reason, sizeof(s->reason), "%s", why);
-	pthread_mutex_lock(&c->mu);
+	pthread_mutex_lock(&c->mu); /* the session thread renumbers plans under it */
+	s->plan_id = p->id;
+	s->uploads = p->uploads;
 	s->next = c->saves;
 	c->saves = s;
 	pthread_mutex_unlock(&c->mu);
@@ -636,7 +635,6 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 {
 	char err[IPC_ERRLEN];
 	struct ckpt_client *c;
-	bool away;
 	int rc;
 
 	if (!p || !out)
@@ -650,26 +648,25 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 		rc = ipc_check_meta(meta_json, err);
 	if (rc)
 		return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step, err);
-	pthread_mutex_lock(&c->mu);
-	away = c->away;
-	pthread_mutex_unlock(&c->mu);
-	if (away) { /* a training loop is not held while the agent restarts */
+	rc = cl_try_enter(c);
+	if (rc == -EAGAIN) { /* a training loop is not held while the agent restarts */
 		cl_away_reason(c, err, sizeof(err));
 		return save_not_taken(c, p, err, out);
 	}
-	rc = cl_enter(c);
 	if (rc)
 		return rc;
 	if (p->lost[0])
-		rc = cl_fail(c, -ENOENT, "save of job %s step %lld: %s", p->job, (long long)step,
+		rc = cl_fail(c, -ESTALE, "save of job %s step %lld: %s", p->job, (long long)step,
 		             p->lost);
 	else
 		rc = save_call(p, step, meta_json, stream, out);
 	cl_leave(c);
 	/* The agent went away under the call: the session thread attaches again. */
 	if ((rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE) && c->reconnect_ms) {
+		pthread_mutex_lock(&c->mu);
 		snprintf(err, sizeof(err), "%s; libckpt attaches again when ckptd is back",
 		         c->last_error);
+		pthread_mutex_unlock(&c->mu);
 		return save_not_taken(c, p, err, out);
 	}
 	return rc;
@@ -921,7 +918,7 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 	req.plan_id = p->id;
 	/* No deadline: a restore moves as many bytes as the shard has. */
 	rc = p->lost[0]
-	         ? cl_fail(p->c, -ENOENT, "restore of job %s: %s", p->job, p->lost)
+	         ? cl_fail(p->c, -ESTALE, "restore of job %s: %s", p->job, p->lost)
 	         : cl_call(p->c, IPC_RESTORE, &req.base, (ProtobufCMessage **)&rep, CL_NO_TIMEOUT);
 	cl_leave(p->c);
 	if (rc)
@@ -944,11 +941,27 @@ int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char
 
 /* ---- attaching again to an agent that came back ------------------------ */
 
-/* The agent did not answer (or went): attach again, rather than give a plan up. */
+/*
+ * Calls made while attaching again get this long: an agent that does not
+ * answer costs a try, not a minute a region.
+ */
+#define REATTACH_CALL_MS 10000
+
+static bool closing(struct ckpt_client *c)
+{
+	bool v;
+
+	pthread_mutex_lock(&c->mu);
+	v = c->closing;
+	pthread_mutex_unlock(&c->mu);
+	return v;
+}
+
+/* The agent did not answer (or went), or we are closing: attach again, not give a plan up. */
 static bool unreachable(int rc)
 {
 	return rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE || rc == -ECONNRESET ||
-	       rc == -ETIMEDOUT || rc == -EIO;
+	       rc == -ETIMEDOUT || rc == -ECANCELED;
 }
 
 /* Under c->mu: the new agent's id of the region with `key`; 0 if it has none. */
@@ -1012,7 +1025,7 @@ static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
 	rc = request_again(c, p, req, why, sizeof(why));
 	if (!rc)
 		rc = cl_call(c, IPC_CREATE_PLAN, &req->base, (ProtobufCMessage **)&rep,
-		             CL_DEFAULT_TIMEOUT_MS);
+		             REATTACH_CALL_MS);
 	else
 		cl_fail(c, rc, "%s", why);
 	ckpt__v1__create_plan_request__free_unpacked(req, NULL);
@@ -1025,6 +1038,10 @@ static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
 		         "restarted: %s (destroy it and create it anew)",
 		         p->job, p->rank, c->session_error);
 	} else {
+		/* its saves follow it (ckpt_plan_destroy finds them by the id) */
+		for (struct ckpt_save *s = c->saves; s; s = s->next)
+			if (s->plan_id == p->id)
+				s->plan_id = rep->plan_id;
 		p->id = rep->plan_id;
 		p->shard_bytes = rep->shard_bytes;
 		p->uploads = rep->uploads;
@@ -1046,8 +1063,10 @@ int cl_register_again(struct ckpt_client *c)
 
 	/* No call of the trainer runs now (cl_enter waits): the lists stay as they are. */
 	for (a = c->allocs; a; a = a->next) {
+		if (closing(c))
+			return -ECANCELED;
 		a->region_id = 0;
-		rc = register_region(c, a);
+		rc = register_region(c, a, REATTACH_CALL_MS);
 		if (rc && unreachable(rc))
 			return rc;
 		if (rc)
@@ -1057,6 +1076,8 @@ int cl_register_again(struct ckpt_client *c)
 	for (p = c->plans; p; p = p->next) {
 		if (p->lost[0])
 			continue; /* refused before: destroy and create it anew */
+		if (closing(c))
+			return -ECANCELED;
 		rc = create_again(c, p);
 		if (rc)
 			return rc;

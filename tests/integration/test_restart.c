@@ -63,6 +63,26 @@ static int64_t save_until_committed(struct ckpt_plan *p, struct h_model *m, int6
 	return -1;
 }
 
+/*
+ * Saves once per 100 ms from `step` while each is FAILED at once (the agent
+ * away), until ckpt_save itself refuses: its return (30 s at most).
+ */
+static int save_until_refused(struct ckpt_plan *p, int64_t step)
+{
+	struct ckpt_save *s;
+	int rc = 0;
+
+	for (int i = 0; i < 300 && rc == 0; i++) {
+		rc = ckpt_save(p, step + i, NULL, &s);
+		if (rc)
+			break;
+		ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), -EIO);
+		ckpt_save_release(s);
+		usleep(100000);
+	}
+	return rc;
+}
+
 /* Restores LATEST over scribbled memory: it is `step`, byte for byte. */
 static void restores(struct ckpt_plan *p, struct h_model *m, int64_t want, int64_t step)
 {
@@ -174,7 +194,6 @@ START_TEST(protocol_mismatch_names_both)
 	struct agent_proc a;
 	struct ckpt_client *c = NULL;
 	struct ckpt_plan *p;
-	struct ckpt_save *s;
 	struct h_model m;
 	int rc = 0;
 
@@ -208,15 +227,7 @@ START_TEST(protocol_mismatch_names_both)
 	ck_assert_int_eq(h_agent_stop(&a), 0);
 	snprintf(a.env, sizeof(a.env), "CKPT_TEST_PROTOCOL=2");
 	h_agent_restart(&a);
-	for (int i = 0; i < 300; i++) {
-		rc = ckpt_save(p, 2 + i, NULL, &s);
-		if (rc)
-			break;
-		ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), -EIO);
-		ckpt_save_release(s);
-		usleep(100000);
-	}
-	ck_assert_int_eq(rc, -ENOTCONN);
+	ck_assert_int_eq(save_until_refused(p, 2), -ENOTCONN);
 	ck_assert_msg(strstr(ckpt_last_error(c), "speaks protocol 1; this ckptd ") &&
 	                  strstr(ckpt_last_error(c), "speaks 2"),
 	              "%s", ckpt_last_error(c));
@@ -236,7 +247,6 @@ START_TEST(gives_up_after_the_window)
 	struct ckpt_plan *p;
 	struct ckpt_save *s;
 	struct h_model m;
-	int rc = 0;
 
 	h_agent_start(&a, NULL);
 	setenv("CKPT_RECONNECT_SECONDS", "soon", 1);
@@ -250,15 +260,7 @@ START_TEST(gives_up_after_the_window)
 	ck_assert_int_eq(ckpt_plan_create(c, JOB, 0, 1, m.t, m.n, &p), 0);
 	commit(p, &m, 1);
 	h_agent_kill(&a);
-	for (int i = 0; i < 200; i++) {
-		rc = ckpt_save(p, 2 + i, NULL, &s);
-		if (rc)
-			break;
-		ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), -EIO);
-		ckpt_save_release(s);
-		usleep(100000);
-	}
-	ck_assert_int_eq(rc, -ENOTCONN);
+	ck_assert_int_eq(save_until_refused(p, 2), -ENOTCONN);
 	ck_assert_msg(strstr(ckpt_last_error(c), "could not attach again within 1 s"), "%s",
 	              ckpt_last_error(c));
 	/* an agent back now is not attached to: the client is done */
