@@ -87,7 +87,7 @@ for b in "${builds[@]}"; do
 		;;
 	plain) dir=build san='' par=4 lock=OFF ;;
 	asan) dir=build-asan san=address,undefined par=2 ;;
-	tsan) dir=build-tsan san=thread ;;
+	tsan) dir=build-tsan san=thread par=2 ;;
 	nocuda) dir=build-nocuda san='' cuda=OFF faults=OFF tests='unit/|test_roundtrip|test_badreq' ;;
 	*) echo "test.sh: unknown build '$b' (format, plain, asan, tsan, nocuda, fuzz)" >&2; exit 2 ;;
 	esac

@@ -1,5 +1,6 @@
 """A real ckptd for the Python integration tests: started in a temporary
-directory, ready once `ckptctl status` answers, stopped with SIGTERM."""
+directory, ready once `ckptctl status` answers, stopped with SIGTERM (or
+killed and started again on the same root and socket)."""
 
 import os
 import signal
@@ -10,16 +11,30 @@ import time
 
 class Agent:
     def __init__(self, ckptd, ckptctl, tmp):
-        self.ckptctl = ckptctl
+        self.ckptd, self.ckptctl = ckptd, ckptctl
         self.root = os.path.join(tmp, "root")
         self.endpoint = "unix:" + os.path.join(tmp, "ckptd.sock")
         self.log_path = os.path.join(tmp, "agent.log")
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [ckptd, "--config", "/dev/null",  # not the host's /etc/ckptd/ckptd.conf
+        self.proc = self._spawn()
+
+    def _spawn(self):
+        return subprocess.Popen(
+            [self.ckptd, "--config", "/dev/null",  # not the host's /etc/ckptd/ckptd.conf
              "--root", self.root, "--listen", self.endpoint,
              "--staging-mb", "64", "--chunk-mb", "1"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def kill(self):
+        """SIGKILL and wait: the agent crashes."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self):
+        """Starts it again on the same root and socket, once it is down; waits until it answers."""
+        assert self.proc.poll() is not None, "restart of a running agent"
+        self.proc = self._spawn()
+        self.wait_ready()
 
     def log_tail(self):
         with open(self.log_path, "rb") as f:

@@ -24,6 +24,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 try:
     import torch
@@ -321,9 +322,47 @@ def test_resume(ag):
     print("kill and resume: steps 16-24 and", resumed[-1], "as the uninterrupted run")
 
 
+def test_agent_restart(ag):
+    """The agent SIGKILLed and started again under a training loop that saves
+    every step (AdamW attached: saves read it in place): the loop goes on as
+    written, a save the agent never finished raises from result() saying
+    ckptd went away, the next ones commit, and loads give the values at save."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    snap, failed, committed = {}, [], None
+    with Checkpointer("restart", 0, 1, ag.endpoint) as ck:
+        ck.attach(opt)
+        for step in range(1, 300):
+            train(model, opt, 1, seed=step)
+            sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+            snap[step] = copy.deepcopy(sd)
+            h = ck.save(step, sd)
+            try:
+                h.result()
+            except ckpt.Error as e:
+                failed.append((step, str(e)))
+                time.sleep(0.1)
+                continue
+            if step == 3:
+                ag.kill()
+                ag.restart()
+            elif step > 3:
+                committed = step
+                break
+        assert committed, failed
+        assert all("ckptd" in why for _, why in failed), failed
+        for want in (committed, 3):
+            got = {"model": mlp(7).state_dict(), "optim": {}}
+            step, _ = ck.load(got, step=want)
+            assert step == want, (step, want)
+            same(snap[want], got, "step %d" % want)
+    print("agent restart: saves went on; step %d committed after %d not taken; "
+          "bit for bit" % (committed, len(failed)))
+
+
 def main():
     run_tests("cktorch.", test_roundtrip, test_attach, test_tied, test_errors, test_dcp,
-              test_resume)
+              test_resume, test_agent_restart)
 
 
 if __name__ == "__main__":

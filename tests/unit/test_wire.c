@@ -2,11 +2,12 @@
  * ipc/wire.c's decode edge: the scan of a request's raw bytes that refuses
  * NUL and control characters in string fields before protobuf-c turns them
  * into C strings (which would cut "a\0b" to "a"), naming the field and the
- * byte; and the unpack behind it.
+ * byte; and the unpack behind it. The versions named at attach.
  */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <check.h>
@@ -218,6 +219,31 @@ START_TEST(malformed)
 }
 END_TEST
 
+/* The versions each side names at attach: one protocol talks, another is refused by name. */
+START_TEST(versions)
+{
+	char want[160], longv[200];
+
+	ck_assert_uint_eq(ipc_protocol(), IPC_PROTOCOL);
+	ck_assert_int_eq(ipc_compatible(true, "0.9.9", IPC_PROTOCOL, err), 0);
+	ck_assert_int_eq(ipc_compatible(false, NULL, 0, err), 0); /* older than the field: 1 */
+	ck_assert_int_eq(ipc_compatible(true, "0.2.0", 2, err), -ENOTSUP);
+	snprintf(want, sizeof(want), "libckpt 0.2.0 speaks protocol 2; this ckptd %s speaks 1",
+	         ipc_release());
+	ck_assert_msg(strstr(err, want), "%s", err);
+	ck_assert_int_eq(ipc_compatible(false, "", 5, err), -ENOTSUP);
+	snprintf(want, sizeof(want),
+	         "ckptd (older than 0.1) speaks protocol 5; this libckpt %s speaks 1",
+	         ipc_release());
+	ck_assert_msg(strstr(err, want), "%s", err);
+	/* a peer's version is its text, cut short: never the whole message */
+	memset(longv, 'v', sizeof(longv) - 1);
+	longv[sizeof(longv) - 1] = '\0';
+	ck_assert_int_eq(ipc_compatible(true, longv, 9, err), -ENOTSUP);
+	ck_assert_ptr_null(strstr(err, longv + sizeof(longv) - 40));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("wire");
@@ -230,6 +256,7 @@ int main(void)
 	tcase_add_test(tc, json_and_bytes);
 	tcase_add_test(tc, repeated_strings);
 	tcase_add_test(tc, malformed);
+	tcase_add_test(tc, versions);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
