@@ -287,8 +287,9 @@ struct shard_layout {
 	unsigned refs; /* under mu: a plan's `dedup` + 1 per save using it (whole: unused) */
 	size_t n;
 	struct plan_tensor *t; /* names are the plan's; region, offset, dptr moved to the rows */
-	void *header; /* the shard's first header_len bytes */
+	void *header; /* the shard's first header_len bytes, with the stamp's placeholders */
 	uint64_t header_len;
+	struct st_stamp_at stamp_at; /* where each save writes its stamp into them */
 	uint64_t shard_bytes;
 	uint64_t held_bytes; /* the plan's tensors' bytes, all of them */
 	uint64_t key; /* the plan set it was made for; 0: the plan's own */
@@ -362,12 +363,13 @@ void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
 /*
  * Bytes [off, off + len) (header and tensors) of a shard of layout l into
- * dst: host bytes copied now, a CUDA plan's GPU bytes queued on its lane
- * (wait for them with gpu_lane_wait). No lock. Fails only for a GPU copy,
- * or a fault of host memory.
+ * dst, its header stamped with st (the save's step and number): host
+ * bytes copied now, a CUDA plan's GPU bytes queued on its lane (wait for
+ * them with gpu_lane_wait). No lock. Fails only for a GPU copy, or a fault
+ * of host memory.
  */
-int plan_queue_image(const struct plan *p, const struct shard_layout *l, uint64_t off, void *dst,
-                     uint64_t len, char *err);
+int plan_queue_image(const struct plan *p, const struct shard_layout *l, const struct st_stamp *st,
+                     uint64_t off, void *dst, uint64_t len, char *err);
 /*
  * l's header, and each tensor's place in the file: t[0..n) laid out one
  * after the other (the shard of rank of job/run). No lock.
@@ -512,6 +514,7 @@ struct save {
 	struct io_req finish;
 	int64_t t_queued, t_captured, t_durable, t_committed; /* monotonic ns */
 	int64_t queued_unix_ns;
+	struct st_stamp stamp; /* its step and a random number: its header's, its part's */
 };
 
 /*

@@ -74,7 +74,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 			rc = -ECANCELED;
 			break;
 		}
-		rc = plan_queue_image(s->plan, s->lay, (uint64_t)k * cb, c->buf,
+		rc = plan_queue_image(s->plan, s->lay, &s->stamp, (uint64_t)k * cb, c->buf,
 		                      stream_chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);

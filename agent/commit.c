@@ -517,6 +517,7 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
 	k->size = l->shard_bytes;
 	k->header_bytes = l->header_len;
 	k->meta_json = s->meta ? strdup(s->meta) : NULL;
+	k->save = s->stamp.save; /* what its file's header says: the committer checks */
 	k->queued_unix_ns = s->queued_unix_ns;
 	k->captured_unix_ns = s->queued_unix_ns + (s->t_captured - s->t_queued);
 	k->durable_unix_ns = s->queued_unix_ns + (s->t_durable - s->t_queued);

@@ -273,8 +273,8 @@ int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
 	struct st_tensor *st = calloc(l->n ? l->n : 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
-	    {"format", "pt"}, {"producer", "ckptd"}, {"job", p->job},
-	    {"run", p->run},  {"rank", rank},        {"world", world},
+	    {"format", "pt"}, {"producer", "ckptd"}, {"job", p->job},   {"run", p->run},
+	    {"rank", rank},   {"world", world},      ST_STAMP_META,
 	};
 	struct plan_tensor *t = l->t;
 	uint64_t pos = 0;
@@ -294,6 +294,8 @@ int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
 	}
 	rc = st_header_build(st, l->n, meta, sizeof(meta) / sizeof(meta[0]), &l->header, &len, err);
 	free(st);
+	if (!rc)
+		rc = st_stamp_find(l->header, len, &l->stamp_at, err);
 	if (rc)
 		return rc;
 	l->header_len = len;
@@ -802,8 +804,8 @@ static size_t tensor_at(const struct shard_layout *l, uint64_t off)
  * plan's lane. l's tensors carry the plan's regions: read only while the
  * plan is busy (a capture), which keeps them.
  */
-int plan_queue_image(const struct plan *p, const struct shard_layout *l, uint64_t off, void *dst,
-                     uint64_t len, char *err)
+int plan_queue_image(const struct plan *p, const struct shard_layout *l, const struct st_stamp *st,
+                     uint64_t off, void *dst, uint64_t len, char *err)
 {
 	char *d = dst;
 	uint64_t end = off + len;
@@ -813,6 +815,7 @@ int plan_queue_image(const struct plan *p, const struct shard_layout *l, uint64_
 		uint64_t n = (end < l->header_len ? end : l->header_len) - off;
 
 		memcpy(d, (const char *)l->header + off, n);
+		st_stamp_apply(&l->stamp_at, st, off, d, n);
 		d += n;
 		off += n;
 	}

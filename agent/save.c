@@ -278,6 +278,8 @@ static struct save *save_new(struct agent *a, struct plan *p, struct checkpoint 
 	s->cp = cp;
 	s->sess = p->sess;
 	s->step = step;
+	/* its header's, its part's: a number no other save draws (0 means none) */
+	s->stamp = (struct st_stamp){step, ipc_random_id() ?: (uint64_t)ipc_mono_ns() | 1};
 	s->state = CKPT__V1__STATE__STATE_QUEUED;
 	s->t_queued = ipc_mono_ns();
 	s->queued_unix_ns = ipc_now_ns();

@@ -291,7 +291,8 @@ static int image_part(const void *save, uint64_t off, void *dst, uint64_t len)
 {
 	const struct save *s = save;
 
-	return plan_queue_image(s->plan, s->lay, off, dst, len, NULL); /* host: only a fault */
+	return plan_queue_image(s->plan, s->lay, &s->stamp, off, dst, len,
+	                        NULL); /* host: only a fault */
 }
 
 /* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */

@@ -59,6 +59,15 @@ bool fmt_holds_chunk(const struct manifest_tensor *v, size_t n, const struct man
                      const struct manifest_chunk *c);
 int fmt_cmp_tensor(const void *a, const void *b);
 
+/*
+ * A rank's "save" (the number its shard's header is stamped with, format.h):
+ * put as 16 hex digits where it is not 0; read as 0 where it is absent (a
+ * file an older agent wrote), else exactly that.
+ */
+int fmt_save_put(json_t *o, uint64_t save);
+int fmt_save_read(const json_t *o, uint64_t *save, const char *what, const char *where,
+                  char *err);
+
 /* The user meta: its text as a JSON value (null when none), and back. */
 int fmt_meta_value(const char *text, json_t **out, const char *what, char *err);
 int fmt_meta_text(const json_t *v, char **out, const char *what, char *err);

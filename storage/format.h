@@ -72,6 +72,46 @@ int st_header_read(int fd, uint64_t file_size, struct st_header **out, char *err
 void st_header_free(struct st_header *h);
 const struct st_entry *st_header_find(const struct st_header *h, const char *name);
 
+/*
+ * The stamp that ties a shard's bytes to one save (docs/DESIGN.md §6.2): its
+ * header's __metadata__ names the step ("step": 12 digits) and a random
+ * number drawn for the save ("save": 16 hex digits). The header is built
+ * once per plan with placeholders (ST_STAMP_META); each save writes its own
+ * values into its copy (st_stamp_apply). The save's part and the manifest
+ * repeat the number, so a part or a manifest copied from another step or
+ * attempt names files whose headers say otherwise.
+ */
+struct st_stamp {
+	int64_t step;
+	uint64_t save; /* never 0 */
+};
+
+/* The two __metadata__ entries to build a header with: placeholders. */
+#define ST_STAMP_STEP "#ckpt-step##" /* 12 characters, as the step's digits */
+#define ST_STAMP_SAVE "#ckpt-save######" /* 16, as the save's hex digits */
+#define ST_STAMP_META {"step", ST_STAMP_STEP}, { "save", ST_STAMP_SAVE }
+
+/* Where a built header holds the placeholders (0: it holds none). */
+struct st_stamp_at {
+	size_t step, save;
+};
+
+/* Finds them in a header built with ST_STAMP_META; -EINVAL if not there once each. */
+int st_stamp_find(const void *header, size_t len, struct st_stamp_at *at, char *err);
+/*
+ * Writes st's values over the placeholders, where they fall in the part
+ * [off, off + len) of the shard that dst holds.
+ */
+void st_stamp_apply(const struct st_stamp_at *at, const struct st_stamp *st, uint64_t off,
+                    void *dst, uint64_t len);
+/*
+ * The stamp a parsed header carries: 0; -ENODATA where it carries none (a
+ * shard an older agent wrote); -EINVAL where it is malformed.
+ */
+int st_header_stamp(const struct st_header *h, struct st_stamp *out);
+/* A __metadata__ value of a parsed header; NULL if there is none. */
+const char *st_header_meta(const struct st_header *h, const char *key);
+
 /* ---- shard files ------------------------------------------------------ */
 
 /*
@@ -127,6 +167,7 @@ struct manifest_rank {
 	uint64_t size;
 	uint64_t header_bytes;
 	char *meta_json; /* this rank's user meta; NULL if none (format 1: none here) */
+	uint64_t save; /* its shard's stamp (struct st_stamp); 0: not said (an older agent's) */
 	/*
 	 * Format 3: the boxes the rank holds, when it wrote less of them than it
 	 * holds (its replicas wrote the rest): sorted by name, one chunk each of
@@ -198,6 +239,7 @@ struct part_rank {
 	char *file;
 	uint64_t size, header_bytes;
 	char *meta_json; /* NULL if none */
+	uint64_t save; /* its shard's stamp (struct st_stamp); 0: not said (an older agent's) */
 	int64_t queued_unix_ns, captured_unix_ns, durable_unix_ns;
 	size_t ntensors; /* sorted by name, one chunk each: what it wrote */
 	struct manifest_tensor *tensors;

@@ -400,7 +400,8 @@ static json_t *ranks_json(const struct manifest *m)
 
 		o = json_pack("{s:i, s:s, s:I, s:I}", "rank", k->rank, "file", k->file, "size",
 		              (json_int_t)k->size, "header_bytes", (json_int_t)k->header_bytes);
-		if (o && m->version > 1 && fmt_meta_put(o, k->meta_json, MF, ignored)) {
+		if (o && m->version > 1 &&
+		    (fmt_meta_put(o, k->meta_json, MF, ignored) || fmt_save_put(o, k->save))) {
 			json_decref(o);
 			o = NULL;
 		}
@@ -537,6 +538,8 @@ static int parse_ranks(struct manifest *m, const json_t *a, char *err)
 		if (!m->ranks[r].file)
 			return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory");
 		if (m->version > 1 && (rc = fmt_meta_read(o, &m->ranks[r].meta_json, MF, err)))
+			return rc;
+		if (m->version > 1 && (rc = fmt_save_read(o, &m->ranks[r].save, MF, where, err)))
 			return rc;
 		if (m->version > 2 && json_object_get(o, "holds") &&
 		    (rc = fmt_holds_parse(json_object_get(o, "holds"), &m->ranks[r].holds,

@@ -238,7 +238,7 @@ static json_t *rank_json(const struct part_rank *k)
 	              "queued_unix_ns", (json_int_t)k->queued_unix_ns, "captured_unix_ns",
 	              (json_int_t)k->captured_unix_ns, "durable_unix_ns",
 	              (json_int_t)k->durable_unix_ns, "tensors", tensors);
-	if (o && fmt_meta_put(o, k->meta_json, PT, ignored)) {
+	if (o && (fmt_meta_put(o, k->meta_json, PT, ignored) || fmt_save_put(o, k->save))) {
 		json_decref(o);
 		return NULL;
 	}
@@ -308,6 +308,8 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 		rc = fmt_int(o, "durable_unix_ns", 0, INT64_MAX, &v[5], PT, where, err);
 	if (!rc)
 		rc = fmt_meta_read(o, &k->meta_json, PT, err);
+	if (!rc)
+		rc = fmt_save_read(o, &k->save, PT, where, err);
 	if (rc)
 		return rc;
 	k->rank = (int)v[0];
@@ -526,8 +528,8 @@ static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size
 			*mr = (struct manifest_rank){.rank = k->rank,
 			                             .file = strdup(k->file),
 			                             .size = k->size,
-			                             k->header_bytes,
-			                             NULL};
+			                             .header_bytes = k->header_bytes,
+			                             .save = k->save};
 			if (!mr->file ||
 			    (k->meta_json && !(mr->meta_json = strdup(k->meta_json))) ||
 			    fmt_tensors_dup(k->holds, k->nholds, &mr->holds))

@@ -10,8 +10,14 @@
  * accept loads there too, and nothing in a header can make us overflow,
  * read outside the buffer or allocate beyond what the header's size allows.
  *
- * Divisions: small helpers; build; parse (entries, metadata, layout); read.
+ * Each save writes its step and a number of its own over two placeholders
+ * of the header as it copies it (the stamp: st_stamp_apply), so that what
+ * names a shard (a part, a manifest) can be checked against its bytes.
+ *
+ * Divisions: small helpers; build; parse (entries, metadata, layout); read;
+ * the save's stamp.
  */
+#define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -609,4 +615,86 @@ const struct st_entry *st_header_find(const struct st_header *h, const char *nam
 			lo = mid + 1;
 	}
 	return NULL;
+}
+
+/* ---- the save's stamp --------------------------------------------------- */
+
+/* The offset of `"key":"value"`'s value in buf, if it is there exactly once. */
+static int find_once(const char *buf, size_t len, const char *key, const char *value, size_t *at,
+                     char *err)
+{
+	char pat[64];
+	const char *p, *again;
+	int n = snprintf(pat, sizeof(pat), "\"%s\":\"%s\"", key, value);
+
+	p = memmem(buf, len, pat, (size_t)n);
+	again = p ? memmem(p + 1, len - (size_t)(p + 1 - buf), pat, (size_t)n) : NULL;
+	if (!p || again)
+		return ipc_errf(err, -EINVAL,
+		                ST_PREFIX "the placeholder of \"%s\" is %s in the header built", key,
+		                p ? "there twice" : "not");
+	*at = (size_t)(p - buf) + strlen(key) + 4; /* past "key":" */
+	return 0;
+}
+
+int st_stamp_find(const void *header, size_t len, struct st_stamp_at *at, char *err)
+{
+	int rc = find_once(header, len, "step", ST_STAMP_STEP, &at->step, err);
+
+	return rc ? rc : find_once(header, len, "save", ST_STAMP_SAVE, &at->save, err);
+}
+
+/* The bytes of text that fall in [off, off + len), written at `pos` of the shard. */
+static void put_part(const char *text, size_t n, uint64_t pos, uint64_t off, char *dst,
+                     uint64_t len)
+{
+	for (size_t i = 0; i < n; i++)
+		if (pos + i >= off && pos + i < off + len)
+			dst[pos + i - off] = text[i];
+}
+
+void st_stamp_apply(const struct st_stamp_at *at, const struct st_stamp *st, uint64_t off,
+                    void *dst, uint64_t len)
+{
+	char step[16], save[24];
+
+	if (!at->step || !at->save)
+		return;
+	snprintf(step, sizeof(step), "%012" PRId64, st->step);
+	snprintf(save, sizeof(save), "%016" PRIx64, st->save);
+	put_part(step, 12, at->step, off, dst, len);
+	put_part(save, 16, at->save, off, dst, len);
+}
+
+const char *st_header_meta(const struct st_header *h, const char *key)
+{
+	for (size_t i = 0; h && i < h->nmeta; i++)
+		if (strcmp(h->meta_keys[i], key) == 0)
+			return h->meta_values[i];
+	return NULL;
+}
+
+/* n digits of base 10 or 16 into *v; false if it is anything else. */
+static bool all_digits(const char *s, size_t n, int base, uint64_t *v)
+{
+	char *end;
+
+	if (!s || strlen(s) != n || strspn(s, base == 10 ? "0123456789" : "0123456789abcdef") != n)
+		return false;
+	*v = strtoull(s, &end, base);
+	return *end == '\0';
+}
+
+int st_header_stamp(const struct st_header *h, struct st_stamp *out)
+{
+	const char *step = st_header_meta(h, "step"), *save = st_header_meta(h, "save");
+	uint64_t v1, v2;
+
+	if (!step && !save)
+		return -ENODATA;
+	if (!all_digits(step, 12, 10, &v1) || !all_digits(save, 16, 16, &v2) || v2 == 0)
+		return -EINVAL;
+	out->step = (int64_t)v1;
+	out->save = v2;
+	return 0;
 }
