@@ -273,8 +273,9 @@ int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
 	struct st_tensor *st = calloc(l->n ? l->n : 1, sizeof(*st));
 	char rank[16], world[16];
 	struct st_meta meta[] = {
-	    {"format", "pt"}, {"producer", "ckptd"}, {"job", p->job},   {"run", p->run},
-	    {"rank", rank},   {"world", world},      ST_STAMP_META,
+	    {"format", "pt"},        {"producer", "ckptd"},   {"job", p->job},
+	    {"run", p->run},         {"rank", rank},          {"world", world},
+	    {"step", ST_STAMP_STEP}, {"save", ST_STAMP_SAVE},
 	};
 	struct plan_tensor *t = l->t;
 	uint64_t pos = 0;

@@ -554,8 +554,37 @@ static int plans_disagree(struct commit *c, const struct rnode *n, const struct 
 }
 
 /*
+ * Whether each of a part's files is what the part says (store_check_file:
+ * there, its size, its header stamped with this step and the part's save):
+ * a part copied from another step or attempt (a replay, a stale writer)
+ * names files whose headers say otherwise, and never joins; its node's own
+ * part replaces it (store_put_part). One small read per rank of the part,
+ * each time it is read. 0, or why not into why.
+ */
+static int part_unbound(struct storage *s, const struct part *p, int64_t step, char *why)
+{
+	char msg[IPC_ERRLEN];
+	int rc = 0;
+
+	for (size_t j = 0; j < p->nranks && !rc; j++) {
+		const struct part_rank *k = &p->ranks[j];
+		const struct store_claim cl = {p->run,          step,   k->rank, k->file, k->size,
+		                               k->header_bytes, k->save};
+
+		rc = store_check_file(s, p->job, &cl, msg);
+		if (rc)
+			ipc_errf(why, rc,
+			         "parts/%s.json, rank %d: %s: it does not join (a part must be "
+			         "of the files it names)",
+			         p->node, k->rank, msg);
+	}
+	return rc == -ENOENT ? -EBADMSG : rc; /* a file it names is not there */
+}
+
+/*
  * Node i's part, where this node commits: read and checked (this run, the
- * roster's ranks). 1: in; 0: not (yet); -ESTALE: the roster is wrong.
+ * roster's ranks, the files' stamps). 1: in; 0: not (yet); -ESTALE: the
+ * roster is wrong.
  */
 static int read_part(struct commit *c, size_t i)
 {
@@ -608,7 +637,7 @@ static int read_part(struct commit *c, size_t i)
 		part_free(p);
 		return 0;
 	}
-	if (plans_disagree(c, n, p, c->problem)) {
+	if (plans_disagree(c, n, p, c->problem) || part_unbound(s, p, c->step, c->problem)) {
 		part_free(p);
 		return 0;
 	}
@@ -1045,7 +1074,8 @@ static int gather(struct committer *cm, const char *job, int64_t step, struct pa
 	v = calloc(cnt + 1, sizeof(*v));
 	for (size_t i = 0; v && i < cnt; i++) {
 		rc = store_read_part(cm->o.store, job, step, names[i], &p, msg);
-		if (rc == 0 && (rc = plans_file_disagrees(cm->o.store, p, false, msg)))
+		if (rc == 0 && ((rc = plans_file_disagrees(cm->o.store, p, false, msg)) ||
+		                (rc = part_unbound(cm->o.store, p, step, msg))))
 			part_free(p);
 		if (rc == 0)
 			v[(*n)++] = p;

@@ -65,8 +65,7 @@ int fmt_cmp_tensor(const void *a, const void *b);
  * file an older agent wrote), else exactly that.
  */
 int fmt_save_put(json_t *o, uint64_t save);
-int fmt_save_read(const json_t *o, uint64_t *save, const char *what, const char *where,
-                  char *err);
+int fmt_save_read(const json_t *o, uint64_t *save, const char *what, const char *where, char *err);
 
 /* The user meta: its text as a JSON value (null when none), and back. */
 int fmt_meta_value(const char *text, json_t **out, const char *what, char *err);

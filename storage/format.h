@@ -76,7 +76,7 @@ const struct st_entry *st_header_find(const struct st_header *h, const char *nam
  * The stamp that ties a shard's bytes to one save (docs/DESIGN.md §6.2): its
  * header's __metadata__ names the step ("step": 12 digits) and a random
  * number drawn for the save ("save": 16 hex digits). The header is built
- * once per plan with placeholders (ST_STAMP_META); each save writes its own
+ * once per plan with placeholders (ST_STAMP_STEP, ST_STAMP_SAVE); each save writes its own
  * values into its copy (st_stamp_apply). The save's part and the manifest
  * repeat the number, so a part or a manifest copied from another step or
  * attempt names files whose headers say otherwise.
@@ -86,17 +86,16 @@ struct st_stamp {
 	uint64_t save; /* never 0 */
 };
 
-/* The two __metadata__ entries to build a header with: placeholders. */
+/* The two __metadata__ entries to build a header with, "step" and "save": placeholders. */
 #define ST_STAMP_STEP "#ckpt-step##" /* 12 characters, as the step's digits */
 #define ST_STAMP_SAVE "#ckpt-save######" /* 16, as the save's hex digits */
-#define ST_STAMP_META {"step", ST_STAMP_STEP}, { "save", ST_STAMP_SAVE }
 
 /* Where a built header holds the placeholders (0: it holds none). */
 struct st_stamp_at {
 	size_t step, save;
 };
 
-/* Finds them in a header built with ST_STAMP_META; -EINVAL if not there once each. */
+/* Finds them in a header built with them; -EINVAL if not there once each. */
 int st_stamp_find(const void *header, size_t len, struct st_stamp_at *at, char *err);
 /*
  * Writes st's values over the placeholders, where they fall in the part

@@ -631,8 +631,8 @@ static int find_once(const char *buf, size_t len, const char *key, const char *v
 	again = p ? memmem(p + 1, len - (size_t)(p + 1 - buf), pat, (size_t)n) : NULL;
 	if (!p || again)
 		return ipc_errf(err, -EINVAL,
-		                ST_PREFIX "the placeholder of \"%s\" is %s in the header built", key,
-		                p ? "there twice" : "not");
+		                ST_PREFIX "the placeholder of \"%s\" is %s in the header built",
+		                key, p ? "there twice" : "not");
 	*at = (size_t)(p - buf) + strlen(key) + 4; /* past "key":" */
 	return 0;
 }

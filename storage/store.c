@@ -395,23 +395,34 @@ int store_latest_advance(struct storage *s, const char *job, int64_t step, char 
 	return rc;
 }
 
-/* The newest committed step of job other than `except`: -ENOENT if none. */
-static int newest_committed(struct storage *s, const char *job, int64_t except, int64_t *step,
-                            char *err)
+/*
+ * The newest committed step of job other than `except`: -ENOENT if none.
+ * With `whole`, the newest whose files are there as its manifest says
+ * (store_step_intact), but for `trusted` (what LATEST names already): a
+ * manifest copied under another step's name, or one whose files were
+ * lost, is passed over. That is one small read per rank of each step
+ * looked at, newest first: only steps newer than LATEST are, normally none.
+ */
+static int newest_committed(struct storage *s, const char *job, int64_t except, bool whole,
+                            int64_t trusted, int64_t *step, char *err)
 {
 	struct storage_step *v = NULL;
+	char why[IPC_ERRLEN];
 	size_t n = 0;
 	int rc = s->ops->list_steps(s, job, &v, &n, err);
 
 	if (rc)
 		return rc;
 	rc = -ENOENT;
-	for (size_t i = n; i-- > 0;)
-		if (v[i].committed && v[i].step != except) {
-			*step = v[i].step;
-			rc = 0;
-			break;
-		}
+	for (size_t i = n; i-- > 0;) {
+		if (!v[i].committed || v[i].step == except)
+			continue;
+		if (whole && v[i].step != trusted && store_step_intact(s, job, v[i].step, why))
+			continue; /* not a step LATEST may name: a restore says why */
+		*step = v[i].step;
+		rc = 0;
+		break;
+	}
 	free(v);
 	return rc;
 }
@@ -427,8 +438,10 @@ bool store_committed(struct storage *s, const char *job, int64_t step)
 
 /*
  * Under s->latest_mu: LATEST := the newest committed step other than `except`
- * (or none), unless it names a committed step newer still (a commit of
- * another node that our listing came too early to see). Another node may
+ * whose files are there as its manifest says (or none), unless it names a
+ * committed step newer still (a commit of another node that our listing
+ * came too early to see). A manifest that names no such files (copied under
+ * another step's name, its files lost) never becomes LATEST here. Another node may
  * also commit, and move LATEST, between our look and our write: we look
  * again after writing, and move it on to what is there now, so that it
  * never stays behind a commit it saw.
@@ -441,7 +454,7 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 
 	*changed = false;
 	had = store_latest_get(s, job, &cur, why);
-	rc = newest_committed(s, job, except, &newest, err);
+	rc = newest_committed(s, job, except, true, had == 0 ? cur : -1, &newest, err);
 	if (rc && rc != -ENOENT)
 		return rc;
 	if (had == 0 && cur != except && cur >= newest && store_committed(s, job, cur))
@@ -461,7 +474,7 @@ static int latest_fix(struct storage *s, const char *job, int64_t except, bool *
 	}
 	wrote = newest;
 	for (int i = 0; i < LATEST_TRIES; i++) {
-		if (newest_committed(s, job, except, &newest, why) || newest <= wrote)
+		if (newest_committed(s, job, except, true, wrote, &newest, why) || newest <= wrote)
 			break;
 		if (latest_put(s, job, newest, why))
 			break; /* LATEST is a hint: the next commit or clean-up moves it on */
@@ -563,7 +576,7 @@ static int cleanup_job(struct storage *s, const char *job, const struct storage_
 	if (store_latest_get(s, job, &latest, why))
 		latest = -1;
 	if (latest >= 0 && !store_committed(s, job, latest) &&
-	    newest_committed(s, job, -1, &latest, why))
+	    newest_committed(s, job, -1, false, -1, &latest, why))
 		latest = -1;
 	rc = s->ops->cleanup(s, job, latest, pol, rec, err);
 	pthread_mutex_lock(&s->latest_mu);

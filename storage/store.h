@@ -90,4 +90,44 @@ int store_remove(struct storage *s, const char *job, int64_t step, char *err);
 int store_cleanup(struct storage *s, const char *job, const struct storage_cleanup *pol,
                   struct storage_recovery *rec, char *err);
 
+/* ---- what ties parts and manifests to the shards' bytes (stamp.c) ------- */
+
+/*
+ * The safetensors header of shard `file` of (job, step): one small read
+ * (a second only for a header past 64 KiB), parsed as hostile input; *size:
+ * the file's. -ENOENT: not there; -EBADMSG: not a safetensors header that
+ * fits the file.
+ */
+int store_read_header(struct storage *s, const char *job, int64_t step, const char *file,
+                      struct st_header **out, uint64_t *size, char *err);
+
+/* What a part or a manifest says of one rank's file. */
+struct store_claim {
+	const char *run;
+	int64_t step;
+	int rank;
+	const char *file;
+	uint64_t size, header_bytes;
+	uint64_t save; /* its stamp; 0: none claimed (an older agent's file) */
+};
+
+/*
+ * Whether the file is what c says: there, of its size, its header of
+ * header_bytes and of c's run and rank, stamped with c's step and save (a
+ * file an older agent wrote carries no stamp: then c claims none). One read
+ * of its head. 0; -EBADMSG saying what differs; else why it could not be
+ * read (-ENOENT: not there; -EIO, ...).
+ */
+int store_check_file(struct storage *s, const char *job, const struct store_claim *c, char *err);
+
+/*
+ * Whether (job, step) is whole as far as its files' heads tell: its
+ * manifest read and checked, every rank's file as the manifest says
+ * (store_check_file); no tensor byte is read. 0; -ENOENT: no manifest;
+ * -EBADMSG: damaged (what, in err); else why it could not tell (-EIO).
+ * O(world) small reads: for start-up and for a step about to be named
+ * LATEST, not per save.
+ */
+int store_step_intact(struct storage *s, const char *job, int64_t step, char *err);
+
 #endif /* CKPT_STORAGE_STORE_H */

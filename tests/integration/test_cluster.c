@@ -751,7 +751,7 @@ START_TEST(hostile_files)
 	    {"step-000000000004/parts/n1.json", "[1,2]",
 	     "parts/n1.json: part: is not a JSON object"},
 	    {NULL, "ranks", "parts/n1.json: part: rank 1 is outside world 2, or twice"},
-	    {NULL, "size", "is not the size its part says"},
+	    {NULL, "size", "rank-00001.n1.0.safetensors is "}, /* N bytes, not M */
 	};
 	struct cluster c;
 	char why[4096], out[4096], p[600];

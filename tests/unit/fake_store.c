@@ -17,6 +17,14 @@ struct obj {
 	char *key;
 	char *buf;
 	size_t len;
+	bool shard; /* a shard of `size` bytes: buf holds its first len, zeros follow */
+	uint64_t size;
+};
+
+/* An open shard: its key, read through obj at each read. */
+struct storage_shard {
+	struct fake_store *f;
+	char key[512];
 };
 
 struct fake_store {
@@ -55,6 +63,7 @@ void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len
 	memcpy(o->buf, buf, len);
 	o->buf[len] = '\0';
 	o->len = len;
+	o->shard = false;
 }
 
 const char *fake_get(struct fake_store *f, const char *key, size_t *len)
@@ -96,14 +105,23 @@ static void shard_key(char *buf, size_t len, const char *job, int64_t step, cons
 	snprintf(buf, len, "%s/step-%012" PRId64 "/%s", job, step, file);
 }
 
+void fake_add_shard_bytes(struct fake_store *f, const char *job, int64_t step, const char *file,
+                          const void *head, size_t len, uint64_t size)
+{
+	char key[512];
+	struct obj *o;
+
+	shard_key(key, sizeof(key), job, step, file);
+	fake_put(f, key, head, len);
+	o = find(f, key);
+	o->shard = true;
+	o->size = size;
+}
+
 void fake_add_shard(struct fake_store *f, const char *job, int64_t step, const char *file,
                     uint64_t size)
 {
-	char key[512], text[32];
-
-	shard_key(key, sizeof(key), job, step, file);
-	snprintf(text, sizeof(text), "%" PRIu64, size);
-	fake_put(f, key, text, strlen(text)); /* the size stands for the bytes */
+	fake_add_shard_bytes(f, job, step, file, "", 0, size);
 }
 
 static int obj_put(struct storage *s, const char *key, const void *buf, size_t len,
@@ -200,8 +218,57 @@ static int shard_stat(struct storage *s, const char *job, int64_t step, const ch
 	o = find(F(s), key);
 	if (!o)
 		return ipc_errf(err, -ENOENT, "%s does not exist", key);
-	*size = strtoull(o->buf, NULL, 10);
+	*size = o->size;
 	return 0;
+}
+
+static int shard_open(struct storage *s, const char *job, int64_t step, const char *file,
+                      struct storage_shard **out, uint64_t *size, char *err)
+{
+	struct storage_shard *sh = calloc(1, sizeof(*sh));
+	int rc;
+
+	sh->f = F(s);
+	shard_key(sh->key, sizeof(sh->key), job, step, file);
+	rc = shard_stat(s, job, step, file, size, err);
+	if (rc) {
+		free(sh);
+		sh = NULL;
+	}
+	*out = sh;
+	return rc;
+}
+
+/* Synchronous: done on the caller's thread, as an engine's completion would be. */
+static void shard_read(struct storage_shard *sh, struct io_req *r)
+{
+	struct obj *o = find(sh->f, sh->key);
+	uint64_t end;
+
+	sh->f->n.shard_reads++;
+	if (!o) {
+		r->res = -ENOENT;
+		r->done(r);
+		return;
+	}
+	end = r->off + r->len < o->size ? r->off + r->len : o->size;
+	r->res = end > r->off ? (int64_t)(end - r->off) : 0;
+	memset(r->buf, 0, r->res > 0 ? (size_t)r->res : 0);
+	for (uint64_t i = r->off; i < end && i < o->len; i++)
+		((char *)r->buf)[i - r->off] = o->buf[i];
+	r->done(r);
+}
+
+static void shard_close(struct storage_shard *sh)
+{
+	free(sh);
+}
+
+static void shard_path(struct storage *s, const char *job, int64_t step, const char *file,
+                       char *buf, size_t len)
+{
+	(void)s;
+	shard_key(buf, len, job, step, file);
 }
 
 /* Steps of a job: "<job>/step-<12d>/..." keys; committed if it has a manifest. */
@@ -252,7 +319,11 @@ static void destroy(struct storage *s)
 
 static const struct storage_ops fake_ops = {
     .name = "fake",
+    .shard_open = shard_open,
+    .shard_read = shard_read,
+    .shard_close = shard_close,
     .shard_stat = shard_stat,
+    .shard_path = shard_path,
     .obj_put = obj_put,
     .obj_get = obj_get,
     .obj_stat = obj_stat,

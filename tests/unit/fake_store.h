@@ -15,9 +15,12 @@ struct fake_store *fake_create(void);
 void fake_destroy(struct fake_store *f);
 struct storage *fake_storage(struct fake_store *f);
 
-/* A shard of (job, step, file) that is there, of `size` bytes. */
+/* A shard of (job, step, file) that is there, of `size` bytes (zeros). */
 void fake_add_shard(struct fake_store *f, const char *job, int64_t step, const char *file,
                     uint64_t size);
+/* The same, its first len bytes those of head (a safetensors header, say). */
+void fake_add_shard_bytes(struct fake_store *f, const char *job, int64_t step, const char *file,
+                          const void *head, size_t len, uint64_t size);
 /* Puts raw bytes under key (create or replace), bypassing every check. */
 void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len);
 /* The bytes under key (NUL-terminated, owned by the fake), NULL if none. */
@@ -28,7 +31,7 @@ void fake_fail_put(struct fake_store *f, const char *needle, int err);
 
 /* Counts of calls, by kind. */
 struct fake_counts {
-	unsigned puts, gets, stats, lists, deletes, shard_stats;
+	unsigned puts, gets, stats, lists, deletes, shard_stats, shard_reads;
 };
 void fake_counts(struct fake_store *f, struct fake_counts *out);
 

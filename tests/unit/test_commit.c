@@ -7,8 +7,11 @@
  * nodes claiming one rank, a missing shard, a failed part write; the
  * back-off; LATEST never moving back; parts that are not their plans,
  * stamped from the future, or do not parse (read once); a manifest naming
- * a file of this node's that is not there.
+ * a file of this node's that is not there; a part copied from another step
+ * (its files' stamps say otherwise) never joins; a store whose create-once
+ * is not atomic: nobody but rank 0's node writes the manifest.
  */
+#define _GNU_SOURCE /* memmem */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -40,13 +43,18 @@ static void teardown(void)
 	fake_destroy(fs);
 }
 
-static struct committer *node(const char *name)
+static struct committer *node_of(const char *name, bool single_writer)
 {
-	struct commit_opts o = {st, name, DEADLINE, false};
+	struct commit_opts o = {st, name, DEADLINE, single_writer};
 	struct committer *cm;
 
 	ck_assert_msg(committer_create(&o, &cm, err) == 0, "%s", err);
 	return cm;
+}
+
+static struct committer *node(const char *name)
+{
+	return node_of(name, false);
 }
 
 /* Rank r's tensor "w": a 4-float box of a sharded [4*world]. */
@@ -67,24 +75,61 @@ static struct manifest_tensor *tensor_w(int r, int world)
 	return t;
 }
 
-/* Rank r's part of a step: its tensor "w". */
-static void fill_rank(struct part_rank *k, const char *node, int r, int world)
+/*
+ * The header of rank r's shard, as the agent writes it: "w" (16 bytes),
+ * stamped with (step, save). Into *hdr (malloc'd); its length is returned.
+ */
+static size_t shard_header(const char *run, int r, int world, int64_t step, uint64_t save,
+                           void **hdr)
+{
+	char rank[16], wd[16];
+	const int64_t shape[1] = {4};
+	const struct st_tensor t = {"w", 12, 1, shape, 0, 16};
+	const struct st_meta meta[] = {{"producer", "ckptd"},  {"job", JOB},
+	                               {"run", run},           {"rank", rank},
+	                               {"world", wd},          {"step", ST_STAMP_STEP},
+	                               {"save", ST_STAMP_SAVE}};
+	const struct st_stamp stamp = {step, save};
+	struct st_stamp_at at;
+	size_t len;
+
+	snprintf(rank, sizeof(rank), "%d", r);
+	snprintf(wd, sizeof(wd), "%d", world);
+	ck_assert_msg(
+	    st_header_build(&t, 1, meta, sizeof(meta) / sizeof(meta[0]), hdr, &len, err) == 0, "%s",
+	    err);
+	ck_assert_msg(st_stamp_find(*hdr, len, &at, err) == 0, "%s", err);
+	st_stamp_apply(&at, &stamp, 0, *hdr, len);
+	return len;
+}
+
+/* Rank r's part of a step: its tensor "w", its shard put in the root. */
+static void fill_rank(struct part_rank *k, const char *run, const char *node, int r, int world,
+                      int64_t step)
 {
 	char file[SHARD_FILE_MAX], meta[32];
 	struct manifest_tensor *t = tensor_w(r, world);
+	const uint64_t save = 0x5a5e0000u + (uint64_t)step * 1000 + (uint64_t)r;
+	void *hdr;
+	size_t hl = shard_header(run, r, world, step, save, &hdr);
 
 	ck_assert_int_eq(shard_file_name(r, node, 0, file, sizeof(file)), 0);
 	snprintf(meta, sizeof(meta), "{\"rank\": %d}", r);
+	t->chunks[0].begin = hl;
+	t->chunks[0].end = hl + 16;
 	*k = (struct part_rank){.rank = r,
 	                        .file = strdup(file),
-	                        .size = 80,
-	                        .header_bytes = 64,
+	                        .size = hl + 16,
+	                        .header_bytes = hl,
 	                        .meta_json = strdup(meta),
+	                        .save = save,
 	                        .queued_unix_ns = T0,
 	                        .captured_unix_ns = T0 + 1 * S + r,
 	                        .durable_unix_ns = T0 + 2 * S + r,
 	                        .ntensors = 1,
 	                        .tensors = t};
+	fake_add_shard_bytes(fs, JOB, step, file, hdr, hl, hl + 16);
+	free(hdr);
 }
 
 static struct part *mk_part(const char *run, const char *nd, int world, int64_t step,
@@ -95,10 +140,8 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 	*p = (struct part){PART_VERSION, strdup(JOB), strdup(run),
 	                   strdup(nd),   step,        world,
 	                   T0 + 3 * S,   n,           calloc(n, sizeof(struct part_rank))};
-	for (size_t i = 0; i < n; i++) {
-		fill_rank(&p->ranks[i], nd, ranks[i], world);
-		fake_add_shard(fs, JOB, step, p->ranks[i].file, 80);
-	}
+	for (size_t i = 0; i < n; i++)
+		fill_rank(&p->ranks[i], run, nd, ranks[i], world, step);
 	return p;
 }
 
@@ -535,7 +578,7 @@ START_TEST(test_missing_shard)
 	if (_i == 0)
 		fake_delete(fs, key);
 	else
-		fake_put(fs, key, "79", 2);
+		fake_add_shard(fs, JOB, 2, p->ranks[0].file, p->ranks[0].size - 1);
 	ca = start(a, p, true, 0);
 	ck_assert_int_eq(poll_at(ca, 0, &r),
 	                 COMMIT_WAITING); /* maybe a cache: until the deadline */
@@ -745,7 +788,7 @@ START_TEST(test_part_not_its_plans)
 		pb->ranks[0].tensors[0].name = strdup("w2");
 	} else if (_i == 1) { /* reshaped (and its place) */
 		pb->ranks[0].tensors[0].chunks[0].shape[0] = 2;
-		pb->ranks[0].tensors[0].chunks[0].end = 72;
+		pb->ranks[0].tensors[0].chunks[0].end = pb->ranks[0].tensors[0].chunks[0].begin + 8;
 	} else { /* lost */
 		free(pb->ranks[0].tensors[0].name);
 		free(pb->ranks[0].tensors[0].chunks);
@@ -787,17 +830,18 @@ START_TEST(test_manifest_names_other_file)
 
 	free(other->ranks[0].file);
 	other->ranks[0].file = strdup("rank-00000.a.5.safetensors");
-	if (_i == 1)
-		fake_add_shard(fs, JOB, 3, "rank-00000.a.5.safetensors", 80);
+	if (_i > 0) /* there; in 2, a byte longer than the manifest says */
+		fake_add_shard(fs, JOB, 3, "rank-00000.a.5.safetensors",
+		               other->ranks[0].size + (_i == 2));
 	ck_assert_msg(manifest_merge(&other, 1, &m, err) == 0, "%s", err);
 	ck_assert_msg(store_put_manifest(st, m, err) == 0, "%s", err);
 	manifest_free(m);
 	part_free(other);
 	ca = start(a, mk_part("r", "a", 1, 3, r0, 1), false, 0);
-	if (_i == 0) {
+	if (_i != 1) {
 		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_FAILED);
 		ck_assert_msg(strstr(r.reason, "naming rank-00000.a.5.safetensors for rank 0") &&
-		                  strstr(r.reason, "is not there"),
+		                  strstr(r.reason, _i == 0 ? "is not there" : "is not its size"),
 		              "%s", r.reason);
 	} else {
 		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
@@ -893,6 +937,196 @@ START_TEST(test_unclaimed)
 }
 END_TEST
 
+/*
+ * Node b's committed part of step 2, copied into step 3 with its step
+ * rewritten before b writes its own (a replay, or a stale process): its
+ * sizes fit b's step-3 files, but their headers are stamped with step 3's
+ * saves, not step 2's. It never joins; b's own part replaces it, and the
+ * step commits with b's saves.
+ */
+START_TEST(test_replayed_part_refused)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct part *old = mk_part("r", "b", 2, 2, r1, 1), *mine;
+	struct manifest *m;
+	struct commit *ca;
+	struct commit_result r;
+	bool already;
+	char *json;
+	size_t len;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	mine = mk_part("r", "b", 2, 3, r1, 1); /* b's step-3 files are there */
+	old->step = 3; /* the replay: step 2's part, under step 3's name */
+	ck_assert_int_eq(part_to_json(old, &json, &len, err), 0);
+	fake_put(fs, JOB "/step-000000000003/parts/b.json", json, len);
+	free(json);
+	ca = start(a, mk_part("r", "a", 2, 3, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	/* by hand neither */
+	ck_assert_int_ne(commit_finish(a, JOB, 3, &r, &already, err), 0);
+	ck_assert_msg(strstr(err, "parts/b.json, rank 1") && strstr(err, "not save"), "%s", err);
+	commit_result_free(&r);
+	ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	/* the deadline names it */
+	ck_assert_int_eq(poll_at(ca, DEADLINE / 4, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	/* b's own part: in its place, and the step commits with it */
+	ck_assert_msg(store_put_part(st, mine, err) == 0, "%s", err);
+	ck_assert_int_eq(poll_at(ca, DEADLINE / 2, &r), COMMIT_COMMITTED);
+	ck_assert_uint_eq(r.manifest->ranks[1].save, mine->ranks[0].save);
+	ck_assert_uint_ne(r.manifest->ranks[1].save, old->ranks[0].save);
+	commit_result_free(&r);
+	ck_assert_int_eq(store_read_manifest(st, JOB, 3, &m, err), 0);
+	ck_assert_uint_eq(m->ranks[1].save, mine->ranks[0].save);
+	manifest_free(m);
+	part_free(old);
+	part_free(mine);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* The same replay, seen at the deadline: the step FAILS naming the part and why. */
+START_TEST(test_replayed_part_named)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct part *old = mk_part("r", "b", 2, 2, r1, 1), *mine;
+	struct commit *ca;
+	struct commit_result r;
+	char *json;
+	size_t len;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	mine = mk_part("r", "b", 2, 3, r1, 1);
+	old->step = 3;
+	ck_assert_int_eq(part_to_json(old, &json, &len, err), 0);
+	fake_put(fs, JOB "/step-000000000003/parts/b.json", json, len);
+	free(json);
+	ca = start(a, mk_part("r", "a", 2, 3, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "parts/b.json, rank 1") &&
+	                  strstr(r.reason, "rank-00001.b.0.safetensors") &&
+	                  strstr(r.reason, "copied from another step or attempt"),
+	              "%s", r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	commit_result_free(&r);
+	part_free(old);
+	part_free(mine);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A part whose file is not what it says: another size, a header of another
+ * run or rank, or no stamp where the part claims one. None joins.
+ */
+START_TEST(test_part_not_its_files)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct part *pb = mk_part("r", "b", 2, 4, r1, 1);
+	struct commit *ca;
+	struct commit_result r;
+	static const char *want[] = {"bytes, not", "not run r rank 1", "carries no stamp"};
+	void *hdr;
+	size_t hl;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	if (_i == 0) { /* the file is a byte longer than the part says */
+		hl = shard_header("r", 1, 2, 4, pb->ranks[0].save, &hdr);
+		fake_add_shard_bytes(fs, JOB, 4, pb->ranks[0].file, hdr, hl, hl + 17);
+		free(hdr);
+	} else if (_i == 1) { /* another run's header, same step and save */
+		hl = shard_header("q", 1, 2, 4, pb->ranks[0].save, &hdr);
+		fake_add_shard_bytes(fs, JOB, 4, pb->ranks[0].file, hdr, hl, hl + 16);
+		free(hdr);
+	} else { /* a header with no stamp */
+		char *h = NULL;
+
+		hl = shard_header("r", 1, 2, 4, pb->ranks[0].save, &hdr);
+		h = hdr;
+		memcpy(memmem(h, hl, "\"save\"", 6), "\"xave\"", 6);
+		memcpy(memmem(h, hl, "\"step\"", 6), "\"xtep\"", 6);
+		fake_add_shard_bytes(fs, JOB, 4, pb->ranks[0].file, hdr, hl, hl + 16);
+		free(hdr);
+	}
+	put_part(pb);
+	ca = start(a, mk_part("r", "a", 2, 4, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "parts/b.json, rank 1") && strstr(r.reason, want[_i]), "%s",
+	              r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000004/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A store whose create-once is not atomic (an object store that ignores
+ * If-None-Match): only rank 0's node writes the manifest. The other node
+ * never takes over, however long rank 0's node is gone: its deadline fails
+ * the step, writing nothing (two writers could replace a committed
+ * manifest there). A commit by hand still may.
+ */
+START_TEST(test_single_writer_never_takes_over)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node_of("a", true), *b = node_of("b", true);
+	struct commit *ca, *cb;
+	struct commit_result r;
+	bool already;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	ca = start(a, mk_part("r", "a", 2, 3, r0, 1), true, 0);
+	cb = start(b, mk_part("r", "b", 2, 3, r1, 1), false, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING); /* a's part; then a is gone */
+	commit_result_free(&r);
+	commit_destroy(ca);
+	for (int64_t t = 0; t < DEADLINE; t += DEADLINE / 8) {
+		ck_assert_int_eq(poll_at(cb, t, &r), COMMIT_WAITING);
+		commit_result_free(&r);
+		ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	}
+	ck_assert_int_eq(poll_at(cb, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert(!fake_get(fs, JOB "/step-000000000003/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(cb);
+	ck_assert_msg(commit_finish(b, JOB, 3, &r, &already, err) == 0, "%s", err);
+	ck_assert(!already && r.wrote);
+	commit_result_free(&r);
+	/* rank 0's node commits the next step, at once, as on any store */
+	ca = start(a, mk_part("r", "a", 2, 4, r0, 1), true, 0);
+	cb = start(b, mk_part("r", "b", 2, 4, r1, 1), false, 0);
+	ck_assert_int_eq(poll_at(cb, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(cb, 1, &r), COMMIT_COMMITTED);
+	ck_assert(!r.wrote);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("commit");
@@ -921,9 +1155,13 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_roster_dropped_under_another_step);
 	tcase_add_test(tc, test_no_commit_after_shared_deadline);
 	tcase_add_loop_test(tc, test_part_not_its_plans, 0, 3);
-	tcase_add_loop_test(tc, test_manifest_names_other_file, 0, 2);
+	tcase_add_loop_test(tc, test_manifest_names_other_file, 0, 3);
 	tcase_add_test(tc, test_part_from_the_future);
 	tcase_add_test(tc, test_bad_part_read_once);
+	tcase_add_test(tc, test_replayed_part_refused);
+	tcase_add_test(tc, test_replayed_part_named);
+	tcase_add_loop_test(tc, test_part_not_its_files, 0, 3);
+	tcase_add_test(tc, test_single_writer_never_takes_over);
 	suite_add_tcase(s, tc);
 	return s;
 }

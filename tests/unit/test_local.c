@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <check.h>
+#include <jansson.h>
 
 #include "store.h"
 
@@ -260,6 +261,7 @@ static void rec_fail(const char *op, const char *name, unsigned nth, int err)
 static char root[512];
 static struct storage *st;
 static char err[IPC_ERRLEN];
+static struct ioeng *reads; /* the fixture's engine: reads of shards' headers, unrecorded */
 
 static void open_backend(bool direct, struct ioeng *io)
 {
@@ -282,7 +284,13 @@ static void setup(void)
 	rec.no_rename_flags = false;
 	rec_reset();
 	err[0] = '\0';
-	open_backend(false, NULL);
+	{
+		struct ioeng_opts eo = {
+		    .kind = IOENG_PWRITE, .queue_depth = 4, .ops = &fsops_posix};
+
+		ck_assert_msg(ioeng_create(&eo, &reads, err) == 0, "%s", err);
+	}
+	open_backend(false, reads);
 }
 
 static void teardown(void)
@@ -291,6 +299,8 @@ static void teardown(void)
 
 	storage_destroy(st);
 	st = NULL;
+	ioeng_destroy(reads);
+	reads = NULL;
 	*strrchr(root, '/') = '\0';
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
@@ -362,9 +372,38 @@ static char *slurp(const char *p)
 #define SHARD0 "rank-00000.n0.0.safetensors"
 
 /* A one-rank manifest (run "r", node n0): one U8 tensor filling the file after 8 bytes. */
+/*
+ * The header of a shard of `size` bytes holding one U8 tensor "w" (all but
+ * the header): into *hdr (malloc'd) where asked; its length is returned.
+ */
+static uint64_t shard_header(uint64_t size, void **hdr)
+{
+	uint64_t hl = 64;
+	void *buf = NULL;
+	size_t len = 0;
+
+	for (int i = 0; i < 3; i++) { /* the header's length has the data's in it */
+		int64_t n = (int64_t)(size - hl);
+		const struct st_tensor t = {"w", ipc_dtype_from_name("U8"), 1, &n, 0, (uint64_t)n};
+
+		free(buf);
+		ck_assert_msg(st_header_build(&t, 1, NULL, 0, &buf, &len, err) == 0, "%s", err);
+		if (len == hl)
+			break;
+		hl = len;
+	}
+	ck_assert_uint_eq(len, hl);
+	if (hdr)
+		*hdr = buf;
+	else
+		free(buf);
+	return hl;
+}
+
 static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size)
 {
 	struct manifest *m = calloc(1, sizeof(*m));
+	const uint64_t hl = shard_header(size, NULL);
 
 	ck_assert_ptr_nonnull(m);
 	m->version = MANIFEST_VERSION;
@@ -376,7 +415,7 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	m->nranks = 1;
 	m->ranks = calloc(1, sizeof(*m->ranks));
 	m->ranks[0] = (struct manifest_rank){
-	    .rank = 0, .file = strdup(SHARD0), .size = size, .header_bytes = 8};
+	    .rank = 0, .file = strdup(SHARD0), .size = size, .header_bytes = hl};
 	m->nparts = 1;
 	m->parts = calloc(1, sizeof(*m->parts));
 	m->parts[0] = (struct manifest_part){strdup("n0"), 1, calloc(1, sizeof(int))};
@@ -386,19 +425,28 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	m->tensors[0].name = strdup("w");
 	m->tensors[0].dtype = ipc_dtype_from_name("U8");
 	m->tensors[0].ndim = 1;
-	m->tensors[0].global_shape[0] = (int64_t)size - 8;
+	m->tensors[0].global_shape[0] = (int64_t)(size - hl);
 	m->tensors[0].nchunks = 1;
 	m->tensors[0].chunks = calloc(1, sizeof(*m->tensors[0].chunks));
-	m->tensors[0].chunks[0].shape[0] = (int64_t)size - 8;
-	m->tensors[0].chunks[0].begin = 8;
+	m->tensors[0].chunks[0].shape[0] = (int64_t)(size - hl);
+	m->tensors[0].chunks[0].begin = hl;
 	m->tensors[0].chunks[0].end = size;
 	return m;
 }
 
 /* A step's directory and one shard of `node`, as its write side leaves them. */
+/* A shard of node's, of `size` bytes: a safetensors file where it can hold one (mk_manifest's). */
 static void mk_shard_of(const char *job, int64_t step, uint64_t size, const char *node)
 {
 	char *data = calloc(1, size);
+	void *hdr;
+
+	if (size >= 96) {
+		uint64_t hl = shard_header(size, &hdr);
+
+		memcpy(data, hdr, hl);
+		free(hdr);
+	}
 
 	mkdirs(at("%s/step-%012lld", job, (long long)step));
 	put(at("%s/step-%012lld/rank-00000.%s.0.safetensors", job, (long long)step, node), data,
@@ -1446,6 +1494,98 @@ START_TEST(test_cleanup_planted_latest)
 }
 END_TEST
 
+/*
+ * Step `step` committed as an agent writes it: its shard's header stamped
+ * with (step, save), the manifest naming that save.
+ */
+static void stamped(const char *job, int64_t step, uint64_t save)
+{
+	const int64_t n = 32;
+	const struct st_tensor t = {"w", ipc_dtype_from_name("U8"), 1, &n, 0, (uint64_t)n};
+	const struct st_meta meta[] = {
+	    {"run", "r"}, {"rank", "0"}, {"step", ST_STAMP_STEP}, {"save", ST_STAMP_SAVE}};
+	const struct st_stamp stamp = {step, save};
+	struct st_stamp_at sat;
+	struct manifest *m;
+	void *hdr;
+	size_t hl;
+	char *data;
+
+	ck_assert_msg(st_header_build(&t, 1, meta, 4, &hdr, &hl, err) == 0, "%s", err);
+	ck_assert_msg(st_stamp_find(hdr, hl, &sat, err) == 0, "%s", err);
+	st_stamp_apply(&sat, &stamp, 0, hdr, hl);
+	data = calloc(1, hl + 32);
+	memcpy(data, hdr, hl);
+	mkdirs(at("%s/step-%012lld", job, (long long)step));
+	put(at("%s/step-%012lld/" SHARD0, job, (long long)step), data, hl + 32);
+	m = mk_manifest(job, step, hl + 32); /* with this header: */
+	m->ranks[0].header_bytes = hl;
+	m->tensors[0].global_shape[0] = m->tensors[0].chunks[0].shape[0] = n;
+	m->tensors[0].chunks[0].begin = hl;
+	m->ranks[0].save = save;
+	ck_assert_msg(store_put_manifest(st, m, err) == 0, "manifest: %s", err);
+	ck_assert_msg(store_latest_advance(st, job, step, err) == 0, "LATEST: %s", err);
+	manifest_free(m);
+	free(data);
+	free(hdr);
+}
+
+/* A copy of step 3's manifest.json as step `to`'s, its step rewritten. */
+static void forge_manifest(const char *job, int64_t to)
+{
+	json_t *m = json_load_file(at("%s/step-000000000003/manifest.json", job), 0, NULL);
+
+	ck_assert_ptr_nonnull(m);
+	json_object_set_new(m, "step", json_integer(to));
+	mkdirs(at("%s/step-%012lld", job, (long long)to));
+	ck_assert_int_eq(
+	    json_dump_file(m, at("%s/step-%012lld/manifest.json", job, (long long)to), 0), 0);
+	json_decref(m);
+}
+
+/*
+ * A forged manifest (a real one copied under a newer step, its step
+ * rewritten) is not taken as LATEST at start: the files it names are not
+ * there (0), or are step 3's, whose headers say step 3 (1: the whole step
+ * directory copied). A real newer step, whole, is (2).
+ */
+START_TEST(test_forged_manifest_not_latest)
+{
+	struct storage_recovery r;
+
+	stamped("job", 1, 0x1111);
+	stamped("job", 3, 0x3333);
+	ck_assert_int_eq(latest("job"), 3);
+	if (_i == 1) {
+		mkdirs(at("job/step-000000000099"));
+		ck_assert_int_eq(
+		    link(at("job/step-000000000003/" SHARD0), at("job/step-000000000099/" SHARD0)),
+		    0);
+	}
+	if (_i < 2)
+		forge_manifest("job", 99);
+	else
+		stamped("job", 99, 0x9999);
+	puts_at(at("job/LATEST"), "3\n"); /* as the last real commit left it */
+	ck_assert_msg(cleanup(true, &r) == 0, "%s", err);
+	ck_assert_int_eq(latest("job"), _i < 2 ? 3 : 99);
+	ck_assert_int_eq(store_step_intact(st, "job", 99, err), _i < 2 ? -EBADMSG : 0);
+	if (_i < 2)
+		ck_assert_msg(
+		    strstr(err, _i == 0 ? "No such file" : "not save 0000000000003333 of step 99"),
+		    "%s", err);
+	/* and a LATEST that names nothing falls on the newest whole step, not on 99 */
+	puts_at(at("job/LATEST"), "1000\n");
+	ck_assert_msg(cleanup(true, &r) == 0, "%s", err);
+	ck_assert_int_eq(latest("job"), _i < 2 ? 3 : 99);
+	/* removing LATEST (3) moves it to the newest whole step other than it */
+	if (_i < 2) {
+		ck_assert_int_eq(store_remove(st, "job", 3, err), 0);
+		ck_assert_int_eq(latest("job"), 1);
+	}
+}
+END_TEST
+
 /* ---- listings ----------------------------------------------------------- */
 
 START_TEST(test_list_ignores_junk)
@@ -1526,6 +1666,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_cleanup_clock_ahead);
 	tcase_add_test(tc, test_latest_fix_race);
 	tcase_add_test(tc, test_cleanup_planted_latest);
+	tcase_add_loop_test(tc, test_forged_manifest_not_latest, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }
