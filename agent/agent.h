@@ -63,6 +63,7 @@
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
 #define AGENT_SCANS 32 /* jobs whose last clean-up time is remembered */
+#define AGENT_UNLISTED 16 /* steps failed here with their manifest visible, remembered */
 #define AGENT_READERS 2 /* threads that verify and show (the readers queue) */
 
 /* [limits]: what one user (uid) may hold at once; root is not limited. */
@@ -176,6 +177,17 @@ struct agent {
 	bool stopping;
 	uint64_t gc_removed; /* checkpoints removed by retention since start */
 	struct gc_scan scans[AGENT_SCANS]; /* gc.c: when each job's steps were last looked at */
+	/*
+	 * Steps whose trainers here were told FAILED though the manifest this
+	 * node put became visible (its directory's fsync failed): the catalog
+	 * does not take them from the root until a restart (commit.c, catalog.c).
+	 * The last AGENT_UNLISTED, in a ring.
+	 */
+	struct {
+		char job[IPC_MAX_JOB + 1];
+		int64_t step;
+	} unlisted[AGENT_UNLISTED];
+	unsigned nunlisted;
 	struct owner *owners; /* access.c: jobs' owners as read from the root */
 	size_t nowners;
 	struct usage *usage; /* access.c: what each uid holds */
@@ -434,6 +446,12 @@ struct checkpoint {
 	 * cp_get passes it over; let go once nothing of it runs.
 	 */
 	bool retired;
+	/*
+	 * The step was committed, and damaged (the catalog said so): this
+	 * save replaces it, its manifest retired by the commit thread before
+	 * this node's part (store_retire_manifest).
+	 */
+	bool replaces_damaged;
 	char abort[IPC_ERRLEN]; /* why to stop committing ("" while it goes on) */
 	struct commit *commit; /* the commit thread's alone */
 	/* the last poll's view, for list, status and watch */
@@ -564,11 +582,24 @@ struct cat_entry {
 	bool pinned;
 	char run[IPC_MAX_JOB + 1];
 	uint32_t nparts; /* nodes whose parts it merged (0: a format-1 manifest) */
+	/*
+	 * Why it cannot be restored whole, as last found ("": as far as known,
+	 * it can): its manifest unreadable (`unreadable`: read again at each
+	 * sync), a file missing or not what the manifest says (at start, for
+	 * a step newer than LATEST), or a restore or verify that met damage.
+	 * Committed still: it is listed (DAMAGED), never taken for absent.
+	 */
+	char damage[IPC_ERRLEN / 2];
+	bool unreadable;
 };
 
 int catalog_create(struct catalog **out);
 void catalog_destroy(struct catalog *c);
-/* Reads every committed manifest under the storage; broken ones are logged and left out. */
+/*
+ * Reads every committed manifest under the storage; one that cannot be
+ * read, or a step newer than its job's LATEST whose files are not as its
+ * manifest says, is listed as damaged (cat_entry.damage), and logged.
+ */
 int catalog_load(struct catalog *c, struct storage *s, char *err);
 /*
  * Takes what the storage holds of one job: entries whose manifest is gone
@@ -579,8 +610,14 @@ void catalog_sync_job(struct agent *a, const char *job);
 int catalog_add(struct catalog *c, const struct cat_entry *e);
 void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e);
 struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step);
-/* The newest step of job strictly below `below` (INT64_MAX: the newest). */
+/* The newest step of job strictly below `below` (INT64_MAX: the newest), damaged or not. */
 struct cat_entry *catalog_newest(struct catalog *c, const char *job, int64_t below);
+/* The same, leaving out damaged ones: what a restore of LATEST means. */
+struct cat_entry *catalog_newest_whole(struct catalog *c, const char *job, int64_t below);
+/* Under mu: (job, step) found damaged (why), or whole again (why NULL); false if not listed. */
+bool catalog_set_damage(struct catalog *c, const char *job, int64_t step, const char *why);
+/* Under mu: how many listed steps are known damaged (a gauge). */
+size_t catalog_damaged(const struct catalog *c);
 void catalog_remove(struct catalog *c, const char *job, int64_t step);
 /* Removes every entry no restore or verify reads now: the root holding them is gone. */
 size_t catalog_drop_unread(struct catalog *c);

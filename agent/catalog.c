@@ -1,8 +1,11 @@
 /*
  * The catalog: every committed checkpoint the agent knows, as a sorted array
  * of (job, step). Loaded from the disk at start (each manifest read back and
- * checked: one that does not parse is logged and left out, never guessed
- * at), then kept in step with commits and deletes. Pointers into it are only
+ * checked), then kept in step with commits and deletes. A committed step
+ * that cannot be restored whole (its manifest unreadable; at start, a step
+ * newer than LATEST whose files are not what its manifest says; later, what
+ * a restore or verify met) stays listed, marked damaged with why: it is
+ * never taken for a step that is not there. Pointers into it are only
  * valid under agent.mu until the next change.
  */
 #include <errno.h>
@@ -106,6 +109,34 @@ struct cat_entry *catalog_newest(struct catalog *c, const char *job, int64_t bel
 	return &c->v[i - 1];
 }
 
+struct cat_entry *catalog_newest_whole(struct catalog *c, const char *job, int64_t below)
+{
+	struct cat_entry *e;
+
+	while ((e = catalog_newest(c, job, below)) && e->damage[0])
+		below = e->step;
+	return e;
+}
+
+bool catalog_set_damage(struct catalog *c, const char *job, int64_t step, const char *why)
+{
+	struct cat_entry *e = catalog_find(c, job, step);
+
+	if (!e)
+		return false;
+	snprintf(e->damage, sizeof(e->damage), "%s", why ? why : "");
+	return true;
+}
+
+size_t catalog_damaged(const struct catalog *c)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < c->n; i++)
+		n += c->v[i].damage[0] != '\0';
+	return n;
+}
+
 void catalog_remove(struct catalog *c, const char *job, int64_t step)
 {
 	struct cat_entry *e = catalog_find(c, job, step);
@@ -147,45 +178,102 @@ void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
 	e->nparts = (uint32_t)m->nparts;
 }
 
-/* The entry of a committed step the root lists, from its manifest. */
+/*
+ * The entry of a committed step the root lists, from its manifest: 0; a
+ * manifest there that cannot be read makes an entry that says so (1);
+ * -ENOENT: gone meanwhile (removed), no entry.
+ */
 static int entry_from_root(struct storage *s, const char *job, const struct storage_step *st,
-                           struct cat_entry *e, char *err)
+                           struct cat_entry *e)
 {
+	char err[IPC_ERRLEN];
 	struct manifest *m;
 	int rc = store_read_manifest(s, job, st->step, &m, err);
 
-	if (rc)
+	if (rc == -ENOENT)
 		return rc;
+	if (rc) { /* there, but no checkpoint can be read from it: damaged, not absent */
+		memset(e, 0, sizeof(*e));
+		snprintf(e->job, sizeof(e->job), "%s", job);
+		e->step = st->step;
+		snprintf(e->damage, sizeof(e->damage), "its manifest cannot be read: %s", err);
+		e->unreadable = true;
+		e->pinned = st->pinned;
+		log_msg(LOG_WARNING, "job %s step %lld is damaged: %s", job, (long long)st->step,
+		        e->damage);
+		return 1;
+	}
 	catalog_entry_from_manifest(m, e);
 	manifest_free(m);
 	e->pinned = st->pinned; /* pins live on disk: they survive restarts */
 	return 0;
 }
 
+/*
+ * At start: a step newer than LATEST (a commit whose LATEST a crash cut
+ * short, or a manifest planted there) is whole only if its files are what
+ * its manifest says (store_step_intact: a small read of each file's head).
+ * Older steps were named LATEST once, when their files were checked.
+ */
+static void check_newer(struct storage *s, const char *job, int64_t latest, struct cat_entry *e)
+{
+	char why[IPC_ERRLEN];
+
+	if (e->damage[0] || e->step <= latest ||
+	    store_step_intact(s, job, e->step, why) != -EBADMSG)
+		return;
+	snprintf(e->damage, sizeof(e->damage), "%s", why);
+	log_msg(LOG_WARNING, "job %s step %lld (newer than LATEST) is damaged: %s", job,
+	        (long long)e->step, why);
+}
+
 static void load_job(struct catalog *c, struct storage *s, const char *job)
 {
 	struct storage_step *steps = NULL;
 	char err[IPC_ERRLEN];
+	int64_t latest = -1;
 	size_t n = 0;
 
 	if (s->ops->list_steps(s, job, &steps, &n, err)) {
 		log_msg(LOG_WARNING, "job %s: %s", job, err);
 		return;
 	}
+	if (store_latest_get(s, job, &latest, err))
+		latest = -1;
 	for (size_t i = 0; i < n; i++) {
 		struct cat_entry e;
 
-		if (!steps[i].committed)
+		if (!steps[i].committed || entry_from_root(s, job, &steps[i], &e) < 0)
 			continue;
-		if (entry_from_root(s, job, &steps[i], &e, err)) {
-			log_msg(LOG_WARNING, "job %s step %lld is not listed: %s", job,
-			        (long long)steps[i].step, err);
-			continue;
-		}
+		check_newer(s, job, latest, &e);
 		if (catalog_add(c, &e))
 			log_msg(LOG_ERR, "out of memory listing job %s", job);
 	}
 	free(steps);
+}
+
+/*
+ * Under mu: a step of job this node saves and has not seen committed (its
+ * commit under way, or FAILED and not yet let go), or one it told FAILED
+ * though its manifest is there: what the root holds of it is not listed
+ * here (until its trainers here were told; until a restart).
+ */
+static bool in_flight_here(struct agent *a, const char *job, int64_t step)
+{
+	struct list *pos;
+
+	for (unsigned i = 0; i < a->nunlisted && i < AGENT_UNLISTED; i++)
+		if (a->unlisted[i].step == step && strcmp(a->unlisted[i].job, job) == 0)
+			return true; /* told FAILED here, its manifest visible (agent.h) */
+	list_for_each(pos, &a->ckpts)
+	{
+		const struct checkpoint *cp = container_of(pos, struct checkpoint, link);
+
+		if (cp->step == step && cp->state != CKPT__V1__STATE__STATE_COMMITTED &&
+		    strcmp(cp->job, job) == 0)
+			return true;
+	}
+	return false;
 }
 
 void catalog_sync_job(struct agent *a, const char *job)
@@ -238,20 +326,30 @@ void catalog_sync_job(struct agent *a, const char *job)
 		pthread_mutex_unlock(&a->mu);
 	}
 	free(gone);
-	/* Committed by another node and not known here yet: read its manifest. */
+	/*
+	 * Committed by another node and not known here yet: read its manifest.
+	 * One whose manifest could not be read: again (an NFS hiccup passes).
+	 */
 	for (size_t j = 0; j < n; j++) {
 		bool known;
 
 		if (!steps[j].committed)
 			continue;
 		pthread_mutex_lock(&a->mu);
-		known = catalog_find(a->cat, job, steps[j].step) != NULL;
+		e1 = catalog_find(a->cat, job, steps[j].step);
+		known = e1 && !e1->unreadable;
 		pthread_mutex_unlock(&a->mu);
-		if (known || entry_from_root(a->store, job, &steps[j], &add, err))
+		if (known || entry_from_root(a->store, job, &steps[j], &add) < 0)
 			continue;
 		pthread_mutex_lock(&a->mu);
-		if (!catalog_find(a->cat, job, steps[j].step))
+		e1 = catalog_find(a->cat, job, steps[j].step);
+		if (in_flight_here(a, job, steps[j].step)) {
+			/* its trainers here hear how it ends (FAILED, say): not listed before */
+		} else if (!e1 || (e1->unreadable && !add.unreadable)) {
+			if (e1)
+				add.readers = e1->readers;
 			catalog_add(a->cat, &add);
+		}
 		pthread_mutex_unlock(&a->mu);
 	}
 	free(steps);

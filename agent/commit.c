@@ -587,6 +587,15 @@ static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v,
 	rc = publish(a, cp->job, cp->run, err);
 	if (rc)
 		return ipc_errf(why, rc, "publishing this node's plans: %s", err);
+	/* A damaged step this save replaces: uncommitted first, or its manifest stands */
+	if (cp->replaces_damaged &&
+	    (rc = store_retire_manifest(a->store, cp->job, cp->step, a->cfg.node, err)))
+		return ipc_errf(why, rc, "retiring the damaged step's manifest: %s", err);
+	if (cp->replaces_damaged)
+		log_msg(LOG_WARNING,
+		        "job %s step %lld: the damaged checkpoint's manifest is set aside "
+		        "(manifest.damaged.%s.*.json): this save commits the step anew",
+		        cp->job, (long long)cp->step, a->cfg.node);
 	rc = build_part(a, cp, v, n, &p, why);
 	if (!rc)
 		rc = commit_create(a->cm, p, v[0]->rank == 0, ipc_mono_ns(), &cp->commit, why);
@@ -859,6 +868,12 @@ static void commit_work(struct work *w)
 		committed(a, cp, &r, &stale, &nstale);
 	else if (r.state == COMMIT_FAILED)
 		cp_fail(a, cp, r.reason);
+	if (r.state == COMMIT_FAILED && r.visible) { /* not listed here as committed */
+		unsigned k = a->nunlisted++ % AGENT_UNLISTED;
+
+		snprintf(a->unlisted[k].job, sizeof(a->unlisted[k].job), "%s", cp->job);
+		a->unlisted[k].step = cp->step;
+	}
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);
 	/* Ours, and named by no manifest: the step is committed without them. */

@@ -83,9 +83,8 @@ static int gc_decide(struct agent *a, const char *job, struct gc_plan *g)
 		g->v[i].pinned = e[i]->pinned;
 		g->v[i].busy = e[i]->readers > 0;
 		g->v[i].time_ns = e[i]->time_unix_ns;
+		g->v[i].damaged = e[i]->damage[0] != '\0';
 	}
-	if (g->n)
-		g->v[g->n - 1].latest = true; /* the newest committed: what LATEST names */
 	g->nremove = retention_decide(&g->pol, g->v, g->n);
 	g->gone = calloc(g->nremove + 1, sizeof(*g->gone));
 	g->removed = calloc(g->nremove + 1, sizeof(*g->removed));

@@ -74,6 +74,7 @@ struct metrics {
 	pthread_mutex_t mu; /* everything below */
 	struct hist h[NHIST];
 	uint64_t restores_ok, restores_failed, restored_bytes, restore_read;
+	uint64_t restores_absent, restores_damaged, passed_over;
 	uint64_t parts_missing;
 	struct job_stat *jobs; /* njobs of them, by first save */
 	size_t njobs;
@@ -161,13 +162,19 @@ void metrics_on_save(struct agent *a, struct save *s, int state)
 	pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, uint64_t read, int64_t start_ns)
+void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, uint64_t read, int64_t start_ns,
+                        unsigned passed_over)
 {
 	if (!m)
 		return;
 	pthread_mutex_lock(&m->mu);
 	m->restore_read += read;
-	if (rc)
+	m->passed_over += passed_over;
+	if (rc == -ENOENT)
+		m->restores_absent++;
+	else if (rc == -EBADMSG)
+		m->restores_damaged++;
+	else if (rc)
 		m->restores_failed++;
 	else {
 		m->restores_ok++;
@@ -194,6 +201,8 @@ void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_mis
 struct snapshot {
 	struct hist h[NHIST];
 	uint64_t restores_ok, restores_failed, restored_bytes, restore_read, parts_missing;
+	uint64_t restores_absent, restores_damaged, passed_over;
+	size_t damaged; /* listed checkpoints known damaged */
 	uint64_t finals[8];
 	unsigned inflight, sessions, plans, ckpts;
 	uint64_t captured;
@@ -223,6 +232,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->upload_tier = a->up != NULL;
 	upload_get_stats(a->up, &s->up);
 	s->gc_removed = a->gc_removed;
+	s->damaged = catalog_damaged(a->cat);
 	/* each live plan's job, for the jobs' plans gauge (a node has a few hundred at most) */
 	s->nplan_jobs = 0;
 	s->plan_jobs = a->nplans ? calloc(a->nplans, sizeof(*s->plan_jobs)) : NULL;
@@ -245,6 +255,9 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->restores_ok = m->restores_ok;
 	s->parts_missing = m->parts_missing;
 	s->restores_failed = m->restores_failed;
+	s->restores_absent = m->restores_absent;
+	s->restores_damaged = m->restores_damaged;
+	s->passed_over = m->passed_over;
 	s->restored_bytes = m->restored_bytes;
 	s->restore_read = m->restore_read;
 	s->njobs = 0;
@@ -311,12 +324,26 @@ static void put_saves(FILE *f, const struct snapshot *s)
 		fprintf(f, "ckptd_saves_total{state=\"%s\"} %llu\n", final_states[i].label,
 		        (unsigned long long)s->finals[final_states[i].state]);
 	fprintf(f,
-	        "# HELP ckptd_restores_total Restores run, by result (requests refused at once, "
-	        "e.g. for a step that does not exist, are not counted).\n"
+	        "# HELP ckptd_restores_total Restores run, by result: ok; absent (no such "
+	        "checkpoint); damaged (a committed checkpoint that cannot be read whole); failed "
+	        "(anything else). Requests refused at once (a bad plan) are not counted.\n"
 	        "# TYPE ckptd_restores_total counter\n"
 	        "ckptd_restores_total{result=\"ok\"} %llu\n"
+	        "ckptd_restores_total{result=\"absent\"} %llu\n"
+	        "ckptd_restores_total{result=\"damaged\"} %llu\n"
 	        "ckptd_restores_total{result=\"failed\"} %llu\n",
-	        (unsigned long long)s->restores_ok, (unsigned long long)s->restores_failed);
+	        (unsigned long long)s->restores_ok, (unsigned long long)s->restores_absent,
+	        (unsigned long long)s->restores_damaged, (unsigned long long)s->restores_failed);
+	fprintf(f,
+	        "# HELP ckptd_restore_passed_over_total Damaged newer steps a restore of LATEST "
+	        "passed over for an older one.\n"
+	        "# TYPE ckptd_restore_passed_over_total counter\n"
+	        "ckptd_restore_passed_over_total %llu\n"
+	        "# HELP ckptd_checkpoints_damaged Committed checkpoints listed here and known not "
+	        "to restore whole (ckptctl list says why).\n"
+	        "# TYPE ckptd_checkpoints_damaged gauge\n"
+	        "ckptd_checkpoints_damaged %zu\n",
+	        (unsigned long long)s->passed_over, s->damaged);
 }
 
 static void put_jobs(FILE *f, const struct snapshot *s)

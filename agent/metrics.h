@@ -34,8 +34,10 @@ void metrics_on_save(struct agent *a, struct save *s, int state);
 void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_missing);
 /*
  * A restore has been answered: rc 0 (and bytes restored) or its error; read:
- * the bytes read for it (a group's, for one of its ranks). NULL m: nothing.
+ * the bytes read for it (a group's, for one of its ranks); passed_over:
+ * damaged newer steps it passed over. NULL m: nothing.
  */
-void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, uint64_t read, int64_t start_ns);
+void metrics_on_restore(struct metrics *m, int rc, uint64_t bytes, uint64_t read, int64_t start_ns,
+                        unsigned passed_over);
 
 #endif /* CKPT_AGENT_METRICS_H */

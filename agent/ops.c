@@ -1,8 +1,9 @@
 /*
  * What operators ask: status, list, show, delete, and the live watch of
- * saves. Status, list and watch answer from memory on the control thread;
+ * saves. Status and watch answer from memory on the control thread; list,
  * show and delete touch the disk: show runs on a reader thread (it only
- * reads), delete on the maint thread (in order with GC and pins). Watchers
+ * reads), list (the catalog following the root first) and delete on the
+ * maint thread (in order with GC and pins). Watchers
  * get every state change (watchers_on_save, one of save_set_state's
  * observers) and, once a second (the agent's tick), the bytes moved by each
  * save in flight, for progress bars and rates.
@@ -148,7 +149,8 @@ static void summary_from_entry(const struct cat_entry *e, bool latest,
 	s->durable_seconds = e->durable_seconds;
 	s->commit_seconds = e->commit_seconds;
 	s->pinned = e->pinned;
-	s->reason = "";
+	s->reason = (char *)e->damage; /* "" unless damaged: why */
+	s->damaged = e->damage[0] != '\0';
 	s->run = (char *)e->run;
 	s->nodes = e->nparts;
 }
@@ -222,36 +224,35 @@ static size_t in_flight(struct agent *a, const struct peer *who, const char *job
 	return k;
 }
 
-void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
+/* A list, answered on the maint thread once the catalog has looked at the root. */
+struct list_op {
+	struct work work;
+	struct agent *a;
+	struct rpc *call;
+	char job[IPC_MAX_JOB + 1]; /* "": every job */
+};
+
+/* Under mu: the reply to a list of job (NULL: all), from the catalog and what is in flight. */
+static void list_reply(struct agent *a, struct rpc *c, const char *job)
 {
-	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
 	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
 	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
 	char(*notes)[96] = NULL;
-	const char *job = req->job && *req->job ? req->job : NULL;
-	struct agent *a = ctx;
 	struct cat_entry **e = NULL;
-	char err[IPC_ERRLEN];
 	size_t ncat, nf, k = 0;
 
-	if (job && ipc_check_job(job, err)) {
-		rpc_fail(c, -EINVAL, "list: %s", err);
-		goto out;
-	}
-	if (job && !access_check(a, c, "list", job, ACCESS_READ))
-		goto out;
-	pthread_mutex_lock(&a->mu);
 	ncat = catalog_list(a->cat, job, &e);
 	nf = in_flight(a, rpc_peer(c), job, &f, &pf, &notes);
 	v = calloc(ncat + 1, sizeof(*v));
 	pv = calloc(ncat + nf + 1, sizeof(*pv));
 	if (!e || !v || !pv || !f || !pf || !notes) {
-		pthread_mutex_unlock(&a->mu);
 		rpc_fail(c, -ENOMEM, "list: out of memory");
 		goto out;
 	}
 	for (size_t i = 0; i < ncat; i++) {
-		bool latest = i + 1 == ncat || strcmp(e[i + 1]->job, e[i]->job) != 0;
+		/* LATEST: what a restore of LATEST takes, the newest not known damaged */
+		bool latest =
+		    !e[i]->damage[0] && catalog_newest_whole(a->cat, e[i]->job, INT64_MAX) == e[i];
 
 		if (!access_may_read(a, rpc_peer(c), e[i]->job))
 			continue; /* a whole job at a time: its LATEST stays right */
@@ -264,7 +265,6 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.n_checkpoints = k;
 	rep.checkpoints = pv;
 	rpc_reply(c, &rep.base);
-	pthread_mutex_unlock(&a->mu);
 out:
 	free(e);
 	free(v);
@@ -272,6 +272,70 @@ out:
 	free(f);
 	free(pf);
 	free(notes);
+}
+
+/*
+ * Maint thread (in order with GC and delete: a step on its way out is never
+ * listed again): the job's steps as the root has them now, or every listed
+ * job's, then the answer. Steps another node's retention removed go, steps
+ * another node committed come: a list is never staler than the root. One
+ * listing of each job's steps per list (`ckptctl list` is an operator's
+ * call, not a per-step one).
+ */
+static void list_run(struct work *w)
+{
+	struct list_op *op = container_of(w, struct list_op, work);
+	struct agent *a = op->a;
+	struct cat_entry **e = NULL;
+	char(*jobs)[IPC_MAX_JOB + 1] = NULL;
+	size_t n = 0, ne;
+	bool root_ok;
+
+	pthread_mutex_lock(&a->mu);
+	root_ok = a->root.state == ROOT_OK;
+	ne = op->job[0] ? 0 : catalog_list(a->cat, NULL, &e);
+	jobs = calloc(ne + 1, sizeof(*jobs));
+	for (size_t i = 0; jobs && i < ne; i++) /* the catalog is sorted by job */
+		if (!n || strcmp(jobs[n - 1], e[i]->job))
+			snprintf(jobs[n++], sizeof(jobs[0]), "%s", e[i]->job);
+	pthread_mutex_unlock(&a->mu);
+	free(e);
+	if (root_ok && op->job[0])
+		catalog_sync_job(a, op->job);
+	for (size_t i = 0; root_ok && i < n; i++)
+		catalog_sync_job(a, jobs[i]);
+	free(jobs);
+	pthread_mutex_lock(&a->mu);
+	list_reply(a, op->call, op->job[0] ? op->job : NULL);
+	pthread_mutex_unlock(&a->mu);
+	free(op);
+}
+
+void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__ListRequest *req = (Ckpt__V1__ListRequest *)m;
+	const char *job = req->job && *req->job ? req->job : NULL;
+	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
+	struct list_op *op;
+
+	if (job && ipc_check_job(job, err)) {
+		rpc_fail(c, -EINVAL, "list: %s", err);
+		goto out;
+	}
+	if (job && !access_check(a, c, "list", job, ACCESS_READ))
+		goto out;
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		rpc_fail(c, -ENOMEM, "list: out of memory");
+		goto out;
+	}
+	op->a = a;
+	op->call = c;
+	snprintf(op->job, sizeof(op->job), "%s", job ? job : "");
+	op->work.fn = list_run;
+	workq_push(a->maint, &op->work);
+out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
@@ -314,7 +378,9 @@ static void show_run(struct work *w)
 	pthread_mutex_lock(&a->mu);
 	pinned = op->tier ? NULL : catalog_find(a->cat, op->job, op->step);
 	e.pinned = pinned && pinned->pinned;
-	newest = op->tier ? NULL : catalog_newest(a->cat, op->job, INT64_MAX);
+	if (pinned) /* what a restore or verify found of it */
+		snprintf(e.damage, sizeof(e.damage), "%s", pinned->damage);
+	newest = op->tier ? NULL : catalog_newest_whole(a->cat, op->job, INT64_MAX);
 	summary_from_entry(&e, newest && newest->step == op->step, &sum);
 	pthread_mutex_unlock(&a->mu);
 	parts = parts_text(m);

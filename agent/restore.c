@@ -22,6 +22,15 @@
 #include "stream.h"
 
 /* ---- restore ---------------------------------------------------------- */
+/*
+ * With LATEST, which failures of the newest step send the restore to the
+ * next older one (RestoreRequest.strict and .fallback).
+ */
+enum restore_fallback {
+	FB_DAMAGED, /* the default: damage (and a step removed meanwhile), loudly */
+	FB_NEVER, /* strict: the newest step, or its error */
+	FB_ANY, /* any failure but a plan that does not match (an I/O error too) */
+};
 
 struct restore {
 	struct work work;
@@ -30,9 +39,12 @@ struct restore {
 	int64_t t_start; /* monotonic ns of the request */
 	struct plan *plan;
 	int64_t step;
-	bool latest, fallback;
+	bool latest;
+	enum restore_fallback fb; /* with LATEST: past which failures to an older step */
 	struct storage *tier; /* the upload tier, where the root lacks the step or fails; or NULL */
-	bool tier_only; /* the root has no such step: from the tier alone */
+	bool unlisted; /* not in the catalog when asked: the worker looks at the root */
+	bool damage_seen; /* a step it met was damaged: never "no checkpoint" */
+	unsigned passed_over; /* newer steps passed over (the notes say why) */
 	char **skipped;
 	size_t nskipped;
 	uint64_t read, delivered; /* bytes read for it (its share of a group's: 0 or all) */
@@ -295,6 +307,38 @@ static bool read_together(struct restore *rs, struct reader *r, int64_t step,
 }
 
 /*
+ * Each file r reads is the one m names (store_check_file: its size, its
+ * header, the save it is stamped with), before a byte of its tensors is
+ * taken: a manifest copied under another step's name, with the files,
+ * restores nothing. One small read of each file's head. 0, or the first
+ * that is not (*failed: that file).
+ */
+static int files_as_named(struct reader *r, struct storage *store, const struct manifest *m,
+                          struct bad_chunk *failed, char *err)
+{
+	unsigned char *seen = calloc(m->nranks ? m->nranks : 1, 1);
+	char msg[IPC_ERRLEN];
+	int rc = seen ? 0 : ipc_errf(err, -ENOMEM, "out of memory");
+
+	for (size_t i = 0; i < r->n && !rc; i++) {
+		const struct manifest_rank *k = &m->ranks[r->ext[i].rank];
+		const struct store_claim c = {m->run,  m->step,         k->rank, k->file,
+		                              k->size, k->header_bytes, k->save};
+
+		if (seen[k->rank])
+			continue;
+		seen[k->rank] = 1;
+		rc = store_check_file(store, m->job, &c, msg);
+		if (rc) {
+			*failed = (struct bad_chunk){k->rank, UINT64_MAX};
+			rc = ipc_errf(err, rc, "rank %d's shard: %s", k->rank, msg);
+		}
+	}
+	free(seen);
+	return rc;
+}
+
+/*
  * Every tensor of the plan from step's manifest m, leaving out the chunks
  * bad[0, nbad): 0, or the first problem; *failed, where it was (rank -1:
  * none of the files', e.g. the trainer's memory faulted). The first read
@@ -326,6 +370,8 @@ static int read_all(struct restore *rs, struct storage *store, int64_t step,
 	 */
 	together = !nbad && store == rs->a->store && rs->a->cfg.read_once && !p->gpu;
 	rc = restore_map(&r, p, m, bad, nbad, together ? 0 : (unsigned)p->rank, err);
+	if (!rc)
+		rc = files_as_named(&r, store, m, failed, err);
 	if (!rc && together && read_together(rs, &r, step, m)) {
 		reader_free(&r);
 		return 0;
@@ -394,7 +440,11 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 			goto out;
 		}
 	}
-	rc = store_read_manifest(store, p->job, step, &m, err);
+	rc = store_read_manifest(store, p->job, step, &m, line);
+	if (rc == -EINVAL || rc == -EFBIG) /* there, and no checkpoint can be read from it */
+		rc = ipc_errf(err, -EBADMSG, "its manifest cannot be read: %s", line);
+	else if (rc)
+		snprintf(err, IPC_ERRLEN, "%s", line);
 	if (rc)
 		goto out;
 	while ((rc = read_all(rs, store, step, m, bad, nbad, &failed, err)) &&
@@ -423,6 +473,15 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	if (!rc && manifest_rank_meta(m, p->rank) &&
 	    !(*meta = strdup(manifest_rank_meta(m, p->rank))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	/*
+	 * A file the manifest names missing, or not what it says: the step is
+	 * damaged, unless it went as it was read (retention, a delete: its
+	 * manifest goes first).
+	 */
+	if ((rc == -ENOENT || rc == -EBADMSG) && !store_committed(store, p->job, step))
+		rc = ipc_errf(err, -ENOENT, "removed (retention or a delete) as it was read");
+	else if (rc == -ENOENT)
+		rc = -EBADMSG; /* err says which file */
 out:
 	if (p->gpu)
 		pthread_mutex_unlock(&p->gpu->capture);
@@ -436,7 +495,7 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	const struct plan *p = rs->plan;
 
 	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->whole.shard_bytes - p->whole.header_len,
-	                   rs->read, rs->t_start);
+	                   rs->read, rs->t_start, rs->passed_over);
 	atomic_fetch_add(&rs->a->restore_read_bytes, rs->read);
 	if (rc) {
 		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
@@ -463,26 +522,41 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 		        (unsigned long long)rs->read);
 }
 
-/* Under mu: the next older checkpoint to fall back to, marked as being read. */
+/* Whether, with LATEST, a failure of rc sends the restore to an older step. */
+static bool falls_back(const struct restore *rs, int rc)
+{
+	if (!rs->latest || rc == -EINVAL || rc == -ENOMEM)
+		return false;
+	switch (rs->fb) {
+	case FB_DAMAGED:
+		return rc == -EBADMSG || rc == -ENOENT; /* damaged, or removed as it was read */
+	case FB_ANY:
+		return true;
+	case FB_NEVER:
+		break;
+	}
+	return false;
+}
+
+/*
+ * Under mu: step failed with rc (why: err); where a restore of LATEST goes
+ * on to the next older step (marked as read), that step into *step, and
+ * the one passed over into the reply's notes and the log.
+ */
 static bool fall_back(struct restore *rs, int64_t *step, int rc, const char *err)
 {
 	struct cat_entry *e;
-	char **v, line[IPC_ERRLEN + 64];
+	char line[IPC_ERRLEN + 64];
 
-	if (!rs->latest || !rs->fallback || rc == -EINVAL || rc == -ENOMEM)
+	if (!falls_back(rs, rc))
 		return false;
 	e = catalog_newest(rs->a->cat, rs->plan->job, *step);
 	if (!e)
 		return false;
 	snprintf(line, sizeof(line), "step %lld: %s", (long long)*step, err);
-	v = realloc(rs->skipped, (rs->nskipped + 1) * sizeof(*v));
-	if (!v || !(v[rs->nskipped] = strdup(line))) {
-		rs->skipped = v ? v : rs->skipped;
-		return false;
-	}
-	rs->skipped = v;
-	rs->nskipped++;
-	log_msg(LOG_WARNING, "restore of job %s rank %d: step %lld skipped (%s), trying %lld",
+	note(rs, line);
+	rs->passed_over++;
+	log_msg(LOG_WARNING, "restore of job %s rank %d: step %lld passed over (%s), trying %lld",
 	        rs->plan->job, rs->plan->rank, (long long)*step, err, (long long)e->step);
 	*step = e->step;
 	e->readers++;
@@ -490,11 +564,14 @@ static bool fall_back(struct restore *rs, int64_t *step, int rc, const char *err
 }
 
 /*
- * From the upload tier: the step the root could not give (why: what the
- * root said; NULL: it has no committed step of the job), or the tier's
- * LATEST.
+ * From the upload tier: the step the root could not give (why and root_rc:
+ * what the root said; why NULL: it has no committed step of the job), or
+ * the tier's LATEST. Where the tier cannot either, the root's answer
+ * stands: a step damaged on the root is not made absent by a tier that
+ * lacks it.
  */
-static int from_tier(struct restore *rs, int64_t *step, char **meta, const char *why, char *err)
+static int from_tier(struct restore *rs, int64_t *step, char **meta, const char *why, int root_rc,
+                     char *err)
 {
 	const struct plan *p = rs->plan;
 	char line[2 * IPC_ERRLEN + 96], terr[IPC_ERRLEN];
@@ -507,7 +584,7 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 		                terr);
 	rc = restore_one(rs, rs->tier, *step, meta, terr);
 	if (rc)
-		return why ? ipc_errf(err, rc, "%s; the upload tier could not either: %s", why,
+		return why ? ipc_errf(err, root_rc, "%s; the upload tier could not either: %s", why,
 		                      terr)
 		           : ipc_errf(err, rc, "not on the root; from the upload tier: %s", terr);
 	snprintf(line, sizeof(line), "step %lld restored from the upload tier (the root: %s)",
@@ -515,6 +592,107 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 	note(rs, line);
 	log_msg(LOG_WARNING, "restore of job %s rank %d: %s", p->job, p->rank, line);
 	return 0;
+}
+
+/*
+ * Nothing of the job is listed, after a look at the root: no checkpoint
+ * (-ENOENT), unless the root says one was there: a LATEST naming a step
+ * means checkpoints were committed, and whatever became of them, a
+ * trainer must not take it for a fresh start (-EBADMSG).
+ */
+static int nothing_listed(struct restore *rs, char *err)
+{
+	const char *job = rs->plan->job;
+	char why[IPC_ERRLEN];
+	int64_t latest = -1;
+	int rc;
+
+	if (!rs->latest)
+		return ipc_errf(err, -ENOENT,
+		                "job %s has no committed step %lld (ckptctl list %s shows what "
+		                "there is)",
+		                job, (long long)rs->step, job);
+	rc = store_latest_get(rs->a->store, job, &latest, why);
+	if (rc == -ENOENT)
+		return ipc_errf(err, -ENOENT, "job %s has no committed checkpoint", job);
+	if (rc && rc != -EINVAL)
+		return ipc_errf(err, rc, "job %s: cannot tell whether it has checkpoints: %s", job,
+		                why);
+	return ipc_errf(err, -EBADMSG,
+	                "job %s has no checkpoint that can be read, yet its LATEST %s: its "
+	                "checkpoints were removed or damaged (ckptctl list %s); nothing was "
+	                "restored",
+	                job, rc ? "is there (unreadable)" : "names a step", job);
+}
+
+/*
+ * The restore of one step from the root (or the tier's copy of it): one
+ * known damaged is not read again for a restore of LATEST (the catalog
+ * says why); asked for by number, it is (what changed may have mended it).
+ */
+static int restore_step(struct restore *rs, int64_t step, char **meta, char *err)
+{
+	struct agent *a = rs->a;
+	char damage[sizeof(((struct cat_entry *)0)->damage)] = "";
+	struct cat_entry *e;
+	int rc;
+
+	pthread_mutex_lock(&a->mu);
+	e = catalog_find(a->cat, rs->plan->job, step);
+	if (e && rs->latest)
+		snprintf(damage, sizeof(damage), "%s", e->damage);
+	pthread_mutex_unlock(&a->mu);
+	rc = damage[0] ? ipc_errf(err, -EBADMSG, "%s", damage)
+	               : restore_one(rs, a->store, step, meta, err);
+	/* the root failed it (missing, or its bytes do not verify): the tier's copy */
+	if (rc && rs->tier && rc != -EINVAL && rc != -ENOMEM) {
+		char why[IPC_ERRLEN];
+
+		snprintf(why, sizeof(why), "%s", err);
+		rc = from_tier(rs, &step, meta, why, rc, err);
+	}
+	return rc;
+}
+
+/*
+ * Under mu: what a restore of step learnt of it: damaged (the catalog says
+ * so from now on: list, status, metrics, the next restore of LATEST), whole
+ * again (restored), or gone.
+ */
+static void learnt(struct restore *rs, int64_t step, int rc, const char *err)
+{
+	struct cat_entry *e = catalog_find(rs->a->cat, rs->plan->job, step);
+
+	if (!e)
+		return;
+	e->readers--;
+	if (rc == -EBADMSG) {
+		rs->damage_seen = true;
+		if (!e->damage[0])
+			log_msg(LOG_ERR, "job %s step %lld is damaged: %s", rs->plan->job,
+			        (long long)step, err);
+		catalog_set_damage(rs->a->cat, rs->plan->job, step, err);
+	} else if (rc == 0 && e->damage[0] && !e->unreadable) {
+		catalog_set_damage(rs->a->cat, rs->plan->job, step, NULL);
+	} else if (rc == -ENOENT && !e->readers) {
+		catalog_remove(rs->a->cat, rs->plan->job, step); /* removed as it was read */
+	}
+}
+
+/* A restore of LATEST that found nothing whole: every step passed over, in the answer. */
+static int none_whole(struct restore *rs, int rc, char *err)
+{
+	char all[IPC_ERRLEN];
+	size_t o = 0;
+
+	if (!rs->nskipped)
+		return rc;
+	o = (size_t)snprintf(all, sizeof(all), "%s", err);
+	for (size_t i = 0; i < rs->nskipped && o < sizeof(all); i++)
+		o += (size_t)snprintf(all + o, sizeof(all) - o, "%s%s",
+		                      i ? "; " : "; newer steps passed over: ", rs->skipped[i]);
+	/* damage met on the way: this job had checkpoints, it is not a fresh start */
+	return ipc_errf(err, rs->damage_seen && rc == -ENOENT ? -EBADMSG : rc, "%s", all);
 }
 
 static void restore_run(struct work *w)
@@ -527,13 +705,19 @@ static void restore_run(struct work *w)
 	bool again;
 	int rc;
 
-	if (rs->tier_only) {
-		/*
-		 * Not in this agent's catalog: the root may have it all the same
-		 * (another node committed it since this one last looked). Only
-		 * what the root lacks comes from the tier: else ranks of one job
-		 * could restore different steps.
-		 */
+	/*
+	 * LATEST is the newest manifest: one another node committed since this
+	 * agent last looked (its ranks were not in that step) counts, one
+	 * removed since does not (the step chosen at the request is let go for
+	 * the look: a step being read is not dropped). A step not listed when
+	 * asked may be on the root all the same.
+	 */
+	if (rs->latest || rs->unlisted) {
+		pthread_mutex_lock(&a->mu);
+		e = rs->unlisted ? NULL : catalog_find(a->cat, rs->plan->job, step);
+		if (e)
+			e->readers--;
+		pthread_mutex_unlock(&a->mu);
 		catalog_sync_job(a, rs->plan->job);
 		pthread_mutex_lock(&a->mu);
 		e = rs->latest ? catalog_newest(a->cat, rs->plan->job, INT64_MAX)
@@ -541,48 +725,27 @@ static void restore_run(struct work *w)
 		if (e) {
 			e->readers++;
 			step = e->step;
-			rs->tier_only = false;
 		}
+		rs->unlisted = !e;
 		pthread_mutex_unlock(&a->mu);
 	}
-	if (rs->tier_only) {
-		rc = from_tier(rs, &step, &meta, NULL, err);
+	if (rs->unlisted) {
+		/* only what the root lacks, from the tier: else ranks could restore different steps
+		 */
+		rc = rs->tier ? from_tier(rs, &step, &meta, NULL, -ENOENT, err) : -ENOENT;
+		if (rc == -ENOENT)
+			rc = nothing_listed(rs, err);
 		goto reply;
 	}
-	if (rs->latest) {
-		/*
-		 * LATEST is the newest manifest: one another node committed since
-		 * this agent last looked (its ranks were not in that step) counts.
-		 */
-		catalog_sync_job(a, rs->plan->job);
-		pthread_mutex_lock(&a->mu);
-		e = catalog_newest(a->cat, rs->plan->job, INT64_MAX);
-		if (e && e->step > step) {
-			struct cat_entry *old = catalog_find(a->cat, rs->plan->job, step);
-
-			if (old)
-				old->readers--;
-			e->readers++;
-			step = e->step;
-		}
-		pthread_mutex_unlock(&a->mu);
-	}
 	do {
-		rc = restore_one(rs, a->store, step, &meta, err);
-		/* the root failed it (missing, or its bytes do not verify): the tier's copy */
-		if (rc && rs->tier && rc != -EINVAL && rc != -ENOMEM) {
-			char why[IPC_ERRLEN];
-
-			snprintf(why, sizeof(why), "%s", err);
-			rc = from_tier(rs, &step, &meta, why, err);
-		}
+		rc = restore_step(rs, step, &meta, err);
 		pthread_mutex_lock(&a->mu);
-		e = catalog_find(a->cat, rs->plan->job, step);
-		if (e)
-			e->readers--;
+		learnt(rs, step, rc, err);
 		again = rc && fall_back(rs, &step, rc, err);
 		pthread_mutex_unlock(&a->mu);
 	} while (again);
+	if (rc)
+		rc = none_whole(rs, rc, err);
 reply:
 	/*
 	 * The plan is idle before the trainer hears: a save it sends as soon as
@@ -622,26 +785,19 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	rs->tier = upload_tier(a->up);
 	if (req->step == -1) { /* CKPT_LATEST */
 		e = catalog_newest(a->cat, p->job, INT64_MAX);
-		if (!e && !rs->tier)
-			return ipc_errf(err, -ENOENT, "job %s has no committed checkpoint", p->job);
 	} else {
 		int rc = ipc_check_step(req->step, err);
 
 		if (rc)
 			return rc;
 		e = catalog_find(a->cat, p->job, req->step);
-		if (!e && !rs->tier)
-			return ipc_errf(err, -ENOENT,
-			                "job %s has no committed step %lld (ckptctl list %s shows "
-			                "what there is)",
-			                p->job, (long long)req->step, p->job);
 	}
 	rs->a = a;
 	rs->plan = p;
-	rs->tier_only = !e; /* the root lacks it: the upload tier may have it */
+	rs->unlisted = !e; /* the worker looks at the root: it may have it, or say why not */
 	rs->step = e ? e->step : req->step;
 	rs->latest = req->step < 0;
-	rs->fallback = req->fallback;
+	rs->fb = req->strict ? FB_NEVER : req->fallback ? FB_ANY : FB_DAMAGED;
 	rs->work.fn = restore_run;
 	if (e)
 		e->readers++;

@@ -26,6 +26,7 @@ enum ret_why {
 	RET_LAST, /* among the last keep_last */
 	RET_RECENT, /* among the keep_last committed most recently (a run went back) */
 	RET_EVERY, /* a multiple of keep_every */
+	RET_DAMAGED, /* damaged and newer than any whole step: the operator's to look at */
 };
 
 struct ret_step {
@@ -34,13 +35,17 @@ struct ret_step {
 	bool pinned; /* in */
 	bool busy; /* in: readers */
 	int64_t time_ns; /* in: when it was committed (its manifest's time) */
+	bool damaged; /* in: known not to restore whole */
 	enum ret_why why; /* out */
 };
 
 /*
  * Decides for v[0..n): one job's committed steps, ascending and unique.
- * Sets each why; returns how many are RET_REMOVE. The newest step is kept as
- * LATEST even when no entry says latest: what LATEST names never goes.
+ * Sets each why; returns how many are RET_REMOVE. The newest step that is
+ * not damaged is kept as LATEST even when no entry says latest: what
+ * LATEST names never goes. Damaged steps count for neither LATEST nor the
+ * last K (K restorable steps are kept); one newer than every whole step is
+ * kept all the same, for the operator to look at.
  */
 size_t retention_decide(const struct ret_policy *p, struct ret_step *v, size_t n);
 

@@ -315,6 +315,37 @@ static bool retry_of_failed(const struct checkpoint *cp, int rank)
 	        s->state == CKPT__V1__STATE__STATE_SKIPPED);
 }
 
+/*
+ * Under mu: a save of a step that is committed is refused (-EEXIST), but
+ * of one known damaged (a restore or verify found it; not pinned, not
+ * being read): that one this save replaces (*replaces): out of the catalog
+ * once the save is made, its manifest retired before this node's part is
+ * written. A trainer
+ * that went back past a damaged step saves it again as it trains on.
+ */
+static int committed_before(struct agent *a, const struct plan *p, int64_t step, bool *replaces,
+                            char *err)
+{
+	struct cat_entry *e = catalog_find(a->cat, p->job, step);
+
+	*replaces = false;
+	if (!e)
+		return 0;
+	if (!e->damage[0])
+		return ipc_errf(err, -EEXIST,
+		                "job %s step %lld is already committed: delete it first to save "
+		                "it again",
+		                p->job, (long long)step);
+	if (e->pinned || e->readers)
+		return ipc_errf(err, -EEXIST,
+		                "job %s step %lld is committed and damaged (%s), and %s: it cannot "
+		                "be saved again now",
+		                p->job, (long long)step, e->damage,
+		                e->pinned ? "pinned (unpin it first)" : "being read");
+	*replaces = true; /* once the save is made: out of the catalog (save_start) */
+	return 0;
+}
+
 /* Under mu: the checks that need the agent's state; creates and queues the save. */
 static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
                       struct save **out, char *err)
@@ -322,6 +353,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	struct checkpoint *cp;
 	struct plan *p;
 	struct save *s;
+	bool replaces;
 	int rc;
 
 	p = plan_of(a, c, req->plan_id);
@@ -330,11 +362,8 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		                (unsigned long long)req->plan_id);
 	if (a->stopping)
 		return ipc_errf(err, -EAGAIN, "the agent is stopping");
-	if (catalog_find(a->cat, p->job, req->step))
-		return ipc_errf(err, -EEXIST,
-		                "job %s step %lld is already committed: delete it first to save "
-		                "it again",
-		                p->job, (long long)req->step);
+	if ((rc = committed_before(a, p, req->step, &replaces, err)))
+		return rc;
 	/* Before cp_get: a refusal must not leave an empty checkpoint behind. */
 	if (p->restoring)
 		return ipc_errf(err, -EBUSY,
@@ -382,6 +411,12 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		fence_issue(&p->gpu->fence, &s->fence_seq);
 		s->fenced = true;
 		memcpy(s->cuda_event, req->cuda_event.data, GPU_EVENT_HANDLE_BYTES);
+	}
+	if (replaces) {
+		log_msg(LOG_WARNING, "job %s step %lld is damaged: this save replaces it", p->job,
+		        (long long)req->step);
+		catalog_remove(a->cat, p->job, req->step);
+		cp->replaces_damaged = true;
 	}
 	/* Each rank's meta is its own: restore gives it back to that rank. */
 	if (req->meta_json && *req->meta_json)

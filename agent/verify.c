@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE /* qsort_r */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,31 @@ struct verify {
 	struct storage *store; /* the root, or the upload tier */
 	bool tier; /* the upload tier: not in the root's catalog */
 };
+
+/*
+ * A header's stamp (format.h) against what the manifest says of its file:
+ * a file of another step or attempt, whatever its bytes, is no part of
+ * this checkpoint.
+ */
+static void stamp_disagrees(struct reader *r, const struct st_header *h, const struct manifest *m,
+                            const struct manifest_rank *mr)
+{
+	struct st_stamp st = {0};
+	int rc = st_header_stamp(h, &st);
+
+	if (rc == -EINVAL)
+		reader_problem(r, -EBADMSG, "%s: its header's step or save is malformed", r->path);
+	else if (rc == -ENODATA && mr->save)
+		reader_problem(r, -EBADMSG,
+		               "%s carries no stamp, yet the manifest names save %016" PRIx64,
+		               r->path, mr->save);
+	else if (rc == 0 && mr->save && (st.step != m->step || st.save != mr->save))
+		reader_problem(r, -EBADMSG,
+		               "%s holds save %016" PRIx64 " of step %" PRId64
+		               ", not save %016" PRIx64 " of step %" PRId64
+		               " (a file of another step or attempt)",
+		               r->path, st.save, st.step, mr->save, m->step);
+}
 
 /*
  * Each rank's safetensors header against the manifest: those read whole. A
@@ -83,6 +109,7 @@ static void check_headers(struct reader *r, const struct manifest *m, char **hdr
 			reader_problem(r, -EBADMSG,
 			               "%s: its header lists %zu tensors, the manifest %zu",
 			               r->path, h->n, nchunks);
+		stamp_disagrees(r, h, m, mr);
 		st_header_free(h);
 	}
 }
@@ -197,11 +224,30 @@ static int verify_extents(struct reader *r, const struct manifest *m, char **hdr
 	return 0;
 }
 
+/*
+ * The answer, once everything was read. Problems met while the step went
+ * (retention on another node, a delete: its manifest goes first) are no
+ * damage: the step is not there any more, and that is what is said
+ * (NOT_FOUND), never CORRUPT. On the root, a step found whole is whole
+ * again in the catalog (a file put back); one found damaged is marked so by
+ * the restore that cannot read it (a bad copy of a replica may still be
+ * restored from another).
+ */
 static void verify_reply(struct verify *v, struct reader *r, const struct manifest *m)
 {
 	Ckpt__V1__VerifyReply rep = CKPT__V1__VERIFY_REPLY__INIT;
+	struct agent *a = v->a;
 
 	rep.ok = r->nproblems == 0 && r->err == 0;
+	if (!rep.ok && !store_committed(v->store, v->job, v->step)) {
+		rpc_fail(v->call, -ENOENT,
+		         "job %s step %lld was removed (retention, perhaps on another node, or a "
+		         "delete) while it was being verified: nothing can be said of it",
+		         v->job, (long long)v->step);
+		log_msg(LOG_INFO, "verify of job %s step %lld: removed while it was read", v->job,
+		        (long long)v->step);
+		return;
+	}
 	rep.bytes_checked = r->bytes;
 	rep.tensors_checked = m ? (uint32_t)m->ntensors : 0;
 	rep.n_problems = r->nproblems;
@@ -209,6 +255,11 @@ static void verify_reply(struct verify *v, struct reader *r, const struct manife
 	rpc_reply(v->call, &rep.base);
 	log_msg(rep.ok ? LOG_INFO : LOG_WARNING, "verify of job %s step %lld: %s (%zu problems)",
 	        v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT", r->nproblems);
+	if (v->tier || !rep.ok || !m)
+		return; /* a bad copy of a replica may still restore: a restore says */
+	pthread_mutex_lock(&a->mu);
+	catalog_set_damage(a->cat, v->job, v->step, NULL); /* whole again, whatever was found */
+	pthread_mutex_unlock(&a->mu);
 }
 
 /*
@@ -229,9 +280,10 @@ static void verify_run(struct work *w)
 
 	memset(&r, 0, sizeof(r));
 	rc = store_read_manifest(v->store, v->job, v->step, &m, err);
-	if (rc == -ENOENT && v->tier) {
-		rpc_fail(v->call, rc, "job %s has no committed step %lld on the upload tier",
-		         v->job, (long long)v->step);
+	if (rc == -ENOENT) { /* listed when asked: gone since */
+		rpc_fail(v->call, rc, "job %s has no committed step %lld %s", v->job,
+		         (long long)v->step,
+		         v->tier ? "on the upload tier" : "(removed: retention or a delete)");
 		goto out;
 	}
 	if (rc == 0) {

@@ -214,9 +214,29 @@ void ckpt_save_release(struct ckpt_save *s);
  * Reads the checkpoint `step` (or CKPT_LATEST: the newest committed) of the
  * plan's job back into the plan's tensors, checking every tensor's checksum.
  * *restored_step gets the step; *meta_json the user meta (malloc'd, caller
- * frees; NULL if none). Either out may be NULL. A missing checkpoint is
- * -ENOENT, a layout that does not match the plan -EINVAL, a checksum
- * mismatch -EBADMSG; ckpt_last_error() names the tensor and the file.
+ * frees; NULL if none). Either out may be NULL.
+ *
+ * "Nothing there" and "there but damaged" are different answers:
+ *   -ENOENT   no such checkpoint: the job has none committed (a fresh
+ *             start), or not that step. Only this one means "start over".
+ *   -EBADMSG  a committed checkpoint that cannot be read whole: a file
+ *             missing or not what the manifest says, a checksum mismatch,
+ *             a manifest that does not parse; ckpt_last_error() names the
+ *             step, the rank, the file and what is wrong. Never a fresh start.
+ *   -EIO      the storage failed (say why; try again): the checkpoint may
+ *             well be whole.
+ *   -EINVAL   a plan that does not match the checkpoint's layout.
+ * With CKPT_LATEST, a damaged newest step is passed over for the newest
+ * one that restores whole, loudly: libckpt says on stderr which steps were
+ * passed over and why (so do the agent's log and its metrics), and
+ * *restored_step says which was restored. ckpt_restore_opts chooses
+ * otherwise (CKPT_FALLBACK_NEVER) and returns those notes.
+ *
+ * Ranks restoring LATEST alone may land on different steps when the damage
+ * is in a file only some of them read: compare the restored steps across
+ * ranks (the trainer has the collective) and restore the smallest by
+ * number where they differ. ckpt.torch does this when torch.distributed is
+ * initialized.
  */
 int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json);
 
@@ -225,7 +245,41 @@ int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char
  * restart refused: -ESTALE, with its reason (destroy the plan, create it anew).
  */
 
-/* ckpt_restore, and with CKPT_LATEST fall back to the newest step that verifies. */
+/* With CKPT_LATEST, which failures of the newest step send a restore to an older one. */
+enum ckpt_fallback {
+	CKPT_FALLBACK_DAMAGED = 0, /* damage, loudly (the default: ckpt_restore) */
+	CKPT_FALLBACK_NEVER = 1, /* strict: the newest step, or its error */
+	CKPT_FALLBACK_ANY = 2, /* any failure but -EINVAL (an I/O error too) */
+};
+
+/*
+ * A restore's options, grown as ckpt_plan_opts grows (`size` first; start
+ * from CKPT_RESTORE_OPTS_INIT). `skipped` is an answer, not an option.
+ */
+struct ckpt_restore_opts {
+	size_t size;
+	enum ckpt_fallback fallback;
+	unsigned reserved; /* zero */
+	/*
+	 * Out: NULL, or the steps passed over and the other notes of the
+	 * restore (copies read from replicas, the upload tier's copy), one a
+	 * line ("step 12: rank 3's shard ...: missing"); malloc'd, the caller
+	 * frees it. Set on success; a failure's message (ckpt_last_error)
+	 * names them all.
+	 */
+	char *skipped;
+};
+
+#define CKPT_RESTORE_OPTS_INIT                                                                     \
+	{                                                                                          \
+		sizeof(struct ckpt_restore_opts), CKPT_FALLBACK_DAMAGED, 0, NULL                   \
+	}
+
+/* ckpt_restore with options (o NULL: the defaults, and the notes said on stderr). */
+int ckpt_restore_opts(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opts *o,
+                      int64_t *restored_step, char **meta_json);
+
+/* ckpt_restore; fallback 1: CKPT_FALLBACK_ANY, 0: the default (CKPT_FALLBACK_DAMAGED). */
 int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
                   char **meta_json);
 

@@ -449,8 +449,10 @@ static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
 	    s->capture_seconds, "durable_seconds", s->durable_seconds, "commit_seconds",
 	    s->commit_seconds, "reason", s->reason ? s->reason : "");
 
-	if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
+	if (s->state == CKPT__V1__STATE__STATE_COMMITTED) {
 		json_object_set_new(j, "nodes", json_integer(s->nodes));
+		json_object_set_new(j, "damaged", json_boolean(s->damaged));
+	}
 	if (s->n_parts)
 		json_object_set_new(j, "parts", ctl_strings(s->parts, s->n_parts));
 	if (s->n_parts_done || s->n_parts_missing) {
@@ -492,8 +494,8 @@ static void summary_row(const Ckpt__V1__CheckpointSummary *s)
 	ctl_human_secs(s->durable_seconds, dur, sizeof(dur));
 	ctl_human_secs(s->commit_seconds, com, sizeof(com));
 	printf("%-20s %12" PRId64 " %-10s %5d %11s  %-19s %9s %9s %9s %s%s%s\n", s->job, s->step,
-	       ipc_state_name(s->state), s->world, size, when, cap, dur, com,
-	       s->latest ? "LATEST " : "", s->pinned ? "pinned " : "",
+	       s->damaged ? "DAMAGED" : ipc_state_name(s->state), s->world, size, when, cap, dur,
+	       com, s->latest ? "LATEST " : "", s->pinned ? "pinned " : "",
 	       s->reason && *s->reason ? s->reason : "");
 	if (s->n_parts_done || s->n_parts_missing) {
 		char parts[1024];

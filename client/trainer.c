@@ -353,32 +353,50 @@ static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p, bool age
 }
 
 /*
+ * An options struct that carries its size first (ckpt_plan_opts, ckpt_restore_opts)
+ * into out (`known` bytes, zeroed first): fields past what the caller knows
+ * stay zero, their defaults; fields we do not know must be zero; at least
+ * `least` bytes. `name` for messages.
+ */
+static int opts_take(const void *in, void *out, size_t known, size_t least, const char *name,
+                     char *err)
+{
+	size_t size = *(const size_t *)in;
+
+	memset(out, 0, known);
+	if (size < least)
+		return ipc_errf(err, -EINVAL,
+		                "struct %s: size %zu is too small (set it to sizeof, or start from "
+		                "its _INIT)",
+		                name, size);
+	for (size_t i = known; i < size; i++)
+		if (((const unsigned char *)in)[i])
+			return ipc_errf(
+			    err, -E2BIG,
+			    "struct %s: an option this libckpt does not know is set (byte "
+			    "%zu of %zu): a newer libckpt is needed",
+			    name, i, size);
+	memcpy(out, in, size < known ? size : known);
+	*(size_t *)out = known;
+	return 0;
+}
+
+/*
  * The caller's options into o (zeroed first): fields past what the caller
  * knows stay at their defaults; fields we do not know must be zero.
  */
 static int plan_opts(const struct ckpt_plan_opts *in, struct ckpt_plan_opts *o, char *err)
 {
-	const size_t known = sizeof(*o), least = offsetof(struct ckpt_plan_opts, backpressure) +
-	                                         sizeof(o->backpressure);
+	const size_t least =
+	    offsetof(struct ckpt_plan_opts, backpressure) + sizeof(o->backpressure);
+	int rc;
 
 	memset(o, 0, sizeof(*o));
 	o->size = sizeof(*o);
 	if (!in)
 		goto run;
-	if (in->size < least)
-		return ipc_errf(err, -EINVAL,
-		                "struct ckpt_plan_opts: size %zu is too small (set it to sizeof, "
-		                "or start from CKPT_PLAN_OPTS_INIT)",
-		                in->size);
-	for (size_t i = known; i < in->size; i++)
-		if (((const unsigned char *)in)[i])
-			return ipc_errf(
-			    err, -E2BIG,
-			    "struct ckpt_plan_opts: an option this libckpt does not know "
-			    "is set (byte %zu of %zu): a newer libckpt is needed",
-			    i, in->size);
-	memcpy(o, in, in->size < known ? in->size : known);
-	o->size = sizeof(*o);
+	if ((rc = opts_take(in, o, sizeof(*o), least, "ckpt_plan_opts", err)))
+		return rc;
 	if (o->reserved)
 		return ipc_errf(err, -EINVAL,
 		                "struct ckpt_plan_opts: `reserved` is %u, it must be zero (start "
@@ -389,9 +407,8 @@ run:
 		o->run = getenv("CKPT_RUN");
 	if (o->run && *o->run) {
 		char why[IPC_ERRLEN];
-		int rc = ipc_check_run(o->run, why);
 
-		if (rc)
+		if ((rc = ipc_check_run(o->run, why)))
 			return ipc_errf(err, rc, "%s%s",
 			                in && in->run && *in->run ? "" : "$CKPT_RUN: ", why);
 	}
@@ -894,23 +911,46 @@ void ckpt_save_release(struct ckpt_save *s)
 
 /* ---- restore ---------------------------------------------------------- */
 
-int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
-                  char **meta_json)
+/* The reply's notes as lines, malloc'd; NULL if none. */
+static char *notes_text(char **v, size_t n)
+{
+	size_t len = 1;
+	char *out;
+
+	if (!n)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		len += strlen(v[i]) + 1;
+	out = malloc(len);
+	if (!out)
+		return NULL;
+	out[0] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		strcat(out, v[i]);
+		strcat(out, "\n");
+	}
+	return out;
+}
+
+/*
+ * The restore, its options taken (o->skipped out); `say`: the notes go to
+ * stderr too (a caller with no place for them, ckpt_restore's).
+ */
+static int restore(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opts *o, bool say,
+                   int64_t *restored_step, char **meta_json)
 {
 	Ckpt__V1__RestoreRequest req = CKPT__V1__RESTORE_REQUEST__INIT;
 	Ckpt__V1__RestoreReply *rep;
 	char err[IPC_ERRLEN];
 	int rc;
 
-	if (meta_json)
-		*meta_json = NULL;
-	if (!p)
-		return -EINVAL;
-	if (!p->c)
-		return -ENOTCONN;
 	if (step != CKPT_LATEST && (rc = ipc_check_step(step, err)))
 		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
-	req.fallback = fallback != 0;
+	if (o->fallback < CKPT_FALLBACK_DAMAGED || o->fallback > CKPT_FALLBACK_ANY)
+		return cl_fail(p->c, -EINVAL, "restore of job %s: unknown fallback %d", p->job,
+		               o->fallback);
+	req.fallback = o->fallback == CKPT_FALLBACK_ANY;
+	req.strict = o->fallback == CKPT_FALLBACK_NEVER;
 	req.step = step;
 	rc = cl_enter(p->c);
 	if (rc)
@@ -925,6 +965,10 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 		return rc;
 	if (restored_step)
 		*restored_step = rep->step;
+	o->skipped = notes_text(rep->skipped, rep->n_skipped);
+	for (size_t i = 0; say && i < rep->n_skipped; i++)
+		fprintf(stderr, "libckpt: restore of job %s rank %d, step %lld restored: %s\n",
+		        p->job, p->rank, (long long)rep->step, rep->skipped[i]);
 	if (meta_json && rep->meta_json && *rep->meta_json) {
 		*meta_json = strdup(rep->meta_json);
 		if (!*meta_json)
@@ -934,9 +978,51 @@ int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *rest
 	return rc;
 }
 
+int ckpt_restore_opts(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opts *opts,
+                      int64_t *restored_step, char **meta_json)
+{
+	struct ckpt_restore_opts o = CKPT_RESTORE_OPTS_INIT;
+	char err[IPC_ERRLEN];
+	int rc;
+
+	if (meta_json)
+		*meta_json = NULL;
+	if (opts && opts->size >= offsetof(struct ckpt_restore_opts, skipped) + sizeof(char *))
+		opts->skipped = NULL;
+	if (!p)
+		return -EINVAL;
+	if (!p->c)
+		return -ENOTCONN;
+	if (opts && (rc = opts_take(opts, &o, sizeof(o),
+	                            offsetof(struct ckpt_restore_opts, skipped) + sizeof(char *),
+	                            "ckpt_restore_opts", err)))
+		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
+	o.skipped = NULL;
+	rc = restore(p, step, &o, !opts, restored_step, meta_json);
+	if (opts)
+		opts->skipped = o.skipped;
+	else
+		free(o.skipped);
+	return rc;
+}
+
+int ckpt_restore2(struct ckpt_plan *p, int64_t step, int fallback, int64_t *restored_step,
+                  char **meta_json)
+{
+	struct ckpt_restore_opts o = CKPT_RESTORE_OPTS_INIT;
+	int rc;
+
+	if (!fallback)
+		return ckpt_restore_opts(p, step, NULL, restored_step, meta_json);
+	o.fallback = CKPT_FALLBACK_ANY;
+	rc = ckpt_restore_opts(p, step, &o, restored_step, meta_json);
+	free(o.skipped);
+	return rc;
+}
+
 int ckpt_restore(struct ckpt_plan *p, int64_t step, int64_t *restored_step, char **meta_json)
 {
-	return ckpt_restore2(p, step, 0, restored_step, meta_json);
+	return ckpt_restore_opts(p, step, NULL, restored_step, meta_json);
 }
 
 /* ---- attaching again to an agent that came back ------------------------ */

@@ -1043,6 +1043,7 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		progress(c, r);
 	if (now >= c->deadline) {
 		expire(c, r);
+		r->visible = c->unsynced;
 		return;
 	}
 	/* Back-off: 20 ms doubling to 500 ms; again from 20 ms when a part comes in. */

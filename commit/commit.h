@@ -68,6 +68,12 @@ struct commit_result {
 	int64_t latency_ns; /* wrote: the last part durable -> the manifest durable */
 	unsigned missing_at_deadline; /* FAILED at the deadline: nodes without a part */
 	bool superseded; /* FAILED: the step is committed without this node's files */
+	/*
+	 * FAILED at the deadline, yet the manifest this node put is there (the
+	 * fsync of its directory never succeeded): other nodes, or a restart,
+	 * may list it; this node told its trainers FAILED.
+	 */
+	bool visible;
 	/* progress: "n0" done, "n2 (ranks 4,5)" missing; malloc'd, the caller frees */
 	char **done, **missing;
 	size_t ndone, nmissing;

@@ -5,8 +5,10 @@ A small MLP learns a fixed random map from synthetic data with AdamW. Every
 --every steps it saves the model and the optimizer through ckpt.torch (the
 optimizer attached: its parameters and state live in ckpt host memory, the
 save returns at once and the wait for the capture sits in the optimizer's
-next step). At start it restores the newest committed checkpoint of --job,
-if there is one, and goes on from there. --kill-at N: SIGKILL itself right
+next step). At start it restores the newest committed checkpoint of --job
+that restores whole (a damaged newer one is passed over, with a warning),
+if there is one, and goes on from there; only "no checkpoint at all" starts
+at step 0. --kill-at N: SIGKILL itself right
 after step N, as a crash would.
 
     pip install ./client/python torch
@@ -22,7 +24,6 @@ and resumed prints the same losses and digest as one that was not.
 
 import argparse
 import ctypes
-import errno
 import hashlib
 import os
 import signal
@@ -76,9 +77,11 @@ def main():
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["optim"])
         print("resumed from step %d (loss then %s)" % (start, meta["loss"]), flush=True)
-    except ckpt.Error as e:
-        if e.errno != errno.ENOENT:
-            raise
+    except ckpt.NoCheckpoint:
+        # the one answer that means a fresh start: the job has no checkpoint.
+        # A damaged one (ckpt.DamagedCheckpoint) raises: never a start over.
+        # A damaged newest one is passed over for the one before it, with a
+        # ckpt.PassedOver warning on stderr.
         print("no checkpoint of job %s: starting at step 0" % args.job, flush=True)
 
     pending = []

@@ -161,12 +161,13 @@ int store_check_file(struct storage *s, const char *job, const struct store_clai
 		rc = ipc_errf(err, -EBADMSG, "%s: its header's step or save is malformed", path);
 	else if (has == -ENODATA && c->save)
 		rc = ipc_errf(err, -EBADMSG,
-		              "%s carries no stamp, yet save %016" PRIx64 " is claimed for it", path,
-		              c->save);
+		              "%s carries no stamp, yet save %016" PRIx64 " is claimed for it",
+		              path, c->save);
 	else if (has == 0 && (st.step != c->step || st.save != c->save))
 		rc = ipc_errf(err, -EBADMSG,
-		              "%s holds save %016" PRIx64 " of step %" PRId64 ", not save %016" PRIx64
-		              " of step %" PRId64 " (copied from another step or attempt?)",
+		              "%s holds save %016" PRIx64 " of step %" PRId64
+		              ", not save %016" PRIx64 " of step %" PRId64
+		              " (copied from another step or attempt?)",
 		              path, st.save, st.step, c->save, c->step);
 	else if ((run && strcmp(run, c->run) != 0) || (rank && strcmp(rank, want) != 0))
 		rc = ipc_errf(err, -EBADMSG, "%s is of run %s rank %s, not run %s rank %d", path,
@@ -187,8 +188,8 @@ int store_step_intact(struct storage *s, const char *job, int64_t step, char *er
 		return ipc_errf(err, rc, "%s", why);
 	for (size_t i = 0; i < m->nranks && !rc; i++) {
 		const struct manifest_rank *k = &m->ranks[i];
-		const struct store_claim c = {m->run,  step,    k->rank, k->file,
-		                              k->size, k->header_bytes, k->save};
+		const struct store_claim c = {m->run,          step,   k->rank, k->file, k->size,
+		                              k->header_bytes, k->save};
 
 		rc = store_check_file(s, job, &c, why);
 		if (rc == -ENOENT)

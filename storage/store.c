@@ -88,6 +88,36 @@ int store_read_manifest(struct storage *s, const char *job, int64_t step, struct
 	return 0;
 }
 
+int store_retire_manifest(struct storage *s, const char *job, int64_t step, const char *node,
+                          char *err)
+{
+	char key[STORE_KEY_MAX], aside[STORE_KEY_MAX], leaf[IPC_MAX_JOB + 64], *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
+		return rc;
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, err);
+	if (rc == -ENOENT)
+		return 0; /* gone already: nothing to retire */
+	if (rc && rc != -EFBIG)
+		return rc;
+	/*
+	 * Its bytes kept beside it first (an operator may want them), then the
+	 * commit undone: a crash between leaves both, and the step committed.
+	 */
+	snprintf(leaf, sizeof(leaf), "manifest.damaged.%s.%" PRId64 ".json", node,
+	         ipc_now_ns() / 1000000000);
+	store_key(aside, sizeof(aside), job, step, leaf);
+	if (!rc)
+		rc = s->ops->obj_put(s, aside, buf, len, OBJ_REPLACE | OBJ_IN_PLACE, err);
+	free(buf);
+	if (!rc || rc == -EFBIG)
+		rc = s->ops->obj_delete(s, key, err);
+	return rc == -ENOENT ? 0 : rc;
+}
+
 int store_put_manifest(struct storage *s, const struct manifest *m, char *err)
 {
 	char key[STORE_KEY_MAX], *json = NULL;

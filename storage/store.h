@@ -35,6 +35,16 @@ int store_read_manifest(struct storage *s, const char *job, int64_t step, struct
  */
 int store_put_manifest(struct storage *s, const struct manifest *m, char *err);
 
+/*
+ * Undoes the commit of (job, step), a checkpoint found damaged that a new
+ * save of the step replaces: its manifest is kept aside in the step
+ * ("manifest.damaged.<node>.<unix seconds>.json"), then removed; the step
+ * is then uncommitted, and the new save commits it anew (its shards of a
+ * new attempt, its part in place of the old). 0 also where there is none.
+ */
+int store_retire_manifest(struct storage *s, const char *job, int64_t step, const char *node,
+                          char *err);
+
 /* A node's part of (job, step): -ENOENT if not there yet, -EINVAL if it is no part. */
 int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
                     struct part **out, char *err);

@@ -836,6 +836,57 @@ START_TEST(hostile_files)
 }
 END_TEST
 
+/*
+ * A replayed part: n1's committed part of step 1, copied as step 2's with
+ * its step and time rewritten, in the root before n1 writes its own (n1's
+ * shard is written whole, its fsync held). Its sizes fit n1's step-2 file,
+ * but the file's header is stamped with step 2's save: it never joins.
+ * The step commits once n1's own part is in, with n1's save, and verifies.
+ */
+START_TEST(replayed_part_refused)
+{
+	struct cluster c;
+	char p[600], out[8192];
+	json_t *part, *m1, *m2;
+
+	cluster_start(&c, 2, "--staging-mb 32 --chunk-mb 1 --commit-deadline 30");
+	save_all(&c, "rp", "r", 2, 1, 1);
+	ck_assert_int_eq(h_agent_stop(&c.a[1]), 0);
+	snprintf(c.a[1].env, sizeof(c.a[1].env),
+	         "CKPT_FAULTS=io_fsync:slow=4000:path=*/rp/step-000000000002/rank-00001*");
+	h_agent_restart(&c.a[1]);
+	snprintf(p, sizeof(p), "%s/rp/step-%012d/parts/n1.json", c.root, 1);
+	part = json_load_file(p, 0, NULL);
+	ck_assert_ptr_nonnull(part);
+	json_object_set_new(part, "step", json_integer(2));
+	{ /* written now, as its node would have */
+		struct timespec ts;
+		char *text;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		json_object_set_new(part, "time_unix_ns",
+		                    json_integer((json_int_t)ts.tv_sec * 1000000000 + ts.tv_nsec));
+		text = json_dumps(part, 0);
+		plant(&c, "rp", "step-000000000002/parts/n1.json", text);
+		free(text);
+	}
+	json_decref(part);
+	save_all(&c, "rp", "r", 2, 2, 2);
+	m1 = manifest_of(&c, "rp", 1);
+	m2 = manifest_of(&c, "rp", 2);
+	ck_assert_str_ne(json_string_value(json_object_get(
+	                     json_array_get(json_object_get(m2, "ranks"), 1), "save")),
+	                 json_string_value(json_object_get(
+	                     json_array_get(json_object_get(m1, "ranks"), 1), "save")));
+	json_decref(m1);
+	json_decref(m2);
+	ck_assert_int_eq(h_ctl(&c.a[0], out, sizeof(out), "verify rp 2"), 0);
+	ck_assert_msg(strstr(out, "OK"), "%s", out);
+	ck_assert_msg(h_log_has(&c.a[0], "committed"), "%s", c.a[0].log);
+	cluster_cleanup(&c);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s;
@@ -860,6 +911,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, bad_node_names);
 	tcase_add_test(tc, same_node_refused);
 	tcase_add_test(tc, hostile_files);
+	tcase_add_test(tc, replayed_part_refused);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

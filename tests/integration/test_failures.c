@@ -96,8 +96,28 @@ START_TEST(corrupt_byte)
 	ck_assert_msg(rc == 0, "fallback: %s", ckpt_last_error(c));
 	ck_assert_int_eq(step, 1);
 	ck_assert(h_model_check(&m, 1, NULL));
-	/* without fallback it is an error, not a silent older step */
-	ck_assert_int_eq(ckpt_restore(p, CKPT_LATEST, &step, NULL), -EBADMSG);
+	/* so does the default, saying which step it passed over and why */
+	{
+		struct ckpt_restore_opts o = CKPT_RESTORE_OPTS_INIT;
+
+		h_model_fill(&m, 9);
+		step = -1;
+		ck_assert_int_eq(ckpt_restore_opts(p, CKPT_LATEST, &o, &step, NULL), 0);
+		ck_assert_int_eq(step, 1);
+		ck_assert(h_model_check(&m, 1, NULL));
+		ck_assert_msg(o.skipped && strstr(o.skipped, "step 2: ") &&
+		                  strstr(o.skipped, m.name[2]) &&
+		                  strstr(o.skipped, "checksum mismatch"),
+		              "%s", o.skipped ? o.skipped : "(none)");
+		free(o.skipped);
+		/* strict: the error, not a silent older step */
+		o.fallback = CKPT_FALLBACK_NEVER;
+		ck_assert_int_eq(ckpt_restore_opts(p, CKPT_LATEST, &o, &step, NULL), -EBADMSG);
+		ck_assert_msg(strstr(ckpt_last_error(c), "step 2") &&
+		                  strstr(ckpt_last_error(c), m.name[2]),
+		              "%s", ckpt_last_error(c));
+		ck_assert_ptr_null(o.skipped);
+	}
 
 	/* a damaged header: restore still reads the bytes it checks; verify says */
 	h_shard(&a, shard, sizeof(shard), "cor", 1, 0);
@@ -135,7 +155,10 @@ START_TEST(truncated_shard)
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
 	ck_assert_msg(strstr(out, "5000 bytes") && !strstr(out, "header"), "%s", out);
 	ck_assert_int_eq(unlink(shard), 0);
-	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -ENOENT);
+	/* a committed step whose file is gone is damaged, not absent: never a fresh start */
+	ck_assert_int_eq(ckpt_restore(p, 5, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(c), strrchr(shard, '/') + 1), "%s",
+	              ckpt_last_error(c));
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify tr 5"), 1);
 	ck_assert_msg(strstr(out, strrchr(shard, '/') + 1) && !strstr(out, "header"), "%s", out);
 	ckpt_plan_destroy(p);

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 
 try:
     import numpy as np
@@ -30,6 +31,53 @@ def expect_error(fn, code, words):
         assert words in str(e), f"{words!r} not in {e}"
         return
     raise AssertionError(f"no error; wanted errno {code} with {words!r}")
+
+
+def shard_of(agent, job, step):
+    d = os.path.join(agent.root, job, "step-%012d" % step)
+    with open(os.path.join(d, "manifest.json")) as f:
+        return os.path.join(d, json.load(f)["ranks"][0]["file"])
+
+
+def damaged(c, agent, w):
+    """Nothing there and there-but-damaged are two exceptions; a damaged
+    newest step is passed over with a warning, or refused (strict)."""
+    plan = c.plan("pyd", 0, 1, [ckpt.Tensor("w", w)])
+    try:
+        plan.restore(ckpt.LATEST)
+        raise AssertionError("a restore of a job with no checkpoint succeeded")
+    except ckpt.NoCheckpoint as e:
+        assert e.errno == errno.ENOENT, e
+    for step in (1, 2):
+        w[...] = step
+        s = plan.save(step)
+        s.wait(ckpt.COMMITTED, 60000)
+        assert s.state == ckpt.COMMITTED, ckpt.state_name(s.state)
+        s.release()
+    gone = shard_of(agent, "pyd", 2)
+    os.unlink(gone)
+    w[...] = -1
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        step, _ = plan.restore(ckpt.LATEST)
+    assert step == 1 and (w == 1).all(), step
+    assert [x for x in seen if issubclass(x.category, ckpt.PassedOver) and
+            "step 2: " in str(x.message) and os.path.basename(gone) in str(x.message)], \
+        [str(x.message) for x in seen]
+    assert any(n.startswith("step 2: ") for n in plan.skipped), plan.skipped
+    try:
+        plan.restore(ckpt.LATEST, strict=True)
+        raise AssertionError("a strict restore passed over a damaged step")
+    except ckpt.DamagedCheckpoint as e:
+        assert e.errno == errno.EBADMSG and os.path.basename(gone) in str(e), e
+    try:
+        plan.restore(2)
+        raise AssertionError("a damaged step restored")
+    except ckpt.NoCheckpoint:
+        raise AssertionError("a damaged step reported as no checkpoint")
+    except ckpt.DamagedCheckpoint:
+        pass
+    plan.destroy()
 
 
 def main():
@@ -98,6 +146,7 @@ def main():
             plan.destroy()
             expect_error(lambda: c.plan("pyrun", 0, 1, [ckpt.Tensor("w", w)], run="r/2"),
                          errno.EINVAL, "run")
+            damaged(c, agent, w)
             mem.free()
         status = agent.stop()
         assert status == 0, f"ckptd exited with {status}"

@@ -392,7 +392,15 @@ START_TEST(other_copy_of_a_replica)
 	h_flip_byte(path, chunk_at(&a, "cp", "own.rank1", 1) + 3);
 	run_ranks(&a, "cp", 4, 1, 2, "fail:", "tensor 'own.rank1'");
 	run_ranks(&a, "cp", 4, 1, 2, "fail:", "checksum mismatch");
-	run_ranks(&a, "cp", 4, 0, 1, "restore", NULL);
+	/*
+	 * The step is damaged now, for every rank of the node: rank 0, which
+	 * needs nothing of rank 1's tensor, does not restore it as LATEST
+	 * either (the ranks of one job never go on from different steps), and
+	 * is told why; the list says so.
+	 */
+	run_ranks(&a, "cp", 4, 0, 1, "fail:", "own.rank1");
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "list cp"), 0);
+	ck_assert_msg(strstr(out, "DAMAGED") && strstr(out, "own.rank1"), "%s", out);
 	h_agent_cleanup(&a);
 }
 END_TEST

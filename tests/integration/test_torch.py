@@ -20,6 +20,7 @@ PyPI in the test environment, skipped without it):
 import copy
 import errno
 import math
+import json
 import os
 import struct
 import subprocess
@@ -320,6 +321,24 @@ def test_resume(ag):
     assert steps(resumed, 15) == steps(ref, 15), "\n".join(resumed + ["--"] + ref)
     assert resumed[-1].startswith("digest"), resumed[-1]
     print("kill and resume: steps 16-24 and", resumed[-1], "as the uninterrupted run")
+
+    # the newest checkpoint damaged (its shard file lost): the loop resumes
+    # from the one before, saying so, never from step 0
+    rc, killed, err = run("kd", "--kill-at", "17")
+    assert rc == -9, (rc, err)
+    d = os.path.join(ag.root, "kd", "step-%012d" % 15)
+    for _ in range(600):  # captured before the kill: the agent commits it on its own
+        if os.path.exists(os.path.join(d, "manifest.json")):
+            break
+        time.sleep(0.1)
+    with open(os.path.join(d, "manifest.json")) as f:
+        os.unlink(os.path.join(d, json.load(f)["ranks"][0]["file"]))
+    rc, resumed, err = run("kd")
+    assert rc == 0, err
+    assert resumed[0].startswith("resumed from step 10"), (resumed[0], err)
+    assert "step 15: " in err and "passed over" in err, err
+    assert steps(resumed, 10) == steps(ref, 10), "\n".join(resumed + ["--"] + ref)
+    print("newest checkpoint damaged: resumed from step 10, steps 11-24 as the uninterrupted run")
 
 
 def test_agent_restart(ag):

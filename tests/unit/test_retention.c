@@ -211,6 +211,37 @@ START_TEST(reasons_read_well)
 END_TEST
 
 /* Many random step sets: every rule holds for every step. */
+/*
+ * Damaged steps count for neither LATEST nor the last K: K steps that
+ * restore whole stay. A damaged one newer than every whole step stays for
+ * the operator; an older one goes like any other.
+ */
+START_TEST(damaged_steps_do_not_count)
+{
+	struct ret_policy p = {3, 0};
+	struct ret_step v[MAXN];
+	size_t n = range(v, 1, 10);
+
+	v[9].damaged = true; /* 10: the newest, damaged (LATEST names it, say) */
+	v[7].damaged = true; /* 8 */
+	ck_assert_uint_eq(retention_decide(&p, v, n), 6);
+	ck_assert_str_eq(kept(v, n), "6,7,9,10");
+	ck_assert_int_eq(why_of(v, n, 10), RET_DAMAGED);
+	ck_assert_int_eq(why_of(v, n, 9), RET_LATEST);
+	ck_assert_int_eq(why_of(v, n, 7), RET_LAST);
+	ck_assert_int_eq(why_of(v, n, 8), RET_REMOVE);
+	/* pinned or read, a damaged one stays for that */
+	v[7].pinned = true;
+	retention_decide(&p, v, n);
+	ck_assert_int_eq(why_of(v, n, 8), RET_PINNED);
+	/* all damaged: nothing whole to keep, none removed but by age */
+	for (size_t i = 0; i < n; i++)
+		v[i] = (struct ret_step){.step = (int64_t)i + 1, .damaged = true};
+	ck_assert_uint_eq(retention_decide(&p, v, n), 0);
+	ck_assert_int_eq(why_of(v, n, 1), RET_DAMAGED);
+}
+END_TEST
+
 START_TEST(random_sets_follow_the_rules)
 {
 	uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -275,6 +306,7 @@ int main(void)
 	tcase_add_test(tc, latest_always_stays);
 	tcase_add_test(tc, a_run_that_went_back_keeps_its_saves);
 	tcase_add_test(tc, reasons_read_well);
+	tcase_add_test(tc, damaged_steps_do_not_count);
 	tcase_add_test(tc, random_sets_follow_the_rules);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

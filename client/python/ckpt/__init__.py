@@ -26,7 +26,8 @@ import ctypes
 import errno as _errno
 import json
 import os
-from typing import Any, Optional, Sequence, Tuple
+import re
+from typing import Any, List, Optional, Sequence, Tuple
 
 QUEUED, CAPTURED, DURABLE, COMMITTED, UPLOADED, FAILED, SKIPPED = range(1, 8)
 LATEST = -1
@@ -50,6 +51,25 @@ class Error(OSError):
     message (`strerror`, and str(e))."""
 
 
+class NoCheckpoint(Error):
+    """A restore found no such checkpoint (ENOENT): the job has none
+    committed (a fresh start), or not that step. The only restore error
+    that means "start over"."""
+
+
+class DamagedCheckpoint(Error):
+    """A restore met a committed checkpoint that cannot be read whole
+    (EBADMSG): a file missing or not what its manifest says, a checksum
+    mismatch, an unreadable manifest. The message names the step, the rank
+    and the file. Never a fresh start: repair the storage, or restore an
+    older step by number."""
+
+
+class PassedOver(UserWarning):
+    """A restore of LATEST passed over damaged newer steps (the warning
+    says which and why) and restored an older one."""
+
+
 class _Tensor(ctypes.Structure):
     _fields_ = [
         ("name", ctypes.c_char_p),
@@ -60,6 +80,19 @@ class _Tensor(ctypes.Structure):
         ("global_shape", ctypes.POINTER(ctypes.c_int64)),
         ("global_offset", ctypes.POINTER(ctypes.c_int64)),
     ]
+
+
+class _RestoreOpts(ctypes.Structure):
+    """struct ckpt_restore_opts (ckpt.h)."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("fallback", ctypes.c_int),
+        ("reserved", ctypes.c_uint),
+        ("skipped", ctypes.c_void_p),
+    ]
+
+
+FALLBACK_DAMAGED, FALLBACK_NEVER, FALLBACK_ANY = 0, 1, 2
 
 
 class _PlanOpts(ctypes.Structure):
@@ -116,6 +149,8 @@ def _load():
         "ckpt_save_reason": (cp, [vp]),
         "ckpt_save_release": (None, [vp]),
         "ckpt_restore2": (i32, [vp, i64, i32, ctypes.POINTER(i64), ctypes.POINTER(vp)]),
+        "ckpt_restore_opts": (i32, [vp, i64, ctypes.POINTER(_RestoreOpts), ctypes.POINTER(i64),
+                                    ctypes.POINTER(vp)]),
         "ckpt_strerror": (cp, [i32]),
         "ckpt_last_error": (cp, [vp]),
         "ckpt_state_name": (cp, [i32]),
@@ -283,6 +318,7 @@ class Plan:
 
     def __init__(self, client: "Client", handle: ctypes.c_void_p, tensors: Sequence[Tensor]):
         self._client, self._p, self._tensors = client, handle, tensors
+        self.skipped: List[str] = []  # the last restore's notes (steps passed over, ...)
 
     @property
     def bytes(self) -> int:
@@ -311,13 +347,44 @@ class Plan:
                                          stream, ctypes.byref(out)), self._client._c)
         return Save(self._client, out)
 
-    def restore(self, step: int = LATEST, fallback: bool = False) -> Tuple[int, Any]:
+    def restore(self, step: int = LATEST, fallback: bool = False,
+                strict: bool = False) -> Tuple[int, Any]:
         """Restores `step` (LATEST: the newest committed) into the tensors, in
-        place; fallback: an older step where that one cannot be read. Returns
-        (the step restored, this rank's meta as a Python value or None)."""
+        place. Returns (the step restored, this rank's meta as a Python value
+        or None).
+
+        Raises NoCheckpoint (ENOENT) where there is no such checkpoint (the
+        one answer that means a fresh start), DamagedCheckpoint (EBADMSG)
+        where a committed one cannot be read whole, Error otherwise (EIO:
+        the storage failed). With LATEST a damaged newest step is passed
+        over for the newest one that restores whole, with a PassedOver
+        warning naming it (self.skipped: the notes); strict: never, its
+        error instead; fallback: past any failure, an I/O error too."""
         got, meta = ctypes.c_int64(-1), ctypes.c_void_p()
-        _check(_l().ckpt_restore2(self._p, step, int(fallback), ctypes.byref(got),
-                                  ctypes.byref(meta)), self._client._c)
+        opts = _RestoreOpts(ctypes.sizeof(_RestoreOpts),
+                            FALLBACK_NEVER if strict else
+                            FALLBACK_ANY if fallback else FALLBACK_DAMAGED, 0, None)
+        rc = _l().ckpt_restore_opts(self._p, step, ctypes.byref(opts), ctypes.byref(got),
+                                    ctypes.byref(meta))
+        self.skipped = []
+        if opts.skipped:
+            self.skipped = ctypes.string_at(opts.skipped).decode(errors="replace").splitlines()
+            ctypes.CDLL(None).free(ctypes.c_void_p(opts.skipped))
+        try:
+            _check(rc, self._client._c)
+        except Error as e:
+            kind = {_errno.ENOENT: NoCheckpoint, _errno.EBADMSG: DamagedCheckpoint}.get(e.errno)
+            if kind:
+                raise kind(e.errno, e.strerror) from None
+            raise
+        # passed over: notes of other steps than the one restored ("step N: why")
+        passed = [n for n in self.skipped
+                  if re.match(r"step (\d+)", n) and
+                  int(re.match(r"step (\d+)", n).group(1)) != got.value]
+        if passed:
+            import warnings
+            warnings.warn("step %d restored; newer steps passed over: %s"
+                          % (got.value, "; ".join(passed)), PassedOver, stacklevel=2)
         text = None
         if meta.value:
             text = ctypes.string_at(meta.value).decode()

@@ -57,6 +57,7 @@ import ctypes
 import errno as _errno
 import json
 import math
+import os
 import struct
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -596,6 +597,24 @@ class _Plan:
 # ---- the checkpointer ------------------------------------------------------
 
 
+def _agree(got: int, world: int) -> int:
+    """The step every rank of the job restores, where torch.distributed runs
+    them (a process group of `world` ranks): the smallest any of them
+    restored. A rank that passed over a damaged newer step (in a file only
+    it reads) and one that did not would otherwise go on from different
+    steps. A rank that failed gives -errno, so that every rank learns of it
+    and none waits. One all_reduce, on the group's device; else got."""
+    dist = getattr(torch, "distributed", None)
+    if world <= 1 or dist is None or not dist.is_available() or not dist.is_initialized() or \
+            dist.get_world_size() != world:
+        return got
+    dev = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([got], dtype=torch.int64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 class Checkpointer:
     """Saves and restores one rank's state dicts through ckptd."""
 
@@ -788,19 +807,38 @@ class Checkpointer:
     # -- load -----------------------------------------------------------------
 
     def load(self, state_dict: Dict[str, Any], step: int = LATEST,
-             fallback: bool = False) -> Tuple[int, Any]:
-        """Restores `step` (LATEST: the newest committed; fallback: with
-        LATEST, an older step where this rank's head and tree of the newest
-        cannot be read; a damaged tensor of the step chosen raises EBADMSG
-        naming it) into `state_dict` in place: its tensors
-        get the saved values (same dtype and shape, or the global tensor's
-        box for sharded ones: another split is assembled by the agent), its
-        other values are set from the checkpoint, and tensors the checkpoint
-        has but the state dict lacks (a fresh optimizer's state) are made
-        on CPU. Returns (the step, its meta)."""
+             fallback: bool = False, strict: bool = False) -> Tuple[int, Any]:
+        """Restores `step` (LATEST: the newest committed) into `state_dict`
+        in place: its tensors get the saved values (same dtype and shape, or
+        the global tensor's box for sharded ones: another split is assembled
+        by the agent), its other values are set from the checkpoint, and
+        tensors the checkpoint has but the state dict lacks (a fresh
+        optimizer's state) are made on CPU. Returns (the step, its meta).
+
+        No checkpoint at all raises ckpt.NoCheckpoint (ENOENT: a fresh
+        start); a committed one that cannot be read whole raises
+        ckpt.DamagedCheckpoint (EBADMSG), never taken for none. With LATEST
+        a damaged newest step is passed over for the newest that restores
+        whole, with a ckpt.PassedOver warning (strict: the error instead;
+        fallback: past any failure). Where torch.distributed runs the job's
+        ranks, they agree on one step: the smallest any of them restored."""
         self._drop_plan()
         flat = _Flat(state_dict, self.replicated)
-        got, meta, tree, own = self._read_tree(step, fallback)
+        try:
+            got, meta, tree, own = self._read_tree(step, fallback, strict)
+        except Error as e:
+            if step != LATEST:
+                raise
+            _agree(-e.errno, self.world)  # the others learn it, none waits for this rank
+            raise
+        if step == LATEST:
+            agreed = _agree(got, self.world)
+            if agreed < 0:
+                raise Error(-agreed, "job %s: another rank could not restore LATEST (%s; its "
+                            "error says why): rank %d restores nothing either"
+                            % (self.job, os.strerror(-agreed), self.rank))
+            if agreed != got:  # another rank passed over a step this one read whole
+                got, meta, tree, own = self._read_tree(agreed, False, True)
         aliases = _aliases(tree, "", {})
         by_device: Dict[torch.device, List[_Entry]] = {}
         for e in flat.entries:
@@ -814,7 +852,8 @@ class Checkpointer:
         except (Error, TypeError, ValueError, KeyError, IndexError, AttributeError,
                 RuntimeError) as e:  # a tree that is not what save writes
             if isinstance(e, Error) and e.errno != _errno.EBADMSG:
-                raise Error(e.errno, "job %s step %d: %s" % (self.job, got, e.strerror)) from None
+                raise type(e)(e.errno, "job %s step %d: %s" % (self.job, got,
+                                                             e.strerror)) from None
             why = e.strerror if isinstance(e, Error) else repr(e)
             raise Error(_errno.EBADMSG, "job %s step %d: the ckpt.torch tree of rank %d "
                         "cannot be read: %s" % (self.job, got, self.rank, why)) from None
@@ -824,7 +863,7 @@ class Checkpointer:
         return got, meta
 
     def _restore_plan(self, entries: List[_Entry], addrs: List[int], step: int,
-                      fallback: bool = False) -> Tuple[int, Any]:
+                      fallback: bool = False, strict: bool = False) -> Tuple[int, Any]:
         tensors = [_CTensor(e.name, dtype=e.dtype, shape=tuple(e.local.shape), address=a,
                             global_shape=e.gshape, global_offset=e.goff)
                    for e, a in zip(entries, addrs)]
@@ -834,7 +873,7 @@ class Checkpointer:
         except Error as e:
             raise self._hint(e) from None
         try:
-            return plan.restore(step, fallback)
+            return plan.restore(step, fallback, strict)
         finally:
             plan.destroy()
 
@@ -867,25 +906,27 @@ class Checkpointer:
             if region is not None:
                 region.free()
 
-    def _restore_bytes(self, name: str, n: int, step: int,
-                       fallback: bool = False) -> Tuple[int, Any, bytes]:
+    def _restore_bytes(self, name: str, n: int, step: int, fallback: bool = False,
+                       strict: bool = False) -> Tuple[int, Any, bytes]:
         """The U8 tensor `name` of `n` bytes of `step`: (step, meta, bytes)."""
         region = _Region(self._client, n)
         try:
             t = region.buf[:n]
             e = _Entry(name, name, t, t, [n], [0])
-            got, meta = self._restore_plan([e], [region.start], step, fallback)
+            got, meta = self._restore_plan([e], [region.start], step, fallback, strict)
             return got, meta, ctypes.string_at(t.data_ptr(), n)
         finally:
             region.free()
 
-    def _read_tree(self, step: int, fallback: bool) -> Tuple[int, Any, Any, bool]:
+    def _read_tree(self, step: int, fallback: bool,
+                   strict: bool = False) -> Tuple[int, Any, Any, bool]:
         """The step, its meta, this rank's tree (rank 0's where this rank
         has none: another world size), and whether it is this rank's."""
         err = None
         for rank in dict.fromkeys((self.rank, 0)):
             try:
-                got, meta, head = self._restore_bytes(_head_name(rank), _HEAD, step, fallback)
+                got, meta, head = self._restore_bytes(_head_name(rank), _HEAD, step, fallback,
+                                                      strict)
             except Error as e:
                 if e.errno != _errno.EINVAL or err is not None:
                     raise

@@ -1,0 +1,454 @@
+/*
+ * A damaged or forged checkpoint never costs a job its progress: what a
+ * restore answers when a committed step cannot be read whole, against a
+ * real agent.
+ *
+ *   deleted_shard_of_latest    LATEST's shard file removed: LATEST restores
+ *                              the step before, saying which it passed over
+ *                              and why (the reply, the log, the list);
+ *                              strict and by number: -EBADMSG naming the
+ *                              file; never -ENOENT; a save of the step
+ *                              again replaces it
+ *   only_step_damaged          nothing whole left: -EBADMSG, never -ENOENT,
+ *                              also across a restart; an unreadable manifest
+ *                              is listed DAMAGED; LATEST naming a step whose
+ *                              checkpoints went: -EBADMSG
+ *   forged_manifest_at_start   a manifest copied under a newer step (with or
+ *                              without the files) is not LATEST after a
+ *                              restart, is listed DAMAGED, and LATEST
+ *                              restores the real newest step
+ *   forged_manifest_running    the same planted while the agent runs: a
+ *                              restore of LATEST passes over it (the files'
+ *                              stamps are another step's)
+ *   removed_while_verifying    a verify whose step goes (retention on
+ *                              another node, a delete) says so, never CORRUPT
+ *
+ * Each holds a promise of docs/DESIGN.md §9 (a damaged checkpoint is never
+ * reported as an absent one); tests/mutants.txt names the faults they catch.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+static void commit(struct ckpt_plan *p, int64_t step)
+{
+	struct ckpt_save *s;
+
+	ck_assert_int_eq(ckpt_save(p, step, NULL, &s), 0);
+	ck_assert_msg(ckpt_save_wait(s, CKPT_COMMITTED, 60000) == 0, "step %lld: %s",
+	              (long long)step, ckpt_save_reason(s));
+	ckpt_save_release(s);
+}
+
+/* A job of one rank with steps first..last committed, step k holding the values of seed k. */
+struct job {
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+};
+
+static void job_start(struct job *j, const char *name, int first, int last, const char *args)
+{
+	h_agent_start(&j->a, args);
+	j->c = h_connect(&j->a);
+	h_model_make(&j->m, j->c, 4, 50003);
+	ck_assert_int_eq(ckpt_plan_create(j->c, name, 0, 1, j->m.t, j->m.n, &j->p), 0);
+	for (int k = first; k <= last; k++) {
+		h_model_fill(&j->m, (uint64_t)k);
+		commit(j->p, k);
+	}
+}
+
+static void job_end(struct job *j)
+{
+	ckpt_plan_destroy(j->p);
+	h_model_free(&j->m);
+	ckpt_disconnect(j->c);
+	h_agent_cleanup(&j->a);
+}
+
+/* Restores LATEST with the options' fallback: rc; *step and the notes (freed by the caller). */
+static int restore_latest(struct job *j, enum ckpt_fallback fb, int64_t *step, char **notes)
+{
+	struct ckpt_restore_opts o = CKPT_RESTORE_OPTS_INIT;
+	int rc;
+
+	o.fallback = fb;
+	*step = -1;
+	h_model_fill(&j->m, 999); /* scribbled over: what comes back is the checkpoint's */
+	rc = ckpt_restore_opts(j->p, CKPT_LATEST, &o, step, NULL);
+	*notes = o.skipped;
+	return rc;
+}
+
+/*
+ * Step's entry in `ckptctl --json list JOB` as "STATE[ DAMAGED][ LATEST]:
+ * reason" into line; false if it is not listed.
+ */
+static bool list_line(struct job *j, const char *job, int64_t step, char *line, size_t len)
+{
+	static char out[1 << 16];
+	json_t *l, *c;
+	size_t i;
+	bool found = false;
+
+	ck_assert_int_eq(h_ctl(&j->a, out, sizeof(out), "--json list %s", job), 0);
+	l = json_loads(out, 0, NULL);
+	ck_assert_msg(l, "%s", out);
+	json_array_foreach(json_object_get(l, "checkpoints"), i, c)
+	{
+		if (json_integer_value(json_object_get(c, "step")) != step)
+			continue;
+		snprintf(line, len, "%s%s%s: %s", json_string_value(json_object_get(c, "state")),
+		         json_is_true(json_object_get(c, "damaged")) ? " DAMAGED" : "",
+		         json_is_true(json_object_get(c, "latest")) ? " LATEST" : "",
+		         json_string_value(json_object_get(c, "reason")));
+		found = true;
+	}
+	json_decref(l);
+	return found;
+}
+
+START_TEST(deleted_shard_of_latest)
+{
+	struct job j;
+	char shard[512], line[1024], *notes;
+	int64_t step;
+
+	job_start(&j, "dl", 1, 3, NULL);
+	h_shard(&j.a, shard, sizeof(shard), "dl", 3, 0);
+	ck_assert_int_eq(unlink(shard), 0);
+
+	/* the default: step 2, saying step 3 was passed over and why */
+	ck_assert_msg(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes) == 0, "%s",
+	              ckpt_last_error(j.c));
+	ck_assert_int_eq(step, 2);
+	ck_assert(h_model_check(&j.m, 2, NULL));
+	ck_assert_msg(notes && strstr(notes, "step 3: ") && strstr(notes, strrchr(shard, '/') + 1),
+	              "%s", notes ? notes : "(no notes)");
+	free(notes);
+	ck_assert_msg(h_log_has(&j.a, "step 3 passed over"), "the log does not say (%s)", j.a.log);
+	/* the list: step 3 DAMAGED with why, LATEST on step 2 */
+	ck_assert(list_line(&j, "dl", 3, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "DAMAGED") && strstr(line, strrchr(shard, '/') + 1) &&
+	                  !strstr(line, "LATEST"),
+	              "%s", line);
+	ck_assert(list_line(&j, "dl", 2, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "COMMITTED") && strstr(line, "LATEST"), "%s", line);
+
+	/* strict, and by number: the damage, naming the file; never "no checkpoint" */
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_NEVER, &step, &notes), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "step 3") &&
+	                  strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1),
+	              "%s", ckpt_last_error(j.c));
+	ck_assert_ptr_null(notes);
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1), "%s",
+	              ckpt_last_error(j.c));
+
+	/* the same after a restart (LATEST still names 3: it is read again, and passed over) */
+	ck_assert_int_eq(h_agent_stop(&j.a), 0);
+	h_agent_restart(&j.a);
+	ck_assert_int_eq(ckpt_restore(j.p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 2);
+	ck_assert(h_model_check(&j.m, 2, NULL));
+
+	/* the trainer goes on from 2 and saves 3 again: that save replaces the damaged one */
+	h_model_fill(&j.m, 33);
+	commit(j.p, 3);
+	ck_assert_int_eq(ckpt_restore(j.p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 3);
+	ck_assert(h_model_check(&j.m, 33, NULL));
+	ck_assert(list_line(&j, "dl", 3, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "COMMITTED LATEST") && !strstr(line, "DAMAGED"), "%s", line);
+	ck_assert_int_eq(h_ctl(&j.a, line, sizeof(line), "verify dl 3"), 0);
+	/* a whole step is not saved twice */
+	{
+		struct ckpt_save *s;
+
+		ck_assert_int_eq(ckpt_save(j.p, 3, NULL, &s), -EEXIST);
+	}
+	job_end(&j);
+}
+END_TEST
+
+START_TEST(only_step_damaged)
+{
+	struct job j;
+	char shard[512], path[512], line[1024], *notes;
+	int64_t step;
+	FILE *f;
+
+	job_start(&j, "od", 1, 1, NULL);
+	h_shard(&j.a, shard, sizeof(shard), "od", 1, 0);
+	ck_assert_int_eq(unlink(shard), 0);
+	/* nothing whole left: the damage, never -ENOENT (a trainer would start over) */
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1), "%s",
+	              ckpt_last_error(j.c));
+	free(notes);
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_ANY, &step, &notes), -EBADMSG);
+	free(notes);
+
+	/* its manifest unreadable too, read at a restart: listed DAMAGED, not gone */
+	h_path(&j.a, path, sizeof(path), "od/step-000000000001/manifest.json");
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("{\"format\": \"ckptd-manifest\", \"version\": 2, \"jo", f);
+	fclose(f);
+	ck_assert_int_eq(h_agent_stop(&j.a), 0);
+	h_agent_restart(&j.a);
+	ck_assert(list_line(&j, "od", 1, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "DAMAGED") && strstr(line, "manifest"), "%s", line);
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "manifest"), "%s", ckpt_last_error(j.c));
+	free(notes);
+	ck_assert_int_eq(ckpt_restore(j.p, 1, NULL, NULL), -EBADMSG);
+
+	/* the step's directory gone while LATEST names it: checkpoints were there */
+	h_path(&j.a, path, sizeof(path), "od/step-000000000001");
+	{
+		char cmd[700];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+		ck_assert_int_eq(system(cmd), 0);
+	}
+	ck_assert_int_eq(ckpt_restore(j.p, CKPT_LATEST, &step, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "LATEST"), "%s", ckpt_last_error(j.c));
+	/* a job that never had any: -ENOENT, the one "start over" */
+	{
+		struct ckpt_plan *p2;
+
+		ck_assert_int_eq(ckpt_plan_create(j.c, "never", 0, 1, j.m.t, j.m.n, &p2), 0);
+		ck_assert_int_eq(ckpt_restore(p2, CKPT_LATEST, NULL, NULL), -ENOENT);
+		ck_assert_int_eq(ckpt_restore(p2, 4, NULL, NULL), -ENOENT);
+		ckpt_plan_destroy(p2);
+	}
+	job_end(&j);
+}
+END_TEST
+
+/* step 3's manifest.json copied as step `to`'s, its step rewritten (and, with files, its shard). */
+static void forge(struct job *j, const char *job, int to, bool files)
+{
+	char from[512], dir[512], cmd[1400], p[700];
+	json_t *m;
+
+	h_path(&j->a, from, sizeof(from), "%s/step-000000000003", job);
+	h_path(&j->a, dir, sizeof(dir), "%s/step-%012d", job, to);
+	snprintf(cmd, sizeof(cmd), "mkdir -p '%s' %s '%s'/rank-* '%s'/", dir,
+	         files ? "&& cp" : "&& true", from, dir);
+	ck_assert_int_eq(system(cmd), 0);
+	snprintf(p, sizeof(p), "%s/manifest.json", from);
+	m = json_load_file(p, 0, NULL);
+	ck_assert_ptr_nonnull(m);
+	json_object_set_new(m, "step", json_integer(to));
+	snprintf(p, sizeof(p), "%s/manifest.json", dir);
+	ck_assert_int_eq(json_dump_file(m, p, 0), 0);
+	json_decref(m);
+}
+
+static int64_t latest_file(struct job *j, const char *job)
+{
+	char p[512], buf[32] = "";
+	FILE *f;
+
+	h_path(&j->a, p, sizeof(p), "%s/LATEST", job);
+	f = fopen(p, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	return strtoll(buf, NULL, 10);
+}
+
+START_TEST(forged_manifest_at_start)
+{
+	struct job j;
+	char line[1024], *notes;
+	int64_t step;
+
+	job_start(&j, "fs", 1, 3, NULL);
+	ck_assert_int_eq(h_agent_stop(&j.a), 0);
+	forge(&j, "fs", 99, _i == 1);
+	h_agent_restart(&j.a);
+	ck_assert_int_eq(latest_file(&j, "fs"), 3);
+	ck_assert(list_line(&j, "fs", 99, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "DAMAGED"), "%s", line);
+	ck_assert(list_line(&j, "fs", 3, line, sizeof(line)));
+	ck_assert_msg(strstr(line, "LATEST"), "%s", line);
+	ck_assert_msg(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes) == 0, "%s",
+	              ckpt_last_error(j.c));
+	ck_assert_int_eq(step, 3);
+	ck_assert(h_model_check(&j.m, 3, NULL));
+	ck_assert_msg(notes && strstr(notes, "step 99: "), "%s", notes ? notes : "(none)");
+	free(notes);
+	ck_assert_int_eq(ckpt_restore(j.p, 99, NULL, NULL), -EBADMSG);
+	job_end(&j);
+}
+END_TEST
+
+START_TEST(forged_manifest_running)
+{
+	struct job j;
+	char *notes;
+	int64_t step;
+
+	job_start(&j, "fr", 1, 3, NULL);
+	forge(&j, "fr", 50, true); /* the files too: their data is step 3's, and whole */
+	ck_assert_msg(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes) == 0, "%s",
+	              ckpt_last_error(j.c));
+	ck_assert_int_eq(step, 3);
+	ck_assert(h_model_check(&j.m, 3, NULL));
+	ck_assert_msg(notes && strstr(notes, "step 50: ") && strstr(notes, "of step 3"), "%s",
+	              notes ? notes : "(none)");
+	free(notes);
+	/* by number: that is no checkpoint of step 50 */
+	ck_assert_int_eq(ckpt_restore(j.p, 50, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "not save"), "%s", ckpt_last_error(j.c));
+	job_end(&j);
+}
+END_TEST
+
+/*
+ * A verify whose step goes as it reads (another node's retention, a
+ * delete): it says so, never CORRUPT. Rank 0's file is read slowly
+ * (CKPT_FAULTS), the step is taken out of sight meanwhile, as a removal
+ * does, and rank 1's file is then not there.
+ */
+START_TEST(removed_while_verifying)
+{
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p[2];
+	struct h_model m[2];
+	char out[8192], from[512], to[512];
+	int fd[2], st;
+	pid_t pid;
+
+	h_agent_start_env(&a, NULL,
+	                  "CKPT_FAULTS=io_read:slow=3000:path=*/step-000000000002/rank-00000*");
+	c = h_connect(&a);
+	for (int r = 0; r < 2; r++) {
+		h_model_make(&m[r], c, 3, 30001);
+		for (size_t i = 0; i < m[r].n; i++) { /* names of its own: no replicas */
+			snprintf(m[r].name[i], sizeof(m[r].name[i]), "rank%d.t%zu", r, i);
+			m[r].t[i].name = m[r].name[i];
+		}
+		ck_assert_int_eq(ckpt_plan_create(c, "rv", r, 2, m[r].t, m[r].n, &p[r]), 0);
+	}
+	for (int64_t step = 1; step <= 2; step++) {
+		struct ckpt_save *s[2];
+
+		for (int r = 0; r < 2; r++)
+			ck_assert_int_eq(ckpt_save(p[r], step, NULL, &s[r]), 0);
+		for (int r = 0; r < 2; r++) {
+			ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0, "%s",
+			              ckpt_save_reason(s[r]));
+			ckpt_save_release(s[r]);
+		}
+	}
+	ck_assert_int_eq(pipe(fd), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int rc = h_ctl(&a, out, sizeof(out), "verify rv 2");
+
+		if (write(fd[1], out, strlen(out)) < 0)
+			_exit(99);
+		_exit(rc);
+	}
+	close(fd[1]);
+	/* rank 0's file is being read (3 s a read): the step goes out of sight */
+	usleep(1000 * 1000);
+	h_path(&a, from, sizeof(from), "rv/step-000000000002");
+	h_path(&a, to, sizeof(to), "rv/.trash.step-000000000002.n9.1.1");
+	ck_assert_int_eq(rename(from, to), 0);
+	h_read_all(fd[0], out, sizeof(out));
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "verify exited %d: %s",
+	              WEXITSTATUS(st), out);
+	ck_assert_msg(strstr(out, "was removed") && !strstr(out, "CORRUPT"), "%s", out);
+	for (int r = 0; r < 2; r++) {
+		ckpt_plan_destroy(p[r]);
+		h_model_free(&m[r]);
+	}
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * Two agents on one root: a step the one removes leaves the other's list at
+ * once (its list looks at the root), and a restore chosen from that list
+ * is never "no checkpoint" while one is there.
+ */
+START_TEST(listed_until_removed)
+{
+	struct agent_proc a0, a1;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct h_model m;
+	char root[512], out[16384];
+
+	snprintf(root, sizeof(root), "%s/shared-XXXXXX", getenv("CK_TMPDIR") ?: "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	h_agent_start_node(&a0, root, "n0", NULL);
+	h_agent_start_node(&a1, root, "n1", NULL);
+	c = h_connect(&a0);
+	h_model_make(&m, c, 3, 20001);
+	ck_assert_int_eq(ckpt_plan_create(c, "lr", 0, 1, m.t, m.n, &p), 0);
+	for (int k = 1; k <= 3; k++) {
+		h_model_fill(&m, (uint64_t)k);
+		commit(p, k);
+	}
+	ck_assert_int_eq(h_ctl(&a1, out, sizeof(out), "list lr"), 0);
+	ck_assert_msg(strstr(out, "lr ") && strstr(out, " 2 "), "n1 does not list step 2: %s", out);
+	ck_assert_int_eq(h_ctl(&a0, out, sizeof(out), "delete lr 2"), 0);
+	ck_assert_int_eq(h_ctl(&a1, out, sizeof(out), "--json list lr"), 0);
+	ck_assert_msg(!strstr(out, "\"step\": 2,") && strstr(out, "\"step\": 3,"),
+	              "n1 still lists step 2 (or lost 3): %s", out);
+	ckpt_plan_destroy(p);
+	h_model_free(&m);
+	ckpt_disconnect(c);
+	h_agent_cleanup(&a0);
+	h_agent_cleanup(&a1);
+	snprintf(out, sizeof(out), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(out), 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("damage");
+	TCase *tc = tcase_create("damage");
+
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, deleted_shard_of_latest);
+	tcase_add_test(tc, only_step_damaged);
+	tcase_add_loop_test(tc, forged_manifest_at_start, 0, 2);
+	tcase_add_test(tc, forged_manifest_running);
+	tcase_add_test(tc, removed_while_verifying);
+	tcase_add_test(tc, listed_until_removed);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(r, CK_NORMAL);
+	failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}
