@@ -451,6 +451,8 @@ static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
 
 	if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
 		json_object_set_new(j, "nodes", json_integer(s->nodes));
+	if (s->upload && *s->upload) /* queued, pending, not uploaded: reason says more */
+		json_object_set_new(j, "upload", json_string(s->upload));
 	if (s->n_parts)
 		json_object_set_new(j, "parts", ctl_strings(s->parts, s->n_parts));
 	if (s->n_parts_done || s->n_parts_missing) {
