@@ -211,6 +211,8 @@ struct snapshot {
 	struct pool_stats pool;
 	bool upload_tier;
 	struct upload_stats up;
+	struct upload_behind *behind; /* malloc'd, nbehind of them */
+	size_t nbehind;
 	uint64_t gc_removed;
 	struct job_stat *jobs; /* a copy (malloc'd), njobs of them */
 	size_t njobs;
@@ -231,6 +233,7 @@ static void take_snapshot(struct metrics *m, struct snapshot *s)
 	s->ckpts = a->nckpts;
 	s->upload_tier = a->up != NULL;
 	upload_get_stats(a->up, &s->up);
+	s->nbehind = upload_behind(a->up, &s->behind);
 	s->gc_removed = a->gc_removed;
 	s->damaged = catalog_damaged(a->cat);
 	/* each live plan's job, for the jobs' plans gauge (a node has a few hundred at most) */
@@ -395,6 +398,62 @@ static void put_root_space(FILE *f, const char *root)
 	    (double)vs.f_blocks * (double)vs.f_frsize);
 }
 
+static void put_behind_job(FILE *f, const char *job, unsigned pending, unsigned failed)
+{
+	fprintf(f,
+	        "ckptd_job_uploads_missing{job=\"%s\",state=\"pending\"} %u\n"
+	        "ckptd_job_uploads_missing{job=\"%s\",state=\"failed\"} %u\n",
+	        job, pending, job, failed);
+}
+
+/*
+ * A job's committed steps of the root not on the upload tier, pending and
+ * given up: for every job saved since start (0 when none), and any other
+ * job the resume at start found behind.
+ */
+static void put_behind(FILE *f, const struct snapshot *s)
+{
+	fprintf(f, "# HELP ckptd_job_uploads_missing A job's checkpoints committed on the root "
+	           "and not on the upload tier: pending (tried and to be tried again) or failed "
+	           "(given up; ckptctl list says why).\n"
+	           "# TYPE ckptd_job_uploads_missing gauge\n");
+	for (size_t i = 0; i < s->njobs; i++) {
+		const struct upload_behind *b = NULL;
+
+		for (size_t k = 0; k < s->nbehind && !b; k++)
+			if (strcmp(s->behind[k].job, s->jobs[i].job) == 0)
+				b = &s->behind[k];
+		put_behind_job(f, s->jobs[i].job, b ? b->pending : 0, b ? b->missing : 0);
+	}
+	for (size_t k = 0; k < s->nbehind; k++) {
+		bool known = false;
+
+		for (size_t i = 0; i < s->njobs && !known; i++)
+			known = strcmp(s->behind[k].job, s->jobs[i].job) == 0;
+		if (!known)
+			put_behind_job(f, s->behind[k].job, s->behind[k].pending,
+			               s->behind[k].missing);
+	}
+}
+
+/* The upload tier's series (only with one). */
+static void put_uploads(FILE *f, const struct snapshot *s)
+{
+	put(f, "ckptd_uploads_total", "counter",
+	    "Checkpoints this node uploaded and saw committed on the upload tier.",
+	    (double)s->up.uploaded);
+	put(f, "ckptd_upload_retries_total", "counter",
+	    "Uploads that failed and were queued again after a back-off.", (double)s->up.retried);
+	put(f, "ckptd_uploads_failed_total", "counter",
+	    "Checkpoints this node gave up uploading: the step left the root first, the store "
+	    "refused it, or the other nodes' parts did not come by the commit deadline.",
+	    (double)s->up.failed);
+	put(f, "ckptd_upload_bytes_total", "counter", "Shard bytes sent to the upload tier.",
+	    (double)s->up.bytes);
+	put(f, "ckptd_uploads_queued", "gauge", "Uploads waiting or under way.", s->up.queued);
+	put_behind(f, s);
+}
+
 static void render(struct metrics *m, FILE *f)
 {
 	const struct pool_stats *p;
@@ -458,17 +517,10 @@ static void render(struct metrics *m, FILE *f)
 	put(f, "ckptd_retention_removed_total", "counter",
 	    "Checkpoints retention removed (after commits and ckptctl gc).", (double)s.gc_removed);
 	put_jobs(f, &s);
+	if (s.upload_tier)
+		put_uploads(f, &s);
 	free(s.jobs);
-	if (!s.upload_tier)
-		return;
-	put(f, "ckptd_uploads_total", "counter",
-	    "Checkpoints this node uploaded and saw committed on the upload tier.",
-	    (double)s.up.uploaded);
-	put(f, "ckptd_upload_retries_total", "counter",
-	    "Uploads that failed and were queued again after a back-off.", (double)s.up.retried);
-	put(f, "ckptd_upload_bytes_total", "counter", "Shard bytes sent to the upload tier.",
-	    (double)s.up.bytes);
-	put(f, "ckptd_uploads_queued", "gauge", "Uploads waiting or under way.", s.up.queued);
+	free(s.behind);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len,

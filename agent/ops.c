@@ -26,6 +26,35 @@ static size_t in_flight(struct agent *a, const struct peer *who, const char *job
                         Ckpt__V1__CheckpointSummary **v, Ckpt__V1__CheckpointSummary ***pv,
                         char (**notes)[96]);
 
+/*
+ * Under mu: the upload tier as status says it: the store, then the uploads
+ * done, retried, waiting, pending after a failed try, and given up (the
+ * last one's reason).
+ */
+static char *upload_detail(struct agent *a, char *buf, size_t len)
+{
+	struct storage *t = upload_tier(a->up);
+	struct upload_stats us;
+	size_t o;
+
+	upload_get_stats(a->up, &us);
+	t->ops->describe(t, buf, len);
+	o = strlen(buf);
+	o += (size_t)snprintf(buf + o, len - o,
+	                      "; %llu checkpoints uploaded, %llu retried, %u waiting (%u pending "
+	                      "after a failed try)",
+	                      (unsigned long long)us.uploaded, (unsigned long long)us.retried,
+	                      us.queued, us.pending);
+	if (o < len && us.failed)
+		o += (size_t)snprintf(buf + o, len - o,
+		                      "; %llu given up, %u of them on the root and not on the tier "
+		                      "(last: %s)",
+		                      (unsigned long long)us.failed, us.missing, us.last_failure);
+	if (o < len)
+		snprintf(buf + o, len - o, "; %llu bytes sent", (unsigned long long)us.bytes);
+	return buf;
+}
+
 void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__StatusReply rep = CKPT__V1__STATUS_REPLY__INIT;
@@ -34,7 +63,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	struct pool_stats ps;
 	struct ioeng_stats is;
 	Ckpt__V1__CheckpointSummary *flight = NULL, **pflight = NULL;
-	char last[512], io[512], up[768], (*notes)[96] = NULL;
+	char last[512], io[512], up[768 + UPLOAD_NOTE_LEN], (*notes)[96] = NULL;
 	const char *why = NULL;
 	size_t n = 0;
 
@@ -93,19 +122,8 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	rep.root_since_unix_ns = a->root.since_unix_ns;
 	rep.root_error = a->root.error;
 	if (a->up) {
-		struct storage *t = upload_tier(a->up);
-		struct upload_stats us;
-		size_t o;
-
-		upload_get_stats(a->up, &us);
-		t->ops->describe(t, up, sizeof(up));
-		o = strlen(up);
-		snprintf(up + o, sizeof(up) - o,
-		         "; %llu checkpoints uploaded, %llu retried, %u waiting; %llu bytes sent",
-		         (unsigned long long)us.uploaded, (unsigned long long)us.retried, us.queued,
-		         (unsigned long long)us.bytes);
 		rep.upload_root = (char *)a->cfg.upload.root;
-		rep.upload_detail = up;
+		rep.upload_detail = upload_detail(a, up, sizeof(up));
 	}
 	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
 		if (!ipc_state_final(s))
@@ -239,9 +257,12 @@ static void list_reply(struct agent *a, struct rpc *c, const char *job)
 	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
 	char(*notes)[96] = NULL;
 	struct cat_entry **e = NULL;
-	size_t ncat, nf, k = 0;
+	struct upload_row *rows = NULL;
+	const struct upload_row *row;
+	size_t ncat, nf, nrows, k = 0;
 
 	ncat = catalog_list(a->cat, job, &e);
+	nrows = upload_rows(a->up, &rows); /* none: the rows say nothing of uploads */
 	nf = in_flight(a, rpc_peer(c), job, &f, &pf, &notes);
 	v = calloc(ncat + 1, sizeof(*v));
 	pv = calloc(ncat + nf + 1, sizeof(*pv));
@@ -257,6 +278,12 @@ static void list_reply(struct agent *a, struct rpc *c, const char *job)
 		if (!access_may_read(a, rpc_peer(c), e[i]->job))
 			continue; /* a whole job at a time: its LATEST stays right */
 		summary_from_entry(e[i], latest, &v[k]);
+		row = upload_row_find(rows, nrows, e[i]->job, e[i]->step);
+		if (row) { /* the upload tier's word on it: queued, pending, not uploaded */
+			v[k].upload = (char *)row->state;
+			if (!v[k].damaged) /* its damage says more */
+				v[k].reason = (char *)row->note;
+		}
 		pv[k] = &v[k];
 		k++;
 	}
@@ -266,6 +293,7 @@ static void list_reply(struct agent *a, struct rpc *c, const char *job)
 	rep.checkpoints = pv;
 	rpc_reply(c, &rep.base);
 out:
+	free(rows);
 	free(e);
 	free(v);
 	free(pv);

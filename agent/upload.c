@@ -16,8 +16,13 @@
  *      nodes wait for that manifest;
  *   5. this node's saves of the step go COMMITTED -> UPLOADED.
  * "Not yet" (another node's part, or the manifest, still missing) is looked
- * at again soon; a failure (the store away, say) after a back-off from 2 s
- * to 5 min, as long as the step is on the root.
+ * at again soon, up to the commit deadline; a failure (the store away, a
+ * read of the root) after a back-off from 2 s to 5 min, as long as the step
+ * is on the root. A step is given up only when it cannot be uploaded: it
+ * left the root, the store refused it 3 times in a row (HTTP 403, 400, too
+ * large), or the other nodes' parts did not come by the deadline; its saves
+ * are told, and status, list and the metrics say so (upload_queue.c). An
+ * agent started again resumes every step the tier lacks (upload_queue.c).
  *
  * Threads: the upload thread runs the uploads; upload_queue runs under
  * agent.mu and only queues; the I/O completes on the I/O engine's and the
@@ -34,50 +39,12 @@
 #include "agent.h"
 #include "retention.h"
 #include "upload.h"
+#include "upload_int.h"
 
-#define UP_BUFFERS 4 /* chunks read ahead of the parts in flight */
 #define UP_ALIGN 4096u
-#define RETRY_FIRST_NS (2LL * 1000000000)
 #define RETRY_MAX_NS (300LL * 1000000000)
 #define WAIT_NS (500LL * 1000000) /* another node's part, or the manifest, not there yet */
-
-struct up_job {
-	struct work work;
-	struct uploader *u;
-	struct list link; /* uploader.jobs */
-	char job[IPC_MAX_JOB + 1];
-	int64_t step; /* -1: the resume at start */
-	int64_t first_ns; /* when it was queued */
-	int64_t waiting_ns; /* since when it waits for other nodes (its own part sent); 0: not */
-	int64_t backoff_ns;
-	unsigned tries;
-};
-
-/* A request waited for on the upload thread. */
-struct up_io {
-	struct io_req r;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool busy;
-};
-
-struct uploader {
-	struct agent *a;
-	struct storage *tier;
-	struct workq *q;
-	uint64_t chunk; /* bytes read and sent at a time: the tier's part */
-	void *buf[UP_BUFFERS];
-	struct up_io io[UP_BUFFERS], fin;
-	int64_t next_send_ns; /* the pacer: when the next chunk may go */
-	int64_t checked_ns; /* the tier's last root check (it retries failed aborts) */
-	struct ret_policy pol;
-	uint64_t max_bps; /* 0: unlimited */
-	atomic_bool quit; /* stopping: a copy under way ends at its next chunk */
-	/* under agent.mu */
-	struct list jobs;
-	bool stopping;
-	struct upload_stats st;
-};
+#define REFUSED_TRIES 3 /* the store's "no" this many times in a row: given up */
 
 /* ---- waiting for I/O ------------------------------------------------------- */
 
@@ -299,7 +266,10 @@ static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_
 	if (rc)
 		return rc;
 	if (!m->nparts) { /* an old single-node manifest: it names no node */
-		rc = ipc_errf(why, -ENOENT, "its manifest (format %d) names no parts", m->version);
+		rc = ipc_errf(why, -ENOTSUP,
+		              "its manifest (format %d, an older agent's) names no parts: the "
+		              "upload tier takes checkpoints of format 2 and later",
+		              m->version);
 		manifest_free(m);
 		return rc;
 	}
@@ -412,193 +382,188 @@ static void tier_check(struct uploader *u)
 		log_msg(LOG_DEBUG, "upload tier: %s", err);
 }
 
-static void job_free(struct up_job *j)
+/* The store's "no" (HTTP 403, 400, too large): asked again, it says the same. */
+static bool refusal(int rc)
 {
-	list_del(&j->link);
-	free(j);
+	return rc == -EACCES || rc == -EPERM || rc == -EINVAL || rc == -EFBIG ||
+	       rc == -ENAMETOOLONG;
 }
 
-static void resume_run(struct uploader *u);
-
-static void upload_run(struct work *w)
+/* Under mu: j will not be uploaded (why): its saves are told, the step is noted. */
+static void give_up(struct uploader *u, struct up_job *j, const char *why)
 {
-	struct up_job *j = container_of(w, struct up_job, work);
-	struct uploader *u = j->u;
+	uploaded(u->a, j->job, j->step, why);
+	up_lost_add(u, j->job, j->step, why);
+}
+
+/* Under mu: the next try of j, rc after a failure, in its back-off. */
+static int64_t backoff(struct uploader *u, struct up_job *j, int rc, const char *why)
+{
+	int64_t delay = j->backoff_ns;
+
+	u->st.retried++;
+	log_msg(LOG_WARNING, "upload of job %s step %lld failed (try %u, again in %lld s): %s",
+	        j->job, (long long)j->step, j->tries, (long long)(delay / 1000000000), why);
+	j->backoff_ns = j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
+	up_job_note(j, rc, delay, why);
+	return delay;
+}
+
+/*
+ * Under mu: what follows a try of j that did not upload it (rc, why): 0
+ * once j is done with (given up, or not this node's), else the delay
+ * before its next try.
+ */
+static int64_t after_try(struct uploader *u, struct up_job *j, int rc, const char *why)
+{
 	struct agent *a = u->a;
-	char why[IPC_ERRLEN] = "", wire[64] = "";
-	struct storage_stats s0 = {0}, s1 = {0};
-	uint64_t sent = 0;
-	int64_t t0 = ipc_mono_ns();
-	int rc;
+	int64_t deadline = (int64_t)a->cfg.commit_deadline_s * 1000000000;
+	char note[UP_NOTE_LEN];
 
-	if (atomic_load(&u->quit))
-		return; /* stopping: upload_destroy frees it */
-	if (j->step < 0) {
-		resume_run(u);
-		pthread_mutex_lock(&a->mu);
-		job_free(j);
-		pthread_mutex_unlock(&a->mu);
-		return;
-	}
-	tier_check(u);
-	if (u->tier->ops->stats)
-		u->tier->ops->stats(u->tier, &s0);
-	rc = upload_one(u, j->job, j->step, &sent, why);
-	if (u->tier->ops->stats)
-		u->tier->ops->stats(u->tier, &s1);
-	/* compressed: what went to the store (the upload thread alone writes to the tier) */
-	if (rc == 0 && a->cfg.upload.zstd_level && sent)
-		snprintf(wire, sizeof(wire), " (%llu compressed)",
-		         (unsigned long long)(s1.bytes_written - s0.bytes_written));
-	/* "not there": the step left the root only if its manifest is gone (not a blip) */
-	if (rc == -ENOENT && store_committed(a->store, j->job, j->step))
-		rc = -EIO;
-	pthread_mutex_lock(&a->mu);
-	u->st.bytes += sent;
-	j->tries++;
-	if (rc == 0) {
-		u->st.uploaded++;
-		uploaded(a, j->job, j->step, NULL);
-		log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent%s in %.3f s", j->job,
-		        (long long)j->step, (unsigned long long)sent, wire,
-		        (double)(ipc_mono_ns() - t0) / 1e9);
-	} else if (rc == -ENOENT) {
-		char note[IPC_ERRLEN + 64];
-
+	if (rc == -ESRCH)
+		return 0; /* another node's step: nothing to do here */
+	if (rc == -ENOENT) {
 		snprintf(note, sizeof(note),
 		         "the step left the root (deleted, or removed by retention) before its "
 		         "upload: %s",
 		         why);
 		log_msg(LOG_NOTICE, "upload of job %s step %lld dropped: %s", j->job,
 		        (long long)j->step, note);
-		uploaded(a, j->job, j->step, note);
-		pthread_mutex_unlock(&a->mu);
-		forget(u, j->job, j->step);
-		pthread_mutex_lock(&a->mu);
-	} else if (rc == -ESRCH) {
-		/* another node's step: nothing to do here */
-	} else if (rc == -EAGAIN && j->waiting_ns &&
-	           ipc_mono_ns() - j->waiting_ns > (int64_t)a->cfg.commit_deadline_s * 1000000000) {
+		give_up(u, j, note);
+		return 0;
+	}
+	if (rc == -EAGAIN && j->waiting_ns && ipc_mono_ns() - j->waiting_ns > deadline) {
 		/* the other nodes upload nothing (no tier?), or rank 0's node is gone */
-		char note[IPC_ERRLEN + 64];
-
-		u->st.failed++;
 		snprintf(note, sizeof(note), "given up after the commit deadline (%u s): %s",
 		         a->cfg.commit_deadline_s, why);
 		log_msg(LOG_WARNING, "upload of job %s step %lld %s", j->job, (long long)j->step,
 		        note);
-		uploaded(a, j->job, j->step, note);
-	} else if (!u->stopping) {
-		/* "not yet" is looked at again soon; a failure after a back-off */
-		int64_t delay = rc == -EAGAIN ? WAIT_NS : j->backoff_ns;
-
-		/* the deadline for the others counts from this node's part on the tier */
-		if (rc == -EAGAIN && !j->waiting_ns)
-			j->waiting_ns = ipc_mono_ns();
-
-		if (rc != -EAGAIN) {
-			u->st.retried++;
-			log_msg(LOG_WARNING,
-			        "upload of job %s step %lld failed (try %u, again in %lld s): %s",
-			        j->job, (long long)j->step, j->tries,
-			        (long long)(delay / 1000000000), why);
-			j->backoff_ns =
-			    j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
-		}
-		workq_push_at(u->q, &j->work, ipc_mono_ns() + delay);
-		pthread_mutex_unlock(&a->mu);
-		return;
-	} else {
-		u->st.failed++;
+		give_up(u, j, note);
+		return 0;
 	}
-	job_free(j);
+	j->refusals = refusal(rc) ? j->refusals + 1 : 0;
+	if (rc == -ENOTSUP || j->refusals >= REFUSED_TRIES) {
+		if (rc == -ENOTSUP)
+			snprintf(note, sizeof(note), "it cannot be: %s", why);
+		else
+			snprintf(note, sizeof(note),
+			         "the store refused it %u times in a row: %s; the agent tries "
+			         "again when it starts next",
+			         j->refusals, why);
+		log_msg(LOG_ERR, "upload of job %s step %lld given up: %s", j->job,
+		        (long long)j->step, note);
+		give_up(u, j, note);
+		return 0;
+	}
+	if (u->stopping)
+		return 0; /* resumed when the agent starts again */
+	if (rc != -EAGAIN)
+		return backoff(u, j, rc, why);
+	/* "not yet" is looked at again soon; the deadline counts from this node's part sent */
+	if (!j->waiting_ns)
+		j->waiting_ns = ipc_mono_ns();
+	up_job_note(j, rc, WAIT_NS, why);
+	return WAIT_NS;
+}
+
+/* The upload thread: one try of j's upload (said in the log when it is done). */
+static int try_upload(struct uploader *u, struct up_job *j, uint64_t *sent, char *why)
+{
+	struct agent *a = u->a;
+	struct storage_stats s0 = {0}, s1 = {0};
+	int64_t t0 = ipc_mono_ns();
+	char wire[64] = "";
+	int rc;
+
+	tier_check(u);
+	if (u->tier->ops->stats)
+		u->tier->ops->stats(u->tier, &s0);
+	rc = upload_one(u, j->job, j->step, sent, why);
+	if (u->tier->ops->stats)
+		u->tier->ops->stats(u->tier, &s1);
+	/* "not there": the step left the root only if its manifest is gone (not a blip) */
+	if (rc == -ENOENT && store_committed(a->store, j->job, j->step))
+		rc = -EIO;
+	if (rc)
+		return rc;
+	/* compressed: what went to the store (the upload thread alone writes to the tier) */
+	if (a->cfg.upload.zstd_level && *sent)
+		snprintf(wire, sizeof(wire), " (%llu compressed)",
+		         (unsigned long long)(s1.bytes_written - s0.bytes_written));
+	log_msg(LOG_INFO, "uploaded job %s step %lld: %llu bytes sent%s in %.3f s", j->job,
+	        (long long)j->step, (unsigned long long)*sent, wire,
+	        (double)(ipc_mono_ns() - t0) / 1e9);
+	return 0;
+}
+
+/* The upload thread: the resume at start, tried again while the tier cannot be listed. */
+static void resume(struct uploader *u, struct up_job *j)
+{
+	struct agent *a = u->a;
+	int rc = up_resume_run(u);
+
+	pthread_mutex_lock(&a->mu);
+	if (rc && !u->stopping) {
+		log_msg(LOG_WARNING,
+		        "upload tier: the uploads to resume are looked for again in %lld s",
+		        (long long)(j->backoff_ns / 1000000000));
+		workq_push_at(u->q, &j->work, ipc_mono_ns() + j->backoff_ns);
+		j->backoff_ns = j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
+	} else {
+		up_job_free(j);
+	}
 	pthread_mutex_unlock(&a->mu);
 }
 
-/* ---- queueing ------------------------------------------------------------ */
-
-static void queue_job(struct uploader *u, const char *job, int64_t step)
+void up_run(struct work *w)
 {
-	struct up_job *j;
-	struct list *pos;
+	struct up_job *j = container_of(w, struct up_job, work);
+	struct uploader *u = j->u;
+	struct agent *a = u->a;
+	char why[IPC_ERRLEN] = "", job[IPC_MAX_JOB + 1];
+	int64_t step = j->step, delay = 0;
+	uint64_t sent = 0;
+	int rc;
 
-	if (u->stopping)
-		return;
-	list_for_each(pos, &u->jobs)
-	{
-		j = container_of(pos, struct up_job, link);
-		if (j->step == step && strcmp(j->job, job) == 0)
-			return; /* queued already */
-	}
-	j = calloc(1, sizeof(*j));
-	if (!j) {
-		log_msg(LOG_ERR, "upload of job %s step %lld: out of memory", job, (long long)step);
+	if (atomic_load(&u->quit))
+		return; /* stopping: upload_destroy frees it */
+	if (step < 0) {
+		resume(u, j);
 		return;
 	}
-	j->u = u;
-	snprintf(j->job, sizeof(j->job), "%s", job);
-	j->step = step;
-	j->first_ns = ipc_mono_ns();
-	j->backoff_ns = RETRY_FIRST_NS;
-	j->work.fn = upload_run;
-	list_add_tail(&u->jobs, &j->link);
-	workq_push(u->q, &j->work);
+	rc = try_upload(u, j, &sent, why);
+	pthread_mutex_lock(&a->mu);
+	u->st.bytes += sent;
+	j->tries++;
+	if (rc == 0) {
+		u->st.uploaded++;
+		uploaded(a, j->job, step, NULL);
+		up_lost_forget(u, j->job, step);
+	} else {
+		delay = after_try(u, j, rc, why);
+	}
+	if (delay) {
+		workq_push_at(u->q, &j->work, ipc_mono_ns() + delay);
+		pthread_mutex_unlock(&a->mu);
+		return;
+	}
+	snprintf(job, sizeof(job), "%s", j->job);
+	up_job_free(j);
+	pthread_mutex_unlock(&a->mu);
+	if (rc == -ENOENT)
+		forget(u, job, step);
 }
 
 void upload_queue(struct uploader *u, const char *job, int64_t step)
 {
 	if (u)
-		queue_job(u, job, step);
+		up_queue(u, job, step);
 }
 
 void upload_resume(struct uploader *u)
 {
 	if (u)
-		queue_job(u, "", -1);
-}
-
-/* The upload thread: what the root has committed and the tier has not, queued. */
-static void resume_run(struct uploader *u)
-{
-	struct agent *a = u->a;
-	struct storage *root = a->store;
-	char **jobs = NULL, err[IPC_ERRLEN];
-	size_t nj = 0;
-
-	if (root->ops->list_jobs(root, &jobs, &nj, err)) {
-		log_msg(LOG_WARNING, "upload tier: cannot resume uploads: %s", err);
-		return;
-	}
-	for (size_t i = 0; i < nj; i++) {
-		struct storage_step *v = NULL;
-		int64_t latest = -1;
-		size_t n = 0, from = 0, k = 0;
-
-		int rc = store_latest_get(u->tier, jobs[i], &latest, err);
-
-		if (rc == -ENOENT) {
-			latest = -1; /* nothing of the job on the tier yet */
-		} else if (rc) {
-			log_msg(LOG_WARNING, "upload tier: job %s not resumed: %s", jobs[i], err);
-			free(jobs[i]);
-			continue;
-		}
-		if (root->ops->list_steps(root, jobs[i], &v, &n, err) == 0) {
-			for (size_t s = 0; s < n; s++)
-				k += v[s].committed && v[s].step > latest;
-			/* the newest keep_last of them: older ones the tier would not keep */
-			if (u->pol.keep_last && k > u->pol.keep_last)
-				from = k - u->pol.keep_last;
-			pthread_mutex_lock(&a->mu);
-			for (size_t s = 0, c = 0; s < n; s++)
-				if (v[s].committed && v[s].step > latest && c++ >= from)
-					queue_job(u, jobs[i], v[s].step);
-			pthread_mutex_unlock(&a->mu);
-		}
-		free(v);
-		free(jobs[i]);
-	}
-	free(jobs);
+		up_queue(u, "", -1);
 }
 
 /* ---- life ------------------------------------------------------------------ */
@@ -617,8 +582,20 @@ int upload_create(struct agent *a, struct storage *tier, struct uploader **out, 
 	u->tier = tier;
 	u->chunk = pool_chunk_bytes(a->pool);
 	u->pol = (struct ret_policy){a->cfg.upload.keep_last, a->cfg.upload.keep_every};
+	if (u->pol.keep_every)
+		snprintf(u->skip_note, sizeof(u->skip_note),
+		         "not on the upload tier: the tier's retention (keep_last %u, keep_every "
+		         "%lld) keeps newer steps",
+		         u->pol.keep_last, (long long)u->pol.keep_every);
+	else
+		snprintf(u->skip_note, sizeof(u->skip_note),
+		         "not on the upload tier: the tier's retention (keep_last %u) keeps newer "
+		         "steps",
+		         u->pol.keep_last);
 	u->max_bps = (uint64_t)a->cfg.upload.max_mbps * 1000000 / 8;
 	list_init(&u->jobs);
+	list_init(&u->lost);
+	list_init(&u->skips);
 	pthread_mutex_init(&u->fin.mu, NULL);
 	pthread_cond_init(&u->fin.cv, NULL);
 	for (unsigned b = 0; b < UP_BUFFERS; b++) {
@@ -650,7 +627,7 @@ void upload_stop(struct uploader *u)
 	atomic_store(&u->quit, true);
 	workq_destroy(u->q);
 	u->q = NULL;
-	list_for_each_safe(pos, tmp, &u->jobs) job_free(container_of(pos, struct up_job, link));
+	list_for_each_safe(pos, tmp, &u->jobs) up_job_free(container_of(pos, struct up_job, link));
 }
 
 void upload_destroy(struct uploader *u)
@@ -667,6 +644,7 @@ void upload_destroy(struct uploader *u)
 	}
 	pthread_mutex_destroy(&u->fin.mu);
 	pthread_cond_destroy(&u->fin.cv);
+	up_account_free(u);
 	storage_destroy(u->tier);
 	free(u);
 }
@@ -690,15 +668,4 @@ int upload_pick_tier(struct agent *a, const char *name, struct storage **out, bo
 		return ipc_errf(err, -ENOENT, "this agent has no upload tier ([upload] root)");
 	*out = a->up->tier;
 	return 0;
-}
-
-void upload_get_stats(struct uploader *u, struct upload_stats *out)
-{
-	struct list *pos;
-
-	memset(out, 0, sizeof(*out));
-	if (!u)
-		return;
-	*out = u->st;
-	list_for_each(pos, &u->jobs) out->queued++;
 }

@@ -453,6 +453,8 @@ static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
 		json_object_set_new(j, "nodes", json_integer(s->nodes));
 		json_object_set_new(j, "damaged", json_boolean(s->damaged));
 	}
+	if (s->upload && *s->upload) /* queued, pending, not uploaded: reason says more */
+		json_object_set_new(j, "upload", json_string(s->upload));
 	if (s->n_parts)
 		json_object_set_new(j, "parts", ctl_strings(s->parts, s->n_parts));
 	if (s->n_parts_done || s->n_parts_missing) {

@@ -119,9 +119,26 @@ static void make_dir(struct agent_proc *a)
 	ck_assert_msg(mkdtemp(a->dir), "mkdtemp %s: %s", a->dir, strerror(errno));
 }
 
+/* What the agent gets in its environment beside the test's: "NAME=value", or NULL. */
+static void set_env(struct agent_proc *a, const char *env)
+{
+	if (env)
+		ck_assert_msg(strlen(env) < sizeof(a->env) && strchr(env, '='),
+		              "'%s' is no NAME=value of at most %zu bytes", env,
+		              sizeof(a->env) - 1);
+	snprintf(a->env, sizeof(a->env), "%s", env ? env : "");
+}
+
 void h_agent_start_node(struct agent_proc *a, const char *root, const char *node, const char *args)
 {
+	h_agent_start_node_env(a, root, node, args, NULL);
+}
+
+void h_agent_start_node_env(struct agent_proc *a, const char *root, const char *node,
+                            const char *args, const char *env)
+{
 	make_dir(a);
+	set_env(a, env);
 	snprintf(a->root, sizeof(a->root), "%s", root);
 	snprintf(a->node, sizeof(a->node), "%s", node);
 	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
@@ -140,11 +157,7 @@ void h_agent_start(struct agent_proc *a, const char *args)
 void h_agent_start_env(struct agent_proc *a, const char *args, const char *env)
 {
 	make_dir(a);
-	if (env)
-		ck_assert_msg(strlen(env) < sizeof(a->env) && strchr(env, '='),
-		              "'%s' is no NAME=value of at most %zu bytes", env,
-		              sizeof(a->env) - 1);
-	snprintf(a->env, sizeof(a->env), "%s", env ? env : "");
+	set_env(a, env);
 	snprintf(a->root, sizeof(a->root), "%s/root", a->dir);
 	snprintf(a->endpoint, sizeof(a->endpoint), "unix:%s/ckptd.sock", a->dir);
 	snprintf(a->log, sizeof(a->log), "%s/agent.log", a->dir);

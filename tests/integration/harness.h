@@ -37,6 +37,9 @@ void h_agent_start_env(struct agent_proc *a, const char *args, const char *env);
  * log in a directory of its own. h_agent_cleanup leaves the root alone.
  */
 void h_agent_start_node(struct agent_proc *a, const char *root, const char *node, const char *args);
+/* h_agent_start_node with `env` in its environment (as h_agent_start_env). */
+void h_agent_start_node_env(struct agent_proc *a, const char *root, const char *node,
+                            const char *args, const char *env);
 /* Starts it again on the same directory and flags. */
 void h_agent_restart(struct agent_proc *a);
 /* SIGTERM and wait; returns its exit status. */
