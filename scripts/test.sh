@@ -16,7 +16,8 @@
 # in the sanitizer builds). In the TSan build one test at a time: timing-
 # bound tests such as a skip behind a hog need the cores to themselves there.
 # First of all, the format stage: every C file in the house format
-# (scripts/format.sh --check).
+# (scripts/format.sh --check). Each stage prints its time as it ends
+# ("== plain tests: 160 s"), and the end the whole command's.
 # The S3 tests talk to a real S3 server: for the stages that run ctest, a
 # RADOS Gateway (scripts/rgw.sh) in build-rgw, on RGW_PORT or else the first
 # free of 7480, 7490, ..., stopped at the end; its CKPT_TEST_S3_* variables
@@ -74,15 +75,25 @@ if ((rgw)) && [[ ${CKPT_TEST_S3:-1} != 0 ]]; then
 		fi
 	fi
 fi
+t_all=0 t_stage=0 # bash's SECONDS: from the start of this script
+# Each stage's time as it ends, and the whole command's at the end.
+took() { # STAGE
+	echo "== $1: $((SECONDS - t_stage)) s (all so far: $((SECONDS - t_all)) s)"
+	t_stage=$SECONDS
+}
+took "setup (packages, Python, the S3 server)"
 for b in "${builds[@]}"; do
 	cuda=ON tests=. faults=ON par=1 lock=ON
+	t_stage=$SECONDS
 	case $b in
 	format)
 		scripts/format.sh --check
+		took format
 		continue
 		;;
 	fuzz)
 		scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"
+		took fuzz
 		continue
 		;;
 	plain) dir=build san='' par=4 lock=OFF ;;
@@ -95,7 +106,10 @@ for b in "${builds[@]}"; do
 	cmake -S . -B "$dir" -DCKPT_SANITIZE="$san" -DCKPT_WITH_CUDA="$cuda" \
 		-DCKPT_FAULT_INJECTION="$faults" -DCKPT_TESTS_ONE_AT_A_TIME="$lock" >/dev/null
 	cmake --build "$dir" -j "$jobs" >/dev/null
+	took "$b build"
 	torch_ready
 	(cd "$dir" && ctest --output-on-failure --timeout 900 -j "$par" -R "$tests")
+	took "$b tests"
 done
 torch_ready
+echo "== test.sh: every stage passed in $((SECONDS - t_all)) s"
