@@ -34,6 +34,14 @@ Then the store behaves again and a save commits and verifies. Last, the
 agent is stopped while the store holds a request unanswered, and must
 exit, cleanly, in time.
 
+Beside it, a store that ignores If-None-Match (every PUT replaces), with
+two agents (nodes w0 and w1, a job of world 2): both find out at start
+that create-once is not atomic there, and only rank 0's node writes
+manifests: while its PUTs of a step's manifest fail, the other node never
+takes over (two writers could replace a committed manifest), the step
+FAILS at the deadline on both, and `ckptctl commit --finish` commits it by
+hand.
+
 Environment: CKPTD_BIN, CKPTCTL_BIN, CKPT_FIXTURE_BIN (set by CMake);
 CK_TMPDIR for the temporary directory. Python 3 standard library only.
 Exits 77 (skipped) when something it needs is missing.
@@ -97,6 +105,8 @@ class Store:
         self.requests = []  # (method, key, query) of every request, in order
         self.sent_bytes = 0  # of the last huge body
         self.release = threading.Event()  # frees the handlers a fault holds
+        self.ignore_inm = False  # If-None-Match ignored: every PUT replaces
+        self.who = []  # (access key, method, key) of every request, in order
 
     def set_fault(self, name):
         with self.mu:
@@ -157,8 +167,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.q = qs(u.query)
         n = int(self.headers.get("Content-Length") or 0)
         self.body = self.rfile.read(n) if n else b""
+        m = re.search(r"Credential=([^/,]+)/", self.headers.get("Authorization") or "")
         with self.store.mu:
             self.store.requests.append((self.command, self.key, u.query))
+            self.store.who.append((m.group(1) if m else "", self.command, self.key))
             self.fault = self.store.fault
 
     def held(self):
@@ -262,8 +274,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if self.fault == "bad_etag":  # markup that would land in CompleteMultipartUpload
                 return self.reply(200, headers={"ETag": '"x</ETag></Part><Part>"'})
             return self.reply(200, headers={"ETag": f'"{etag_of(self.body)}"'})
+        if self.fault == "manifest_2_fails" and self.key.endswith(
+                "step-000000000002/manifest.json"):
+            return self.error(500, "InternalError", "We encountered an internal error.")
         with self.store.mu:
-            if self.headers.get("If-None-Match") == "*" and self.key in self.store.objects:
+            if self.headers.get("If-None-Match") == "*" and self.key in self.store.objects \
+                    and not self.store.ignore_inm:
                 exists = True
             else:
                 exists = False
@@ -409,13 +425,13 @@ def serve(store):
 
 
 class Agent:
-    def __init__(self, tmp, endpoint, node="h0"):
+    def __init__(self, tmp, endpoint, node="h0", access_key="hostile"):
         os.makedirs(tmp, exist_ok=True)
         self.ckptctl = os.environ["CKPTCTL_BIN"]
         self.sock = "unix:" + os.path.join(tmp, "ckptd.sock")
         creds = os.path.join(tmp, "s3.creds")
         fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(fd, b"access_key = hostile\nsecret_key = not-checked\n")
+        os.write(fd, f"access_key = {access_key}\nsecret_key = not-checked\n".encode())
         os.close(fd)
         self.log_path = os.path.join(tmp, "agent.log")
         self.log = open(self.log_path, "ab")
@@ -457,12 +473,13 @@ class Agent:
         r = self.ctl("status", timeout=10)
         check(r.returncode == 0, f"{what}: 'ckptctl status' failed: {r.stderr}")
 
-    def save(self, step, seconds=40):
+    def save(self, step, seconds=40, rank=0, world=1):
         """ckpt_fixture's save of step: (exit code, stderr, seconds taken)."""
         t0 = time.monotonic()
         try:
             r = subprocess.run([os.environ["CKPT_FIXTURE_BIN"], "--endpoint", self.sock,
-                                "--job", JOB, "--step", str(step), "--seed", str(step)],
+                                "--job", JOB, "--step", str(step), "--seed", str(step),
+                                "--rank", str(rank), "--world", str(world)],
                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                timeout=seconds)
         except subprocess.TimeoutExpired:
@@ -665,6 +682,64 @@ def scenario_silent(agent, store, good, tmp):
     store.release.clear()
 
 
+def single_writer(tmp):
+    """Two agents on a store that ignores If-None-Match (see the top)."""
+    store = Store()
+    store.ignore_inm = True
+    srv = serve(store)
+    endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
+    agents = [Agent(os.path.join(tmp, f"w{i}"), endpoint, node=f"w{i}", access_key=f"w{i}")
+              for i in range(2)]
+    manifest_puts = lambda who, step: [
+        1 for w, m, k in store.who
+        if w == who and m == "PUT" and k.endswith(f"step-{step:012d}/manifest.json")]
+
+    def save_both(step, seconds):
+        out = [None, None]
+        ts = [threading.Thread(target=lambda r=r: out.__setitem__(
+            r, agents[r].save(step, seconds, rank=r, world=2))) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+    try:
+        for a in agents:
+            a.wait_ready()
+            r = a.ctl("status")
+            check("one writer (rank 0's node)" in r.stdout,
+                  f"{a.sock}: status does not say one writer:\n{r.stdout}")
+        out = save_both(1, 40)
+        check(all(o[0] == 0 for o in out), f"step 1 on that store: {out}")
+        check(manifest_puts("w1", 1) == [] and len(manifest_puts("w0", 1)) == 1,
+              f"step 1's manifest: w0 put it {len(manifest_puts('w0', 1))} times, "
+              f"w1 {len(manifest_puts('w1', 1))}")
+        # rank 0's node cannot put step 2's manifest: w1 must not take over
+        store.set_fault("manifest_2_fails")
+        out = save_both(2, 60)
+        check(all(o[0] != 0 for o in out), f"step 2 committed without a manifest: {out}")
+        check(manifest_puts("w0", 2) and not manifest_puts("w1", 2),
+              f"step 2's manifest: w0 tried {len(manifest_puts('w0', 2))} puts, w1 "
+              f"{len(manifest_puts('w1', 2))} (it must never take over)")
+        check(2 not in committed_steps(store), "step 2 has a manifest")
+        store.set_fault(None)
+        r = agents[1].ctl("commit", "--finish", JOB, "2", timeout=30)
+        check(r.returncode == 0, f"commit --finish by hand: {r.stdout}{r.stderr}")
+        check(committed_steps(store) == [1, 2], f"committed {committed_steps(store)}")
+        r = agents[0].ctl("verify", JOB, "2", timeout=60)
+        check(r.returncode == 0, f"verify of step 2 committed by hand: {r.stdout}{r.stderr}")
+    except Failed as e:
+        raise Failed(f"{e}\nw0's log:\n{agents[0].log_tail()}\nw1's log:\n{agents[1].log_tail()}")
+    finally:
+        store.release.set()
+        for a in agents:
+            a.stop()
+            a.log.close()
+        srv.shutdown()
+        srv.server_close()
+
+
 def run(tmp):
     store = Store()
     srv = serve(store)
@@ -722,6 +797,10 @@ def run(tmp):
         check(took < 12, f"ckptd took {took:.1f} s to stop with a request unanswered")
         print(f"ok: stopped in {took:.1f} s with a request unanswered")
         check(106 not in committed_steps(store), "step 106 was committed")
+        t0 = time.monotonic()
+        single_writer(tmp)
+        print(f"ok: a store that ignores If-None-Match: one writer, no takeover "
+              f"({time.monotonic() - t0:.1f} s)")
         return 0
     except Failed as e:
         print(f"FAIL: {e}\nagent log:\n{agent.log_tail()}")
