@@ -78,11 +78,11 @@ static uint64_t announced(const void *buf)
 }
 
 int store_read_header(struct storage *s, const char *job, int64_t step, const char *file,
-                      struct st_header **out, uint64_t *size, char *err)
+                      uint64_t hint, struct st_header **out, uint64_t *size, char *err)
 {
 	struct storage_shard *sh = NULL;
 	char path[512], why[IPC_ERRLEN] = "";
-	uint64_t want = HEAD_READ;
+	uint64_t want = hint && hint <= ST_MAX_HEADER + 8 ? hint : HEAD_READ;
 	void *buf = NULL;
 	int64_t got;
 	int rc;
@@ -140,7 +140,7 @@ int store_check_file(struct storage *s, const char *job, const struct store_clai
 	uint64_t size = 0;
 	int rc, has;
 
-	rc = store_read_header(s, job, c->step, c->file, &h, &size, err);
+	rc = store_read_header(s, job, c->step, c->file, c->header_bytes, &h, &size, err);
 	s->ops->shard_path(s, job, c->step, c->file, path, sizeof(path));
 	if (rc == -EBADMSG && size != c->size) /* what is wrong first: its size */
 		return ipc_errf(err, rc, "%s is %" PRIu64 " bytes, not %" PRIu64, path, size,

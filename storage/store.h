@@ -104,12 +104,13 @@ int store_cleanup(struct storage *s, const char *job, const struct storage_clean
 
 /*
  * The safetensors header of shard `file` of (job, step): one small read
- * (a second only for a header past 64 KiB), parsed as hostile input; *size:
- * the file's. -ENOENT: not there; -EBADMSG: not a safetensors header that
- * fits the file.
+ * of `hint` bytes (what the header is said to be; 0: 64 KiB), a second
+ * only where the header is longer, parsed as hostile input; *size: the
+ * file's. -ENOENT: not there; -EBADMSG: not a safetensors header that fits
+ * the file.
  */
 int store_read_header(struct storage *s, const char *job, int64_t step, const char *file,
-                      struct st_header **out, uint64_t *size, char *err);
+                      uint64_t hint, struct st_header **out, uint64_t *size, char *err);
 
 /* What a part or a manifest says of one rank's file. */
 struct store_claim {
@@ -125,8 +126,8 @@ struct store_claim {
  * Whether the file is what c says: there, of its size, its header of
  * header_bytes and of c's run and rank, stamped with c's step and save (a
  * file an older agent wrote carries no stamp: then c claims none). One read
- * of its head. 0; -EBADMSG saying what differs; else why it could not be
- * read (-ENOENT: not there; -EIO, ...).
+ * of its header (header_bytes, rounded up to 4 KiB). 0; -EBADMSG saying what differs; else why it
+ * could not be read (-ENOENT: not there; -EIO, ...).
  */
 int store_check_file(struct storage *s, const char *job, const struct store_claim *c, char *err);
 
