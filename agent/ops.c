@@ -396,6 +396,8 @@ static void show_run(struct work *w)
 	int rc;
 
 	rc = store_read_manifest(op->store, op->job, op->step, &m, err);
+	if (rc == -EINVAL || rc == -EFBIG) /* there, and unreadable: damaged, not absent */
+		rc = -EBADMSG;
 	if (!rc)
 		rc = manifest_to_json(m, &json, &len, err);
 	if (rc) {

@@ -213,6 +213,13 @@ START_TEST(only_step_damaged)
 	ck_assert_msg(strstr(ckpt_last_error(j.c), "manifest"), "%s", ckpt_last_error(j.c));
 	free(notes);
 	ck_assert_int_eq(ckpt_restore(j.p, 1, NULL, NULL), -EBADMSG);
+	/* show says damaged too (DATA_LOSS: EBADMSG), not a usage error nor "not there" */
+	{
+		char out[4096];
+
+		ck_assert_int_eq(h_ctl(&j.a, out, sizeof(out), "--json show od 1"), 1);
+		ck_assert_msg(strstr(out, "\"EBADMSG\"") && strstr(out, "manifest"), "%s", out);
+	}
 
 	/* the step's directory gone while LATEST names it: checkpoints were there */
 	h_path(&j.a, path, sizeof(path), "od/step-000000000001");
