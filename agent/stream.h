@@ -7,7 +7,9 @@
  *                  the save's FINISH (exact size + fsync) -> DURABLE
  *   capture_gpu.c  COPY for a CUDA plan: the trainer's event, then the copies
  *                  on the plan's lane; the plan's captures one at a time
- *   restore.c      builds the extents of a restore or verify, and answers
+ *   restore.c      builds the extents of a restore, and answers
+ *   restore_group.c the ranks of a node restoring one step read it once
+ *   verify.c       builds the extents of a verify, and answers
  *   stream_read.c  the reader: READ -> HASH+COPY -> RELEASE, window by window
  *
  * Included by those files only: it includes agent.h, never the other way.
@@ -132,6 +134,25 @@ void reader_free(struct reader *r);
 /* A problem, named (at most 100 kept); a restore (not collect) stops at the first. */
 void reader_problem(struct reader *r, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- read-once: ranks of this node restoring one step (restore_group.c) */
+
+/* What a read with the other ranks came to, for the restore's account and its log. */
+struct together {
+	uint64_t read; /* bytes read for it: the group's, for its leader (0 otherwise) */
+	uint64_t delivered; /* its own bytes, delivered by the group's read (0: not) */
+	size_t n; /* ranks read together, itself included (0: it reads alone) */
+};
+
+/*
+ * Capture worker: r's extents (plan's, step of the root's manifest m) read
+ * with the other ranks of this node restoring that step now: true if they
+ * are all in place; false to read alone (no other plan of the job here,
+ * out of memory, ranks that share less than a quarter of their bytes, or a
+ * problem in the group's read). *t says what came of it either way.
+ */
+bool restore_read_together(struct agent *a, struct plan *plan, struct reader *r, int64_t step,
+                           const struct manifest *m, struct together *t);
 
 /* ---- which saved chunks serve a plan's tensors (restore_map.c) --------- */
 
