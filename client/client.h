@@ -221,6 +221,15 @@ void cl_away_reason(struct ckpt_client *c, char *buf, size_t len);
 /* On a client's session thread, that client (cl_fail keeps its messages apart). */
 extern __thread struct ckpt_client *cl_session_thread;
 
+/*
+ * An options struct that carries its size first (ckpt_plan_opts,
+ * ckpt_restore_opts) into out (`known` bytes, zeroed first): fields past
+ * what the caller knows stay zero, their defaults; fields we do not know
+ * must be zero (-E2BIG); at least `least` bytes (-EINVAL). `name` for
+ * messages.
+ */
+int cl_opts_take(const void *in, void *out, size_t known, size_t least, const char *name,
+                 char *err);
 /* Records a failure's message for ckpt_last_error; returns err. */
 int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
