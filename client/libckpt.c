@@ -13,6 +13,7 @@
  * made meanwhile wait for it (cl_enter); a save is refused at once.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,12 +195,20 @@ static void close_call(struct ckpt_client *c)
 	c->sdetails = grpc_empty_slice();
 }
 
+/*
+ * No keepalive pings, whatever gRPC's default: an agent that dies closes
+ * its socket, and one stalled past a ping's timeout (a loaded machine) is
+ * still the agent: the session must not end for it.
+ */
 static grpc_channel *channel_new(const char *endpoint)
 {
-	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
-	                     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-	                     .value.integer = IPC_MAX_MESSAGE}};
-	grpc_channel_args cargs = {1, args};
+	grpc_arg args[] = {
+	    {.type = GRPC_ARG_INTEGER,
+	     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+	     .value.integer = IPC_MAX_MESSAGE},
+	    {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = INT_MAX},
+	};
+	grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 	grpc_channel *ch = grpc_channel_create(endpoint, creds, &cargs);
 
