@@ -4,7 +4,9 @@
  * the agent and the trainer are stalled in turn (SIGSTOP, SIGCONT: a
  * machine that stops answering for seconds) sees every save commit and its
  * session never end: libckpt never says "attaching again", and the agent
- * saw one attach.
+ * saw one attach. A session that ends while the agent still runs (it is
+ * stopping, a save past CAPTURED still writing) is said to have ended so,
+ * never that the agent went away.
  */
 #include <errno.h>
 #include <poll.h>
@@ -207,11 +209,52 @@ START_TEST(live_agent_under_load)
 		waitpid(hogs[i], NULL, 0);
 	}
 	h_read_all(open(err_path, O_RDONLY), err, sizeof(err));
-	fprintf(stderr, "live_agent_under_load: %s saves committed\n", strtok(saved, "\n"));
+	saved[strcspn(saved, "\n")] = '\0';
+	fprintf(stderr, "live_agent_under_load: %s saves committed\n", saved);
 	ck_assert_msg(atoi(saved) >= 1, "no save committed");
 	/* libckpt says nothing unless something went wrong ("attaching again", ...) */
 	ck_assert_msg(!strstr(err, "libckpt:"), "libckpt took a live agent for gone: %s", err);
 	ck_assert_int_eq(log_count(&a, ") attached"), 1);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
+ * Stopping, an agent ends the session of a trainer whose save is CAPTURED
+ * and still writing (a minute a chunk: the agent surely still runs): the
+ * save fails saying the session ended while the agent still runs, never
+ * that it went away.
+ */
+START_TEST(stopping_agent_is_not_gone)
+{
+	int64_t shape[1] = {2 << 20};
+	struct ckpt_tensor t = {"w", CKPT_U8, 1, shape, NULL, NULL, NULL};
+	struct agent_proc a;
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	char msg[256];
+
+	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1",
+	                  "CKPT_FAULTS=io_write:slow=60000:path=*/" JOB "/*:count=inf");
+	c = h_connect(&a);
+	ck_assert_int_eq(ckpt_host_alloc(c, (size_t)shape[0], &t.data), 0);
+	ck_assert_int_eq(ckpt_plan_create(c, JOB, 0, 1, &t, 1, &p), 0);
+	ck_assert_int_eq(ckpt_save(p, 1, NULL, &s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_CAPTURED, 60000), 0);
+	kill(a.pid, SIGTERM);
+	/* a call wakes the control thread, which then sees the signal at once */
+	h_raw_call(&a, "/ckpt.v1.Ckpt/Status", "", 0, msg, sizeof(msg));
+	ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), -EIO);
+	ck_assert_msg(strstr(ckpt_save_reason(s), "the session with ckptd") &&
+	                  strstr(ckpt_save_reason(s), "still runs") &&
+	                  !strstr(ckpt_save_reason(s), "went away"),
+	              "%s", ckpt_save_reason(s));
+	ckpt_save_release(s);
+	h_agent_kill(&a); /* not the minute a chunk its stop would wait */
+	ckpt_plan_destroy(p);
+	ckpt_host_free(c, t.data);
+	ckpt_disconnect(c);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -233,6 +276,7 @@ int main(int argc, char **argv)
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, live_agent_under_load);
+	tcase_add_test(tc, stopping_agent_is_not_gone);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
