@@ -237,4 +237,3 @@ bool restore_read_together(struct agent *a, struct plan *plan, struct reader *r,
 				r->ext[i].box->next = 0;
 	return ok;
 }
-

@@ -12,6 +12,7 @@
  * final status batch, and the owner's reference.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -558,15 +559,23 @@ static void on_shutdown(struct rpc *c, bool ok)
 
 int server_create(const struct server_opts *o, struct server **out, char *err)
 {
-	grpc_arg args[2] = {
+	/*
+	 * No keepalive pings (gRPC's server sends one every 2 h and closes the
+	 * connection when 20 s pass without its answer): on a Unix socket a
+	 * client that dies is seen at once (its socket closes), and a trainer
+	 * stalled past the 20 s (a loaded machine, a debugger) would lose its
+	 * session, plans and saves in flight while both still run.
+	 */
+	grpc_arg args[] = {
 	    {.type = GRPC_ARG_INTEGER,
 	     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
 	     .value.integer = IPC_MAX_MESSAGE},
 	    {.type = GRPC_ARG_INTEGER,
 	     .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
 	     .value.integer = IPC_MAX_MESSAGE},
+	    {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = INT_MAX},
 	};
-	grpc_channel_args cargs = {2, args};
+	grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
 	struct server *s;
 	int rc;
 

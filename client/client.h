@@ -190,6 +190,12 @@ void cl_cred_close(struct ckpt_client *c);
 void cl_metadata(struct ckpt_client *c, grpc_op *op);
 /* Hands a region's descriptor to the agent; its ticket for RegisterRegion. */
 int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *ticket);
+/*
+ * Whether the agent's process still holds our credentials connection after
+ * timeout_ms: its end (a crash, a kill, an exit) closes it, an agent that
+ * only ended the session keeps it. The session thread's, at a stream's end.
+ */
+bool cl_cred_peer_alive(struct ckpt_client *c, int timeout_ms);
 
 /*
  * Around each API call that talks to the agent on a trainer's client: waits

@@ -1,7 +1,8 @@
 /*
  * The client's end of the credentials socket (ipc.h): connect, read the
  * hello's token (the agent learnt our uid from the kernel), send the token
- * with every call, and hand host regions over as descriptors.
+ * with every call, hand host regions over as descriptors, and tell whether
+ * the agent's process is still there (cl_cred_peer_alive).
  *
  * Any thread; region hand-overs one at a time (c->cred_mu).
  */
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -30,10 +32,10 @@ static bool in_group(gid_t g)
 	int n = getgroups(256, v);
 
 	if (getegid() == g)
-		return true;
+		return false;
 	for (int i = 0; i < n; i++)
 		if (v[i] == g)
-			return true;
+			return false;
 	return false;
 }
 
@@ -152,4 +154,18 @@ int cl_cred_send_region(struct ckpt_client *c, int fd, uint64_t size, uint64_t *
 		return cl_fail(c, in.status, "ckptd refused a host region: %s", in.message);
 	*ticket = in.ticket;
 	return 0;
+}
+
+bool cl_cred_peer_alive(struct ckpt_client *c, int timeout_ms)
+{
+	struct pollfd p = {.fd = c->cred_sock, .events = 0};
+	int n;
+
+	if (c->cred_sock < 0)
+		return false;
+	/* A hang-up is reported whatever the events asked; nothing else wakes this poll. */
+	do
+		n = poll(&p, 1, timeout_ms);
+	while (n < 0 && errno == EINTR);
+	return n == 0;
 }

@@ -13,6 +13,7 @@
  * made meanwhile wait for it (cl_enter); a save is refused at once.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 
 #include "client.h"
 
@@ -31,6 +33,9 @@
 #define RECONNECT_MAX_S 86400
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
+/* A stream that ended has its status within this; a dying agent closes our sockets within that. */
+#define STATUS_WAIT_MS 5000
+#define HANGUP_WAIT_MS 500
 
 /* Why the last connect of this thread failed: ckpt_last_error(NULL). */
 static __thread char open_error[1024];
@@ -155,6 +160,38 @@ static void session_lost(struct ckpt_client *c, const char *why)
 	open_fences(c);
 }
 
+/*
+ * The session stream ended without our asking: how, in words, into buf.
+ * Its status, and whether the agent's process is gone: its end closes our
+ * credentials connection in the same exit (a crash, a kill, the kernel out
+ * of memory), while a live agent keeps it open (one stopping, or a
+ * connection cut by either side). So a live agent is never said to have
+ * gone away.
+ */
+static void stream_end(struct ckpt_client *c, char *buf, size_t len)
+{
+	struct attach_tags *t = &c->atags;
+	char status[192] = "no status came";
+
+	if (wait_flag(c, t, &t->status, cl_deadline(STATUS_WAIT_MS))) {
+		char *details = grpc_slice_to_c_string(c->sdetails);
+
+		snprintf(status, sizeof(status), "gRPC status %d%s%.160s", (int)c->sstatus,
+		         *details ? ": " : "", details);
+		gpr_free(details);
+	}
+	if (cl_cred_peer_alive(c, HANGUP_WAIT_MS))
+		snprintf(buf, len,
+		         "the session with ckptd at %s ended (%s) while ckptd still runs (it is "
+		         "stopping, or the connection was cut)",
+		         c->endpoint, status);
+	else
+		snprintf(buf, len,
+		         "ckptd at %s went away (its process ended: stopped, restarted, killed or "
+		         "crashed; the session stream said %s)",
+		         c->endpoint, status);
+}
+
 /* Ends the session's call and its queue (the session thread, or at free). */
 static void close_call(struct ckpt_client *c)
 {
@@ -194,12 +231,20 @@ static void close_call(struct ckpt_client *c)
 	c->sdetails = grpc_empty_slice();
 }
 
+/*
+ * No keepalive pings, whatever gRPC's default: an agent that dies closes
+ * its socket, and one stalled past a ping's timeout (a loaded machine) is
+ * still the agent: the session must not end for it.
+ */
 static grpc_channel *channel_new(const char *endpoint)
 {
-	grpc_arg args[1] = {{.type = GRPC_ARG_INTEGER,
-	                     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-	                     .value.integer = IPC_MAX_MESSAGE}};
-	grpc_channel_args cargs = {1, args};
+	grpc_arg args[] = {
+	    {.type = GRPC_ARG_INTEGER,
+	     .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+	     .value.integer = IPC_MAX_MESSAGE},
+	    {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = INT_MAX},
+	};
+	grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 	grpc_channel *ch = grpc_channel_create(endpoint, creds, &cargs);
 
@@ -270,7 +315,7 @@ static bool reattach(struct ckpt_client *c)
 {
 	int64_t t0 = mono_ms(), deadline = t0 + c->reconnect_ms;
 	unsigned backoff = BACKOFF_FIRST_MS, nplans = 0, nregions = 0;
-	char last[IPC_ERRLEN] = "";
+	char last[IPC_ERRLEN] = "", how[IPC_ERRLEN];
 	bool closing;
 	int rc;
 
@@ -279,20 +324,28 @@ static bool reattach(struct ckpt_client *c)
 		pthread_mutex_unlock(&c->mu);
 		return false;
 	}
+	/* no call goes out from now on: saves are FAILED at once, meanwhile saying this */
 	c->away = true;
+	snprintf(c->away_why, sizeof(c->away_why),
+	         "the session with ckptd at %s ended; libckpt attaches again: save again once it "
+	         "has",
+	         c->endpoint);
+	open_fences(c); /* the GPU does not wait while stream_end looks */
+	pthread_mutex_unlock(&c->mu);
+	stream_end(c, how, sizeof(how));
+	pthread_mutex_lock(&c->mu);
 	/* calls in flight fail fast (nobody answers) or finish: none may see the swap */
 	while (c->calls)
 		pthread_cond_wait(&c->cv, &c->mu);
 	/* then every save, a reply that came in meanwhile included, is told */
 	snprintf(c->away_why, sizeof(c->away_why),
-	         "ckptd at %s went away (restarted, upgraded or stopped) before this save was "
-	         "committed here (one past CAPTURED may still commit: ckptctl list); libckpt "
-	         "attaches again when it is back: save again then",
-	         c->endpoint);
+	         "%s, before this save was committed here (one past CAPTURED may still commit: "
+	         "ckptctl list); libckpt attaches again: save again once it has",
+	         how);
 	session_lost(c, c->away_why);
 	pthread_mutex_unlock(&c->mu);
-	fprintf(stderr, "libckpt: ckptd at %s went away: attaching again (for up to %d s)\n",
-	        c->endpoint, c->reconnect_ms / 1000);
+	fprintf(stderr, "libckpt: %s: attaching again (for up to %d s)\n", how,
+	        c->reconnect_ms / 1000);
 	close_call(c);
 	for (;;) {
 		rc = attach_again(c);
@@ -344,6 +397,8 @@ __thread struct ckpt_client *cl_session_thread;
 static void *session_thread(void *arg)
 {
 	struct ckpt_client *c = arg;
+	char how[IPC_ERRLEN] = "";
+	bool said;
 
 	cl_session_thread = c;
 	do
@@ -354,10 +409,18 @@ static void *session_thread(void *arg)
 	 * the user's saves keep their states and waits return -ENOTCONN.
 	 */
 	pthread_mutex_lock(&c->mu);
+	said = c->gone || c->closing;
+	pthread_mutex_unlock(&c->mu);
+	if (!said) /* $CKPT_RECONNECT_SECONDS=0: calls are told how it ended */
+		stream_end(c, how, sizeof(how));
+	pthread_mutex_lock(&c->mu);
 	if (!c->gone) {
 		c->gone = true;
-		snprintf(c->away_why, sizeof(c->away_why), "the connection to ckptd at %s was lost",
-		         c->endpoint);
+		if (how[0])
+			snprintf(c->away_why, sizeof(c->away_why), "%s", how);
+		else
+			snprintf(c->away_why, sizeof(c->away_why),
+			         "the connection to ckptd at %s was lost", c->endpoint);
 		open_fences(c);
 	}
 	pthread_mutex_unlock(&c->mu);

@@ -24,6 +24,21 @@
 
 #define MIB (1024.0 * 1024.0)
 
+/*
+ * The MiB of the big saves. Under TSan each byte a process touches costs
+ * four of shadow: a 1 GiB save took 5 GiB in the trainer and up to 9 GiB in
+ * the agent (its pool and the trainer's memory it read), and the TSan stage
+ * runs test_abort_stop beside the other tests. Two such saves at once
+ * outgrew a 24 GiB machine, and the kernel killed an agent mid-save (its
+ * trainer rightly saw it go). The sanitizer builds check memory and races,
+ * not sizes: a quarter there.
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define BIG_MB 256
+#else
+#define BIG_MB 1024
+#endif
+
 static void sleep_ms(long ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
@@ -158,9 +173,9 @@ static pid_t trainer(const struct agent_proc *a, const char *job, long step, lon
 /* ---- the tests ------------------------------------------------------------ */
 
 /*
- * 1 GiB in two saves of 512 MiB, each of which fits in the staging pool (all
- * its chunks reserved at once: no wait for room, where an abort was always
- * seen), copied one after the other by a single capture worker without
+ * 1 GiB (BIG_MB) in two saves of 512 MiB, each of which fits in the staging
+ * pool (all its chunks reserved at once: no wait for room, where an abort
+ * was always seen), copied one after the other by a single capture worker without
  * helpers. While the first is being copied the trainer drops the second's
  * plan (its save aborted before its copy begins) and dies (the first aborted
  * too, if the agent sees it before that copy ends). The second copies at most
@@ -168,15 +183,18 @@ static pid_t trainer(const struct agent_proc *a, const char *job, long step, lon
  */
 START_TEST(abort_stops_copies)
 {
-	const double half = 512 * MIB;
+	const double half = BIG_MB / 2 * MIB;
 	struct agent_proc a;
 	double captured, written;
 	unsigned port;
+	char args[160];
 
-	start_with_metrics(&a, &port,
-	                   "--staging-mb 1088 --chunk-mb 1 --capture-threads 1 --copy-threads 0 "
-	                   "--queue-depth 1 --no-lock");
-	ck_assert_int_eq(h_reap(trainer(&a, "doomed", 1, 512, "two-die")), 128 + SIGKILL);
+	snprintf(args, sizeof(args),
+	         "--staging-mb %d --chunk-mb 1 --capture-threads 1 --copy-threads 0 "
+	         "--queue-depth 1 --no-lock",
+	         BIG_MB + 64);
+	start_with_metrics(&a, &port, args);
+	ck_assert_int_eq(h_reap(trainer(&a, "doomed", 1, BIG_MB / 2, "two-die")), 128 + SIGKILL);
 	ck_assert_msg(metric_reaches(port, "ckptd_saves_in_flight", 0, false, 120000),
 	              "the dead trainer's saves did not end");
 	ck_assert(metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
@@ -186,12 +204,11 @@ START_TEST(abort_stops_copies)
 	              "the steps were not let go");
 	captured = metric(port, "ckptd_captured_bytes_total");
 	written = metric(port, "ckptd_written_bytes_total");
-	fprintf(stderr,
-	        "abort_stops_copies: %.1f MiB copied of the two saves' 1024, %.1f written\n",
-	        captured / MIB, written / MIB);
+	fprintf(stderr, "abort_stops_copies: %.1f MiB copied of the two saves' %d, %.1f written\n",
+	        captured / MIB, BIG_MB, written / MIB);
 	ck_assert_msg(captured <= half + 2 * MIB,
-	              "%g MiB copied of the two saves' 1024: the copies went on after the abort",
-	              captured / MIB);
+	              "%g MiB copied of the two saves' %d: the copies went on after the abort",
+	              captured / MIB, BIG_MB);
 	ck_assert_msg(written <= captured, "%g MiB written, %g MiB copied", written / MIB,
 	              captured / MIB);
 	ck_assert(metric(port, "ckptd_pool_used_bytes") == 0);
@@ -289,7 +306,7 @@ struct stopped {
 };
 
 /*
- * A trainer's save of 1 GiB, one 1 MiB write at a time, CAPTURED with some
+ * A trainer's save of 1 GiB (BIG_MB), one 8 MiB write at a time, CAPTURED with some
  * of it still to write; SIGTERM, and once the stop has begun the agent is
  * frozen (SIGSTOP) for freeze_ms: a disk that stalls, its writes standing
  * still while its clock runs on.
@@ -299,25 +316,29 @@ struct stopped {
  * 50 ms late, 6.4 s for the 1 GiB), so the stop always comes while it
  * writes, however fast the disk and however loaded the machine. Under a
  * sanitizer the copy into staging is slow too (it overlaps the writes):
- * 400 ms each, 51 s in all, so that writes are still left at CAPTURED.
+ * 800 ms each, 26 s for its 256 MiB, so that writes are still left at
+ * CAPTURED.
  */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SLOW_WRITES "CKPT_FAULTS=io_write:slow=400:path=*/big/*:count=inf"
+#define SLOW_WRITES "CKPT_FAULTS=io_write:slow=800:path=*/big/*:count=inf"
 #else
 #define SLOW_WRITES "CKPT_FAULTS=io_write:slow=50:path=*/big/*:count=inf"
 #endif
 
-static struct stopped save_then_stop(const char *args, long step, int freeze_ms)
+static struct stopped save_then_stop(const char *more_args, long step, int freeze_ms)
 {
-	int64_t shape[1] = {1024LL << 20};
+	int64_t shape[1] = {(int64_t)BIG_MB << 20};
 	struct ckpt_tensor t = {"blob", CKPT_U8, 1, shape, NULL, NULL, NULL};
 	struct stopped r = {false, false, false};
 	struct agent_proc a;
 	struct ckpt_client *c;
 	struct ckpt_plan *p;
 	struct ckpt_save *s;
-	char out[8192], want[128];
+	char out[8192], want[128], args[160];
 
+	/* the whole save fits in the pool: CAPTURED once copied, whatever is left to write */
+	snprintf(args, sizeof(args), "--staging-mb %d --chunk-mb 8 --queue-depth 1 --no-lock %s",
+	         BIG_MB + 16, more_args);
 	h_agent_start_env(&a, args, SLOW_WRITES);
 	ck_assert_int_eq(ckpt_connect(a.endpoint, &c), 0);
 	ck_assert_int_eq(ckpt_host_alloc(c, (size_t)shape[0], &t.data), 0);
@@ -360,8 +381,7 @@ START_TEST(stop_commits_captured_save)
 #else
 	const int freeze_ms = 125000; /* past the 120 s a stop used to give saves */
 #endif
-	struct stopped r = save_then_stop(
-	    "--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock", 1, freeze_ms);
+	struct stopped r = save_then_stop("", 1, freeze_ms);
 
 	ck_assert_msg(r.committed,
 	              "the save past CAPTURED was not committed before the agent exited");
@@ -376,10 +396,7 @@ END_TEST
  */
 START_TEST(stop_timeout_fails_save)
 {
-	struct stopped r =
-	    save_then_stop("--staging-mb 1040 --chunk-mb 8 --queue-depth 1 --no-lock "
-	                   "--stop-timeout 1",
-	                   2, 1500);
+	struct stopped r = save_then_stop("--stop-timeout 1", 2, 1500);
 
 	ck_assert_msg(!r.committed, "a save still writing at stop_timeout was committed");
 	ck_assert_msg(r.cut, "the save cut short at stop is logged FAILED with what was left");

@@ -128,9 +128,10 @@ START_TEST(sigkill_under_a_saving_trainer)
 	              "step 3 never started (%s)", a.log);
 #endif
 	h_agent_kill(&a);
-	/* the save in flight ends FAILED, saying why */
+	/* the save in flight ends FAILED, saying why: its agent's process is gone */
 	ck_assert_int_eq(ckpt_save_wait(s, CKPT_COMMITTED, 60000), -EIO);
-	ck_assert_msg(strstr(ckpt_save_reason(s), "went away"), "%s", ckpt_save_reason(s));
+	ck_assert_msg(strstr(ckpt_save_reason(s), "went away (its process ended"), "%s",
+	              ckpt_save_reason(s));
 	ckpt_save_release(s);
 	a.env[0] = '\0';
 	h_agent_restart(&a);
