@@ -7,6 +7,9 @@ PyPI in the test environment, skipped without it):
 - attach(): parameters and state moved into ckpt host memory, save returns
   before the capture, the optimizer's step waits for it, and the checkpoint
   holds the values at save, not after the step; close() moves them back;
+- optimizer.load_state_dict on an attached optimizer (new state tensors,
+  the same structure): the next saves hold the loaded state, before a step
+  and after one, not the state of before the load;
 - tensors shared by two keys (tied weights) saved once, and tied again;
 - clear errors naming the key (non-contiguous, an object, complex, a bad
   key, tensors on two devices) and nothing saved; loading a tensor the
@@ -169,6 +172,42 @@ def test_attach(ag):
     assert all(not any(r.holds(p) for r in ck._regions) for p in ps) and not ck._regions
     train(model, opt, 1)  # the tensors live on in ordinary memory
     print("attach: saved in place, the step waited for the capture, the values at save")
+
+
+def test_load_state_dict(ag):
+    """opt.load_state_dict() on an attached optimizer puts new state tensors
+    in (the same names, dtypes and shapes, other storage): the plan that
+    read the old ones in place must not serve the next save, before the next
+    step (the loaded tensors, copied) nor after it (moved, read in place)."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    other_model = mlp(seed=4)
+    other = torch.optim.AdamW(other_model.parameters(), lr=1e-2)
+    train(other_model, other, 5, seed=6)  # another state, and another step count
+    loaded = copy.deepcopy(other.state_dict())
+    with Checkpointer("reload", 0, 1, ag.endpoint) as ck:
+        ck.attach(opt)
+        train(model, opt, 3)
+        ck.save(1, {"model": model.state_dict(), "optim": opt.state_dict()}).result()
+        opt.load_state_dict(copy.deepcopy(loaded))
+        twin = copy.deepcopy(model)  # plain memory, not attached: what the steps give
+        twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+        twin_opt.load_state_dict(copy.deepcopy(loaded))
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        same(loaded["state"], sd["optim"]["state"], "the state load_state_dict put in")
+        want = {2: copy.deepcopy(sd)}
+        ck.save(2, sd).result()
+        train(model, opt, 1, seed=9)
+        train(twin, twin_opt, 1, seed=9)
+        state = [t for st in opt.state.values() for t in st.values()]
+        assert all(ck._in_region(t) for t in state), "the loaded state was not moved"
+        want[3] = {"model": twin.state_dict(), "optim": twin_opt.state_dict()}
+        ck.save(3, {"model": model.state_dict(), "optim": opt.state_dict()}).result()
+        for step in (2, 3):
+            got = {"model": mlp(7).state_dict(), "optim": {}}
+            assert ck.load(got, step=step)[0] == step
+            same(want[step], got, "step %d" % step)
+    print("load_state_dict: the next saves hold the loaded state, before and after a step")
 
 
 def test_tied(ag):
@@ -361,8 +400,8 @@ def test_agent_restart(ag):
 
 
 def main():
-    run_tests("cktorch.", test_roundtrip, test_attach, test_tied, test_errors, test_dcp,
-              test_resume, test_agent_restart)
+    run_tests("cktorch.", test_roundtrip, test_attach, test_load_state_dict, test_tied,
+              test_errors, test_dcp, test_resume, test_agent_restart)
 
 
 if __name__ == "__main__":
