@@ -532,6 +532,25 @@ static bool wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag,
 }
 
 /*
+ * The program's file name, for the agent's log ("libckpt" where unknown).
+ * The whole path is read first: a path cut at the name's buffer cut the name.
+ */
+static void prog_name(char *out, size_t len)
+{
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	const char *base;
+
+	if (n <= 0) {
+		snprintf(out, len, "libckpt");
+		return;
+	}
+	exe[n] = '\0'; /* readlink does not end it */
+	base = strrchr(exe, '/');
+	snprintf(out, len, "%s", base ? base + 1 : exe);
+}
+
+/*
  * Opens the Attach stream and reads the session id, before the thread
  * starts. The stream's status is asked for at once, so a refusal reaches the
  * caller in the agent's words.
@@ -543,13 +562,12 @@ static int attach(struct ckpt_client *c)
 	int rc = 0;
 	grpc_byte_buffer *in = NULL;
 	Ckpt__V1__SessionEvent *ev = NULL;
-	char prog[64] = "libckpt", err[IPC_ERRLEN];
+	char prog[64], err[IPC_ERRLEN];
 	grpc_call *call;
 	grpc_op ops[4];
 
-	if (readlink("/proc/self/exe", prog, sizeof(prog) - 1) > 0)
-		prog[sizeof(prog) - 1] = '\0';
-	req.client = strrchr(prog, '/') ? strrchr(prog, '/') + 1 : prog;
+	prog_name(prog, sizeof(prog));
+	req.client = prog;
 	req.pid = (uint32_t)getpid();
 	req.version = (char *)ipc_release();
 	req.protocol = ipc_protocol();

@@ -73,16 +73,34 @@ alive() {
 	[[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${prog[$1]}" && $cmdline == *" $conf "* ]]
 }
 
+# Whether PID, kept for daemon NAME, is still on its way to being it: a
+# child of this script, not a zombie, that has not yet become the program.
+# A background job is first this shell's fork, then setsid, and only then
+# the daemon (each execs the next in the same PID); a loaded machine can
+# hold it there for a while, and alive says no all that time.
+launching() { # NAME PID
+	local stat st ppid
+	stat=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
+	read -r st ppid _ <<<"${stat##*) }"
+	[[ $st != Z && $ppid == "$$" && $(cat "/proc/$2/comm" 2>/dev/null) != "${prog[$1]}" ]]
+}
+
 # Starts daemon NAME in the foreground of a background job (its output to
-# DIR/log/NAME.out) and keeps its PID.
+# DIR/log/NAME.out), keeps its PID, and returns once that PID is the program
+# or has ended (30 s at most), so that alive tells the truth from then on.
 # In a session of its own: a caller's process group may be killed when it
 # ends (libcheck kills a test's), and a gateway started again by a test
 # outlives it.
 start() {
-	local name=$1
+	local name=$1 pid i
 	shift
 	setsid "$@" -c "$conf" -f </dev/null >>"$dir/log/$name.out" 2>&1 &
-	echo $! >"$dir/pid.$name"
+	pid=$!
+	echo "$pid" >"$dir/pid.$name"
+	for ((i = 0; i < 600; i++)); do
+		launching "$name" "$pid" || return 0
+		sleep 0.05
+	done
 }
 
 # Stops daemon NAME: SIGTERM, then after 10 s SIGKILL; returns once it is gone.
@@ -127,14 +145,15 @@ die() { # MESSAGE [LOG...]
 }
 
 # Runs CMD... every 0.2 s until it succeeds; fails after SECONDS or as soon as
-# daemon NAME has died.
+# daemon NAME has died (one still launching has not).
 await() { # NAME SECONDS WHAT CMD...
 	local name=$1 secs=$2 what=$3 t0 l
 	shift 3
 	t0=$(now)
 	l=("$dir/log/$name.out" "$dir/log/${logs[$name]}.log")
 	until "$@" >/dev/null 2>&1; do
-		alive "$name" || die "${prog[$name]} exited while waiting for $what" "${l[@]}"
+		alive "$name" || launching "$name" "$(cat "$dir/pid.$name" 2>/dev/null)" ||
+			die "${prog[$name]} exited while waiting for $what" "${l[@]}"
 		(($(now) - t0 < secs * 1000000)) || die "waited $secs s in vain for $what" "${l[@]}"
 		sleep 0.2
 	done

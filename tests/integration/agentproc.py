@@ -1,6 +1,7 @@
 """A real ckptd for the Python integration tests: started in a temporary
-directory, ready once `ckptctl status` answers, stopped with SIGTERM (or
-killed and started again on the same root and socket)."""
+directory (with more environment where given: a CKPT_FAULTS plan), ready
+once `ckptctl status` answers, stopped with SIGTERM (or killed and started
+again on the same root and socket)."""
 
 import os
 import signal
@@ -10,8 +11,9 @@ import time
 
 
 class Agent:
-    def __init__(self, ckptd, ckptctl, tmp):
+    def __init__(self, ckptd, ckptctl, tmp, env=None):
         self.ckptd, self.ckptctl = ckptd, ckptctl
+        self.env = dict(os.environ, **env) if env else None
         self.root = os.path.join(tmp, "root")
         self.endpoint = "unix:" + os.path.join(tmp, "ckptd.sock")
         self.log_path = os.path.join(tmp, "agent.log")
@@ -23,7 +25,7 @@ class Agent:
             [self.ckptd, "--config", "/dev/null",  # not the host's /etc/ckptd/ckptd.conf
              "--root", self.root, "--listen", self.endpoint,
              "--staging-mb", "64", "--chunk-mb", "1"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
 
     def kill(self):
         """SIGKILL and wait: the agent crashes."""
@@ -39,6 +41,10 @@ class Agent:
     def log_tail(self):
         with open(self.log_path, "rb") as f:
             return f.read()[-4000:].decode(errors="replace")
+
+    def log_has(self, text):
+        with open(self.log_path, "rb") as f:
+            return text.encode() in f.read()
 
     def wait_ready(self, seconds=30):
         deadline = time.monotonic() + seconds
@@ -70,12 +76,19 @@ class Agent:
         return self.proc.returncode
 
 
-def run_tests(prefix, *tests):
+def fault_injection():
+    """Whether the agent under test takes CKPT_FAULTS (a build with
+    -DCKPT_FAULT_INJECTION=ON: ctest says so in $CKPT_FAULT_INJECTION)."""
+    return os.environ.get("CKPT_FAULT_INJECTION") == "1"
+
+
+def run_tests(prefix, *tests, env=None):
     """Starts an agent in a new temporary directory (under $CK_TMPDIR,
-    named prefix...), runs each test(agent) against it in turn, prints the
-    agent's log if one fails, and stops it: it must exit 0."""
+    named prefix..., with `env` added to its environment), runs each
+    test(agent) against it in turn, prints the agent's log if one fails, and
+    stops it: it must exit 0."""
     tmp = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("CK_TMPDIR"))
-    agent = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp)
+    agent = Agent(os.environ["CKPTD_BIN"], os.environ["CKPTCTL_BIN"], tmp, env)
     try:
         agent.wait_ready()
         for test in tests:

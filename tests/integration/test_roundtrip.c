@@ -1,7 +1,9 @@
 /*
  * Save and restore through a real agent: odd sizes and every dtype, the
  * trainer rewriting its tensors right after CAPTURED, a save larger than the
- * staging pool, 4 ranks of one job, and LATEST after the agent restarts.
+ * staging pool, 4 ranks of one job (run from a path longer than 64 bytes:
+ * the log names them by their program all the same), and LATEST after the
+ * agent restarts.
  */
 #include <errno.h>
 #include <signal.h>
@@ -253,8 +255,9 @@ static int rank_main(const char *endpoint, int rank, bool restore)
 /*
  * Each rank is a fresh process (this program again, with --rank): a trainer
  * per process, as on a real node, and no gRPC state carried across fork.
+ * From `prog`, a copy of it, where given.
  */
-static void run_ranks(const struct agent_proc *a, bool restore)
+static void run_ranks(const struct agent_proc *a, bool restore, const char *prog)
 {
 	pid_t pid[4];
 
@@ -265,8 +268,8 @@ static void run_ranks(const struct agent_proc *a, bool restore)
 		pid[r] = fork();
 		ck_assert_int_ge(pid[r], 0);
 		if (pid[r] == 0) {
-			execl("/proc/self/exe", "test_roundtrip", "--rank", rank, a->endpoint,
-			      restore ? "restore" : "save", (char *)NULL);
+			execl(prog ? prog : "/proc/self/exe", "test_roundtrip", "--rank", rank,
+			      a->endpoint, restore ? "restore" : "save", (char *)NULL);
 			_exit(127);
 		}
 	}
@@ -279,14 +282,35 @@ static void run_ranks(const struct agent_proc *a, bool restore)
 	}
 }
 
+/*
+ * This program copied into a.dir where its path is longer than 64 bytes:
+ * the agent's log names its clients by the program's file name, however
+ * long the path (a name taken from a path cut short is cut too).
+ */
+static void copy_self_far(const struct agent_proc *a, char *prog, size_t len)
+{
+	char cmd[1200];
+
+	snprintf(prog, len,
+	         "%s/a-directory-whose-name-alone-is-longer-than-what-was-kept-of-a-path/"
+	         "test_roundtrip",
+	         a->dir);
+	snprintf(cmd, sizeof(cmd), "mkdir -p \"$(dirname '%s')\" && cp /proc/%d/exe '%s'", prog,
+	         (int)getpid(), prog);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
 START_TEST(four_ranks_one_checkpoint)
 {
 	struct agent_proc a;
-	char out[65536], path[512];
+	char out[65536], path[512], prog[512];
 	json_t *j, *chunks, *embed;
 
 	h_agent_start(&a, NULL);
-	run_ranks(&a, false);
+	copy_self_far(&a, prog, sizeof(prog));
+	run_ranks(&a, false, prog);
+	ck_assert_msg(h_log_has(&a, "client test_roundtrip (pid"),
+	              "the ranks run from %s are not named test_roundtrip in %s", prog, a.log);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "--json list dp"), 0);
 	j = json_loads(out, 0, NULL);
 	ck_assert_msg(j, "list --json is JSON: %s", out);
@@ -311,7 +335,7 @@ START_TEST(four_ranks_one_checkpoint)
 		h_shard(&a, path, sizeof(path), "dp", 10, r);
 		ck_assert_msg(h_exists(path), "%s exists", path);
 	}
-	run_ranks(&a, true);
+	run_ranks(&a, true, NULL);
 	h_agent_cleanup(&a);
 }
 END_TEST

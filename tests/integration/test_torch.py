@@ -7,6 +7,13 @@ PyPI in the test environment, skipped without it):
 - attach(): parameters and state moved into ckpt host memory, save returns
   before the capture, the optimizer's step waits for it, and the checkpoint
   holds the values at save, not after the step; close() moves them back;
+- optimizer.load_state_dict on an attached optimizer (new state tensors,
+  the same structure): the next saves hold the loaded state, before a step
+  and after one, not the state of before the load;
+- a save's buffer is not filled again before its capture ends: step 1's
+  capture held between its chunks (CKPT_FAULTS), step 2 saved at once with
+  other values; step 1 loads as it was, every byte (skipped without fault
+  injection);
 - tensors shared by two keys (tied weights) saved once, and tied again;
 - clear errors naming the key (non-contiguous, an object, complex, a bad
   key, tensors on two devices) and nothing saved; loading a tensor the
@@ -37,7 +44,7 @@ sys.path.insert(0, os.environ["CKPT_PY_DIR"])
 import ckpt  # noqa: E402
 import ckpt.dcp  # noqa: E402
 from ckpt.torch import Checkpointer  # noqa: E402
-from agentproc import run_tests  # noqa: E402
+from agentproc import fault_injection, run_tests  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch_resume.py")
@@ -170,6 +177,75 @@ def test_attach(ag):
     assert all(not any(r.holds(p) for r in ck._regions) for p in ps) and not ck._regions
     train(model, opt, 1)  # the tensors live on in ordinary memory
     print("attach: saved in place, the step waited for the capture, the values at save")
+
+
+def test_load_state_dict(ag):
+    """opt.load_state_dict() on an attached optimizer puts new state tensors
+    in (the same names, dtypes and shapes, other storage): the plan that
+    read the old ones in place must not serve the next save, before the next
+    step (the loaded tensors, copied) nor after it (moved, read in place)."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    other_model = mlp(seed=4)
+    other = torch.optim.AdamW(other_model.parameters(), lr=1e-2)
+    train(other_model, other, 5, seed=6)  # another state, and another step count
+    loaded = copy.deepcopy(other.state_dict())
+    with Checkpointer("reload", 0, 1, ag.endpoint) as ck:
+        ck.attach(opt)
+        train(model, opt, 3)
+        ck.save(1, {"model": model.state_dict(), "optim": opt.state_dict()}).result()
+        opt.load_state_dict(copy.deepcopy(loaded))
+        twin = copy.deepcopy(model)  # plain memory, not attached: what the steps give
+        twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+        twin_opt.load_state_dict(copy.deepcopy(loaded))
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        same(loaded["state"], sd["optim"]["state"], "the state load_state_dict put in")
+        want = {2: copy.deepcopy(sd)}
+        ck.save(2, sd).result()
+        train(model, opt, 1, seed=9)
+        train(twin, twin_opt, 1, seed=9)
+        state = [t for st in opt.state.values() for t in st.values()]
+        assert all(ck._in_region(t) for t in state), "the loaded state was not moved"
+        want[3] = {"model": twin.state_dict(), "optim": twin_opt.state_dict()}
+        ck.save(3, {"model": model.state_dict(), "optim": opt.state_dict()}).result()
+        for step in (2, 3):
+            got = {"model": mlp(7).state_dict(), "optim": {}}
+            assert ck.load(got, step=step)[0] == step
+            same(want[step], got, "step %d" % step)
+    print("load_state_dict: the next saves hold the loaded state, before and after a step")
+
+
+# step 1's capture waits 1 s before its second chunk (of 1 MiB): a fill for
+# step 2 that does not wait for the capture lands in the middle of it
+MIXED_FAULTS = {"CKPT_FAULTS": "capture:slow=1000:path=mixed/step-000000000001/rank-0/chunk-1"}
+
+
+def test_no_mixed_steps(ag):
+    """Tensors copied at save go into the plan's buffer, which the next save
+    fills again only once the last one is captured: step 1's capture is held
+    between its chunks while the trainer changes every tensor and saves step
+    2 at once; step 1 loads with its own values, every byte of each tensor
+    (a mix of the two steps otherwise), and step 2 with its."""
+    g = torch.Generator().manual_seed(3)
+    sd = {"a": torch.randn(3 << 18, generator=g),  # 3 MiB: chunks 0 to 2
+          "b": torch.randn(300, 700, generator=g).to(torch.bfloat16),
+          "n": torch.arange(1 << 18, dtype=torch.int64)}
+    want = {1: copy.deepcopy(sd)}
+    with Checkpointer("mixed", 0, 1, ag.endpoint) as ck:
+        h1 = ck.save(1, sd)
+        for t in sd.values():  # the next step's values, as soon as save returns
+            t.add_(1)
+        want[2] = copy.deepcopy(sd)
+        h2 = ck.save(2, sd)
+        h1.result()
+        h2.result()
+        assert ag.log_has("fault injected: capture(mixed/step-000000000001/rank-0/chunk-1)"), \
+            "step 1's capture was not held"
+        for step in (1, 2):
+            got = {k: torch.zeros_like(t) for k, t in sd.items()}
+            assert ck.load(got, step=step)[0] == step
+            same(want[step], got, "step %d" % step)
+    print("no mixed steps: step 1 loads as saved while step 2 was saved during its capture")
 
 
 def test_tied(ag):
@@ -380,8 +456,12 @@ def test_agent_restart(ag):
 
 
 def main():
-    run_tests("cktorch.", test_roundtrip, test_attach, test_tied, test_errors, test_dcp,
-              test_resume, test_agent_restart)
+    run_tests("cktorch.", test_roundtrip, test_attach, test_load_state_dict, test_tied,
+              test_errors, test_dcp, test_resume, test_agent_restart)
+    if fault_injection():
+        run_tests("cktorchf.", test_no_mixed_steps, env=MIXED_FAULTS)
+    else:
+        print("no mixed steps: skipped (ckptd is built without -DCKPT_FAULT_INJECTION=ON)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
  * A second user on the node, against a real agent run by root: refused on
  * every operation on another user's job (plans, list, show, verify, delete,
  * pin, unpin, gc, commit), the job not even listed to it; a member of the
- * admin group lists and deletes it; ownership survives a restart; a user
+ * admin group lists and deletes it; ownership survives a restart; the admin
+ * group reads, verifies, pins and deletes another user's job but never plans
+ * or commits it, and the socket's group is not the admin group; a user
  * outside the socket's group is told which group to join; a root the
  * agent's user cannot write is refused at --check-config and at start. Needs
  * root and useradd (test users ckpttest-*): skipped (77) otherwise.
@@ -28,6 +30,18 @@
 #define U_OTHER "ckpttest-oth"
 #define U_OPS "ckpttest-ops"
 #define G_ADMIN "ckpttest-adm"
+#define G_SOCK "ckpttest-sck" /* every test user is in it; the agent's socket group */
+
+/* Whether `user` is a listed member of `group`. */
+static bool member_of(const char *user, const char *group)
+{
+	struct group *g = getgrnam(group);
+
+	for (char **m = g ? g->gr_mem : NULL; m && *m; m++)
+		if (strcmp(*m, user) == 0)
+			return true;
+	return false;
+}
 
 static bool ensure_users(void)
 {
@@ -37,6 +51,8 @@ static bool ensure_users(void)
 		return false;
 	if (!getgrnam(G_ADMIN) && system("groupadd -f " G_ADMIN) != 0)
 		return false;
+	if (!getgrnam(G_SOCK) && system("groupadd -f " G_SOCK) != 0)
+		return false;
 	for (size_t i = 0; i < 3; i++) {
 		char cmd[256];
 
@@ -44,6 +60,15 @@ static bool ensure_users(void)
 			continue;
 		snprintf(cmd, sizeof(cmd), "useradd -M -N -s /usr/sbin/nologin %s%s", users[i],
 		         strcmp(users[i], U_OPS) == 0 ? " -G " G_ADMIN : "");
+		if (system(cmd) != 0)
+			return false;
+	}
+	for (size_t i = 0; i < 3; i++) { /* users made before the socket's group was */
+		char cmd[256];
+
+		if (member_of(users[i], G_SOCK))
+			continue;
+		snprintf(cmd, sizeof(cmd), "usermod -aG " G_SOCK " %s", users[i]);
 		if (system(cmd) != 0)
 			return false;
 	}
@@ -176,6 +201,53 @@ START_TEST(other_users_refused)
 END_TEST
 
 /*
+ * What the admin group may do, with the socket's group set too (every test
+ * user is in it; only U_OPS is in the admin group): the admin reads,
+ * verifies, pins and unpins another user's job, and deletes it, but never
+ * plans (so never saves or restores) nor commits it; a member of the
+ * socket's group alone is no admin: the job is not listed to it, and
+ * reading, verifying, pinning or deleting it is refused.
+ */
+START_TEST(admin_group_rights)
+{
+	struct agent_proc a;
+	char out[8192];
+	const char *admin_may[] = {"show priv 1", "verify priv 1", "pin priv 1", "unpin priv 1"};
+	const char *user_may_not[] = {"list priv", "show priv 1", "verify priv 1", "pin priv 1",
+	                              "delete --force priv 1"};
+
+	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --socket-mode 0660 --socket-group " G_SOCK
+	                  " --admin-group " G_ADMIN);
+	ck_assert_int_eq(chmod(a.dir, 0755), 0);
+	ck_assert_int_eq(trainer_as(&a, U_OWNER, 1, true), 0);
+	/* the admin: no plan (no save, no restore), no commit of another user's job */
+	ck_assert_msg(trainer_as(&a, U_OPS, 2, false) == 0,
+	              "a member of the admin group planned another user's job");
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "commit --finish priv 1"), 1);
+	ck_assert_msg(strstr(out, "another user") && strstr(out, "commit"), "admin's commit: %s",
+	              out);
+	/* and everything an operator does */
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "--json list"), 0);
+	ck_assert_msg(strstr(out, "priv"), "admin's list: %s", out);
+	for (size_t i = 0; i < sizeof(admin_may) / sizeof(*admin_may); i++)
+		ck_assert_msg(ctl_as(&a, U_OPS, out, sizeof(out), admin_may[i]) == 0,
+		              "admin's %s: %s", admin_may[i], out);
+	/* the socket's group is not the admin group */
+	ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), "--json list"), 0);
+	ck_assert_msg(!strstr(out, "priv"), "a member of the socket's group lists it: %s", out);
+	for (size_t i = 0; i < sizeof(user_may_not) / sizeof(*user_may_not); i++) {
+		ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), user_may_not[i]), 1);
+		ck_assert_msg(strstr(out, "another user"),
+		              "%s by a member of the socket's group: %s", user_may_not[i], out);
+	}
+	ck_assert_int_eq(ctl_as(&a, U_OPS, out, sizeof(out), "delete --force priv 1"), 0);
+	ck_assert_int_eq(ctl_as(&a, U_OWNER, out, sizeof(out), "--json list priv"), 0);
+	ck_assert_msg(!strstr(out, "\"step\": 1"), "deleted by the admin, still listed: %s", out);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+/*
  * A user outside the socket's group is told so, with the group to join
  * and how, not "is it running?"; a member of the group gets in.
  */
@@ -253,6 +325,7 @@ int main(void)
 	setenv("CK_TMPDIR", "/tmp", 1);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, other_users_refused);
+	tcase_add_test(tc, admin_group_rights);
 	tcase_add_test(tc, outside_the_socket_group);
 	tcase_add_test(tc, unwritable_root_refused);
 	suite_add_tcase(s, tc);
