@@ -106,7 +106,7 @@ int store_cleanup(struct storage *s, const char *job, const struct storage_clean
  * The safetensors header of shard `file` of (job, step): one small read
  * (a second only for a header past 64 KiB), parsed as hostile input; *size:
  * the file's. -ENOENT: not there; -EBADMSG: not a safetensors header that
- * fits the file.
+ * fits the file, or no file under its name (a link, a directory).
  */
 int store_read_header(struct storage *s, const char *job, int64_t step, const char *file,
                       struct st_header **out, uint64_t *size, char *err);

@@ -22,6 +22,9 @@
  *                              stamps are another step's)
  *   removed_while_verifying    a verify whose step goes (retention on
  *                              another node, a delete) says so, never CORRUPT
+ *   shard_not_a_file           LATEST's shard replaced by a link or a
+ *                              directory: damage like a missing file (passed
+ *                              over, -EBADMSG by number), not an I/O error
  *
  * Each holds a promise of docs/DESIGN.md §9 (a damaged checkpoint is never
  * reported as an absent one); tests/mutants.txt names the faults they catch.
@@ -30,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -426,6 +430,42 @@ START_TEST(listed_until_removed)
 }
 END_TEST
 
+/*
+ * LATEST's shard file replaced by something else under its name: a link to
+ * a copy of it (_i 0) or a directory (_i 1). The agent follows no link: it
+ * is not the file the manifest names, damage like a missing one.
+ */
+START_TEST(shard_not_a_file)
+{
+	struct job j;
+	char shard[512], copy[600], *notes;
+	int64_t step;
+
+	job_start(&j, "nf", 1, 3, NULL);
+	h_shard(&j.a, shard, sizeof(shard), "nf", 3, 0);
+	snprintf(copy, sizeof(copy), "%s.elsewhere", shard);
+	ck_assert_int_eq(rename(shard, copy), 0);
+	if (_i == 0)
+		ck_assert_int_eq(symlink(copy, shard), 0);
+	else
+		ck_assert_int_eq(mkdir(shard, 0755), 0);
+
+	ck_assert_msg(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes) == 0, "%s",
+	              ckpt_last_error(j.c));
+	ck_assert_int_eq(step, 2);
+	ck_assert(h_model_check(&j.m, 2, NULL));
+	ck_assert_msg(notes && strstr(notes, "step 3: ") && strstr(notes, strrchr(shard, '/') + 1),
+	              "%s", notes ? notes : "(no notes)");
+	free(notes);
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_NEVER, &step, &notes), -EBADMSG);
+	free(notes);
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1), "%s",
+	              ckpt_last_error(j.c));
+	job_end(&j);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("damage");
@@ -438,6 +478,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, forged_manifest_running);
 	tcase_add_test(tc, removed_while_verifying);
 	tcase_add_test(tc, listed_until_removed);
+	tcase_add_loop_test(tc, shard_not_a_file, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
