@@ -45,6 +45,7 @@ struct restore {
 	bool unlisted; /* not in the catalog when asked: the worker looks at the root */
 	bool damage_seen; /* a step it met was damaged: never "no checkpoint" */
 	unsigned passed_over; /* newer steps passed over (the notes say why) */
+	unsigned relooks; /* LATEST looked for again: its step was removed as it was read */
 	char **skipped;
 	size_t nskipped;
 	uint64_t read, delivered; /* bytes read for it (its share of a group's: 0 or all) */
@@ -52,6 +53,7 @@ struct restore {
 };
 
 #define MAX_RETRIES 16 /* reads again from other copies, at most */
+#define MAX_RELOOKS 8 /* LATEST looked for again after a removal, at most */
 
 /* A note for the reply and the log: what the root said, and that the tier restored. */
 static void note(struct restore *rs, const char *text)
@@ -679,6 +681,35 @@ static void learnt(struct restore *rs, int64_t step, int rc, const char *err)
 	}
 }
 
+/*
+ * A restore of LATEST whose step was removed as it was read (retention,
+ * perhaps on another node, or a delete): LATEST is what the root holds
+ * now, which may be newer (the commit that let retention remove it).
+ * Going on to the next older step the catalog listed could end at
+ * "no checkpoint" while the job has one. The root is looked at again,
+ * and its newest step taken (marked as read): true; false where nothing
+ * is left (the answer then says why, as for a job with nothing listed).
+ */
+static bool look_again(struct restore *rs, int64_t *step)
+{
+	struct agent *a = rs->a;
+	struct cat_entry *e;
+
+	log_msg(LOG_NOTICE,
+	        "restore of job %s rank %d: step %lld was removed as it was read; looking "
+	        "for the newest step again",
+	        rs->plan->job, rs->plan->rank, (long long)*step);
+	catalog_sync_job(a, rs->plan->job);
+	pthread_mutex_lock(&a->mu);
+	e = catalog_newest(a->cat, rs->plan->job, INT64_MAX);
+	if (e) {
+		e->readers++;
+		*step = e->step;
+	}
+	pthread_mutex_unlock(&a->mu);
+	return e != NULL;
+}
+
 /* A restore of LATEST that found nothing whole: every step passed over, in the answer. */
 static int none_whole(struct restore *rs, int rc, char *err)
 {
@@ -738,11 +769,20 @@ static void restore_run(struct work *w)
 		goto reply;
 	}
 	do {
+		bool removed;
+
 		rc = restore_step(rs, step, &meta, err);
 		pthread_mutex_lock(&a->mu);
 		learnt(rs, step, rc, err);
-		again = rc && fall_back(rs, &step, rc, err);
+		removed = rc == -ENOENT && rs->latest && rs->relooks < MAX_RELOOKS;
+		again = rc && !removed && fall_back(rs, &step, rc, err);
 		pthread_mutex_unlock(&a->mu);
+		if (removed) {
+			rs->relooks++;
+			again = look_again(rs, &step);
+			if (!again)
+				rc = nothing_listed(rs, err);
+		}
 	} while (again);
 	if (rc)
 		rc = none_whole(rs, rc, err);

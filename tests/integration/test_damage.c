@@ -25,6 +25,10 @@
  *   shard_not_a_file           LATEST's shard replaced by a link or a
  *                              directory: damage like a missing file (passed
  *                              over, -EBADMSG by number), not an I/O error
+ *   removed_as_latest_was_read a restore of LATEST whose step another node
+ *                              removes as it reads, the older ones too, and
+ *                              a newer one committed meanwhile: that newer
+ *                              step, never "no checkpoint"
  *
  * Each holds a promise of docs/DESIGN.md §9 (a damaged checkpoint is never
  * reported as an absent one); tests/mutants.txt names the faults they catch.
@@ -33,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -466,6 +471,96 @@ START_TEST(shard_not_a_file)
 }
 END_TEST
 
+/* What another node does while a1's restore of LATEST reads step 2. */
+struct remover {
+	struct agent_proc *reader, *other;
+	struct ckpt_plan *p;
+	struct h_model *m;
+	char out[4096];
+	int rc;
+};
+
+static void *remove_under_reader(void *arg)
+{
+	struct remover *x = arg;
+	struct ckpt_save *s;
+
+	/* the reader is held opening step 2's shard (CKPT_FAULTS): step 3, then 1 and 2 go */
+	for (int i = 0; i < 3000 && !h_log_has(x->reader, "fault injected: openat("); i++)
+		usleep(10 * 1000);
+	h_model_fill(x->m, 3);
+	x->rc = ckpt_save(x->p, 3, NULL, &s);
+	if (x->rc == 0) {
+		x->rc = ckpt_save_wait(s, CKPT_COMMITTED, 60000);
+		ckpt_save_release(s);
+	}
+	if (x->rc == 0)
+		x->rc = h_ctl(x->other, x->out, sizeof(x->out), "delete rr 2");
+	if (x->rc == 0)
+		x->rc = h_ctl(x->other, x->out, sizeof(x->out), "delete rr 1");
+	return NULL;
+}
+
+/*
+ * Two agents on one root. n1's trainer commits steps 1 and 2; a trainer on
+ * n0 restores LATEST (step 2), held as it opens step 2's shard; meanwhile
+ * n1 commits step 3 and removes steps 2 and 1 (retention would). The
+ * restore is the newest step there is, 3: going on to the older steps it
+ * had listed would end at "no checkpoint", and the trainer would start over.
+ */
+START_TEST(removed_as_latest_was_read)
+{
+	struct agent_proc a0, a1;
+	struct ckpt_client *c0, *c1;
+	struct ckpt_plan *p0, *p1;
+	struct h_model m0, m1;
+	struct remover x;
+	char root[512], cmd[600];
+	pthread_t th;
+	int64_t step = -1;
+	int rc;
+
+	snprintf(root, sizeof(root), "%s/shared-XXXXXX", getenv("CK_TMPDIR") ?: "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	h_agent_start_node(&a1, root, "n1", NULL);
+	c1 = h_connect(&a1);
+	h_model_make(&m1, c1, 3, 20001);
+	ck_assert_int_eq(ckpt_plan_create(c1, "rr", 0, 1, m1.t, m1.n, &p1), 0);
+	for (int k = 1; k <= 2; k++) {
+		h_model_fill(&m1, (uint64_t)k);
+		commit(p1, k);
+	}
+	h_agent_start_node_env(&a0, root, "n0", NULL,
+	                       "CKPT_FAULTS=openat:slow=4000:path=*/step-000000000002/rank-*:"
+	                       "count=inf");
+	c0 = h_connect(&a0);
+	h_model_make(&m0, c0, 3, 20001);
+	ck_assert_int_eq(ckpt_plan_create(c0, "rr", 0, 1, m0.t, m0.n, &p0), 0);
+
+	x = (struct remover){.reader = &a0, .other = &a1, .p = p1, .m = &m1, .rc = -1};
+	ck_assert_int_eq(pthread_create(&th, NULL, remove_under_reader, &x), 0);
+	h_model_fill(&m0, 999);
+	rc = ckpt_restore(p0, CKPT_LATEST, &step, NULL);
+	pthread_join(th, NULL);
+	ck_assert_msg(x.rc == 0, "n1: %d %s", x.rc, x.out);
+	ck_assert_msg(rc == 0, "restore of LATEST: %d %s", rc, ckpt_last_error(c0));
+	ck_assert_int_eq(step, 3);
+	ck_assert(h_model_check(&m0, 3, NULL));
+	ck_assert_msg(h_log_has(&a0, "step 2 was removed as it was read"), "%s", a0.log);
+
+	ckpt_plan_destroy(p0);
+	ckpt_plan_destroy(p1);
+	h_model_free(&m0);
+	h_model_free(&m1);
+	ckpt_disconnect(c0);
+	ckpt_disconnect(c1);
+	h_agent_cleanup(&a0);
+	h_agent_cleanup(&a1);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("damage");
@@ -479,6 +574,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, removed_while_verifying);
 	tcase_add_test(tc, listed_until_removed);
 	tcase_add_loop_test(tc, shard_not_a_file, 0, 2);
+	tcase_add_test(tc, removed_as_latest_was_read);
 	suite_add_tcase(s, tc);
 	return s;
 }
