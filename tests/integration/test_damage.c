@@ -19,7 +19,9 @@
  *                              restores the real newest step
  *   forged_manifest_running    the same planted while the agent runs: a
  *                              restore of LATEST passes over it (the files'
- *                              stamps are another step's)
+ *                              stamps are another step's); also with the
+ *                              manifest's stamps left out (claimed as an
+ *                              older agent's): restore and verify refuse it
  *   removed_while_verifying    a verify whose step goes (retention on
  *                              another node, a delete) says so, never CORRUPT
  *   shard_not_a_file           LATEST's shard replaced by a link or a
@@ -246,8 +248,11 @@ START_TEST(only_step_damaged)
 }
 END_TEST
 
-/* step 3's manifest.json copied as step `to`'s, its step rewritten (and, with files, its shard). */
-static void forge(struct job *j, const char *job, int to, bool files)
+/*
+ * step 3's manifest.json copied as step `to`'s, its step rewritten (and,
+ * with files, its shard; with unstamped, its ranks' "save" left out).
+ */
+static void forge_as(struct job *j, const char *job, int to, bool files, bool unstamped)
 {
 	char from[512], dir[512], cmd[1400], p[700];
 	json_t *m;
@@ -261,9 +266,23 @@ static void forge(struct job *j, const char *job, int to, bool files)
 	m = json_load_file(p, 0, NULL);
 	ck_assert_ptr_nonnull(m);
 	json_object_set_new(m, "step", json_integer(to));
+	if (unstamped) {
+		json_t *r;
+		size_t i;
+
+		json_array_foreach(json_object_get(m, "ranks"), i, r)
+		{
+			json_object_del(r, "save");
+		}
+	}
 	snprintf(p, sizeof(p), "%s/manifest.json", dir);
 	ck_assert_int_eq(json_dump_file(m, p, 0), 0);
 	json_decref(m);
+}
+
+static void forge(struct job *j, const char *job, int to, bool files)
+{
+	forge_as(j, job, to, files, false);
 }
 
 static int64_t latest_file(struct job *j, const char *job)
@@ -323,6 +342,17 @@ START_TEST(forged_manifest_running)
 	/* by number: that is no checkpoint of step 50 */
 	ck_assert_int_eq(ckpt_restore(j.p, 50, NULL, NULL), -EBADMSG);
 	ck_assert_msg(strstr(ckpt_last_error(j.c), "not save"), "%s", ckpt_last_error(j.c));
+
+	/* its manifest claiming no stamps (an older agent's): files of step 3 all the same */
+	forge_as(&j, "fr", 60, true, true);
+	ck_assert_int_eq(ckpt_restore(j.p, 60, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "of step 3"), "%s", ckpt_last_error(j.c));
+	{
+		char out[4096];
+
+		ck_assert_int_eq(h_ctl(&j.a, out, sizeof(out), "verify fr 60"), 1);
+		ck_assert_msg(strstr(out, "of step 3"), "verify of a forged step: %s", out);
+	}
 	job_end(&j);
 }
 END_TEST
