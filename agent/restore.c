@@ -579,7 +579,11 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 	char line[2 * IPC_ERRLEN + 96], terr[IPC_ERRLEN];
 	int rc = 0;
 
-	if (*step < 0 && (rc = store_latest_get(rs->tier, p->job, step, terr)))
+	/* the tier's LATEST is a hint: lost or unreadable, its newest manifest stands */
+	if (*step < 0 && (rc = store_latest_get(rs->tier, p->job, step, terr)) &&
+	    (rc == -ENOENT || rc == -EINVAL))
+		rc = store_newest_committed(rs->tier, p->job, step, terr);
+	if (rc)
 		return ipc_errf(err, rc,
 		                "the root has no committed checkpoint and the upload tier "
 		                "none either: %s",
