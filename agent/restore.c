@@ -443,7 +443,8 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 		}
 	}
 	rc = store_read_manifest(store, p->job, step, &m, line);
-	if (rc == -EINVAL || rc == -EFBIG) /* there, and no checkpoint can be read from it */
+	/* there, and no checkpoint can be read from it (a link, a file for its directory) */
+	if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
 		rc = ipc_errf(err, -EBADMSG, "its manifest cannot be read: %s", line);
 	else if (rc)
 		snprintf(err, IPC_ERRLEN, "%s", line);
@@ -601,6 +602,35 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 }
 
 /*
+ * A step asked for by number that the root's listing does not show: no
+ * such checkpoint (-ENOENT) only where its manifest is not there. Its
+ * directory or manifest there yet unreadable (a link, a file, a directory
+ * where the manifest should be: damage; no permission, an I/O error: that
+ * error) is never taken for an absent step.
+ */
+static int not_listed(struct restore *rs, char *err)
+{
+	const char *job = rs->plan->job;
+	struct manifest *m = NULL;
+	char why[IPC_ERRLEN];
+	int rc = store_read_manifest(rs->a->store, job, rs->step, &m, why);
+
+	manifest_free(m);
+	if (rc == -ENOENT)
+		return ipc_errf(err, -ENOENT,
+		                "job %s has no committed step %lld (ckptctl list %s shows what "
+		                "there is)",
+		                job, (long long)rs->step, job);
+	if (rc == 0) /* committed as it was looked for */
+		return ipc_errf(err, -EAGAIN, "job %s step %lld was committed just now: try again",
+		                job, (long long)rs->step);
+	if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
+		rc = -EBADMSG;
+	return ipc_errf(err, rc, "job %s step %lld is there but cannot be read: %s", job,
+	                (long long)rs->step, why);
+}
+
+/*
  * Nothing of the job is listed, after a look at the root: no checkpoint
  * (-ENOENT), unless the root says one was there: a LATEST naming a step
  * means checkpoints were committed, and whatever became of them, a
@@ -614,10 +644,7 @@ static int nothing_listed(struct restore *rs, char *err)
 	int rc;
 
 	if (!rs->latest)
-		return ipc_errf(err, -ENOENT,
-		                "job %s has no committed step %lld (ckptctl list %s shows what "
-		                "there is)",
-		                job, (long long)rs->step, job);
+		return not_listed(rs, err);
 	rc = store_latest_get(rs->a->store, job, &latest, why);
 	if (rc == -ENOENT)
 		return ipc_errf(err, -ENOENT, "job %s has no committed checkpoint", job);

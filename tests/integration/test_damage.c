@@ -27,6 +27,10 @@
  *   shard_not_a_file           LATEST's shard replaced by a link or a
  *                              directory: damage like a missing file (passed
  *                              over, -EBADMSG by number), not an I/O error
+ *   step_not_a_directory       a step's directory replaced by a link or a
+ *                              file, its manifest by a directory: by number
+ *                              -EBADMSG, never -ENOENT (the listing does not
+ *                              show it, its name is there all the same)
  *   removed_as_latest_was_read a restore of LATEST whose step another node
  *                              removes as it reads, the older ones too, and
  *                              a newer one committed meanwhile: that newer
@@ -36,6 +40,7 @@
  * reported as an absent one); tests/mutants.txt names the faults they catch.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,6 +506,45 @@ START_TEST(shard_not_a_file)
 }
 END_TEST
 
+/*
+ * Step 3's directory moved away and a link left under its name (_i 0), a
+ * file in its place (_i 1), or its manifest replaced by a directory (_i 2):
+ * no listing shows it (the agent follows no link, and takes only a regular
+ * file for a manifest), yet a restore of it by number is damage, not "no
+ * such checkpoint". LATEST restores the step before.
+ */
+START_TEST(step_not_a_directory)
+{
+	struct job j;
+	char dir[512], away[600], mf[600];
+	int64_t step;
+
+	job_start(&j, "nd", 1, 3, NULL);
+	h_path(&j.a, dir, sizeof(dir), "nd/step-000000000003");
+	snprintf(away, sizeof(away), "%s.away", dir);
+	snprintf(mf, sizeof(mf), "%s/manifest.json", dir);
+	if (_i == 0) {
+		ck_assert_int_eq(rename(dir, away), 0);
+		ck_assert_int_eq(symlink(away, dir), 0);
+	} else if (_i == 1) {
+		ck_assert_int_eq(rename(dir, away), 0);
+		ck_assert_int_eq(close(open(dir, O_CREAT | O_WRONLY, 0644)), 0);
+	} else {
+		ck_assert_int_eq(unlink(mf), 0);
+		ck_assert_int_eq(mkdir(mf, 0755), 0);
+	}
+	/* listed (this agent committed it), then not (a restore of LATEST looked at the root) */
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_int_eq(ckpt_restore(j.p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 2);
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "step 3"), "%s", ckpt_last_error(j.c));
+	/* a step that was never there: still "no such checkpoint" */
+	ck_assert_int_eq(ckpt_restore(j.p, 4, NULL, NULL), -ENOENT);
+	job_end(&j);
+}
+END_TEST
+
 /* What another node does while a1's restore of LATEST reads step 2. */
 struct remover {
 	struct agent_proc *reader, *other;
@@ -604,6 +648,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, removed_while_verifying);
 	tcase_add_test(tc, listed_until_removed);
 	tcase_add_loop_test(tc, shard_not_a_file, 0, 2);
+	tcase_add_loop_test(tc, step_not_a_directory, 0, 3);
 	tcase_add_test(tc, removed_as_latest_was_read);
 	suite_add_tcase(s, tc);
 	return s;
