@@ -45,6 +45,7 @@ struct restore {
 	bool unlisted; /* not in the catalog when asked: the worker looks at the root */
 	bool damage_seen; /* a step it met was damaged: never "no checkpoint" */
 	unsigned passed_over; /* newer steps passed over (the notes say why) */
+	unsigned relooks; /* LATEST looked for again: its step was removed as it was read */
 	char **skipped;
 	size_t nskipped;
 	uint64_t read, delivered; /* bytes read for it (its share of a group's: 0 or all) */
@@ -52,6 +53,7 @@ struct restore {
 };
 
 #define MAX_RETRIES 16 /* reads again from other copies, at most */
+#define MAX_RELOOKS 8 /* LATEST looked for again after a removal, at most */
 
 /* A note for the reply and the log: what the root said, and that the tier restored. */
 static void note(struct restore *rs, const char *text)
@@ -208,7 +210,8 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 		}
 	}
 	rc = store_read_manifest(store, p->job, step, &m, line);
-	if (rc == -EINVAL || rc == -EFBIG) /* there, and no checkpoint can be read from it */
+	/* there, and no checkpoint can be read from it (a link, a file for its directory) */
+	if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
 		rc = ipc_errf(err, -EBADMSG, "its manifest cannot be read: %s", line);
 	else if (rc)
 		snprintf(err, IPC_ERRLEN, "%s", line);
@@ -344,7 +347,11 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 	char line[2 * IPC_ERRLEN + 96], terr[IPC_ERRLEN];
 	int rc = 0;
 
-	if (*step < 0 && (rc = store_latest_get(rs->tier, p->job, step, terr)))
+	/* the tier's LATEST is a hint: lost or unreadable, its newest manifest stands */
+	if (*step < 0 && (rc = store_latest_get(rs->tier, p->job, step, terr)) &&
+	    (rc == -ENOENT || rc == -EINVAL))
+		rc = store_newest_committed(rs->tier, p->job, step, terr);
+	if (rc)
 		return ipc_errf(err, rc,
 		                "the root has no committed checkpoint and the upload tier "
 		                "none either: %s",
@@ -362,6 +369,35 @@ static int from_tier(struct restore *rs, int64_t *step, char **meta, const char 
 }
 
 /*
+ * A step asked for by number that the root's listing does not show: no
+ * such checkpoint (-ENOENT) only where its manifest is not there. Its
+ * directory or manifest there yet unreadable (a link, a file, a directory
+ * where the manifest should be: damage; no permission, an I/O error: that
+ * error) is never taken for an absent step.
+ */
+static int not_listed(struct restore *rs, char *err)
+{
+	const char *job = rs->plan->job;
+	struct manifest *m = NULL;
+	char why[IPC_ERRLEN];
+	int rc = store_read_manifest(rs->a->store, job, rs->step, &m, why);
+
+	manifest_free(m);
+	if (rc == -ENOENT)
+		return ipc_errf(err, -ENOENT,
+		                "job %s has no committed step %lld (ckptctl list %s shows what "
+		                "there is)",
+		                job, (long long)rs->step, job);
+	if (rc == 0) /* committed as it was looked for */
+		return ipc_errf(err, -EAGAIN, "job %s step %lld was committed just now: try again",
+		                job, (long long)rs->step);
+	if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
+		rc = -EBADMSG;
+	return ipc_errf(err, rc, "job %s step %lld is there but cannot be read: %s", job,
+	                (long long)rs->step, why);
+}
+
+/*
  * Nothing of the job is listed, after a look at the root: no checkpoint
  * (-ENOENT), unless the root says one was there: a LATEST naming a step
  * means checkpoints were committed, and whatever became of them, a
@@ -375,10 +411,7 @@ static int nothing_listed(struct restore *rs, char *err)
 	int rc;
 
 	if (!rs->latest)
-		return ipc_errf(err, -ENOENT,
-		                "job %s has no committed step %lld (ckptctl list %s shows what "
-		                "there is)",
-		                job, (long long)rs->step, job);
+		return not_listed(rs, err);
 	rc = store_latest_get(rs->a->store, job, &latest, why);
 	if (rc == -ENOENT)
 		return ipc_errf(err, -ENOENT, "job %s has no committed checkpoint", job);
@@ -446,6 +479,35 @@ static void learnt(struct restore *rs, int64_t step, int rc, const char *err)
 	}
 }
 
+/*
+ * A restore of LATEST whose step was removed as it was read (retention,
+ * perhaps on another node, or a delete): LATEST is what the root holds
+ * now, which may be newer (the commit that let retention remove it).
+ * Going on to the next older step the catalog listed could end at
+ * "no checkpoint" while the job has one. The root is looked at again,
+ * and its newest step taken (marked as read): true; false where nothing
+ * is left (the answer then says why, as for a job with nothing listed).
+ */
+static bool look_again(struct restore *rs, int64_t *step)
+{
+	struct agent *a = rs->a;
+	struct cat_entry *e;
+
+	log_msg(LOG_NOTICE,
+	        "restore of job %s rank %d: step %lld was removed as it was read; looking "
+	        "for the newest step again",
+	        rs->plan->job, rs->plan->rank, (long long)*step);
+	catalog_sync_job(a, rs->plan->job);
+	pthread_mutex_lock(&a->mu);
+	e = catalog_newest(a->cat, rs->plan->job, INT64_MAX);
+	if (e) {
+		e->readers++;
+		*step = e->step;
+	}
+	pthread_mutex_unlock(&a->mu);
+	return e != NULL;
+}
+
 /* A restore of LATEST that found nothing whole: every step passed over, in the answer. */
 static int none_whole(struct restore *rs, int rc, char *err)
 {
@@ -505,11 +567,20 @@ static void restore_run(struct work *w)
 		goto reply;
 	}
 	do {
+		bool removed;
+
 		rc = restore_step(rs, step, &meta, err);
 		pthread_mutex_lock(&a->mu);
 		learnt(rs, step, rc, err);
-		again = rc && fall_back(rs, &step, rc, err);
+		removed = rc == -ENOENT && rs->latest && rs->relooks < MAX_RELOOKS;
+		again = rc && !removed && fall_back(rs, &step, rc, err);
 		pthread_mutex_unlock(&a->mu);
+		if (removed) {
+			rs->relooks++;
+			again = look_again(rs, &step);
+			if (!again)
+				rc = nothing_listed(rs, err);
+		}
 	} while (again);
 	if (rc)
 		rc = none_whole(rs, rc, err);

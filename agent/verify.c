@@ -38,7 +38,9 @@ struct verify {
 /*
  * A header's stamp (format.h) against what the manifest says of its file:
  * a file of another step or attempt, whatever its bytes, is no part of
- * this checkpoint.
+ * this checkpoint. A manifest that claims no stamp (as an older agent's
+ * does) for a file that carries one is as wrong: a restore refuses it
+ * (store_check_file), and so does verify.
  */
 static void stamp_disagrees(struct reader *r, const struct st_header *h, const struct manifest *m,
                             const struct manifest_rank *mr)
@@ -52,7 +54,7 @@ static void stamp_disagrees(struct reader *r, const struct st_header *h, const s
 		reader_problem(r, -EBADMSG,
 		               "%s carries no stamp, yet the manifest names save %016" PRIx64,
 		               r->path, mr->save);
-	else if (rc == 0 && mr->save && (st.step != m->step || st.save != mr->save))
+	else if (rc == 0 && (st.step != m->step || st.save != mr->save))
 		reader_problem(r, -EBADMSG,
 		               "%s holds save %016" PRIx64 " of step %" PRId64
 		               ", not save %016" PRIx64 " of step %" PRId64

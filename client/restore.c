@@ -98,8 +98,8 @@ int ckpt_restore_opts(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opt
 	if (!p->c)
 		return -ENOTCONN;
 	if (opts && (rc = cl_opts_take(opts, &o, sizeof(o),
-	                            offsetof(struct ckpt_restore_opts, skipped) + sizeof(char *),
-	                            "ckpt_restore_opts", err)))
+	                               offsetof(struct ckpt_restore_opts, skipped) + sizeof(char *),
+	                               "ckpt_restore_opts", err)))
 		return cl_fail(p->c, rc, "restore of job %s: %s", p->job, err);
 	o.skipped = NULL;
 	rc = restore(p, step, &o, !opts, restored_step, meta_json);

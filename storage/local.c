@@ -609,9 +609,16 @@ static int local_shard_open(struct storage *s, const char *job, int64_t step, co
 	if (rc < 0)
 		return rc;
 	rc = fd = open_shard_file(l, stepfd, file, O_RDONLY, &st);
+	if (rc == -ELOOP || rc == -EINVAL) {
+		/* no link is followed: not the file named, damage like a missing one */
+		rc = ipc_errf(err, -EBADMSG,
+		              "cannot open shard %s: a link or not a regular file, not the file "
+		              "its manifest names",
+		              p);
+		goto out;
+	}
 	if (rc < 0) {
-		ipc_errf(err, rc, "cannot open shard %s: %s%s", p, strerror(-rc),
-		         rc == -ELOOP || rc == -EINVAL ? " (a link or not a regular file)" : "");
+		ipc_errf(err, rc, "cannot open shard %s: %s", p, strerror(-rc));
 		goto out;
 	}
 	sh = calloc(1, sizeof(*sh));

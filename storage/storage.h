@@ -110,7 +110,11 @@ struct storage_ops {
 	 * name durable (file, then the directories holding it); r->done.
 	 */
 	void (*shard_finish)(struct storage_shard *sh, struct io_req *r);
-	/* Read side: opens the shard `file` of (job, step); *size its length. */
+	/*
+	 * Read side: opens the shard `file` of (job, step); *size its length.
+	 * -ENOENT: not there; -EBADMSG: something else under its name (a link,
+	 * a directory: nothing a reader may take for the file).
+	 */
 	int (*shard_open)(struct storage *s, const char *job, int64_t step, const char *file,
 	                  struct storage_shard **out, uint64_t *size, char *err);
 	void (*shard_read)(struct storage_shard *sh, struct io_req *r);

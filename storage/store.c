@@ -457,6 +457,13 @@ static int newest_committed(struct storage *s, const char *job, int64_t except, 
 	return rc;
 }
 
+int store_newest_committed(struct storage *s, const char *job, int64_t *step, char *err)
+{
+	int rc = newest_committed(s, job, -1, false, -1, step, err);
+
+	return rc == -ENOENT ? ipc_errf(err, rc, "job '%s' has no committed step", job) : rc;
+}
+
 bool store_committed(struct storage *s, const char *job, int64_t step)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN];

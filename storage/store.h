@@ -66,6 +66,12 @@ int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *
 /* LATEST: -ENOENT if none, -EINVAL if it is not a step number. */
 int store_latest_get(struct storage *s, const char *job, int64_t *step, char *err);
 /*
+ * The newest step of job whose manifest is there (a listing; no file is
+ * read): what LATEST would name, where LATEST itself is lost or unreadable.
+ * -ENOENT if none.
+ */
+int store_newest_committed(struct storage *s, const char *job, int64_t *step, char *err);
+/*
  * Moves LATEST to step unless it names a newer one already; read back after
  * the write, so that a racing writer of an older step is undone.
  */
@@ -107,7 +113,7 @@ int store_cleanup(struct storage *s, const char *job, const struct storage_clean
  * of `hint` bytes (what the header is said to be; 0: 64 KiB), a second
  * only where the header is longer, parsed as hostile input; *size: the
  * file's. -ENOENT: not there; -EBADMSG: not a safetensors header that fits
- * the file.
+ * the file, or no file under its name (a link, a directory).
  */
 int store_read_header(struct storage *s, const char *job, int64_t step, const char *file,
                       uint64_t hint, struct st_header **out, uint64_t *size, char *err);

@@ -19,17 +19,33 @@
  *                              restores the real newest step
  *   forged_manifest_running    the same planted while the agent runs: a
  *                              restore of LATEST passes over it (the files'
- *                              stamps are another step's)
+ *                              stamps are another step's); also with the
+ *                              manifest's stamps left out (claimed as an
+ *                              older agent's): restore and verify refuse it
  *   removed_while_verifying    a verify whose step goes (retention on
  *                              another node, a delete) says so, never CORRUPT
+ *   shard_not_a_file           LATEST's shard replaced by a link or a
+ *                              directory: damage like a missing file (passed
+ *                              over, -EBADMSG by number), not an I/O error
+ *   step_not_a_directory       a step's directory replaced by a link or a
+ *                              file, its manifest by a directory: by number
+ *                              -EBADMSG, never -ENOENT (the listing does not
+ *                              show it, its name is there all the same)
+ *   removed_as_latest_was_read a restore of LATEST whose step another node
+ *                              removes as it reads, the older ones too, and
+ *                              a newer one committed meanwhile: that newer
+ *                              step, never "no checkpoint"
  *
  * Each holds a promise of docs/DESIGN.md §9 (a damaged checkpoint is never
  * reported as an absent one); tests/mutants.txt names the faults they catch.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -244,8 +260,11 @@ START_TEST(only_step_damaged)
 }
 END_TEST
 
-/* step 3's manifest.json copied as step `to`'s, its step rewritten (and, with files, its shard). */
-static void forge(struct job *j, const char *job, int to, bool files)
+/*
+ * step 3's manifest.json copied as step `to`'s, its step rewritten (and,
+ * with files, its shard; with unstamped, its ranks' "save" left out).
+ */
+static void forge_as(struct job *j, const char *job, int to, bool files, bool unstamped)
 {
 	char from[512], dir[512], cmd[1400], p[700];
 	json_t *m;
@@ -259,9 +278,23 @@ static void forge(struct job *j, const char *job, int to, bool files)
 	m = json_load_file(p, 0, NULL);
 	ck_assert_ptr_nonnull(m);
 	json_object_set_new(m, "step", json_integer(to));
+	if (unstamped) {
+		json_t *r;
+		size_t i;
+
+		json_array_foreach(json_object_get(m, "ranks"), i, r)
+		{
+			json_object_del(r, "save");
+		}
+	}
 	snprintf(p, sizeof(p), "%s/manifest.json", dir);
 	ck_assert_int_eq(json_dump_file(m, p, 0), 0);
 	json_decref(m);
+}
+
+static void forge(struct job *j, const char *job, int to, bool files)
+{
+	forge_as(j, job, to, files, false);
 }
 
 static int64_t latest_file(struct job *j, const char *job)
@@ -321,6 +354,17 @@ START_TEST(forged_manifest_running)
 	/* by number: that is no checkpoint of step 50 */
 	ck_assert_int_eq(ckpt_restore(j.p, 50, NULL, NULL), -EBADMSG);
 	ck_assert_msg(strstr(ckpt_last_error(j.c), "not save"), "%s", ckpt_last_error(j.c));
+
+	/* its manifest claiming no stamps (an older agent's): files of step 3 all the same */
+	forge_as(&j, "fr", 60, true, true);
+	ck_assert_int_eq(ckpt_restore(j.p, 60, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "of step 3"), "%s", ckpt_last_error(j.c));
+	{
+		char out[4096];
+
+		ck_assert_int_eq(h_ctl(&j.a, out, sizeof(out), "verify fr 60"), 1);
+		ck_assert_msg(strstr(out, "of step 3"), "verify of a forged step: %s", out);
+	}
 	job_end(&j);
 }
 END_TEST
@@ -433,6 +477,171 @@ START_TEST(listed_until_removed)
 }
 END_TEST
 
+/*
+ * LATEST's shard file replaced by something else under its name: a link to
+ * a copy of it (_i 0) or a directory (_i 1). The agent follows no link: it
+ * is not the file the manifest names, damage like a missing one.
+ */
+START_TEST(shard_not_a_file)
+{
+	struct job j;
+	char shard[512], copy[600], *notes;
+	int64_t step;
+
+	job_start(&j, "nf", 1, 3, NULL);
+	h_shard(&j.a, shard, sizeof(shard), "nf", 3, 0);
+	snprintf(copy, sizeof(copy), "%s.elsewhere", shard);
+	ck_assert_int_eq(rename(shard, copy), 0);
+	if (_i == 0)
+		ck_assert_int_eq(symlink(copy, shard), 0);
+	else
+		ck_assert_int_eq(mkdir(shard, 0755), 0);
+
+	ck_assert_msg(restore_latest(&j, CKPT_FALLBACK_DAMAGED, &step, &notes) == 0, "%s",
+	              ckpt_last_error(j.c));
+	ck_assert_int_eq(step, 2);
+	ck_assert(h_model_check(&j.m, 2, NULL));
+	ck_assert_msg(notes && strstr(notes, "step 3: ") && strstr(notes, strrchr(shard, '/') + 1),
+	              "%s", notes ? notes : "(no notes)");
+	free(notes);
+	ck_assert_int_eq(restore_latest(&j, CKPT_FALLBACK_NEVER, &step, &notes), -EBADMSG);
+	free(notes);
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1), "%s",
+	              ckpt_last_error(j.c));
+	job_end(&j);
+}
+END_TEST
+
+/*
+ * Step 3's directory moved away and a link left under its name (_i 0), a
+ * file in its place (_i 1), or its manifest replaced by a directory (_i 2):
+ * no listing shows it (the agent follows no link, and takes only a regular
+ * file for a manifest), yet a restore of it by number is damage, not "no
+ * such checkpoint". LATEST restores the step before.
+ */
+START_TEST(step_not_a_directory)
+{
+	struct job j;
+	char dir[512], away[600], mf[600];
+	int64_t step;
+
+	job_start(&j, "nd", 1, 3, NULL);
+	h_path(&j.a, dir, sizeof(dir), "nd/step-000000000003");
+	snprintf(away, sizeof(away), "%s.away", dir);
+	snprintf(mf, sizeof(mf), "%s/manifest.json", dir);
+	if (_i == 0) {
+		ck_assert_int_eq(rename(dir, away), 0);
+		ck_assert_int_eq(symlink(away, dir), 0);
+	} else if (_i == 1) {
+		ck_assert_int_eq(rename(dir, away), 0);
+		ck_assert_int_eq(close(open(dir, O_CREAT | O_WRONLY, 0644)), 0);
+	} else {
+		ck_assert_int_eq(unlink(mf), 0);
+		ck_assert_int_eq(mkdir(mf, 0755), 0);
+	}
+	/* listed (this agent committed it), then not (a restore of LATEST looked at the root) */
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_int_eq(ckpt_restore(j.p, CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 2);
+	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
+	ck_assert_msg(strstr(ckpt_last_error(j.c), "step 3"), "%s", ckpt_last_error(j.c));
+	/* a step that was never there: still "no such checkpoint" */
+	ck_assert_int_eq(ckpt_restore(j.p, 4, NULL, NULL), -ENOENT);
+	job_end(&j);
+}
+END_TEST
+
+/* What another node does while a1's restore of LATEST reads step 2. */
+struct remover {
+	struct agent_proc *reader, *other;
+	struct ckpt_plan *p;
+	struct h_model *m;
+	char out[4096];
+	int rc;
+};
+
+static void *remove_under_reader(void *arg)
+{
+	struct remover *x = arg;
+	struct ckpt_save *s;
+
+	/* the reader is held opening step 2's shard (CKPT_FAULTS): step 3, then 1 and 2 go */
+	for (int i = 0; i < 3000 && !h_log_has(x->reader, "fault injected: openat("); i++)
+		usleep(10 * 1000);
+	h_model_fill(x->m, 3);
+	x->rc = ckpt_save(x->p, 3, NULL, &s);
+	if (x->rc == 0) {
+		x->rc = ckpt_save_wait(s, CKPT_COMMITTED, 60000);
+		ckpt_save_release(s);
+	}
+	if (x->rc == 0)
+		x->rc = h_ctl(x->other, x->out, sizeof(x->out), "delete rr 2");
+	if (x->rc == 0)
+		x->rc = h_ctl(x->other, x->out, sizeof(x->out), "delete rr 1");
+	return NULL;
+}
+
+/*
+ * Two agents on one root. n1's trainer commits steps 1 and 2; a trainer on
+ * n0 restores LATEST (step 2), held as it opens step 2's shard; meanwhile
+ * n1 commits step 3 and removes steps 2 and 1 (retention would). The
+ * restore is the newest step there is, 3: going on to the older steps it
+ * had listed would end at "no checkpoint", and the trainer would start over.
+ */
+START_TEST(removed_as_latest_was_read)
+{
+	struct agent_proc a0, a1;
+	struct ckpt_client *c0, *c1;
+	struct ckpt_plan *p0, *p1;
+	struct h_model m0, m1;
+	struct remover x;
+	char root[512], cmd[600];
+	pthread_t th;
+	int64_t step = -1;
+	int rc;
+
+	snprintf(root, sizeof(root), "%s/shared-XXXXXX", getenv("CK_TMPDIR") ?: "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	h_agent_start_node(&a1, root, "n1", NULL);
+	c1 = h_connect(&a1);
+	h_model_make(&m1, c1, 3, 20001);
+	ck_assert_int_eq(ckpt_plan_create(c1, "rr", 0, 1, m1.t, m1.n, &p1), 0);
+	for (int k = 1; k <= 2; k++) {
+		h_model_fill(&m1, (uint64_t)k);
+		commit(p1, k);
+	}
+	h_agent_start_node_env(&a0, root, "n0", NULL,
+	                       "CKPT_FAULTS=openat:slow=4000:path=*/step-000000000002/rank-*:"
+	                       "count=inf");
+	c0 = h_connect(&a0);
+	h_model_make(&m0, c0, 3, 20001);
+	ck_assert_int_eq(ckpt_plan_create(c0, "rr", 0, 1, m0.t, m0.n, &p0), 0);
+
+	x = (struct remover){.reader = &a0, .other = &a1, .p = p1, .m = &m1, .rc = -1};
+	ck_assert_int_eq(pthread_create(&th, NULL, remove_under_reader, &x), 0);
+	h_model_fill(&m0, 999);
+	rc = ckpt_restore(p0, CKPT_LATEST, &step, NULL);
+	pthread_join(th, NULL);
+	ck_assert_msg(x.rc == 0, "n1: %d %s", x.rc, x.out);
+	ck_assert_msg(rc == 0, "restore of LATEST: %d %s", rc, ckpt_last_error(c0));
+	ck_assert_int_eq(step, 3);
+	ck_assert(h_model_check(&m0, 3, NULL));
+	ck_assert_msg(h_log_has(&a0, "step 2 was removed as it was read"), "%s", a0.log);
+
+	ckpt_plan_destroy(p0);
+	ckpt_plan_destroy(p1);
+	h_model_free(&m0);
+	h_model_free(&m1);
+	ckpt_disconnect(c0);
+	ckpt_disconnect(c1);
+	h_agent_cleanup(&a0);
+	h_agent_cleanup(&a1);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("damage");
@@ -445,6 +654,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, forged_manifest_running);
 	tcase_add_test(tc, removed_while_verifying);
 	tcase_add_test(tc, listed_until_removed);
+	tcase_add_loop_test(tc, shard_not_a_file, 0, 2);
+	tcase_add_loop_test(tc, step_not_a_directory, 0, 3);
+	tcase_add_test(tc, removed_as_latest_was_read);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -22,6 +22,8 @@
  *   - a step deleted from the root while it uploads: dropped, what it put on
  *     the tier goes, the trainer is told, status counts it
  *   - the store away in the middle of an upload: tried again, then whole
+ *   - the root's checkpoints gone and the tier's LATEST lost: a restore of
+ *     LATEST takes the tier's newest manifest, never "no checkpoint"
  *
  * The store is stopped (scripts/rgw.sh stop-gw) by some of these tests:
  * test_s3 does the same, and the two hold one lock (RESOURCE_LOCK rgw).
@@ -542,6 +544,43 @@ START_TEST(upload_given_up_at_the_deadline)
 }
 END_TEST
 
+/*
+ * The root's checkpoints of a job deleted (its LATEST with them) and the
+ * tier's LATEST lost (or unreadable, _i 1): LATEST is a hint; a restore of
+ * LATEST takes the tier's newest manifest, as on the root, and never says
+ * "no checkpoint" (the trainer would start over) while the tier has one.
+ */
+START_TEST(tier_latest_lost)
+{
+	struct tiered t;
+	char out[4096], path[400];
+	FILE *f;
+
+	tiered_start(&t, 1, "");
+	s3h_save_mode(t.a, 1, "tl", 1, 1, 3, 1, "upload");
+	for (long s = 1; s <= 3; s++)
+		ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete --force tl %ld", s) == 0,
+		              "%s", out);
+	if (_i == 0) {
+		s3h_rgw(out, sizeof(out), "curl",
+		        "-s -X DELETE -w '%%{http_code}' s3://%s/tier/tl/LATEST", t.bucket);
+		ck_assert_msg(atoi(out) == 204, "DELETE of the tier's LATEST: %s", out);
+	} else {
+		snprintf(path, sizeof(path), "%s/latest", t.dir);
+		f = fopen(path, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs("not a step\n", f);
+		fclose(f);
+		s3h_rgw(out, sizeof(out), "curl",
+		        "-s -T '%s' -w '%%{http_code}' s3://%s/tier/tl/LATEST", path, t.bucket);
+		ck_assert_msg(atoi(out) == 200, "PUT of the tier's LATEST: %s", out);
+	}
+	ck_assert_int_eq(s3h_restore_all(t.a, 1, "tl", 1, 1), 3);
+	ck_assert(h_log_has(&t.a[0], "step 3 restored from the upload tier"));
+	tiered_stop(&t);
+}
+END_TEST
+
 /* ---- main ------------------------------------------------------------------ */
 
 static Suite *suite(void)
@@ -561,6 +600,7 @@ static Suite *suite(void)
 	tcase_add_test(t, upload_tier_compressed);
 	tcase_add_test(t, upload_of_a_deleted_step);
 	tcase_add_test(t, upload_retried_after_a_failed_part);
+	tcase_add_loop_test(t, tier_latest_lost, 0, 2);
 	suite_add_tcase(s, t);
 	return s;
 }
