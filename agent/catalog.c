@@ -355,6 +355,37 @@ void catalog_sync_job(struct agent *a, const char *job)
 	free(steps);
 }
 
+size_t catalog_jobs(struct agent *a, char ***out)
+{
+	char **listed = NULL, **v, err[IPC_ERRLEN];
+	struct cat_entry **e = NULL;
+	size_t nl = 0, ne, n = 0;
+
+	if (a->store->ops->list_jobs(a->store, &listed, &nl, err))
+		log_msg(LOG_WARNING, "the root's jobs cannot be listed: %s", err);
+	pthread_mutex_lock(&a->mu);
+	ne = catalog_list(a->cat, NULL, &e);
+	v = calloc(nl + ne + 1, sizeof(*v));
+	for (size_t i = 0; v && i < ne; i++)
+		if (n == 0 || strcmp(v[n - 1], e[i]->job)) /* the catalog is sorted by job */
+			v[n++] = strdup(e[i]->job);
+	pthread_mutex_unlock(&a->mu);
+	free(e);
+	for (size_t i = 0; i < nl; i++) {
+		bool known = false;
+
+		for (size_t j = 0; v && j < n && !known; j++)
+			known = v[j] && strcmp(v[j], listed[i]) == 0;
+		if (v && !known)
+			v[n++] = listed[i];
+		else
+			free(listed[i]);
+	}
+	free(listed);
+	*out = v;
+	return v ? n : 0;
+}
+
 int catalog_load(struct catalog *c, struct storage *s, char *err)
 {
 	char **jobs = NULL;

@@ -304,34 +304,31 @@ out:
 
 /*
  * Maint thread (in order with GC and delete: a step on its way out is never
- * listed again): the job's steps as the root has them now, or every listed
- * job's, then the answer. Steps another node's retention removed go, steps
- * another node committed come: a list is never staler than the root. One
- * listing of each job's steps per list (`ckptctl list` is an operator's
- * call, not a per-step one).
+ * listed again): the job's steps as the root has them now, or every job's
+ * (those listed here and those the root holds), then the answer. Steps another node's retention
+ * removed go, steps another node committed come: a list is never staler than the root. One listing
+ * of each job's steps per list (`ckptctl list` is an operator's call, not a per-step one).
  */
 static void list_run(struct work *w)
 {
 	struct list_op *op = container_of(w, struct list_op, work);
 	struct agent *a = op->a;
-	struct cat_entry **e = NULL;
-	char(*jobs)[IPC_MAX_JOB + 1] = NULL;
-	size_t n = 0, ne;
+	char **jobs = NULL;
+	size_t n = 0;
 	bool root_ok;
 
 	pthread_mutex_lock(&a->mu);
 	root_ok = a->root.state == ROOT_OK;
-	ne = op->job[0] ? 0 : catalog_list(a->cat, NULL, &e);
-	jobs = calloc(ne + 1, sizeof(*jobs));
-	for (size_t i = 0; jobs && i < ne; i++) /* the catalog is sorted by job */
-		if (!n || strcmp(jobs[n - 1], e[i]->job))
-			snprintf(jobs[n++], sizeof(jobs[0]), "%s", e[i]->job);
 	pthread_mutex_unlock(&a->mu);
-	free(e);
 	if (root_ok && op->job[0])
 		catalog_sync_job(a, op->job);
-	for (size_t i = 0; root_ok && i < n; i++)
-		catalog_sync_job(a, jobs[i]);
+	else if (root_ok) /* every job: those listed here and those the root holds */
+		n = catalog_jobs(a, &jobs);
+	for (size_t i = 0; i < n; i++) {
+		if (jobs[i])
+			catalog_sync_job(a, jobs[i]);
+		free(jobs[i]);
+	}
 	free(jobs);
 	pthread_mutex_lock(&a->mu);
 	list_reply(a, op->call, op->job[0] ? op->job : NULL);

@@ -135,38 +135,6 @@ static void check_run(struct work *wk)
 	workq_push_at(w->q, &w->check, ipc_mono_ns() + (rc ? CHECK_BAD_NS : CHECK_OK_NS));
 }
 
-/* Jobs the catalog lists, and jobs the root holds: each named once (malloc'd). */
-static size_t jobs_to_sync(struct agent *a, char ***out)
-{
-	char **listed = NULL, **v, err[IPC_ERRLEN];
-	struct cat_entry **e = NULL;
-	size_t nl = 0, ne, n = 0;
-
-	if (a->store->ops->list_jobs(a->store, &listed, &nl, err))
-		log_msg(LOG_WARNING, "storage root back, but its jobs cannot be listed: %s", err);
-	pthread_mutex_lock(&a->mu);
-	ne = catalog_list(a->cat, NULL, &e);
-	v = calloc(nl + ne + 1, sizeof(*v));
-	for (size_t i = 0; v && i < ne; i++)
-		if (n == 0 || strcmp(v[n - 1], e[i]->job)) /* the catalog is sorted by job */
-			v[n++] = strdup(e[i]->job);
-	pthread_mutex_unlock(&a->mu);
-	free(e);
-	for (size_t i = 0; i < nl; i++) {
-		bool known = false;
-
-		for (size_t j = 0; v && j < n && !known; j++)
-			known = v[j] && strcmp(v[j], listed[i]) == 0;
-		if (v && !known)
-			v[n++] = listed[i];
-		else
-			free(listed[i]);
-	}
-	free(listed);
-	*out = v;
-	return v ? n : 0;
-}
-
 static void owners_follow(struct agent *a);
 
 /* Root thread: the root is back (or new): the catalog and the plans files follow it. */
@@ -181,7 +149,7 @@ static void sync_run(struct work *wk)
 	pthread_mutex_lock(&a->mu);
 	w->sync_queued = false;
 	pthread_mutex_unlock(&a->mu);
-	n = jobs_to_sync(a, &jobs);
+	n = catalog_jobs(a, &jobs);
 	for (size_t i = 0; i < n; i++) {
 		if (jobs[i])
 			catalog_sync_job(a, jobs[i]);

@@ -318,9 +318,9 @@ static bool retry_of_failed(const struct checkpoint *cp, int rank)
 /*
  * Under mu: a save of a step that is committed is refused (-EEXIST), but
  * of one known damaged (a restore or verify found it; not pinned, not
- * being read): that one this save replaces (*replaces): out of the catalog
- * once the save is made, its manifest retired before this node's part is
- * written. A trainer
+ * being read) that one node's part made: that one this save replaces
+ * (*replaces): out of the catalog once the save is made, its manifest
+ * retired before this node's part is written. A trainer
  * that went back past a damaged step saves it again as it trains on.
  */
 static int committed_before(struct agent *a, const struct plan *p, int64_t step, bool *replaces,
@@ -342,6 +342,19 @@ static int committed_before(struct agent *a, const struct plan *p, int64_t step,
 		                "be saved again now",
 		                p->job, (long long)step, e->damage,
 		                e->pinned ? "pinned (unpin it first)" : "being read");
+	/*
+	 * Of several nodes (or parts not known): their old parts stay in the
+	 * step, and the other nodes may not know it is damaged; a step saved
+	 * anew from some of them could mix two saves. An operator removes it.
+	 */
+	if (e->nparts != 1)
+		return ipc_errf(err, -EEXIST,
+		                "job %s step %lld is committed and damaged (%s), and %s: delete it "
+		                "(ckptctl delete --force %s %lld, on any node) to save it again",
+		                p->job, (long long)step, e->damage,
+		                e->nparts ? "its parts are of several nodes"
+		                          : "its parts are not known",
+		                p->job, (long long)step);
 	*replaces = true; /* once the save is made: out of the catalog (save_start) */
 	return 0;
 }

@@ -461,6 +461,10 @@ START_TEST(listed_until_removed)
 		h_model_fill(&m, (uint64_t)k);
 		commit(p, k);
 	}
+	/* a job n1 never served: its list of every job shows it all the same */
+	ck_assert_int_eq(h_ctl(&a1, out, sizeof(out), "--json list"), 0);
+	ck_assert_msg(strstr(out, "\"job\": \"lr\"") && strstr(out, "\"step\": 2,"),
+	              "n1 does not list job lr: %s", out);
 	ck_assert_int_eq(h_ctl(&a1, out, sizeof(out), "list lr"), 0);
 	ck_assert_msg(strstr(out, "lr ") && strstr(out, " 2 "), "n1 does not list step 2: %s", out);
 	ck_assert_int_eq(h_ctl(&a0, out, sizeof(out), "delete lr 2"), 0);
@@ -642,6 +646,76 @@ START_TEST(removed_as_latest_was_read)
 }
 END_TEST
 
+/*
+ * A damaged step of two nodes is not replaced by one of them: the other
+ * node's part of it stays, and a step saved anew beside it would mix two
+ * saves. The save is refused, naming the remedy; after the delete, the
+ * step is saved again by both.
+ */
+START_TEST(damaged_of_two_nodes_not_replaced)
+{
+	struct agent_proc a[2];
+	struct ckpt_client *c[2];
+	struct ckpt_plan *p[2];
+	struct h_model m[2];
+	struct ckpt_save *s[2];
+	char root[512], shard[600], out[4096];
+	int64_t step;
+
+	snprintf(root, sizeof(root), "%s/shared-XXXXXX", getenv("CK_TMPDIR") ?: "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(root));
+	for (int r = 0; r < 2; r++) {
+		char node[8];
+
+		snprintf(node, sizeof(node), "n%d", r);
+		h_agent_start_node(&a[r], root, node, NULL);
+		c[r] = h_connect(&a[r]);
+		h_model_make(&m[r], c[r], 3, 20001);
+		for (size_t i = 0; i < m[r].n; i++) { /* names of its own: no replicas */
+			snprintf(m[r].name[i], sizeof(m[r].name[i]), "rank%d.t%zu", r, i);
+			m[r].t[i].name = m[r].name[i];
+		}
+		ck_assert_int_eq(ckpt_plan_create(c[r], "d2", r, 2, m[r].t, m[r].n, &p[r]), 0);
+	}
+	for (int64_t k = 1; k <= 2; k++) {
+		for (int r = 0; r < 2; r++)
+			ck_assert_int_eq(ckpt_save(p[r], k, NULL, &s[r]), 0);
+		for (int r = 0; r < 2; r++) {
+			ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0, "%s",
+			              ckpt_save_reason(s[r]));
+			ckpt_save_release(s[r]);
+		}
+	}
+	h_shard(&a[0], shard, sizeof(shard), "d2", 2, 0);
+	ck_assert_int_eq(unlink(shard), 0);
+	ck_assert_int_eq(ckpt_restore(p[0], CKPT_LATEST, &step, NULL), 0);
+	ck_assert_int_eq(step, 1);
+	ck_assert_int_eq(ckpt_save(p[0], 2, NULL, &s[0]), -EEXIST);
+	ck_assert_msg(strstr(ckpt_last_error(c[0]), "several nodes") &&
+	                  strstr(ckpt_last_error(c[0]), "ckptctl delete --force d2 2"),
+	              "%s", ckpt_last_error(c[0]));
+	/* the remedy; the other node learns of the delete as it looks at the root (a list) */
+	ck_assert_int_eq(h_ctl(&a[0], out, sizeof(out), "delete --force d2 2"), 0);
+	ck_assert_int_eq(h_ctl(&a[1], out, sizeof(out), "list d2"), 0);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ckpt_save(p[r], 2, NULL, &s[r]), 0);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0, "%s",
+		              ckpt_save_reason(s[r]));
+		ckpt_save_release(s[r]);
+	}
+	ck_assert_int_eq(h_ctl(&a[1], out, sizeof(out), "verify d2 2"), 0);
+	for (int r = 0; r < 2; r++) {
+		ckpt_plan_destroy(p[r]);
+		h_model_free(&m[r]);
+		ckpt_disconnect(c[r]);
+		h_agent_cleanup(&a[r]);
+	}
+	snprintf(out, sizeof(out), "rm -rf '%s'", root);
+	ck_assert_int_eq(system(out), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("damage");
@@ -654,6 +728,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, forged_manifest_running);
 	tcase_add_test(tc, removed_while_verifying);
 	tcase_add_test(tc, listed_until_removed);
+	tcase_add_test(tc, damaged_of_two_nodes_not_replaced);
 	tcase_add_loop_test(tc, shard_not_a_file, 0, 2);
 	tcase_add_loop_test(tc, step_not_a_directory, 0, 3);
 	tcase_add_test(tc, removed_as_latest_was_read);
