@@ -465,7 +465,8 @@ END_TEST
 
 #ifdef CKPT_FAULT_INJECTION
 /*
- * A save whose writes are slow (300 ms each, 1 MiB chunks) is WRITING on
+ * A save whose writes are slow (700 ms each, 1 MiB chunks: the writing
+ * lasts through several of the agent's once-a-second progress ticks) is WRITING on
  * an 80-column terminal, with bytes written of total and a rate; once it
  * commits, the list of last checkpoints and the event lines on a pipe give
  * no reason for it (reasons are for failures).
@@ -482,11 +483,11 @@ START_TEST(watch_phases_and_reasons)
 	size_t at;
 
 	h_agent_start_env(&a, "--staging-mb 32 --chunk-mb 1 --queue-depth 1",
-	                  "CKPT_FAULTS=io_write:slow=300:path=*/ph/*:count=inf");
+	                  "CKPT_FAULTS=io_write:slow=700:path=*/ph/*:count=inf");
 	watch_start_cols(&w, &a, "ph", 80);
 	watch_start(&p, &a, "ph", false);
 	c = h_connect(&a);
-	h_model_make(&m, c, 4, 1 << 20); /* about 4 MiB: 5 writes, 1.5 s */
+	h_model_make(&m, c, 4, 1 << 20); /* about 4 MiB: 5 writes, 3.5 s: ticks fall in it */
 	ck_assert_int_eq(ckpt_plan_create(c, "ph", 0, 1, m.t, m.n, &pl), 0);
 	h_model_fill(&m, 3);
 	ck_assert_int_eq(ckpt_save(pl, 1, NULL, &s), 0);
