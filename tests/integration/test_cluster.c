@@ -73,8 +73,9 @@ static bool holds(const float *emb, const uint8_t *opt, size_t optn, long step, 
  *   expect-fail  waits for FAILED and prints the reason (one step)
  *   hold         does not wait: sleeps until killed
  *   late         as commit, but sleeps 3 s after its plan is made (published)
- *   restore      (no save) restores LATEST, checks every byte and its meta,
- *                prints the step
+ *   restore      (no save) restores LATEST (or FIRST, where it is not 0),
+ *                checks every byte and its meta, prints the step; where the
+ *                restore fails, prints "error -ERRNO: why" and exits 12
  */
 static int rank_main(char **v)
 {
@@ -108,8 +109,11 @@ static int rank_main(char **v)
 		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 11;
 	if (strcmp(mode, "restore") == 0) {
 		memset(mem, 0, ROWS * 16 * 4 + optn);
-		if (ckpt_restore(p, CKPT_LATEST, &step, &back))
+		rc = ckpt_restore(p, first > 0 ? first : CKPT_LATEST, &step, &back);
+		if (rc) {
+			printf("error %d: %s\n", rc, ckpt_last_error(c));
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 12;
+		}
 		/* as saved, byte for byte (below) */
 		snprintf(meta, sizeof(meta), "{\"rank\": %d, \"step\": %lld}", rank,
 		         (long long)step);
