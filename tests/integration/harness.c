@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -465,6 +466,34 @@ unsigned h_free_port(void)
 	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
 	close(fd);
 	return ntohs(sa.sin_port);
+}
+
+double h_metric(unsigned port, const char *sample)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port),
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {10, 0};
+	static char buf[1 << 18];
+	char req[96], want[256], *at;
+	size_t len = 0;
+	ssize_t n;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+	              "connect to the metrics port %u: %s", port, strerror(errno));
+	snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while (len < sizeof(buf) - 1 && (n = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+		len += (size_t)n;
+	close(fd);
+	buf[len] = '\0';
+	snprintf(want, sizeof(want), "\n%s ", sample);
+	at = strstr(buf, want);
+	ck_assert_msg(at, "no sample %s in the scrape of port %u", sample, port);
+	return strtod(at + strlen(want), NULL);
 }
 
 struct ckpt_client *h_connect(const struct agent_proc *a)

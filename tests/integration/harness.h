@@ -53,6 +53,12 @@ bool h_log_has(const struct agent_proc *a, const char *needle);
 
 /* A loopback TCP port nobody listens on now: bound to port 0, read back, closed. */
 unsigned h_free_port(void);
+/*
+ * The value of one sample ("ckptd_up", "ckptd_restores_total{result=\"ok\"}")
+ * in a scrape of the agent's metrics on 127.0.0.1:port; fails the test if
+ * the scrape does not have it.
+ */
+double h_metric(unsigned port, const char *sample);
 /* ckpt_connect to the agent, asserting it works. */
 struct ckpt_client *h_connect(const struct agent_proc *a);
 

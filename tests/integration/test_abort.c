@@ -198,6 +198,8 @@ START_TEST(abort_stops_copies)
 	ck_assert_msg(metric_reaches(port, "ckptd_saves_in_flight", 0, false, 120000),
 	              "the dead trainer's saves did not end");
 	ck_assert(metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
+	/* per job too: what the CkptdSavesFailing alert reads */
+	ck_assert(metric(port, "ckptd_job_saves_total{job=\"doomed-b\",state=\"failed\"}") == 1);
 	ck_assert(h_log_has(&a, "doomed-b step 1 rank 0 FAILED") &&
 	          h_log_has(&a, "before its save was CAPTURED"));
 	ck_assert_msg(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 60000),

@@ -88,13 +88,25 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
 	return pid;
 }
 
-/* Four ranks of one step under the skip policy: they fit together, so none is skipped. */
+/*
+ * Four ranks of one step under the skip policy: they fit together, so none is
+ * skipped. In step 4, rank 0's save (192 MiB, through the 64 MiB pool, its
+ * writes slow) holds the whole pool when the other three ask: chunks of
+ * their own step, so they are not skipped either (a save of another step
+ * would be).
+ */
 START_TEST(skip_policy_ranks_together)
 {
+	const char *args = "--staging-mb 64 --chunk-mb 1 --backpressure skip";
 	struct agent_proc a;
 	pid_t pid[4];
 
-	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --backpressure skip");
+#ifdef CKPT_FAULT_INJECTION
+	h_agent_start_env(&a, args,
+	                  "CKPT_FAULTS=io_write:slow=10:path=*/sk/step-000000000004/*:count=inf");
+#else
+	h_agent_start(&a, args);
+#endif
 	for (int step = 1; step <= 3; step++) {
 		for (int r = 0; r < 4; r++)
 			pid[r] = spawn_rank(&a, "sk", r, 4, step, "commit", NULL);
@@ -103,6 +115,13 @@ START_TEST(skip_policy_ranks_together)
 			              r);
 		ck_assert(h_wait_state(&a, "sk", step, "COMMITTED", 10000));
 	}
+	pid[0] = spawn_rank(&a, "sk", 0, 4, 4, "big", NULL);
+	ck_assert(h_wait_state(&a, "sk", 4, "IN_FLIGHT", 30000));
+	for (int r = 1; r < 4; r++)
+		pid[r] = spawn_rank(&a, "sk", r, 4, 4, "commit", NULL);
+	for (int r = 0; r < 4; r++)
+		ck_assert_msg(h_reap(pid[r]) == 0, "step 4 rank %d did not commit (%s)", r, a.log);
+	ck_assert(h_wait_state(&a, "sk", 4, "COMMITTED", 10000));
 	h_agent_cleanup(&a);
 }
 END_TEST

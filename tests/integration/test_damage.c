@@ -5,10 +5,11 @@
  *
  *   deleted_shard_of_latest    LATEST's shard file removed: LATEST restores
  *                              the step before, saying which it passed over
- *                              and why (the reply, the log, the list);
- *                              strict and by number: -EBADMSG naming the
- *                              file; never -ENOENT; a save of the step
- *                              again replaces it
+ *                              and why (the reply, the log, the list, the
+ *                              metrics); strict and by number: -EBADMSG
+ *                              naming the file, counted damaged, never
+ *                              -ENOENT; a save of the step again replaces
+ *                              it (the damaged gauge back to 0)
  *   only_step_damaged          nothing whole left: -EBADMSG, never -ENOENT,
  *                              also across a restart; an unreadable manifest
  *                              is listed DAMAGED; LATEST naming a step whose
@@ -136,11 +137,13 @@ static bool list_line(struct job *j, const char *job, int64_t step, char *line, 
 
 START_TEST(deleted_shard_of_latest)
 {
+	const unsigned port = h_free_port();
 	struct job j;
-	char shard[512], line[1024], *notes;
+	char shard[512], line[1024], args[64], *notes;
 	int64_t step;
 
-	job_start(&j, "dl", 1, 3, NULL);
+	snprintf(args, sizeof(args), "--metrics-listen 127.0.0.1:%u", port);
+	job_start(&j, "dl", 1, 3, args);
 	h_shard(&j.a, shard, sizeof(shard), "dl", 3, 0);
 	ck_assert_int_eq(unlink(shard), 0);
 
@@ -153,6 +156,9 @@ START_TEST(deleted_shard_of_latest)
 	              "%s", notes ? notes : "(no notes)");
 	free(notes);
 	ck_assert_msg(h_log_has(&j.a, "step 3 passed over"), "the log does not say (%s)", j.a.log);
+	/* and the metrics the alerts read: one step passed over, one known damaged */
+	ck_assert_int_eq(h_metric(port, "ckptd_restore_passed_over_total"), 1);
+	ck_assert_int_eq(h_metric(port, "ckptd_checkpoints_damaged"), 1);
 	/* the list: step 3 DAMAGED with why, LATEST on step 2 */
 	ck_assert(list_line(&j, "dl", 3, line, sizeof(line)));
 	ck_assert_msg(strstr(line, "DAMAGED") && strstr(line, strrchr(shard, '/') + 1) &&
@@ -170,6 +176,8 @@ START_TEST(deleted_shard_of_latest)
 	ck_assert_int_eq(ckpt_restore(j.p, 3, NULL, NULL), -EBADMSG);
 	ck_assert_msg(strstr(ckpt_last_error(j.c), strrchr(shard, '/') + 1), "%s",
 	              ckpt_last_error(j.c));
+	ck_assert_int_eq(h_metric(port, "ckptd_restores_total{result=\"damaged\"}"), 2);
+	ck_assert_int_eq(h_metric(port, "ckptd_restores_total{result=\"absent\"}"), 0);
 
 	/* the same after a restart (LATEST still names 3: it is read again, and passed over) */
 	ck_assert_int_eq(h_agent_stop(&j.a), 0);
@@ -186,6 +194,7 @@ START_TEST(deleted_shard_of_latest)
 	ck_assert(h_model_check(&j.m, 33, NULL));
 	ck_assert(list_line(&j, "dl", 3, line, sizeof(line)));
 	ck_assert_msg(strstr(line, "COMMITTED LATEST") && !strstr(line, "DAMAGED"), "%s", line);
+	ck_assert_int_eq(h_metric(port, "ckptd_checkpoints_damaged"), 0); /* the alert clears */
 	ck_assert_int_eq(h_ctl(&j.a, line, sizeof(line), "verify dl 3"), 0);
 	/* a whole step is not saved twice */
 	{

@@ -433,13 +433,14 @@ static bool has_trash(const struct agent_proc *a, const char *job)
  * Each job's faults: rm0 the rename out of sight, rm1 moving LATEST off the
  * step, rm2 the fsync after the rename (the fifth fsync of the job's
  * directory: OWNER and plans/ made, LATEST of steps 1 and 2, then the removal's),
- * rm3 deleting the files once out of sight, gc0 the GC's rename of step 1.
+ * rm3 deleting the files once out of sight, gc0 the GC's rename of step 1
+ * (twice: after the fourth commit, and at ckptctl gc).
  */
 static const char removal_plan[] = "CKPT_FAULTS=renameat:EIO:path=*/rm0/step-000000000001"
                                    ";renameat:ENOSPC:path=*/rm1/LATEST:after=2"
                                    ";fsync:EIO:path=*/rm2:after=4"
                                    ";unlinkat:EIO:path=*/rm3/.trash.step-000000000001.*/rank-*"
-                                   ";renameat:EIO:path=*/gc0/step-000000000001";
+                                   ";renameat:EIO:path=*/gc0/step-000000000001:count=2";
 
 START_TEST(removal_faults)
 {
@@ -518,6 +519,11 @@ START_TEST(removal_faults)
 	for (int i = 0; i < 200 && !h_log_has(&a, "gc of job gc0: step 1: cannot remove"); i++)
 		usleep(50000);
 	ck_assert_msg(h_log_has(&a, "gc of job gc0: step 1: cannot remove"), "the GC says why");
+	is_listed(&a, "gc0", 1, true);
+	/* ckptctl gc meets it too: it says which removal failed, and exits 1 */
+	rc = h_ctl(&a, out, sizeof(out), "gc gc0");
+	ck_assert_msg(rc == 1 && strstr(out, "FAILED") && strstr(out, "Input/output error"),
+	              "gc gc0 (%d): %s", rc, out);
 	is_listed(&a, "gc0", 1, true);
 	verifies(&a, "gc0", 1);
 	job_commit(&j[4], 5, 5);

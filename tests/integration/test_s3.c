@@ -18,6 +18,8 @@
  *     and verified, also by the agent restarted with compression off;
  *     each object, downloaded and put through `zstd -d`, loads in the
  *     safetensors library as what was saved
+ *   - a pin put into the store by another node's agent, unknown to this
+ *     one: a delete of the step is refused, the step stays whole
  *   - bad credentials, a missing bucket, an unreachable endpoint, a
  *     credentials file others can read: the agent does not start, and says
  *     why
@@ -271,6 +273,39 @@ static void refuses(const char *root, const char *flags, const char *want)
 	ck_assert_int_eq(system(cmd), 0);
 }
 
+/*
+ * A pin another node's agent put into the store (its object, put here by
+ * hand), which this agent has not read: a delete of the step is refused,
+ * saying it is pinned, and the step stays whole. On a store the pin is
+ * looked for by the removal alone (a directory root looks again once the
+ * step is out of sight).
+ */
+START_TEST(pinned_in_the_store_kept)
+{
+	struct agent_proc a = {0};
+	char bucket[64], out[4096], path[400];
+
+	s3h_new_bucket(bucket, sizeof(bucket));
+	start_on(&a, bucket, "n0", NULL);
+	s3h_save_all(&a, 1, "pn", 1, 1, 2, 1);
+	ck_assert_int_eq(s3h_rgw(out, sizeof(out), "curl",
+	                         "-s -o /dev/null -w '%%{http_code}' -X PUT --data-binary '' "
+	                         "'%s/%s/ckpt/pn/step-000000000001/pinned'",
+	                         s3h_endpoint, bucket),
+	                 0);
+	ck_assert_msg(atoi(out) == 200, "PUT of the pin: %s", out);
+	/* --force: no list first (it would read the pin into the catalog) */
+	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete --force pn 1"), 1);
+	ck_assert_msg(strstr(out, "is pinned"), "%s", out);
+	snprintf(path, sizeof(path), "%s/m1.json", a.dir);
+	ck_assert_int_eq(s3h_download(bucket, "ckpt/pn/step-000000000001/manifest.json", path),
+	                 200);
+	ck_assert_msg(h_ctl(&a, out, sizeof(out), "verify pn 1") == 0, "%s", out);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
 START_TEST(start_errors)
 {
 	char bucket[64], root[128], flags[1024], bad[300];
@@ -314,6 +349,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(t, roundtrip_compressed, 0, sizeof(zsizes) / sizeof(zsizes[0]));
 	tcase_add_test(t, world8_over_four_agents);
 	tcase_add_test(t, store_stops_mid_upload);
+	tcase_add_test(t, pinned_in_the_store_kept);
 	tcase_add_test(t, start_errors);
 	suite_add_tcase(s, t);
 	return s;

@@ -30,7 +30,9 @@ Each time: the agent stays up and answers `ckptctl status`; a save FAILS
 with a reason that names the problem, within a bounded time and a bounded
 number of requests; no manifest of a failed step is in the store, LATEST
 still names the last good step, and no multipart upload is left open.
-Then the store behaves again and a save commits and verifies. Last, the
+Then the store behaves again and a save commits and verifies; a store
+that throttles (429 to each request the first time) has each request tried
+again, and a save commits and verifies through it. Last, the
 agent is stopped while the store holds a request unanswered, and must
 exit, cleanly, in time.
 
@@ -107,11 +109,13 @@ class Store:
         self.release = threading.Event()  # frees the handlers a fault holds
         self.ignore_inm = False  # If-None-Match ignored: every PUT replaces
         self.who = []  # (access key, method, key) of every request, in order
+        self.throttled = set()  # (method, path) answered 429 once already
 
     def set_fault(self, name):
         with self.mu:
             self.fault = name
             self.requests = []
+            self.throttled = set()
 
     def count(self, pred):
         with self.mu:
@@ -184,6 +188,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.error(503, "SlowDown", "Please reduce your request rate.",
                        self.command == "HEAD")
             return True
+        if self.fault == "throttle":  # each request refused once, as a busy store does
+            with self.store.mu:
+                first = (self.command, self.path) not in self.store.throttled
+                self.store.throttled.add((self.command, self.path))
+            if first:
+                self.error(429, "TooManyRequests", "Please reduce your request rate.",
+                           self.command == "HEAD")
+                return True
         if self.fault == "silent" and (self.key or self.command != "HEAD"):
             self.held()  # the bucket's HEAD (the root check) still answers
             return True
@@ -780,6 +792,20 @@ def run(tmp):
         r = agent.ctl("verify", JOB, "3", timeout=60)
         check(r.returncode == 0, f"verify of step 3: {r.stdout}{r.stderr}")
         print("ok: the store behaves again, step 3 commits and verifies")
+
+        # a store that throttles (429 to each request the first time): tried again, it commits
+        store.set_fault("throttle")
+        rc, err, _ = agent.save(4)
+        check(rc == 0, f"step 4 on a store that answers 429 once to each request: {err}")
+        check(latest(store) == 4, f"LATEST is {latest(store)} after step 4")
+        r = agent.ctl("verify", JOB, "4", timeout=60)
+        check(r.returncode == 0, f"verify of step 4 through the 429s: {r.stdout}{r.stderr}")
+        with store.mu:
+            refused = len(store.throttled)
+        check(refused > 0, "the store never answered 429")
+        store.set_fault(None)
+        print(f"ok: {refused} requests answered 429 once, each tried again: step 4 commits "
+              f"and verifies")
 
         # the stop, while a request is held unanswered
         store.set_fault("silent_shards")

@@ -5,7 +5,9 @@
  * are test_cluster's rank processes.
  *
  *   - two nodes, the tier keeping 2: UPLOADED, the tier's manifest names
- *     both parts, restores from the tier once the root's copies are gone
+ *     both parts; a file lost from the root restored from the tier's copy
+ *     (a step the tier dropped: damaged, not absent); restores from the
+ *     tier once the root's copies are gone
  *   - compressed (--upload-compress): each object through `zstd -d` loads as
  *     what was saved; verified and restored from the tier
  *   - the store away while a step commits, the agent killed, the store
@@ -29,6 +31,7 @@
  * test_s3 does the same, and the two hold one lock (RESOURCE_LOCK rgw).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,11 +174,38 @@ static bool on_tier(const struct tiered *t, const char *job, long step, int ms)
 }
 
 /*
+ * Rank 0's files of steps 1 and 3 of job "up" lost from the root (the tier
+ * holds 2 and 3): LATEST (3) is restored whole by every rank, rank 0's from
+ * the tier's copy, not passed over for 2; step 1, on the tier no more, is
+ * damaged (-EBADMSG naming the file), never absent because the tier lacks it.
+ */
+static void tier_stands_in(struct tiered *t)
+{
+	char path[600], one[600], out[2048], want[32];
+	int fd;
+
+	h_shard(&t->a[0], one, sizeof(one), "up", 1, 0);
+	ck_assert_int_eq(unlink(one), 0);
+	h_shard(&t->a[0], path, sizeof(path), "up", 3, 0);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(s3h_restore_all(t->a, 2, "up", 4, 1), 3);
+	ck_assert(h_log_has(&t->a[0], "step 3 restored from the upload tier (the root: "));
+	ck_assert_int_eq(h_reap(s3h_spawn_rank(&t->a[0], "up", 0, 4, 1, 0, 1, "restore", &fd)), 12);
+	h_read_all(fd, out, sizeof(out));
+	snprintf(want, sizeof(want), "error %d: ", -EBADMSG);
+	ck_assert_msg(strstr(out, want) && strstr(out, strrchr(one, '/') + 1) &&
+	                  strstr(out, "the upload tier could not either"),
+	              "%s", out);
+}
+
+/*
  * Two nodes on a shared directory, an upload tier keeping 2: every save goes
  * COMMITTED then UPLOADED; the tier holds the last two (with both nodes'
- * parts), the root all three; with the root's copies deleted, every rank
- * restores LATEST from the tier, and the agent says so; verify --tier upload
- * reads it back whole.
+ * parts), the root all three; a file lost from the root is restored from
+ * the tier (not passed over), and one the tier no longer holds is damaged,
+ * not absent; with the root's copies deleted, every rank restores LATEST
+ * from the tier, and the agent says so; verify --tier upload reads it back
+ * whole.
  */
 START_TEST(upload_tier_two_nodes)
 {
@@ -200,6 +230,7 @@ START_TEST(upload_tier_two_nodes)
 	              out);
 	ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "verify --tier upload up 3") == 0, "%s",
 	              out);
+	tier_stands_in(&t);
 	for (long s = 1; s <= 3; s++)
 		ck_assert_msg(h_ctl(&t.a[0], out, sizeof(out), "delete --force up %ld", s) == 0,
 		              "%s", out);

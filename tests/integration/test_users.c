@@ -2,16 +2,19 @@
  * A second user on the node, against a real agent run by root: refused on
  * every operation on another user's job (plans, list, show, verify, delete,
  * pin, unpin, gc, commit), the job not even listed to it; a member of the
- * admin group lists and deletes it; ownership survives a restart; the admin
- * group reads, verifies, pins and deletes another user's job but never plans
- * or commits it, and the socket's group is not the admin group; a user
+ * admin group lists and deletes it; ownership survives a restart; another
+ * user's watch shows its own saves, never the owner's; the admin group
+ * reads, verifies, pins and deletes another user's job but never plans or
+ * commits it, and the socket's group is not the admin group; a user
  * outside the socket's group is told which group to join; a root the
  * agent's user cannot write is refused at --check-config and at start. Needs
  * root and useradd (test users ckpttest-*): skipped (77) otherwise.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
+#include <signal.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,8 +108,9 @@ static int ctl_as(const struct agent_proc *a, const char *user, char *out, size_
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* A trainer as `user`: plans job "priv" and saves step; exits 0, or 10 + what failed. */
-static int trainer_as(const struct agent_proc *a, const char *user, int64_t step, bool expect_ok)
+/* A trainer as `user`: plans job and saves step; exits 0, or 10 + what failed. */
+static int trainer_job_as(const struct agent_proc *a, const char *user, const char *job,
+                          int64_t step, bool expect_ok)
 {
 	pid_t pid = fork();
 
@@ -125,7 +129,7 @@ static int trainer_as(const struct agent_proc *a, const char *user, int64_t step
 		if (ckpt_host_alloc(c, 4096, &mem))
 			_exit(12);
 		t.data = mem;
-		rc = ckpt_plan_create(c, "priv", 0, 1, &t, 1, &p);
+		rc = ckpt_plan_create(c, job, 0, 1, &t, 1, &p);
 		if (!expect_ok) {
 			fprintf(stderr, "plan as %s: %s\n", user, ckpt_last_error(c));
 			_exit(rc == -EACCES ? 0 : 13);
@@ -144,6 +148,74 @@ static int trainer_as(const struct agent_proc *a, const char *user, int64_t step
 		_exit(0);
 	}
 	return h_reap(pid);
+}
+
+/* The same with job "priv". */
+static int trainer_as(const struct agent_proc *a, const char *user, int64_t step, bool expect_ok)
+{
+	return trainer_job_as(a, user, "priv", step, expect_ok);
+}
+
+/* `ckptctl watch` (every job it may read) as `user`, its output into path. */
+static pid_t watch_as(const struct agent_proc *a, const char *user, const char *path)
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
+			_exit(126);
+		become(user);
+		execl(CKPTCTL_BIN, "ckptctl", "--endpoint", a->endpoint, "watch", (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+	char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return strstr(buf, needle) != NULL;
+}
+
+/*
+ * Another user's watch of every job: its own saves, never the owner's.
+ * Its saves of job "mine" go on until one is seen (the watch is attached);
+ * the owner's step 5 then commits before its next one, whose line comes
+ * after any line of the owner's the watch was sent.
+ */
+static void watch_shows_only_own(const struct agent_proc *a)
+{
+	char path[600], line[64];
+	int64_t k = 1;
+	pid_t w;
+
+	snprintf(path, sizeof(path), "%s/watch.out", a->dir);
+	w = watch_as(a, U_OTHER, path);
+	for (; k <= 20 && !file_has(path, "job=mine"); k++)
+		ck_assert_int_eq(trainer_job_as(a, U_OTHER, "mine", k, true), 0);
+	ck_assert_msg(file_has(path, "job=mine"), "the watch saw nothing in %lld saves",
+	              (long long)k);
+	ck_assert_int_eq(trainer_as(a, U_OWNER, 5, true), 0);
+	ck_assert_int_eq(trainer_job_as(a, U_OTHER, "mine", k, true), 0);
+	snprintf(line, sizeof(line), "job=mine step=%lld rank=0/1 state=COMMITTED", (long long)k);
+	for (int i = 0; i < 600 && !file_has(path, line); i++)
+		usleep(50000);
+	ck_assert_msg(file_has(path, line), "the watch did not see step %lld", (long long)k);
+	ck_assert_int_eq(kill(w, SIGINT), 0);
+	ck_assert_int_eq(h_reap(w), 0);
+	ck_assert_msg(!file_has(path, "job=priv"), "another user's watch shows job priv (%s)",
+	              path);
 }
 
 START_TEST(other_users_refused)
@@ -168,6 +240,7 @@ START_TEST(other_users_refused)
 	}
 	ck_assert_int_eq(ctl_as(&a, U_OTHER, out, sizeof(out), "--json list"), 0);
 	ck_assert_msg(!strstr(out, "priv"), "another user's list: %s", out);
+	watch_shows_only_own(&a);
 	/* the owner sees it; the admin group lists and deletes it */
 	ck_assert_int_eq(ctl_as(&a, U_OWNER, out, sizeof(out), "--json list priv"), 0);
 	ck_assert_msg(strstr(out, "\"step\": 1"), "%s", out);

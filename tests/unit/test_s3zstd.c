@@ -5,8 +5,8 @@
  * small frames padded to S3's smallest part still decompress; `zstd`'s own
  * decoder takes the object whole (frames, padding and table); and seek
  * tables that lie (wrong magic, counts, sizes that do not add up to the
- * object or the shard, empty frames, checksums asked for, a corrupt frame)
- * are refused with EBADMSG.
+ * object or the shard, empty frames, checksums asked for, a corrupt frame,
+ * a frame shorter than its entry) are refused with EBADMSG.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -263,6 +263,33 @@ START_TEST(frame_past_a_chunk_refused)
 }
 END_TEST
 
+/*
+ * A frame that decompresses to fewer bytes than its entry says, the entries
+ * still adding up (the next frame says as many fewer): refused, naming the
+ * frame, rather than leaving the end of its stretch as it was.
+ */
+START_TEST(short_frame_refused)
+{
+	struct s3z_table t;
+	struct obj o;
+	char err[IPC_ERRLEN] = "";
+	unsigned char *tab, *dst;
+
+	make(&o, 2 * FRAME + 5, true);
+	tab = o.buf + o.len - s3z_table_bytes(o.n);
+	put32(tab + 12, FRAME + 1); /* frame 0: a byte more than it holds */
+	put32(tab + 20, FRAME - 1); /* frame 1: a byte fewer */
+	ck_assert_int_eq(parse(&o, &t), 0);
+	dst = malloc(FRAME + 1);
+	ck_assert(dst);
+	ck_assert_int_eq(s3z_inflate(&t, 0, o.buf, 0, dst, FRAME + 1, err), -EBADMSG);
+	ck_assert_msg(strstr(err, "frame 0") && strstr(err, "fewer bytes"), "%s", err);
+	free(dst);
+	s3z_table_free(&t);
+	drop(&o);
+}
+END_TEST
+
 START_TEST(corrupt_frame_refused)
 {
 	struct s3z_table t;
@@ -302,6 +329,7 @@ int main(void)
 	tcase_add_test(t, lying_tables_refused);
 	tcase_add_test(t, short_tables_refused);
 	tcase_add_test(t, corrupt_frame_refused);
+	tcase_add_test(t, short_frame_refused);
 	suite_add_tcase(s, t);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
