@@ -358,6 +358,21 @@ json_t *h_manifest_load(const char *path)
 	return m;
 }
 
+size_t h_manifest_ranks(json_t *m)
+{
+	size_t i, n = 0;
+	json_t *p;
+
+	if (json_integer_value(json_object_get(m, "version")) != 4)
+		return json_array_size(json_object_get(m, "ranks"));
+	json_array_foreach(json_object_get(m, "parts"), i, p)
+	{
+		ck_assert(json_is_string(json_object_get(p, "xxh3")));
+		n += json_array_size(json_object_get(p, "ranks"));
+	}
+	return n;
+}
+
 void h_shard(const struct agent_proc *a, char *buf, size_t len, const char *job, long long step,
              int rank)
 {

@@ -115,6 +115,8 @@ bool h_exists(const char *path);
  * order), as a reader assembles them.
  */
 json_t *h_manifest_load(const char *path);
+/* How many ranks a manifest's JSON as written says: a head's parts' ranks, else "ranks". */
+size_t h_manifest_ranks(json_t *m);
 /*
  * The path of rank's shard of (job, step), as the step's manifest names it
  * (readers follow the manifest: shard names carry the node and an attempt).
