@@ -323,15 +323,15 @@ static int gen_step(struct gen *g, int n, const char *node, int64_t step, void *
 	int rc = p ? 0 : -ENOMEM;
 
 	if (p)
-		*p = (struct part){PART_VERSION,
-		                   strdup(g->o->job),
-		                   strdup(g->o->run),
-		                   strdup(node),
-		                   step,
-		                   g->world,
-		                   ipc_now_ns(),
-		                   (size_t)g->o->ranks,
-		                   calloc((size_t)g->o->ranks, sizeof(struct part_rank))};
+		*p = (struct part){.version = PART_VERSION,
+		                   .job = strdup(g->o->job),
+		                   .run = strdup(g->o->run),
+		                   .node = strdup(node),
+		                   .step = step,
+		                   .world = g->world,
+		                   .time_unix_ns = ipc_now_ns(),
+		                   .nranks = (size_t)g->o->ranks,
+		                   .ranks = calloc((size_t)g->o->ranks, sizeof(struct part_rank))};
 	if (rc || !p->job || !p->run || !p->node || !p->ranks)
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 	for (int j = 0; rc == 0 && j < g->o->ranks; j++)
