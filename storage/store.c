@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -261,6 +262,39 @@ int store_sync_manifest(struct storage *s, const char *job, int64_t step, char *
 
 /* ---- parts ------------------------------------------------------------- */
 
+/*
+ * Parts and plans files parsed at once, in this process: as many as there
+ * are cores. A
+ * commit reads FANOUT_WIDTH parts at once to hide the storage's latency;
+ * their parse is work for the CPUs, and each parse holds several times
+ * the part's bytes: beyond the cores it only adds memory (and contention
+ * in malloc).
+ */
+static pthread_mutex_t parse_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t parse_cv = PTHREAD_COND_INITIALIZER;
+static long parsing;
+
+static void parse_enter(void)
+{
+	static long max;
+
+	pthread_mutex_lock(&parse_mu);
+	if (!max)
+		max = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+	while (parsing >= max)
+		pthread_cond_wait(&parse_cv, &parse_mu);
+	parsing++;
+	pthread_mutex_unlock(&parse_mu);
+}
+
+static void parse_leave(void)
+{
+	pthread_mutex_lock(&parse_mu);
+	parsing--;
+	pthread_cond_signal(&parse_cv);
+	pthread_mutex_unlock(&parse_mu);
+}
+
 /* A node's part, its bytes too (*buf, where buf is not NULL: the caller frees them). */
 static int read_part(struct storage *s, const char *job, int64_t step, const char *node,
                      struct part **out, char **bytes, size_t *blen, char *err)
@@ -277,7 +311,9 @@ static int read_part(struct storage *s, const char *job, int64_t step, const cha
 	rc = s->ops->obj_get(s, key, PART_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
 	rc = part_from_json(buf, len, &p, why);
+	parse_leave();
 	if (rc) {
 		free(buf);
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
@@ -417,7 +453,9 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
 	rc = plans_from_json(buf, len, &f, why);
+	parse_leave();
 	free(buf);
 	if (rc)
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
