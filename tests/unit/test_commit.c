@@ -368,6 +368,17 @@ START_TEST(test_head_of_three_nodes)
 	ck_assert_str_eq(m->ranks[5].file, "rank-00005.c.0.safetensors");
 	ck_assert_uint_eq(manifest_find(m, "w")->nchunks, 6);
 	manifest_free(m);
+	/* what rank 5's own layout needs: the head and c's part, two reads */
+	fake_counts(fs, &before);
+	ck_assert_msg(store_read_manifest_rank(st, JOB, 9, 5, &m, err) == 0, "%s", err);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.gets - before.gets, 2);
+	ck_assert(m->partial && !m->head_only);
+	ck_assert_str_eq(m->ranks[5].file, "rank-00005.c.0.safetensors");
+	ck_assert_int_eq(m->ranks[0].rank, -1); /* a's: not read */
+	ck_assert_uint_eq(manifest_find(m, "w")->nchunks, 2);
+	ck_assert_str_eq(manifest_rank_meta(m, 5), "{\"rank\": 5}");
+	manifest_free(m);
 	/* c's part replaced since: damage, naming it */
 	ck_assert_msg(store_read_part(st, JOB, 9, "c", &p, err) == 0, "%s", err);
 	p->time_unix_ns += 1;
