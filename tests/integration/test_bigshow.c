@@ -138,12 +138,12 @@ START_TEST(huge_show)
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show big 1"), 0);
 	ck_assert_msg(strstr(out, "200000 tensors in 200000 chunks; 1 rank file") &&
 	                  strlen(out) < 2048,
-	              "%s", out);
+	              "%.1500s", out);
 	/* --full: every tensor, streamed */
 	rc = ctl_to_file(&a, "show --full big 1", path, sizeof(path));
 	snprintf(cmd, sizeof(cmd), "head -c 2000 %s", path);
 	h_run(out, sizeof(out), cmd);
-	ck_assert_msg(rc == 0, "show --full: %d: %s", rc, out);
+	ck_assert_msg(rc == 0, "show --full: %d: %.1500s", rc, out);
 	snprintf(cmd, sizeof(cmd), "grep -c '^model\\.layers\\.[0-9]*\\.self_attention' %s", path);
 	ck_assert_int_eq(h_run(out, sizeof(out), cmd), 0);
 	ck_assert_msg(atol(out) == HUGE_N, "show --full printed %s tensors", out);
@@ -157,7 +157,7 @@ START_TEST(huge_show)
 	json_decref(j);
 	/* verify reads it all */
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify big 1"), 0);
-	ck_assert_msg(strstr(out, "OK (200000 tensors"), "%s", out);
+	ck_assert_msg(strstr(out, "OK (200000 tensors"), "%.1500s", out);
 	h_agent_cleanup(&a);
 }
 END_TEST
@@ -213,11 +213,11 @@ START_TEST(small_answers)
 	ck_assert_int_eq(cl_open(a.endpoint, false, &c), 0);
 	/* the old way: the manifest whole, in one reply */
 	ck_assert_int_eq(show_call(c, "small", 5, false, &r), 0);
-	ck_assert_msg(r->manifest_json && strstr(r->manifest_json, "model.layers.000149."), "%s",
-	              r->manifest_json ? r->manifest_json : "(none)");
+	ck_assert_msg(r->manifest_json && strstr(r->manifest_json, "model.layers.000149."),
+	              "%.1500s", r->manifest_json ? r->manifest_json : "(none)");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show --full small 5"), 0);
-	ck_assert_msg(strstr(out, "model.layers.000149.") && strstr(out, "RANK"), "%s", out);
+	ck_assert_msg(strstr(out, "model.layers.000149.") && strstr(out, "RANK"), "%.1500s", out);
 	/* all at once without a limit, as older clients ask */
 	list_call(c, "small", 0, "", &l);
 	ck_assert_int_eq(l->n_checkpoints, 5);
@@ -247,11 +247,12 @@ START_TEST(small_answers)
 	}
 	ckpt_disconnect(c);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "list small"), 0);
-	ck_assert_msg(strstr(out, "LATEST"), "%s", out);
+	ck_assert_msg(strstr(out, "LATEST"), "%.1500s", out);
 	/* 150 chunks bad: 100 said, and how many more */
 	spoil_data(&a, "small", 3);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify small 3"), 1);
-	ck_assert_msg(strstr(out, "CORRUPT") && strstr(out, "... and 50 more problems"), "%s", out);
+	ck_assert_msg(strstr(out, "CORRUPT") && strstr(out, "... and 50 more problems"), "%.1500s",
+	              out);
 	h_agent_cleanup(&a);
 }
 END_TEST
