@@ -43,6 +43,7 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
     [IPC_PIN] = rpc_pin,
     [IPC_GC] = rpc_gc,
     [IPC_COMMIT] = rpc_commit,
+    [IPC_SHOW_DETAIL] = rpc_show_detail,
 };
 
 /* A fault put in by a test build's CKPT_FAULTS (storage/faults.c): said in the log. */

@@ -634,7 +634,36 @@ size_t catalog_list(struct catalog *c, const char *job, struct cat_entry ***out)
 
 void rpc_status(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_list(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* A committed step's summary, as list and show give it (pointers into e). */
+void ops_summary(const struct cat_entry *e, bool latest, Ckpt__V1__CheckpointSummary *s);
+
+/* A call about one step of a job, handed to a worker (show, delete). */
+struct job_step_op {
+	struct work work;
+	struct agent *a;
+	struct rpc *call;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	struct storage *store; /* show: the root or the upload tier */
+	bool tier; /* the upload tier: the root's catalog says nothing of it */
+	bool brief; /* show: the summary only */
+};
+
+#define OPS_STREAM 1u /* the call is held open (rpc_stream_hold) for fn, which ends it */
+#define OPS_BRIEF 2u /* job_step_op.brief */
+/*
+ * Checks job, step, tier and access (a refusal answers the call), then
+ * queues fn on q with a new job_step_op (flags: OPS_*), which fn frees.
+ * 0 or negative errno.
+ */
+int ops_queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
+                       int64_t step, const char *tier, enum access_want want,
+                       void (*fn)(struct work *), struct workq *q, unsigned flags);
+
+/* ---- show (show.c): a summary, the manifest whole, or streamed -------- */
+
 void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_show_detail(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu (save_observer_fn): sends a save's new state to the watchers of its job. */
