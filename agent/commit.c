@@ -813,16 +813,29 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 }
 
 /*
- * Commit thread, once a step's trainers were told how it ended: every
- * node's plans are in the root by now (each published before its part),
- * so a run whose plan set was not complete gets its layouts, and the next
- * save writes replicas once. Where the job's plans generation has not
- * moved, that is one small read; a failed step reads every file again (it
- * may have read plans that changed).
+ * Commit thread, as a step ends: every node's plans are in the root by now
+ * (each published before its part), so a run whose plan set was not
+ * complete gets its layouts. That look, and a failed step's (which reads
+ * every file again: it may have read plans that changed), come before the
+ * trainers are told, so that their next save uses what they found; any
+ * other after, off the way between the manifest and COMMITTED: where the
+ * job's plans generation has not moved, one small read. *early: the look
+ * was made before.
  */
-static void step_end_layouts(struct agent *a, const char *job, const char *run, bool failed)
+static void step_end_layouts(struct agent *a, const char *job, const char *run, bool failed,
+                             bool told, bool *early)
 {
-	layouts_refresh(a, job, run, failed);
+	bool now;
+
+	if (!told) {
+		pthread_mutex_lock(&a->mu);
+		now = *early = failed || layouts_waiting(a, job, run);
+		pthread_mutex_unlock(&a->mu);
+	} else {
+		now = !*early;
+	}
+	if (now)
+		layouts_refresh(a, job, run, failed);
 }
 
 static void commit_work(struct work *w)
@@ -831,6 +844,7 @@ static void commit_work(struct work *w)
 	struct agent *a = cp->a;
 	struct commit_result r = {.state = COMMIT_WAITING};
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
+	bool early = false; /* the step's end looked at the plans before telling */
 	struct save **v = NULL;
 	char **stale = NULL;
 	size_t n = 0, nstale = 0;
@@ -858,6 +872,8 @@ static void commit_work(struct work *w)
 	free(v);
 	snprintf(job, sizeof(job), "%s", cp->job); /* cp may go before the layouts' look */
 	snprintf(run, sizeof(run), "%s", cp->run);
+	if (r.state != COMMIT_WAITING)
+		step_end_layouts(a, job, run, r.state == COMMIT_FAILED, false, &early);
 	pthread_mutex_lock(&a->mu);
 	/* whether a manifest may name this node's files: then they stay */
 	cp->part_written = cp->commit && commit_part_written(cp->commit) && !r.superseded;
@@ -903,7 +919,7 @@ static void commit_work(struct work *w)
 		free(stale[i]);
 	}
 	free(stale);
-	step_end_layouts(a, job, run, r.state == COMMIT_FAILED);
+	step_end_layouts(a, job, run, r.state == COMMIT_FAILED, true, &early);
 	commit_result_free(&r);
 }
 

@@ -4,9 +4,9 @@
  *
  * On the commit thread, after this node's plans file is published, while
  * a run's plan set is not complete (a poll: every 200 ms, then every
- * second) and after a step of the job ends: where the job's plans
- * generation (one small object every publisher renews after its file)
- * moved since the last look, every node's plans file of the job is read
+ * second) and as a step of the job ends (commit.c says when): where the
+ * job's plans generation (one small object every publisher renews after
+ * its file) moved since the last look, every node's plans file is read
  * (other nodes' files are hostile input: parsed and checked by storage/),
  * and where those of this run hold every rank of the world exactly once,
  * layout/assign.c gives each rank the rows it writes. Each plan of this

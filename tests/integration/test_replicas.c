@@ -10,8 +10,8 @@
  *     unique bytes, no box in an extra copy)
  *   - a node that comes after --plans-wait: the first node's save goes on
  *     writing every replica it holds and says so; the step commits (the
- *     other node's share is covered), and the first node still learns the
- *     plan set
+ *     other node's share is covered), and the first node learns the plan
+ *     set before its trainer's next save
  *   - a step's end where no plans file changed reads none: one look at the
  *     job's plans generation
  *   - a save parked for its plan set is answered when the agent stops
@@ -248,7 +248,6 @@ START_TEST(wait_bounded)
 	long long bytes, extra, r0;
 	struct nodes c;
 
-	(void)extra;
 	nodes_init(&c, 2);
 	node_up(&c, 0, 2, "rw", "--staging-mb 96 --plans-wait 1");
 	ck_assert_msg(log_within(&c.a[0], "waited 1 s (--plans-wait)", 60),
@@ -262,6 +261,10 @@ START_TEST(wait_bounded)
 	              bytes, r0);
 	ck_assert(log_within(&c.a[0], "job rw rank 0: replicas written once", 60));
 	ck_assert(h_log_has(&c.a[1], "job rw rank 1: replicas written once"));
+	/* step 2: n0 knew the set before its trainer heard step 1 committed */
+	step_bytes(&c.a[0], "rw", 2, &bytes, &extra, &r0);
+	ck_assert_msg(extra == 0 && bytes <= (EMB_BYTES + 2 * OWN * 4) * 21 / 20,
+	              "step 2: %lld bytes, %lld in extra copies", bytes, extra);
 	nodes_cleanup(&c);
 }
 END_TEST
