@@ -127,12 +127,11 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                             "a step whose ranks or nodes are not all in after S seconds fails "
                             "(default 600)",
                             K_NUMBER, 1, 86400 * 7, .def = 600},
-    [CS_PLANS_WAIT] =
-        {"cluster", "plans_wait", "plans-wait", "S",
-         "a run's first save waits up to S seconds for every rank's plan, so "
-         "that replicas are written once (default 5, at most half of commit_deadline; "
-         "0: no wait)",
-         K_NUMBER, 0, 3600, .def = 5},
+    [CS_PLANS_WAIT] = {"cluster", "plans_wait", "plans-wait", "S",
+                       "a run's first save waits up to S seconds for every rank's plan, so "
+                       "that replicas are written once (default 5, at most 30 and half of "
+                       "commit_deadline; 0: no wait)",
+                       K_NUMBER, 0, 30, .def = 5},
     [CS_ABANDON_AFTER] = {"cluster", "abandon_after", "abandon-after", "S",
                           "uncommitted steps older than LATEST and S seconds are removed "
                           "(default 3600)",

@@ -43,6 +43,9 @@
  *   moves it after, and the next look reads again.
  * - A parked save is answered exactly once: admitted or refused by
  *   save_admit, at the latest --plans-wait on (the tick), or at a stop.
+ *   --plans-wait is at most 30 s, half libckpt's call timeout; a call whose
+ *   deadline passed meanwhile is refused, never admitted (its trainer went
+ *   on, and its memory changes).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -513,7 +516,15 @@ void layouts_unpark(struct agent *a, bool all)
 		list_del(&pk->link);
 		if (live && !all) /* all: the agent stops, and refuses it */
 			unpark_say(a, p, pk, now);
-		save_admit(a, pk->c, pk->m); /* a plan gone, a stop: refused there */
+		if (rpc_deadline_passed(pk->c)) { /* its trainer went on: its memory changes */
+			rpc_fail(
+			    pk->c, -ETIMEDOUT,
+			    "save: the call's deadline passed while it waited for the plans of "
+			    "every rank (--plans-wait): not saved");
+			protobuf_c_message_free_unpacked(pk->m, NULL);
+		} else {
+			save_admit(a, pk->c, pk->m); /* a plan gone, a stop: refused there */
+		}
 		free(pk);
 	}
 }

