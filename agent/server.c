@@ -248,6 +248,12 @@ enum ipc_method rpc_method(const struct rpc *c)
 	return c->method;
 }
 
+bool rpc_deadline_passed(const struct rpc *c)
+{
+	return gpr_time_cmp(gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC),
+	                    gpr_now(GPR_CLOCK_MONOTONIC)) <= 0;
+}
+
 /* The unary call's one batch: metadata, message or not, status, close. */
 static void finish_unary(struct rpc *c, grpc_status_code code, const char *msg)
 {

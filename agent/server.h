@@ -63,6 +63,8 @@ void server_adopt(struct server *s, int fd);
 void server_destroy(struct server *s);
 
 enum ipc_method rpc_method(const struct rpc *c);
+/* Whether the caller's deadline for the call has passed (it no longer waits for the answer). */
+bool rpc_deadline_passed(const struct rpc *c);
 /* Who called (peer.known false: no credentials; only Status gets that far). */
 const struct peer *rpc_peer(const struct rpc *c);
 

@@ -469,6 +469,8 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	return 0;
 }
 
+static int plans_touch(struct storage *s, const char *job, char *err);
+
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
 {
 	char key[STORE_KEY_MAX], *json = NULL;
@@ -481,7 +483,50 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 		return rc;
 	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	return put_own(s, key, json, len, NULL, written, err);
+	rc = put_own(s, key, json, len, NULL, written, err);
+	if (rc || !*written)
+		return rc;
+	/* after the file: a reader that saw the old number sees this file */
+	return plans_touch(s, f->job, err);
+}
+
+/* "<job>/plans/generation": a new number each time a node's plans file changes. */
+static void generation_key(char *buf, size_t len, const char *job)
+{
+	snprintf(buf, len, "%s/plans/generation", job);
+}
+
+static int plans_touch(struct storage *s, const char *job, char *err)
+{
+	char key[STORE_KEY_MAX], body[24];
+	int len;
+
+	generation_key(key, sizeof(key), job);
+	len = snprintf(body, sizeof(body), "%016" PRIx64 "\n", ipc_random_id() | 1);
+	return s->ops->obj_put(s, key, body, (size_t)len, OBJ_REPLACE, err);
+}
+
+int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, char *err)
+{
+	char key[STORE_KEY_MAX], *buf = NULL, *end;
+	size_t len = 0;
+	int rc;
+
+	*gen = 0;
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
+	generation_key(key, sizeof(key), job);
+	rc = s->ops->obj_get(s, key, 64, &buf, &len, err);
+	if (rc == -ENOENT || rc == -EFBIG)
+		return 0; /* none (older agents), or not ours: every file is read */
+	if (rc)
+		return rc;
+	errno = 0;
+	*gen = strtoull(buf, &end, 16);
+	if (errno || end == buf || (*end && *end != '\n'))
+		*gen = 0; /* not a number this code wrote: every file is read */
+	free(buf);
+	return 0;
 }
 
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err)

@@ -4,6 +4,7 @@
  * (docs/DESIGN.md §6.1, §7.1):
  *
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
+ *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
  *   <job>/step-<12d>/manifest.json           the commit, create-once
  *   <job>/step-<12d>/pinned                  a pin (empty)
@@ -95,8 +96,18 @@ int store_copy_manifest(struct storage *from, struct storage *to, const char *jo
 /* The plans a node serves: -ENOENT if it has published none. */
 int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
                      char *err);
-/* Publishes them; *written: false when the same plan set was there already. */
+/*
+ * Publishes them; *written: false when the same plan set was there already.
+ * A file written is followed by a new number in "<job>/plans/generation".
+ */
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err);
+/*
+ * The job's plans generation: a number that changes after any node's plans
+ * file changed (every writer puts a random one after its file). Read before
+ * the files, an unchanged number says none changed since. 0: none there,
+ * or not one this code wrote (older agents): read the files.
+ */
+int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, char *err);
 /* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err);
 
