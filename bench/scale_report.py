@@ -67,7 +67,7 @@ def table_gen(lines):
 def table_commit(lines):
     roster = {key(d): d for d in lines if d["phase"] == "roster"}
     out = ["| nodes x ranks x tensors | latency | roster (s) | state | first poll -> end (s) | "
-           "CPU (s) | polls | RSS before / peak (MB) | manifest (MB) | storage calls | read (MB) |",
+           "CPU (s) | polls | RSS before / peak (MiB) | manifest (MB) | storage calls | read (MB) |",
            "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     notes = []
     for d in lines:
@@ -89,7 +89,7 @@ def table_commit(lines):
 
 def table_watch(lines):
     out = ["| nodes x ranks x tensors | latency | state | polls | time (s) | CPU (s) | "
-           "storage calls | read (MB) | RSS before / peak (MB) |",
+           "storage calls | read (MB) | RSS before / peak (MiB) |",
            "|---|---:|---|---:|---:|---:|---|---:|---:|"]
     for d in lines:
         if d["phase"] == "watch":
@@ -113,7 +113,7 @@ def svg(lines, title):
     pts = [p for v in series.values() for p in v]
     if not pts:
         return None
-    W, H, L, R, T, B = 720, 440, 70, 220, 40, 50
+    W, H, L, R, T, B = 800, 440, 70, 250, 40, 50
     x0, x1 = math.log2(min(p[0] for p in pts)), math.log2(max(p[0] for p in pts))
     y0, y1 = math.floor(math.log10(min(p[1] for p in pts))), math.ceil(
         math.log10(max(p[1] for p in pts)))
