@@ -44,6 +44,11 @@ def ops_text(ops):
     return ", ".join(f"{k} {v['n']}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]["n"]))
 
 
+def cpu(d):
+    """The CPU seconds of the polls (older lines have none)."""
+    return f"{d['cpu_ms'] / 1e3:.2f}" if "cpu_ms" in d else "-"
+
+
 def key(d):
     return (d["nodes"], d["ranks_per_node"], d["tensors"], d["latency_us"], d.get("step"))
 
@@ -62,8 +67,8 @@ def table_gen(lines):
 def table_commit(lines):
     roster = {key(d): d for d in lines if d["phase"] == "roster"}
     out = ["| nodes x ranks x tensors | latency | roster (s) | state | first poll -> end (s) | "
-           "polls | RSS before / peak (MB) | manifest (MB) | storage calls | read (MB) |",
-           "|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+           "CPU (s) | polls | RSS before / peak (MiB) | manifest (MB) | storage calls | read (MB) |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     notes = []
     for d in lines:
         if d["phase"] != "commit":
@@ -72,7 +77,7 @@ def table_commit(lines):
         rs = f"{ro['wall_ms'] / 1e3:.2f}" if ro else "-"
         n, b = reads(d["ops"])
         out.append(f"| {case(d)} | {d['latency_us'] / 1e3:g} ms | {rs} | {d['state']} | "
-                   f"{d['wall_ms'] / 1e3:.2f} | {d['polls']} | {d['rss_before_kb'] / 1024:.0f} "
+                   f"{d['wall_ms'] / 1e3:.2f} | {cpu(d)} | {d['polls']} | {d['rss_before_kb'] / 1024:.0f} "
                    f"/ {d['peak_rss_kb'] / 1024:.0f} | {mb(d['manifest_bytes'])} | "
                    f"{d['calls']:,} ({ops_text(d['ops'])}) | {mb(b)} |")
         if d["state"] != "COMMITTED" and d.get("reason"):
@@ -83,12 +88,13 @@ def table_commit(lines):
 
 
 def table_watch(lines):
-    out = ["| nodes x ranks x tensors | latency | state | polls | time (s) | storage calls | "
-           "read (MB) | RSS before / peak (MB) |", "|---|---:|---|---:|---:|---|---:|---:|"]
+    out = ["| nodes x ranks x tensors | latency | state | polls | time (s) | CPU (s) | "
+           "storage calls | read (MB) | RSS before / peak (MiB) |",
+           "|---|---:|---|---:|---:|---:|---|---:|---:|"]
     for d in lines:
         if d["phase"] == "watch":
             out.append(f"| {case(d)} | {d['latency_us'] / 1e3:g} ms | {d['state']} | "
-                       f"{d['polls']} | {d['wall_ms'] / 1e3:.2f} | {d['calls']:,} "
+                       f"{d['polls']} | {d['wall_ms'] / 1e3:.2f} | {cpu(d)} | {d['calls']:,} "
                        f"({ops_text(d['ops'])}) | {mb(reads(d['ops'])[1])} | "
                        f"{d['rss_before_kb'] / 1024:.0f} / {d['peak_rss_kb'] / 1024:.0f} |")
     return out
@@ -107,7 +113,7 @@ def svg(lines, title):
     pts = [p for v in series.values() for p in v]
     if not pts:
         return None
-    W, H, L, R, T, B = 720, 440, 70, 220, 40, 50
+    W, H, L, R, T, B = 800, 440, 70, 250, 40, 50
     x0, x1 = math.log2(min(p[0] for p in pts)), math.log2(max(p[0] for p in pts))
     y0, y1 = math.floor(math.log10(min(p[1] for p in pts))), math.ceil(
         math.log10(max(p[1] for p in pts)))
