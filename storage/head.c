@@ -318,31 +318,6 @@ int manifest_assemble_some(const struct manifest *head, const size_t *parts_of,
 
 /* ---- JSON ---------------------------------------------------------------- */
 
-static json_t *head_parts_json(const struct manifest *m)
-{
-	json_t *a = json_array();
-	char sum[17];
-
-	for (size_t i = 0; a && i < m->nparts; i++) {
-		const struct manifest_part *p = &m->parts[i];
-		json_t *ranks = json_array();
-
-		for (size_t j = 0; ranks && j < p->nranks; j++)
-			if (json_array_append_new(ranks, json_integer(p->ranks[j]))) {
-				json_decref(ranks);
-				ranks = NULL;
-			}
-		snprintf(sum, sizeof(sum), "%016" PRIx64, p->xxh3);
-		if (json_array_append_new(a, json_pack("{s:s, s:o, s:I, s:s}", "node", p->node,
-		                                       "ranks", ranks, "bytes", (json_int_t)p->size,
-		                                       "xxh3", sum))) {
-			json_decref(a);
-			return NULL;
-		}
-	}
-	return a;
-}
-
 int head_json(const struct manifest *m, json_t *meta, char **out, size_t *len, char *err)
 {
 	size_t tensors = m->head_only ? m->head_tensors : m->ntensors;
@@ -358,7 +333,7 @@ int head_json(const struct manifest *m, json_t *meta, char **out, size_t *len, c
 	                 when, "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes",
 	                 (json_int_t)m->bytes, "durations", "capture_seconds", m->capture_seconds,
 	                 "durable_seconds", m->durable_seconds, "commit_seconds", m->commit_seconds,
-	                 "tensors", (json_int_t)tensors, "parts", head_parts_json(m));
+	                 "tensors", (json_int_t)tensors, "parts", fmt_parts_json(m));
 	if (!root)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
 	rc = fmt_meta_put(root, m->meta_json, MF, err);

@@ -430,7 +430,7 @@ static json_t *ranks_json(const struct manifest *m)
 	return a;
 }
 
-static json_t *parts_json(const struct manifest *m)
+json_t *fmt_parts_json(const struct manifest *m)
 {
 	json_t *a = json_array();
 
@@ -475,7 +475,7 @@ static json_t *root_json(const struct manifest *m, json_t *meta)
 	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes", bytes,
 	                 "durations", "capture_seconds", m->capture_seconds, "durable_seconds",
 	                 m->durable_seconds, "commit_seconds", m->commit_seconds, "parts",
-	                 parts_json(m), "ranks", ranks_json(m), "tensors",
+	                 fmt_parts_json(m), "ranks", ranks_json(m), "tensors",
 	                 fmt_tensors_json(m->tensors, m->ntensors, true));
 	/* format 1 had neither: written back as it was read */
 	if (root && m->version == 1) {
