@@ -43,6 +43,7 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
     [IPC_PIN] = rpc_pin,
     [IPC_GC] = rpc_gc,
     [IPC_COMMIT] = rpc_commit,
+    [IPC_SHOW_DETAIL] = rpc_show_detail,
 };
 
 /* A fault put in by a test build's CKPT_FAULTS (storage/faults.c): said in the log. */
@@ -234,6 +235,7 @@ static void tick(void *ctx)
 
 	pthread_mutex_lock(&a->mu);
 	cp_expire(a, ipc_mono_ns());
+	layouts_unpark(a, false); /* saves that waited --plans-wait for their plan set */
 	watchers_progress(a);
 	pthread_mutex_unlock(&a->mu);
 	tell_systemd(a);
@@ -256,7 +258,7 @@ static void log_config(const struct agent_config *c)
 	    LOG_INFO,
 	    "configuration (%s): listen=%s socket_mode=%04o socket_group=%s log_level=%s "
 	    "root=%s io_engine=%s queue_depth=%u size_mb=%llu backpressure=%s keep_last=%u "
-	    "keep_every=%lld metrics=%s node=%s commit_deadline=%u abandon_after=%u "
+	    "keep_every=%lld metrics=%s node=%s commit_deadline=%u plans_wait=%u abandon_after=%u "
 	    "stop_timeout=%u; chunk_mb=%llu capture_threads=%u copy_threads=%s direct=%s lock=%s",
 	    c->config_path ? c->config_path : "no file", c->listen, c->socket_mode,
 	    c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
@@ -264,7 +266,7 @@ static void log_config(const struct agent_config *c)
 	    (unsigned long long)c->staging_mb,
 	    c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
 	    c->keep_last, (long long)c->keep_every, c->metrics_listen ? c->metrics_listen : "off",
-	    c->node, c->commit_deadline_s, c->abandon_after_s, c->stop_timeout_s,
+	    c->node, c->commit_deadline_s, c->plans_wait_s, c->abandon_after_s, c->stop_timeout_s,
 	    (unsigned long long)c->chunk_mb, c->capture_threads, copy, c->direct ? "yes" : "no",
 	    c->lock_pool ? "yes" : "no");
 }
@@ -341,6 +343,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->ckpts);
 	list_init(&a->watchers);
 	list_init(&a->pubs);
+	list_init(&a->parked);
 	list_init(&a->rgroups);
 	rc = lock_socket(a, err);
 	if (rc)
@@ -515,6 +518,7 @@ static bool drained(void *ctx)
 		st->since = now;
 		st->next_report = now + STOP_REPORT_NS;
 		a->stopping = true;
+		layouts_unpark(a, true); /* saves waiting for their plan set: refused */
 		log_msg(LOG_INFO, "stopping: %u saves in flight", a->inflight);
 		notify_stopping("stopping: %u save%s in flight", a->inflight,
 		                a->inflight == 1 ? "" : "s");

@@ -91,6 +91,7 @@ struct agent_config {
 	int log_level;
 	const char *node; /* this node's name (docs/DESIGN.md §2.2) */
 	unsigned commit_deadline_s; /* a step still missing ranks or parts after this fails */
+	unsigned plans_wait_s; /* a run's first save waits this long for every rank's plan */
 	unsigned abandon_after_s; /* uncommitted steps older than LATEST and this are removed */
 	unsigned stop_timeout_s; /* at stop, saves in flight get this long (0: as they need) */
 	/* retention, per job: keep the last keep_last committed checkpoints and
@@ -168,6 +169,7 @@ struct agent {
 	struct list ckpts; /* checkpoints in flight */
 	struct list watchers;
 	struct list pubs; /* struct plans_pub: jobs whose plans file is to be (re)written */
+	struct list parked; /* layouts.c: saves waiting for their run's plan set */
 	struct list rgroups; /* restore.c: restores of one step gathering to read it once */
 	struct catalog *cat;
 	unsigned nsessions, nplans, inflight, nfinished; /* nplans: live (not dropped) */
@@ -352,6 +354,10 @@ struct plan {
 	struct shard_layout *dedup;
 	uint64_t dedup_key;
 	int64_t dedup_at; /* monotonic ns of the last look at the plan set (layouts.c) */
+	uint64_t set_gen; /* the job's plans generation at that look (0: none known) */
+	int set_ranks; /* ranks the run's plans files held once at that look */
+	bool set_missing; /* they did not hold every rank once */
+	bool set_waited; /* a save of it waited --plans-wait in vain: the next do not */
 	struct plan_gpu *gpu; /* NULL: host memory only */
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
@@ -395,17 +401,24 @@ int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err)
  * they make a complete plan set, each of this node's plans of that run
  * gets the layout of what the assignment (layout/assign.h) gives its rank
  * to write, made once per plan set. Where the set is not complete, saves
- * write their whole plan.
+ * write their whole plan. The files are read only where the job's plans
+ * generation moved since each plan's last look, or `force`. Saves parked
+ * for the set go on once it is complete.
  */
-void layouts_refresh(struct agent *a, const char *job, const char *run);
-/* A run's layouts are looked at again at a step's end after this long (30 s). */
-#define LAYOUTS_REFRESH_NS 30000000000LL
+void layouts_refresh(struct agent *a, const char *job, const char *run, bool force);
 /*
- * Under mu: whether a step's end of (job, run) should look at the plans
- * again: some plan has no complete plan set yet, or was last looked at
- * LAYOUTS_REFRESH_NS ago.
+ * Under mu: whether a save of (job, run) would wait for its plan set now:
+ * some plan of it that may hold replicas has no complete set yet.
  */
-bool layouts_due(struct agent *a, const char *job, const char *run);
+bool layouts_waiting(struct agent *a, const char *job, const char *run);
+/*
+ * Under mu, rpc_save's: a save of p's that waits for the run's plan set
+ * (its first, where the set is not complete: at most --plans-wait) is
+ * parked: true, and `c` is answered once it goes on (save_admit).
+ */
+bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m);
+/* Under mu: parked saves whose set is complete, plan gone, or wait over, go on (all: every one). */
+void layouts_unpark(struct agent *a, bool all);
 /* Under mu: a reference to l let go (a plan's whole layout is never freed here). */
 void layout_put(struct shard_layout *l);
 /*
@@ -544,6 +557,8 @@ struct save {
 typedef void (*save_observer_fn)(struct agent *a, struct save *s, int state);
 
 void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* Under mu: a checked SaveRequest admitted (or refused) and answered; m freed. */
+void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m);
 void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu: moves s to `state` (monotonic), then tells its observers (save_observer_fn). */
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
@@ -634,7 +649,36 @@ size_t catalog_list(struct catalog *c, const char *job, struct cat_entry ***out)
 
 void rpc_status(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_list(struct rpc *c, ProtobufCMessage *req, void *ctx);
+/* A committed step's summary, as list and show give it (pointers into e). */
+void ops_summary(const struct cat_entry *e, bool latest, Ckpt__V1__CheckpointSummary *s);
+
+/* A call about one step of a job, handed to a worker (show, delete). */
+struct job_step_op {
+	struct work work;
+	struct agent *a;
+	struct rpc *call;
+	char job[IPC_MAX_JOB + 1];
+	int64_t step;
+	struct storage *store; /* show: the root or the upload tier */
+	bool tier; /* the upload tier: the root's catalog says nothing of it */
+	bool brief; /* show: the summary only */
+};
+
+#define OPS_STREAM 1u /* the call is held open (rpc_stream_hold) for fn, which ends it */
+#define OPS_BRIEF 2u /* job_step_op.brief */
+/*
+ * Checks job, step, tier and access (a refusal answers the call), then
+ * queues fn on q with a new job_step_op (flags: OPS_*), which fn frees.
+ * 0 or negative errno.
+ */
+int ops_queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
+                       int64_t step, const char *tier, enum access_want want,
+                       void (*fn)(struct work *), struct workq *q, unsigned flags);
+
+/* ---- show (show.c): a summary, the manifest whole, or streamed -------- */
+
 void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
+void rpc_show_detail(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu (save_observer_fn): sends a save's new state to the watchers of its job. */

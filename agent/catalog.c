@@ -170,7 +170,7 @@ void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e)
 	e->world = m->world;
 	e->bytes = m->bytes;
 	e->time_unix_ns = m->time_unix_ns;
-	e->tensors = (uint32_t)m->ntensors;
+	e->tensors = (uint32_t)manifest_tensor_count(m);
 	e->capture_seconds = m->capture_seconds;
 	e->durable_seconds = m->durable_seconds;
 	e->commit_seconds = m->commit_seconds;
@@ -188,7 +188,7 @@ static int entry_from_root(struct storage *s, const char *job, const struct stor
 {
 	char err[IPC_ERRLEN];
 	struct manifest *m;
-	int rc = store_read_manifest(s, job, st->step, &m, err);
+	int rc = store_read_manifest_head(s, job, st->step, &m, err);
 
 	if (rc == -ENOENT)
 		return rc;

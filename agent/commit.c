@@ -309,7 +309,13 @@ struct plans_pub {
 	struct work work;
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
 	bool again; /* changed while being written */
+	int64_t poll_since; /* looking at the root for the run's plan set since (0: not) */
 };
+
+/* While a run's plan set is not complete, the root is looked at this often (layouts.c). */
+#define PLANS_POLL_FAST_NS 200000000LL /* for its first PLANS_POLL_FAST_FOR_NS */
+#define PLANS_POLL_FAST_FOR_NS 10000000000LL
+#define PLANS_POLL_NS 1000000000LL /* then, up to --commit-deadline */
 
 static int cmp_rank(const void *x, const void *y)
 {
@@ -453,18 +459,32 @@ static void publish_run(struct work *w)
 	struct agent *a = pub->a;
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1], err[IPC_ERRLEN];
 
+	int64_t now;
+	bool put, ok = true;
+
 	pthread_mutex_lock(&a->mu);
+	put = pub->again || !pub->poll_since; /* else a look at the others' plans alone */
 	pub->again = false;
 	snprintf(job, sizeof(job), "%s", pub->job);
 	snprintf(run, sizeof(run), "%s", pub->run);
 	pthread_mutex_unlock(&a->mu);
-	if (publish(a, job, run, err))
+	if (put && (ok = publish(a, job, run, err) == 0) == false)
 		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans: %s", job, err);
-	else
-		layouts_refresh(a, job, run); /* who writes which replica, as the plans say now */
+	if (ok) /* who writes which replica, as the plans say now */
+		layouts_refresh(a, job, run, false);
 	pthread_mutex_lock(&a->mu);
+	now = ipc_mono_ns();
 	if (pub->again) {
 		workq_push(a->commit, &pub->work);
+	} else if (ok && !a->stopping && layouts_waiting(a, job, run) &&
+	           (!pub->poll_since ||
+	            now - pub->poll_since < (int64_t)a->cfg.commit_deadline_s * 1000000000)) {
+		/* the other nodes' plans are not all there: look again soon */
+		pub->poll_since = pub->poll_since ? pub->poll_since : now;
+		workq_push_at(a->commit, &pub->work,
+		              now + (now - pub->poll_since < PLANS_POLL_FAST_FOR_NS
+		                         ? PLANS_POLL_FAST_NS
+		                         : PLANS_POLL_NS));
 	} else {
 		list_del(&pub->link);
 		free(pub);
@@ -793,20 +813,29 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 }
 
 /*
- * Commit thread, as a step ends, before its trainers hear: every node's
- * plans are in the root by now (each published before its part), so a
- * run whose plan set was not complete gets its layouts, and the next save
- * writes replicas once; a failed step may have read plans that changed.
+ * Commit thread, as a step ends: every node's plans are in the root by now
+ * (each published before its part), so a run whose plan set was not
+ * complete gets its layouts. That look, and a failed step's (which reads
+ * every file again: it may have read plans that changed), come before the
+ * trainers are told, so that their next save uses what they found; any
+ * other after, off the way between the manifest and COMMITTED: where the
+ * job's plans generation has not moved, one small read. *early: the look
+ * was made before.
  */
-static void step_end_layouts(struct agent *a, const struct checkpoint *cp, bool failed)
+static void step_end_layouts(struct agent *a, const char *job, const char *run, bool failed,
+                             bool told, bool *early)
 {
-	bool refresh;
+	bool now;
 
-	pthread_mutex_lock(&a->mu);
-	refresh = failed || layouts_due(a, cp->job, cp->run);
-	pthread_mutex_unlock(&a->mu);
-	if (refresh)
-		layouts_refresh(a, cp->job, cp->run);
+	if (!told) {
+		pthread_mutex_lock(&a->mu);
+		now = *early = failed || layouts_waiting(a, job, run);
+		pthread_mutex_unlock(&a->mu);
+	} else {
+		now = !*early;
+	}
+	if (now)
+		layouts_refresh(a, job, run, failed);
 }
 
 static void commit_work(struct work *w)
@@ -814,6 +843,8 @@ static void commit_work(struct work *w)
 	struct checkpoint *cp = container_of(w, struct checkpoint, work);
 	struct agent *a = cp->a;
 	struct commit_result r = {.state = COMMIT_WAITING};
+	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
+	bool early = false; /* the step's end looked at the plans before telling */
 	struct save **v = NULL;
 	char **stale = NULL;
 	size_t n = 0, nstale = 0;
@@ -839,8 +870,10 @@ static void commit_work(struct work *w)
 			commit_poll(cp->commit, ipc_mono_ns(), &next, &r);
 	}
 	free(v);
+	snprintf(job, sizeof(job), "%s", cp->job); /* cp may go before the layouts' look */
+	snprintf(run, sizeof(run), "%s", cp->run);
 	if (r.state != COMMIT_WAITING)
-		step_end_layouts(a, cp, r.state == COMMIT_FAILED);
+		step_end_layouts(a, job, run, r.state == COMMIT_FAILED, false, &early);
 	pthread_mutex_lock(&a->mu);
 	/* whether a manifest may name this node's files: then they stay */
 	cp->part_written = cp->commit && commit_part_written(cp->commit) && !r.superseded;
@@ -886,6 +919,7 @@ static void commit_work(struct work *w)
 		free(stale[i]);
 	}
 	free(stale);
+	step_end_layouts(a, job, run, r.state == COMMIT_FAILED, true, &early);
 	commit_result_free(&r);
 }
 

@@ -127,6 +127,11 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                             "a step whose ranks or nodes are not all in after S seconds fails "
                             "(default 600)",
                             K_NUMBER, 1, 86400 * 7, .def = 600},
+    [CS_PLANS_WAIT] = {"cluster", "plans_wait", "plans-wait", "S",
+                       "a run's first save waits up to S seconds for every rank's plan, so "
+                       "that replicas are written once (default 5, at most 30 and half of "
+                       "commit_deadline; 0: no wait)",
+                       K_NUMBER, 0, 30, .def = 5},
     [CS_ABANDON_AFTER] = {"cluster", "abandon_after", "abandon-after", "S",
                           "uncommitted steps older than LATEST and S seconds are removed "
                           "(default 3600)",
@@ -953,6 +958,7 @@ int config_finish(struct config *c, char *err)
 	a->copy_threads = (int)n[CS_COPY_THREADS];
 	a->commit_deadline_s = (unsigned)n[CS_COMMIT_DEADLINE];
 	a->abandon_after_s = (unsigned)n[CS_ABANDON_AFTER];
+	a->plans_wait_s = (unsigned)n[CS_PLANS_WAIT];
 	a->stop_timeout_s = (unsigned)n[CS_STOP_TIMEOUT];
 	/*
 	 * A step is abandoned only once no agent can still commit it: every

@@ -85,6 +85,7 @@ enum config_setting {
 	CS_DIRECT, /* --no-direct */
 	CS_LOCK, /* --no-lock */
 	CS_READ_ONCE, /* --no-read-once */
+	CS_PLANS_WAIT,
 	CONFIG_NSETTINGS
 };
 

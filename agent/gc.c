@@ -164,7 +164,7 @@ int gc_remove(struct agent *a, const struct cat_entry *e, char *err)
 
 	/* Still there (refused, put back, or failed before it went): back in the catalog. */
 	if (rc && rc != -ENOENT &&
-	    store_read_manifest(a->store, e->job, e->step, &m, ignored) == 0) {
+	    store_read_manifest_head(a->store, e->job, e->step, &m, ignored) == 0) {
 		manifest_free(m);
 		back.pinned |= rc == -EBUSY; /* pinned through another node's agent */
 		pthread_mutex_lock(&a->mu);

@@ -2,8 +2,11 @@
  * Replicas written once (docs/DESIGN.md §7.4): what each of this node's plans
  * writes of what it holds, from the plans files every node publishes.
  *
- * On the commit thread, after this node's plans file is published and
- * after a step of the job ends: every node's plans file of the job is read
+ * On the commit thread, after this node's plans file is published, while
+ * a run's plan set is not complete (a poll: every 200 ms, then every
+ * second) and as a step of the job ends (commit.c says when): where the
+ * job's plans generation (one small object every publisher renews after
+ * its file) moved since the last look, every node's plans file is read
  * (other nodes' files are hostile input: parsed and checked by storage/),
  * and where those of this run hold every rank of the world exactly once,
  * layout/assign.c gives each rank the rows it writes. Each plan of this
@@ -11,15 +14,24 @@
  * own (struct shard_layout: the pieces, a header), made once per plan set
  * and kept until the set changes; saves admitted from then on use it.
  *
+ * A run's first save waits for the set: where a plan that may hold
+ * replicas has no complete set yet, rpc_save parks the save (nothing of it
+ * is made; its trainer waits for the reply) until the set is complete, its
+ * plan is gone or --plans-wait has passed; then it is admitted as if it
+ * came then. A save that waited in vain writes every replica it holds,
+ * says so, and the plan's next saves do not wait.
+ *
  * The plan set is named by its content (every rank's tensors signature,
  * and its node), so equal files on two nodes give equal assignments. Two
  * nodes that looked at different sets (one saw a rank's new plan, the
  * other not yet) may leave a row that no rank wrote: the commit refuses
- * such a step (layout/cover.c), and the step's end refreshes the layouts;
- * so does any step's end once LAYOUTS_REFRESH_NS have passed since the
- * last look. Only where every node's file says its agent writes replicas
- * once (`writes_once`: an older agent's does not) do the plans use it.
- * Copies as many as the replicas (CKPT_COPIES_ALL) need no assignment.
+ * such a step (layout/cover.c), and the step's end reads every file again;
+ * every other step's end looks at the generation, and reads the files
+ * where it moved. A node that has no complete set
+ * writes whole plans: a superset never leaves a hole. Only where every
+ * node's file says its agent writes replicas once (`writes_once`: an
+ * older agent's does not) do the plans use it. Copies as many as the
+ * replicas (CKPT_COPIES_ALL) need no assignment.
  *
  * Invariants:
  * - A plan's layout is replaced, never changed: a save keeps the one it
@@ -27,6 +39,13 @@
  * - This node's own ranks are taken from its published file only where
  *   that file says what the live plan holds; otherwise the plan writes
  *   everything (a superset never leaves a hole).
+ * - The generation is read before the files: a file written after them
+ *   moves it after, and the next look reads again.
+ * - A parked save is answered exactly once: admitted or refused by
+ *   save_admit, at the latest --plans-wait on (the tick), or at a stop.
+ *   --plans-wait is at most 30 s, half libckpt's call timeout; a call whose
+ *   deadline passed meanwhile is refused, never admitted (its trainer went
+ *   on, and its memory changes).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,22 +68,6 @@ void layout_put(struct shard_layout *l)
 	free(l);
 }
 
-bool layouts_due(struct agent *a, const char *job, const char *run)
-{
-	const int64_t now = ipc_mono_ns();
-	struct list *pos;
-
-	list_for_each(pos, &a->plans)
-	{
-		const struct plan *p = container_of(pos, struct plan, link);
-
-		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 &&
-		    (p->dedup_key == 0 || now - p->dedup_at >= LAYOUTS_REFRESH_NS))
-			return true;
-	}
-	return false;
-}
-
 /* Every node's plans of (job, run): the files read, their ranks as assign's input. */
 struct plan_set {
 	struct plans_file **files;
@@ -73,6 +76,7 @@ struct plan_set {
 	size_t n;
 	unsigned copies; /* the largest any rank asks for, at most the world */
 	uint64_t key; /* 0: not a complete set */
+	bool older; /* a node's agent does not write replicas once: complete or not, no key */
 };
 
 static void set_free(struct plan_set *ps)
@@ -94,7 +98,6 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 	char **names = NULL, why[IPC_ERRLEN];
 	unsigned char *seen = calloc((size_t)world, 1);
 	size_t nnames = 0, total = 0;
-	bool older = false; /* a node whose agent does not write replicas once */
 	XXH3_state_t st;
 	int rc;
 
@@ -123,7 +126,7 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		}
 		ps->files[ps->nfiles++] = f;
 		total += f->nranks;
-		older = older || !f->writes_once;
+		ps->older = ps->older || !f->writes_once;
 	}
 	for (size_t i = 0; i < nnames; i++)
 		free(names[i]);
@@ -152,7 +155,7 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		}
 	ps->copies = ps->copies < (unsigned)world ? ps->copies : (unsigned)world;
 	XXH3_64bits_update(&st, &ps->copies, sizeof(ps->copies));
-	if (!rc && ps->n == (size_t)world && !older) {
+	if (!rc && ps->n == (size_t)world && !ps->older) {
 		ps->key = XXH3_64bits_digest(&st);
 		ps->key += ps->key == 0; /* 0 says "none" */
 	}
@@ -261,8 +264,8 @@ static void layout_install(struct plan *p, struct shard_layout *l, uint64_t key,
  * This node's live plans of (job, run) whose layout is not of plan set key:
  * held. Every live plan of it has been looked at now.
  */
-static size_t stale_plans(struct agent *a, const char *job, const char *run, uint64_t key,
-                          struct plan ***out)
+static size_t stale_plans(struct agent *a, const char *job, const char *run,
+                          const struct plan_set *ps, uint64_t gen, struct plan ***out)
 {
 	const int64_t now = ipc_mono_ns();
 	struct list *pos;
@@ -281,7 +284,10 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run, uin
 		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
 			continue;
 		p->dedup_at = now;
-		if (p->dedup_key != key) {
+		p->set_gen = gen;
+		p->set_ranks = (int)ps->n;
+		p->set_missing = ps->key == 0 && !ps->older; /* a rank missing, or twice */
+		if (p->dedup_key != ps->key) {
 			plan_get(p);
 			v[n++] = p;
 		}
@@ -303,12 +309,40 @@ static int world_of(struct agent *a, const char *job, const char *run)
 	return 0;
 }
 
-void layouts_refresh(struct agent *a, const char *job, const char *run)
+/*
+ * Under mu: whether every live plan of (job, run) was looked at under
+ * generation gen (then nothing changed since: none is read again).
+ */
+static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t gen)
+{
+	const int64_t now = ipc_mono_ns();
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 &&
+		    p->set_gen != gen)
+			return false;
+	}
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0)
+			p->dedup_at = now;
+	}
+	return true;
+}
+
+void layouts_refresh(struct agent *a, const char *job, const char *run, bool force)
 {
 	struct assignment *as = NULL;
 	struct plan_set ps;
 	struct plan **v;
 	char err[IPC_ERRLEN];
+	uint64_t gen = 0;
 	size_t n;
 	int world, rc;
 
@@ -317,14 +351,30 @@ void layouts_refresh(struct agent *a, const char *job, const char *run)
 	pthread_mutex_unlock(&a->mu);
 	if (world < 2)
 		return; /* nothing to share */
+	/* one small object: where it has not moved, no plans file changed */
+	if (store_plans_generation(a->store, job, &gen, err))
+		log_msg(LOG_DEBUG, "job %s: plans generation not read (every file is): %s", job,
+		        err);
+	pthread_mutex_lock(&a->mu);
+	rc = !force && gen && all_seen(a, job, run, gen);
+	pthread_mutex_unlock(&a->mu);
+	if (rc) {
+		log_msg(LOG_DEBUG, "job %s: plans generation %016llx unchanged: no plans file read",
+		        job, (unsigned long long)gen);
+		return;
+	}
 	rc = set_read(a, job, run, world, &ps, err);
 	if (rc) {
 		log_msg(LOG_DEBUG, "job %s: plans of the other nodes not read: %s", job, err);
 		set_free(&ps);
 		return;
 	}
+	log_msg(LOG_DEBUG,
+	        "job %s: plans files of run %s read (%zu nodes, %zu of %d ranks, generation "
+	        "%016llx)",
+	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
 	pthread_mutex_lock(&a->mu);
-	n = stale_plans(a, job, run, ps.key, &v);
+	n = stale_plans(a, job, run, &ps, gen, &v);
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
 	if (n && ps.key && ps.copies < (unsigned)world &&
@@ -349,4 +399,132 @@ void layouts_refresh(struct agent *a, const char *job, const char *run)
 	free(v);
 	assign_free(as);
 	set_free(&ps);
+	pthread_mutex_lock(&a->mu);
+	layouts_unpark(a, false); /* saves waiting for this set */
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- a run's first save, parked until its plan set is complete --------- */
+
+struct parked {
+	struct list link; /* agent->parked */
+	struct rpc *c;
+	ProtobufCMessage *m; /* the SaveRequest, checked */
+	uint64_t plan_id;
+	int64_t since, until; /* monotonic ns */
+};
+
+/* --plans-wait, at most half the commit deadline: the step must still fit in it. */
+static unsigned plans_wait_s(const struct agent *a)
+{
+	const unsigned half = a->cfg.commit_deadline_s / 2;
+
+	return a->cfg.plans_wait_s < half ? a->cfg.plans_wait_s : half;
+}
+
+/*
+ * Under mu: whether p's run has no complete plan set yet, and p holds a
+ * tensor that may have replicas (one with a global offset: a tensor
+ * without is its rank's alone).
+ */
+static bool plan_waits(const struct plan *p)
+{
+	if (p->dropped || p->world < 2 || p->copies >= (unsigned)p->world || p->dedup_key)
+		return false;
+	if (p->dedup_at && !p->set_missing)
+		return false; /* every rank known, and still no set: an older agent's node */
+	for (size_t i = 0; i < p->n; i++)
+		if (p->t[i].sharded)
+			return true;
+	return false;
+}
+
+bool layouts_waiting(struct agent *a, const char *job, const char *run)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		const struct plan *p = container_of(pos, struct plan, link);
+
+		if (strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 && plan_waits(p))
+			return true;
+	}
+	return false;
+}
+
+bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m)
+{
+	const int64_t now = ipc_mono_ns();
+	const unsigned wait = plans_wait_s(a);
+	struct parked *pk;
+
+	if (!wait || p->set_waited || !plan_waits(p))
+		return false;
+	pk = calloc(1, sizeof(*pk));
+	if (!pk)
+		return false; /* then it writes all it holds */
+	pk->c = c;
+	pk->m = m;
+	pk->plan_id = p->id;
+	pk->since = now;
+	pk->until = now + (int64_t)wait * 1000000000;
+	list_add_tail(&a->parked, &pk->link);
+	log_msg(LOG_INFO,
+	        "job %s rank %d: save of step %lld waits for the plans of every rank of run %s "
+	        "(%d of %d known; at most %u s)",
+	        p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run,
+	        p->set_ranks, p->world, wait);
+	plans_publish(a, p->job, p->run); /* and look at the root until they are there */
+	return true;
+}
+
+/* Under mu: what a parked save of p's did, said as it goes on. */
+static void unpark_say(struct agent *a, struct plan *p, const struct parked *pk, int64_t now)
+{
+	const long long step = (long long)((Ckpt__V1__SaveRequest *)pk->m)->step;
+
+	if (!plan_waits(p)) {
+		log_msg(LOG_INFO,
+		        "job %s rank %d: save of step %lld waited %.3f s for the plans of every "
+		        "rank of run %s",
+		        p->job, p->rank, step, (double)(now - pk->since) / 1e9, p->run);
+		return;
+	}
+	p->set_waited = true;
+	log_msg(LOG_WARNING,
+	        "job %s rank %d: save of step %lld waited %u s (--plans-wait) for the plans of "
+	        "every rank of run %s, and %d of the %d ranks are known: it writes every replica "
+	        "it holds, and the next saves do not wait (is a node of the job not started, or "
+	        "its trainers not yet planned?)",
+	        p->job, p->rank, step, plans_wait_s(a), p->run, p->set_ranks, p->world);
+}
+
+void layouts_unpark(struct agent *a, bool all)
+{
+	const int64_t now = ipc_mono_ns();
+	struct list *pos, *tmp;
+
+	list_for_each_safe(pos, tmp, &a->parked)
+	{
+		struct parked *pk = container_of(pos, struct parked, link);
+		struct plan *p = plan_find(a, pk->plan_id);
+		bool live = p && !p->dropped;
+
+		if (!all && live && plan_waits(p) && now < pk->until)
+			continue;
+		list_del(&pk->link);
+		if (live && !all) /* all: the agent stops, and refuses it */
+			unpark_say(a, p, pk, now);
+		if (rpc_deadline_passed(pk->c)) { /* its trainer went on: its memory changes */
+			rpc_fail(
+			    pk->c, -ETIMEDOUT,
+			    "save: the call's deadline passed while it waited for the plans of "
+			    "every rank (--plans-wait): not saved");
+			protobuf_c_message_free_unpacked(pk->m, NULL);
+		} else {
+			save_admit(a, pk->c, pk->m); /* a plan gone, a stop: refused there */
+		}
+		free(pk);
+	}
 }

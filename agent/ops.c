@@ -1,9 +1,8 @@
 /*
- * What operators ask: status, list, show, delete, and the live watch of
- * saves. Status and watch answer from memory on the control thread; list,
- * show and delete touch the disk: show runs on a reader thread (it only
- * reads), list (the catalog following the root first) and delete on the
- * maint thread (in order with GC and pins). Watchers
+ * What operators ask: status, list, delete, and the live watch of saves
+ * (show is show.c's). Status and watch answer from memory on the control
+ * thread; list and delete touch the disk, on the maint thread (list: the
+ * catalog following the root first; both in order with GC and pins). Watchers
  * get every state change (watchers_on_save, one of save_set_state's
  * observers) and, once a second (the agent's tick), the bytes moved by each
  * save in flight, for progress bars and rates.
@@ -151,8 +150,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 
 /* ---- list ------------------------------------------------------------- */
 
-static void summary_from_entry(const struct cat_entry *e, bool latest,
-                               Ckpt__V1__CheckpointSummary *s)
+void ops_summary(const struct cat_entry *e, bool latest, Ckpt__V1__CheckpointSummary *s)
 {
 	ckpt__v1__checkpoint_summary__init(s);
 	s->job = (char *)e->job;
@@ -242,58 +240,119 @@ static size_t in_flight(struct agent *a, const struct peer *who, const char *job
 	return k;
 }
 
+/*
+ * A paged reply stays under this (a Python grpcio client's default limit is
+ * 4 MiB); one of all (an older client's) under the message limit, or it is
+ * refused, saying so.
+ */
+#define LIST_PAGE_BYTES (3u << 20)
+
 /* A list, answered on the maint thread once the catalog has looked at the root. */
 struct list_op {
 	struct work work;
 	struct agent *a;
 	struct rpc *call;
 	char job[IPC_MAX_JOB + 1]; /* "": every job */
+	bool paged; /* a limit or a page token: cut at LIST_PAGE_BYTES, with a token */
+	uint32_t limit; /* 0: as many as fit */
+	char after_job[IPC_MAX_JOB + 1]; /* the page token: after (after_job, after_step) */
+	int64_t after_step;
 };
 
-/* Under mu: the reply to a list of job (NULL: all), from the catalog and what is in flight. */
-static void list_reply(struct agent *a, struct rpc *c, const char *job)
+/* Whether entry e comes after the page token (the catalog's order: job, then step). */
+static bool after_token(const struct list_op *op, const struct cat_entry *e)
 {
-	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
-	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
-	char(*notes)[96] = NULL;
-	struct cat_entry **e = NULL;
+	int r = strcmp(e->job, op->after_job);
+
+	return r > 0 || (r == 0 && e->step > op->after_step);
+}
+
+/*
+ * Under mu: the committed steps of the page into v/pv from e[0, ncat):
+ * their number; *cut when more remain.
+ */
+static size_t list_page(struct agent *a, struct list_op *op, struct cat_entry **e, size_t ncat,
+                        Ckpt__V1__CheckpointSummary *v, Ckpt__V1__CheckpointSummary **pv, bool *cut)
+{
+	size_t budget = op->paged ? LIST_PAGE_BYTES : IPC_MAX_MESSAGE - 4096, used = 0, k = 0;
 	struct upload_row *rows = NULL;
 	const struct upload_row *row;
-	size_t ncat, nf, nrows, k = 0;
+	size_t nrows = upload_rows(a->up, &rows); /* none: the rows say nothing of uploads */
 
-	ncat = catalog_list(a->cat, job, &e);
-	nrows = upload_rows(a->up, &rows); /* none: the rows say nothing of uploads */
-	nf = in_flight(a, rpc_peer(c), job, &f, &pf, &notes);
-	v = calloc(ncat + 1, sizeof(*v));
-	pv = calloc(ncat + nf + 1, sizeof(*pv));
-	if (!e || !v || !pv || !f || !pf || !notes) {
-		rpc_fail(c, -ENOMEM, "list: out of memory");
-		goto out;
-	}
+	*cut = false;
 	for (size_t i = 0; i < ncat; i++) {
 		/* LATEST: what a restore of LATEST takes, the newest not known damaged */
-		bool latest =
-		    !e[i]->damage[0] && catalog_newest_whole(a->cat, e[i]->job, INT64_MAX) == e[i];
+		bool latest;
+		size_t size;
 
-		if (!access_may_read(a, rpc_peer(c), e[i]->job))
+		if (op->after_job[0] && !after_token(op, e[i]))
+			continue;
+		if (!access_may_read(a, rpc_peer(op->call), e[i]->job))
 			continue; /* a whole job at a time: its LATEST stays right */
-		summary_from_entry(e[i], latest, &v[k]);
+		latest =
+		    !e[i]->damage[0] && catalog_newest_whole(a->cat, e[i]->job, INT64_MAX) == e[i];
+		ops_summary(e[i], latest, &v[k]);
 		row = upload_row_find(rows, nrows, e[i]->job, e[i]->step);
 		if (row) { /* the upload tier's word on it: queued, pending, not uploaded */
 			v[k].upload = (char *)row->state;
 			if (!v[k].damaged) /* its damage says more */
 				v[k].reason = (char *)row->note;
 		}
+		size = protobuf_c_message_get_packed_size(&v[k].base) + 8;
+		if (k && (used + size > budget || (op->limit && k >= op->limit))) {
+			*cut = true;
+			break;
+		}
+		used += size;
 		pv[k] = &v[k];
 		k++;
 	}
-	for (size_t i = 0; i < nf; i++)
+	free(rows); /* the rows' strings are static or the queue's: the reply is sent under mu */
+	return k;
+}
+
+/*
+ * Under mu: the reply to a list, from the catalog and what is in flight
+ * (on the last page): a page, or all of it for a client that asks no page.
+ */
+static void list_reply(struct agent *a, struct list_op *op)
+{
+	Ckpt__V1__ListReply rep = CKPT__V1__LIST_REPLY__INIT;
+	Ckpt__V1__CheckpointSummary *v = NULL, **pv = NULL, *f = NULL, **pf = NULL;
+	const char *job = op->job[0] ? op->job : NULL;
+	char(*notes)[96] = NULL, token[IPC_MAX_JOB + 32];
+	struct cat_entry **e = NULL;
+	size_t ncat, nf, k;
+	bool cut;
+
+	ncat = catalog_list(a->cat, job, &e);
+	nf = in_flight(a, rpc_peer(op->call), job, &f, &pf, &notes);
+	v = calloc(ncat + 1, sizeof(*v));
+	pv = calloc(ncat + nf + 1, sizeof(*pv));
+	if (!e || !v || !pv || !f || !pf || !notes) {
+		rpc_fail(op->call, -ENOMEM, "list: out of memory");
+		goto out_free;
+	}
+	k = list_page(a, op, e, ncat, v, pv, &cut);
+	if (cut && !op->paged) {
+		rpc_fail(op->call, -EMSGSIZE,
+		         "list%s%s: its %zu committed checkpoints make a reply that would be a "
+		         "message larger than max (%u bytes): list one job, or use a ckptctl "
+		         "that pages (ListRequest.limit)",
+		         job ? " " : "", job ? job : "", ncat, IPC_MAX_MESSAGE);
+		goto out_free;
+	}
+	if (cut) {
+		snprintf(token, sizeof(token), "%s:%lld", pv[k - 1]->job,
+		         (long long)pv[k - 1]->step);
+		rep.next_page_token = token;
+	}
+	for (size_t i = 0; !cut && i < nf; i++)
 		pv[k++] = pf[i];
 	rep.n_checkpoints = k;
 	rep.checkpoints = pv;
-	rpc_reply(c, &rep.base);
-out:
-	free(rows);
+	rpc_reply(op->call, &rep.base);
+out_free:
 	free(e);
 	free(v);
 	free(pv);
@@ -331,9 +390,32 @@ static void list_run(struct work *w)
 	}
 	free(jobs);
 	pthread_mutex_lock(&a->mu);
-	list_reply(a, op->call, op->job[0] ? op->job : NULL);
+	list_reply(a, op);
 	pthread_mutex_unlock(&a->mu);
 	free(op);
+}
+
+/* A page token ("JOB:STEP", from next_page_token) into op; false (err said) if it is none. */
+static bool page_token_take(struct list_op *op, const char *token, char *err)
+{
+	const char *colon = strrchr(token, ':');
+	char *end;
+	long long step;
+
+	if (colon && (size_t)(colon - token) < sizeof(op->after_job)) {
+		snprintf(op->after_job, sizeof(op->after_job), "%.*s", (int)(colon - token), token);
+		errno = 0;
+		step = strtoll(colon + 1, &end, 10);
+		if (!errno && end != colon + 1 && !*end && !ipc_check_job(op->after_job, NULL) &&
+		    !ipc_check_step(step, NULL)) {
+			op->after_step = step;
+			return true;
+		}
+	}
+	ipc_errf(err, -EINVAL,
+	         "page_token '%.80s' is not one a list gave (JOB:STEP, from next_page_token)",
+	         token);
+	return false;
 }
 
 void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
@@ -358,72 +440,20 @@ void rpc_list(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	op->a = a;
 	op->call = c;
 	snprintf(op->job, sizeof(op->job), "%s", job ? job : "");
+	op->limit = req->limit;
+	op->paged = req->limit || (req->page_token && *req->page_token);
+	if (req->page_token && *req->page_token && !page_token_take(op, req->page_token, err)) {
+		rpc_fail(c, -EINVAL, "list: %s", err);
+		free(op);
+		goto out;
+	}
 	op->work.fn = list_run;
 	workq_push(a->maint, &op->work);
 out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
-/* ---- show (a reader thread) and delete (the maint thread) -------------- */
-
-struct job_step_op {
-	struct work work;
-	struct agent *a;
-	struct rpc *call;
-	char job[IPC_MAX_JOB + 1];
-	int64_t step;
-	struct storage *store; /* show: the root or the upload tier */
-	bool tier; /* the upload tier: the root's catalog says nothing of it */
-};
-
-/*
- * Marks nothing as read (it reads one file, the manifest): a GC or delete
- * meanwhile is as if it came just before or just after.
- */
-static void show_run(struct work *w)
-{
-	struct job_step_op *op = container_of(w, struct job_step_op, work);
-	Ckpt__V1__ShowReply rep = CKPT__V1__SHOW_REPLY__INIT;
-	Ckpt__V1__CheckpointSummary sum;
-	struct agent *a = op->a;
-	struct manifest *m = NULL;
-	struct cat_entry e, *newest, *pinned;
-	char err[IPC_ERRLEN], *json = NULL, **parts = NULL;
-	size_t len;
-	int rc;
-
-	rc = store_read_manifest(op->store, op->job, op->step, &m, err);
-	if (rc == -EINVAL || rc == -EFBIG) /* there, and unreadable: damaged, not absent */
-		rc = -EBADMSG;
-	if (!rc)
-		rc = manifest_to_json(m, &json, &len, err);
-	if (rc) {
-		rpc_fail(op->call, rc, "show %s %lld: %s", op->job, (long long)op->step, err);
-		goto out;
-	}
-	catalog_entry_from_manifest(m, &e);
-	pthread_mutex_lock(&a->mu);
-	pinned = op->tier ? NULL : catalog_find(a->cat, op->job, op->step);
-	e.pinned = pinned && pinned->pinned;
-	if (pinned) /* what a restore or verify found of it */
-		snprintf(e.damage, sizeof(e.damage), "%s", pinned->damage);
-	newest = op->tier ? NULL : catalog_newest_whole(a->cat, op->job, INT64_MAX);
-	summary_from_entry(&e, newest && newest->step == op->step, &sum);
-	pthread_mutex_unlock(&a->mu);
-	parts = parts_text(m);
-	sum.n_parts = parts ? m->nparts : 0;
-	sum.parts = parts;
-	rep.summary = &sum;
-	rep.manifest_json = json;
-	rpc_reply(op->call, &rep.base);
-out:
-	for (size_t i = 0; parts && i < m->nparts; i++)
-		free(parts[i]);
-	free(parts);
-	free(json);
-	manifest_free(m);
-	free(op);
-}
+/* ---- delete (the maint thread; show is show.c's) ------------------------ */
 
 static void delete_run(struct work *w)
 {
@@ -462,9 +492,9 @@ static void delete_run(struct work *w)
 	free(op);
 }
 
-static void queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
-                           int64_t step, const char *tier, enum access_want want,
-                           void (*fn)(struct work *), struct workq *q)
+int ops_queue_job_step(struct rpc *c, struct agent *a, const char *what, const char *job,
+                       int64_t step, const char *tier, enum access_want want,
+                       void (*fn)(struct work *), struct workq *q, unsigned flags)
 {
 	struct storage *store = NULL;
 	struct job_step_op *op;
@@ -482,14 +512,14 @@ static void queue_job_step(struct rpc *c, struct agent *a, const char *what, con
 	}
 	if (rc) {
 		rpc_fail(c, rc, "%s: %s", what, err);
-		return;
+		return rc;
 	}
 	if (!access_check(a, c, what, job, want))
-		return;
+		return -EACCES;
 	op = calloc(1, sizeof(*op));
 	if (!op) {
 		rpc_fail(c, -ENOMEM, "%s: out of memory", what);
-		return;
+		return -ENOMEM;
 	}
 	op->a = a;
 	op->call = c;
@@ -498,17 +528,11 @@ static void queue_job_step(struct rpc *c, struct agent *a, const char *what, con
 	op->store = store;
 	op->tier = is_tier;
 	op->work.fn = fn;
+	op->brief = flags & OPS_BRIEF;
+	if (flags & OPS_STREAM) /* held open for the worker, which ends it (rpc_stream_end) */
+		rpc_stream_hold(c, NULL, NULL);
 	workq_push(q, &op->work);
-}
-
-void rpc_show(struct rpc *c, ProtobufCMessage *m, void *ctx)
-{
-	Ckpt__V1__ShowRequest *req = (Ckpt__V1__ShowRequest *)m;
-	struct agent *a = ctx;
-
-	queue_job_step(c, a, "show", req->job, req->step, req->tier, ACCESS_READ, show_run,
-	               a->readers);
-	protobuf_c_message_free_unpacked(m, NULL);
+	return 0;
 }
 
 void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
@@ -516,8 +540,8 @@ void rpc_delete(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__DeleteRequest *req = (Ckpt__V1__DeleteRequest *)m;
 	struct agent *a = ctx;
 
-	queue_job_step(c, a, "delete", req->job, req->step, NULL, ACCESS_MANAGE, delete_run,
-	               a->maint);
+	ops_queue_job_step(c, a, "delete", req->job, req->step, NULL, ACCESS_MANAGE, delete_run,
+	                   a->maint, 0);
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 

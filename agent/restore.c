@@ -189,34 +189,16 @@ static bool worth_another_copy(int rc, struct bad_chunk failed, bool *eio)
  * left, the answer is the failure of the last chunk left out (what cannot
  * be read now); any other failure of a later read is its own answer.
  */
-static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
-                       char *err)
+static int read_copies(struct restore *rs, struct storage *store, int64_t step,
+                       const struct manifest *m, char *err)
 {
 	const struct plan *p = rs->plan;
-	struct manifest *m = NULL;
 	char first[IPC_ERRLEN] = "", last[IPC_ERRLEN] = "", line[IPC_ERRLEN + 128];
 	struct bad_chunk bad[MAX_RETRIES], failed;
 	size_t nbad = 0;
 	int rc, last_rc = 0;
 	bool eio = false;
 
-	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
-		pthread_mutex_lock(&p->gpu->capture);
-		if (!p->gpu->lane) {
-			rc = ipc_errf(err, -EIO,
-			              "the plan's GPU stream was lost after a failed "
-			              "wait; create the plan again");
-			goto out;
-		}
-	}
-	rc = store_read_manifest(store, p->job, step, &m, line);
-	/* there, and no checkpoint can be read from it (a link, a file for its directory) */
-	if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
-		rc = ipc_errf(err, -EBADMSG, "its manifest cannot be read: %s", line);
-	else if (rc)
-		snprintf(err, IPC_ERRLEN, "%s", line);
-	if (rc)
-		goto out;
 	while ((rc = read_all(rs, store, step, m, bad, nbad, &failed, err)) &&
 	       worth_another_copy(rc, failed, &eio) && nbad < MAX_RETRIES) {
 		if (!nbad)
@@ -238,6 +220,49 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 		         (long long)step, first);
 		note(rs, line);
 		log_msg(LOG_WARNING, "restore of job %s rank %d: %s", p->job, p->rank, line);
+	}
+	return rc;
+}
+
+/*
+ * The step's manifest: of a head (format 4), first what the rank's own
+ * layout needs (its node's part: store_read_manifest_rank), then, where
+ * that falls short (another layout, a replica's copy, a damaged chunk
+ * with copies on other nodes), the whole.
+ */
+static int restore_one(struct restore *rs, struct storage *store, int64_t step, char **meta,
+                       char *err)
+{
+	const struct plan *p = rs->plan;
+	struct manifest *m = NULL;
+	char line[IPC_ERRLEN + 128];
+	int rc;
+
+	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
+		pthread_mutex_lock(&p->gpu->capture);
+		if (!p->gpu->lane) {
+			rc = ipc_errf(err, -EIO,
+			              "the plan's GPU stream was lost after a failed "
+			              "wait; create the plan again");
+			goto out;
+		}
+	}
+	for (bool whole = false;; whole = true) {
+		rc = whole ? store_read_manifest(store, p->job, step, &m, line)
+		           : store_read_manifest_rank(store, p->job, step, p->rank, &m, line);
+		/* there, and no checkpoint can be read from it (a link, a file for its directory)
+		 */
+		if (rc == -EINVAL || rc == -EFBIG || rc == -ELOOP || rc == -ENOTDIR)
+			rc = ipc_errf(err, -EBADMSG, "its manifest cannot be read: %s", line);
+		else if (rc)
+			snprintf(err, IPC_ERRLEN, "%s", line);
+		if (rc)
+			goto out;
+		rc = read_copies(rs, store, step, m, err);
+		if (!rc || !m->partial)
+			break;
+		manifest_free(m);
+		m = NULL;
 	}
 	/* This rank's own meta (a data loader's position, a seed), not rank 0's. */
 	if (!rc && manifest_rank_meta(m, p->rank) &&

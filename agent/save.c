@@ -3,7 +3,10 @@
  * durable file. Here: admission, the save's states and its capture job; the
  * chunks' way from staging to the disk is stream.c's (its state table).
  *
- *   control thread   rpc_save: checks, admission (skip policy), QUEUED
+ *   control thread   rpc_save: checks, admission (skip policy), QUEUED; a
+ *                    run's first save may be parked until every rank's plan
+ *                    is known (layouts.c: at most --plans-wait), then
+ *                    admitted on the commit thread or the tick's
  *   capture worker   save_capture: the pool, the shard file, then each chunk
  *                    in file order copied in and handed on (stream.c; a
  *                    CUDA plan's: capture_gpu.c); after the last one: CAPTURED
@@ -459,23 +462,14 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	return 0;
 }
 
-void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
+void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m)
 {
 	Ckpt__V1__SaveRequest *req = (Ckpt__V1__SaveRequest *)m;
 	Ckpt__V1__SaveReply rep = CKPT__V1__SAVE_REPLY__INIT;
-	struct agent *a = ctx;
 	char err[IPC_ERRLEN];
 	struct save *s = NULL;
 	int rc;
 
-	rc = ipc_check_step(req->step, err);
-	if (!rc)
-		rc = ipc_check_meta(req->meta_json, err);
-	if (rc) {
-		rpc_fail(c, rc, "save: %s", err);
-		goto out;
-	}
-	pthread_mutex_lock(&a->mu);
 	rc = save_start(a, c, req, &s, err);
 	if (!rc) {
 		rep.save_id = s->id;
@@ -487,12 +481,34 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		/* born failed (its checkpoint had failed): nothing will run for it */
 		if (s->state == CKPT__V1__STATE__STATE_FAILED && s->cp && !atomic_load(&s->stages))
 			cp_release(a, s->cp);
-	}
-	pthread_mutex_unlock(&a->mu);
-	if (rc)
+	} else {
 		rpc_fail(c, rc, "save: %s", err);
-out:
+	}
 	protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__SaveRequest *req = (Ckpt__V1__SaveRequest *)m;
+	struct agent *a = ctx;
+	char err[IPC_ERRLEN];
+	struct plan *p;
+	int rc;
+
+	rc = ipc_check_step(req->step, err);
+	if (!rc)
+		rc = ipc_check_meta(req->meta_json, err);
+	if (rc) {
+		rpc_fail(c, rc, "save: %s", err);
+		protobuf_c_message_free_unpacked(m, NULL);
+		return;
+	}
+	pthread_mutex_lock(&a->mu);
+	/* a run's first save may wait for every rank's plan (layouts.c) */
+	p = plan_of(a, c, req->plan_id);
+	if (!p || a->stopping || !layouts_park(a, p, c, m))
+		save_admit(a, c, m);
+	pthread_mutex_unlock(&a->mu);
 }
 
 void rpc_get_save(struct rpc *c, ProtobufCMessage *m, void *ctx)

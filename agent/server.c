@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <pthread.h>
 
@@ -67,6 +68,7 @@ struct rpc {
 	unsigned queued;
 	size_t queued_bytes, max_bytes; /* max_bytes 0: only STREAM_MAX_QUEUED */
 	char *cut_msg; /* the status a reader falling past max_bytes gets */
+	pthread_cond_t room; /* a queued message went out, or the stream ended */
 	rpc_close_fn on_close;
 	void *ctx;
 	int refs;
@@ -123,6 +125,7 @@ static void rpc_free(struct rpc *c)
 	grpc_slice_unref(c->details);
 	grpc_metadata_array_destroy(&c->md);
 	free(c->cut_msg);
+	pthread_cond_destroy(&c->room);
 	if (c->method == IPC_NMETHODS)
 		grpc_call_details_destroy(&c->details_in);
 	if (c->call)
@@ -159,6 +162,7 @@ static int request_call(struct server *s, enum ipc_method m)
 	c->t_send = (struct tag){on_send, c};
 	c->t_close = (struct tag){on_close, c};
 	c->t_final = (struct tag){on_final, c};
+	pthread_cond_init(&c->room, NULL);
 	grpc_metadata_array_init(&c->md);
 	pthread_mutex_lock(&s->mu);
 	s->live++;
@@ -242,6 +246,12 @@ static void on_new(struct rpc *c, bool ok)
 enum ipc_method rpc_method(const struct rpc *c)
 {
 	return c->method;
+}
+
+bool rpc_deadline_passed(const struct rpc *c)
+{
+	return gpr_time_cmp(gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC),
+	                    gpr_now(GPR_CLOCK_MONOTONIC)) <= 0;
 }
 
 /* The unary call's one batch: metadata, message or not, status, close. */
@@ -407,6 +417,26 @@ out:
 	return rc;
 }
 
+int rpc_stream_send_wait(struct rpc *c, const ProtobufCMessage *msg, size_t window, int timeout_ms)
+{
+	struct timespec until;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&c->srv->mu);
+	while (!rc && !c->closed && !c->ended && c->queued_bytes >= window)
+		rc = pthread_cond_timedwait(&c->room, &c->srv->mu, &until) == ETIMEDOUT ? -ETIMEDOUT
+		                                                                        : 0;
+	pthread_mutex_unlock(&c->srv->mu);
+	return rc ? rc : rpc_stream_send(c, msg);
+}
+
 static void on_send(struct rpc *c, bool ok)
 {
 	pthread_mutex_lock(&c->srv->mu);
@@ -422,6 +452,7 @@ static void on_send(struct rpc *c, bool ok)
 		grpc_byte_buffer_destroy(m->bb);
 		free(m);
 	}
+	pthread_cond_broadcast(&c->room);
 	if (ok)
 		stream_kick(c);
 	pthread_mutex_unlock(&c->srv->mu);
@@ -456,6 +487,7 @@ static void on_close(struct rpc *c, bool ok)
 	pthread_mutex_lock(&c->srv->mu);
 	c->closed = true;
 	tell = !c->released && !c->ended;
+	pthread_cond_broadcast(&c->room);
 	pthread_mutex_unlock(&c->srv->mu);
 	if (tell && c->on_close)
 		c->on_close(c, c->ctx);

@@ -63,6 +63,8 @@ void server_adopt(struct server *s, int fd);
 void server_destroy(struct server *s);
 
 enum ipc_method rpc_method(const struct rpc *c);
+/* Whether the caller's deadline for the call has passed (it no longer waits for the answer). */
+bool rpc_deadline_passed(const struct rpc *c);
 /* Who called (peer.known false: no credentials; only Status gets that far). */
 const struct peer *rpc_peer(const struct rpc *c);
 
@@ -79,6 +81,13 @@ void rpc_stream_hold(struct rpc *c, rpc_close_fn on_close, void *ctx);
 void rpc_stream_limit(struct rpc *c, size_t bytes, const char *cut_msg);
 /* Queues a message; -EPIPE once the stream has ended, -ENOBUFS when it is cut. */
 int rpc_stream_send(struct rpc *c, const ProtobufCMessage *msg);
+/*
+ * rpc_stream_send for a worker that sends much (a manifest in pieces): waits,
+ * at most timeout_ms, while `window` bytes or more wait to be sent, so that
+ * what is queued stays bounded whatever the whole. -ETIMEDOUT when the
+ * client read nothing meanwhile. Not on the control thread (it sends).
+ */
+int rpc_stream_send_wait(struct rpc *c, const ProtobufCMessage *msg, size_t window, int timeout_ms);
 /* Ends the stream from our side (status OK, or err with a message) and releases it. */
 void rpc_stream_end(struct rpc *c, int err, const char *msg);
 /* The owner is done with a stream the client closed. */

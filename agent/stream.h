@@ -92,6 +92,7 @@ struct reader {
 	bool collect; /* verify: every problem; restore: stop at the first */
 	char **problems;
 	size_t nproblems;
+	uint64_t nmore; /* problems past READER_MAX_PROBLEMS: counted, not kept */
 	int err; /* the first problem's errno */
 	/* where the first problem was: a rank's file, one chunk of it (its first byte) or
 	 * all of it (UINT64_MAX); -1: none of the files' (the trainer's memory faulted) */

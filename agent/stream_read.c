@@ -71,8 +71,10 @@ void reader_problem(struct reader *r, int err, const char *fmt, ...)
 		r->err = err;
 	if (!r->collect)
 		atomic_store(&r->abort, true);
-	if (r->nproblems >= READER_MAX_PROBLEMS)
+	if (r->nproblems >= READER_MAX_PROBLEMS) {
+		r->nmore++;
 		return;
+	}
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);

@@ -214,6 +214,30 @@ static const struct manifest_part *our_part(const struct manifest *m, const char
 	return NULL;
 }
 
+/* Whether the part brings rank 0 (its node commits on the tier). */
+static bool node_has_rank0(const struct manifest_part *p)
+{
+	return p->nranks && p->ranks[0] == 0;
+}
+
+/*
+ * A head's part of this node, read (its ranks' files): the part the head
+ * names (its length and XXH3-64), holding the ranks it names.
+ */
+static int own_files(struct storage *s, const struct manifest *m, const struct manifest_part *mine,
+                     struct part **out, char *why)
+{
+	int rc = store_read_part(s, m->job, m->step, mine->node, out, why);
+
+	if (!rc && ((*out)->file_size != mine->size || (*out)->file_xxh3 != mine->xxh3 ||
+	            (*out)->nranks != mine->nranks))
+		rc = ipc_errf(why, -EBADMSG,
+		              "parts/%s.json is not the part the manifest names: replaced or "
+		              "damaged since the commit",
+		              mine->node);
+	return rc;
+}
+
 /* The tier's retention for job, after this node committed a step there. */
 static void tier_retention(struct uploader *u, const char *job)
 {
@@ -262,7 +286,8 @@ static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_
 	uint64_t size;
 	int rc;
 
-	rc = store_read_manifest(a->store, job, step, &m, why);
+	/* of several nodes, the head: this node's files are in its own part */
+	rc = store_read_manifest_head(a->store, job, step, &m, why);
 	if (rc)
 		return rc;
 	if (!m->nparts) { /* an old single-node manifest: it names no node */
@@ -278,17 +303,20 @@ static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_
 		manifest_free(m);
 		return -ESRCH;
 	}
+	if (m->head_only)
+		rc = own_files(a->store, m, mine, &p, why);
 	for (size_t i = 0; !rc && i < mine->nranks; i++) {
-		const struct manifest_rank *r = &m->ranks[mine->ranks[i]];
+		const struct manifest_rank *r = m->head_only ? NULL : &m->ranks[mine->ranks[i]];
 
-		rc = copy_shard(u, job, step, r->file, r->size, sent, why);
+		rc = copy_shard(u, job, step, r ? r->file : p->ranks[i].file,
+		                r ? r->size : p->ranks[i].size, sent, why);
 	}
-	if (!rc && (rc = store_read_part(a->store, job, step, me, &p, why)) == 0)
-		rc = store_put_part(u->tier, p, why);
 	part_free(p);
+	if (!rc)
+		rc = store_copy_part(a->store, u->tier, job, step, me, why);
 	if (rc)
 		goto out;
-	if (strcmp(manifest_node_of(m, 0), me) != 0) {
+	if (!node_has_rank0(mine)) {
 		/* rank 0's node commits on the tier: ours is done once its manifest is there */
 		if (!store_committed(u->tier, job, step))
 			rc = ipc_errf(why, -EAGAIN, "waiting for node %s to commit it on the tier",
@@ -304,7 +332,7 @@ static int upload_one(struct uploader *u, const char *job, int64_t step, uint64_
 		if (rc)
 			goto out;
 	}
-	rc = store_put_manifest(u->tier, m, why);
+	rc = store_copy_manifest(a->store, u->tier, job, step, why);
 	if (rc == -EEXIST)
 		rc = 0; /* the same bytes, from an earlier try */
 	if (!rc)

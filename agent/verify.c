@@ -252,11 +252,13 @@ static void verify_reply(struct verify *v, struct reader *r, const struct manife
 	}
 	rep.bytes_checked = r->bytes;
 	rep.tensors_checked = m ? (uint32_t)m->ntensors : 0;
-	rep.n_problems = r->nproblems;
+	rep.n_problems = r->nproblems; /* at most READER_MAX_PROBLEMS: the reply stays small */
 	rep.problems = r->problems;
+	rep.more_problems = r->nmore;
 	rpc_reply(v->call, &rep.base);
 	log_msg(rep.ok ? LOG_INFO : LOG_WARNING, "verify of job %s step %lld: %s (%zu problems)",
-	        v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT", r->nproblems);
+	        v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT",
+	        r->nproblems + (size_t)r->nmore);
 	if (v->tier || !rep.ok || !m)
 		return; /* a bad copy of a replica may still restore: a restore says */
 	pthread_mutex_lock(&a->mu);

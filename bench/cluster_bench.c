@@ -2,7 +2,8 @@
  * cluster_bench: the trainers' side of the many-nodes benchmark
  * (bench/cluster_run.sh starts the agents and drives it). One rank per
  * agent, world N, each a client of its own agent: every step all ranks
- * save (MiB bytes each: a sharded tensor and a private one), then each
+ * save (MiB bytes each: half in T sharded tensors, --tensors, default 1,
+ * and a private one), then each
  * waits for COMMITTED. Prints one line per step:
  *
  *   step S whole_ms W
@@ -12,7 +13,7 @@
  * last part durable to the manifest durable) is what the committing agent
  * logs; cluster_run.sh reads it there.
  *
- *   cluster_bench --job J --steps S --mib M --warmup K ENDPOINT...
+ *   cluster_bench --job J --steps S --mib M --tensors T --warmup K ENDPOINT...
  */
 #include <errno.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static int die(struct ckpt_client *c, const char *what, int rc)
 int main(int argc, char **argv)
 {
 	const char *job = "cbench";
-	long steps = 20, warmup = 2, mib = 4;
+	long steps = 20, warmup = 2, mib = 4, ntensors = 1;
 	struct ckpt_client *c[MAXR];
 	struct ckpt_plan *p[MAXR];
 	struct ckpt_save *s[MAXR];
@@ -59,23 +60,27 @@ int main(int argc, char **argv)
 			mib = atol(argv[i + 1]);
 		else if (strcmp(argv[i], "--warmup") == 0)
 			warmup = atol(argv[i + 1]);
+		else if (strcmp(argv[i], "--tensors") == 0)
+			ntensors = atol(argv[i + 1]);
 		else
 			return fprintf(stderr, "cluster_bench: unknown option %s\n", argv[i]), 2;
 	}
 	n = argc - i;
-	if (n < 1 || n > MAXR || mib < 1)
+	if (n < 1 || n > MAXR || mib < 1 || ntensors < 1 || ntensors > 100000)
 		return fprintf(stderr, "usage: cluster_bench [--job J] [--steps S] [--mib M] "
-		                       "[--warmup K] ENDPOINT...\n"),
+		                       "[--tensors T] [--warmup K] ENDPOINT...\n"),
 		       2;
 	for (int r = 0; r < n; r++) {
-		int64_t half = (int64_t)mib << 19; /* bytes/2 as F32 elements x 4 */
-		int64_t gshape[1] = {half / 4 * n}, lshape[1] = {half / 4},
-		        goff[1] = {half / 4 * r};
+		/* half the bytes in ntensors sharded tensors of `per` F32 each, half private */
+		int64_t half = (int64_t)mib << 19, per = half / 4 / ntensors;
+		int64_t gshape[1] = {per * n}, lshape[1] = {per}, goff[1] = {per * r};
 		int64_t oshape[1] = {half};
-		struct ckpt_tensor t[2];
-		char name[32];
+		struct ckpt_tensor *t = calloc((size_t)ntensors + 1, sizeof(*t));
+		char(*names)[32] = calloc((size_t)ntensors + 1, sizeof(*names));
 		void *mem;
 
+		if (!t || !names)
+			return die(NULL, "tensors", -ENOMEM);
 		rc = ckpt_connect(argv[i + r], &c[r]);
 		if (rc)
 			return die(NULL, argv[i + r], rc);
@@ -83,13 +88,19 @@ int main(int argc, char **argv)
 		if (rc)
 			return die(c[r], "host memory", rc);
 		memset(mem, r + 1, (size_t)half * 2);
-		snprintf(name, sizeof(name), "opt.rank%d", r);
-		t[0] = (struct ckpt_tensor){"w", CKPT_F32, 1, lshape, mem, gshape, goff};
-		t[1] =
-		    (struct ckpt_tensor){name, CKPT_U8, 1, oshape, (char *)mem + half, NULL, NULL};
-		rc = ckpt_plan_create(c[r], job, r, n, t, 2, &p[r]);
+		for (long k = 0; k < ntensors; k++) {
+			snprintf(names[k], sizeof(names[k]), ntensors == 1 ? "w" : "w%05ld", k);
+			t[k] = (struct ckpt_tensor){
+			    names[k], CKPT_F32, 1, lshape, (char *)mem + k * per * 4, gshape, goff};
+		}
+		snprintf(names[ntensors], sizeof(names[ntensors]), "opt.rank%d", r);
+		t[ntensors] = (struct ckpt_tensor){names[ntensors],    CKPT_U8, 1,   oshape,
+		                                   (char *)mem + half, NULL,    NULL};
+		rc = ckpt_plan_create(c[r], job, r, n, t, (size_t)ntensors + 1, &p[r]);
 		if (rc)
 			return die(c[r], "plan", rc);
+		free(t);
+		free(names);
 	}
 	for (long k = 1; k <= warmup + steps; k++) {
 		double t0 = now_ms();

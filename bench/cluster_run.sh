@@ -7,19 +7,20 @@
 # rank told COMMITTED), median and p99. Writes
 # bench/results/<date>-<host>-cluster.{json,png} and prints the table.
 #
-#   bench/cluster_run.sh [--quick] [--agents 2,4,8,16] [--steps S] [--mib M] [--dir DIR]
+#   bench/cluster_run.sh [--quick] [--agents 2,4,8,16] [--steps S] [--mib M] [--tensors T] [--dir DIR]
 #
 # --quick: 2 and 4 agents, 5 steps (seconds; the test command runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
-agents=2,4,8,16 steps=100 mib=4 dir= quick=0 build=build-bench out=bench/results
+agents=2,4,8,16 steps=100 mib=4 tensors=1 dir= quick=0 build=build-bench out=bench/results
 while (($#)); do
 	case $1 in
 	--quick) quick=1 agents=2,4 steps=5 ;;
 	--agents) agents=$2; shift ;;
 	--steps) steps=$2; shift ;;
 	--mib) mib=$2; shift ;;
+	--tensors) tensors=$2; shift ;;
 	--dir) dir=$2; shift ;;
 	--build) build=$2; shift ;;
 	--out) out=$2; shift ;;
@@ -60,7 +61,7 @@ for n in ${agents//,/ }; do
 			sleep 0.1
 		done
 	done
-	"$build/bench/cluster_bench" --job cb --steps "$steps" --mib "$mib" --warmup 3 \
+	"$build/bench/cluster_bench" --job cb --steps "$steps" --mib "$mib" --tensors "$tensors" --warmup 3 \
 		"${eps[@]}" >"$raw/whole-$n.txt"
 	stop_all
 	rm -rf "$root"

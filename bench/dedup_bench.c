@@ -10,8 +10,16 @@
  * With --restore (dedup on alone), the ranks then meet (every plan made)
  * and restore LATEST together, timed: the slowest rank's restore seconds
  * too (bench/dedup_run.sh compares agents with and without read-once).
+ * With --nodes N --node I, only the ranks r with r % N == I run here (dedup
+ * on alone): a node's trainers, the other nodes' ranks run by other
+ * invocations through their own agents (bench/dedup_run.sh --first). With
+ * --meet DIR too, the ranks of every invocation meet there once their plans
+ * are made, before step 1 (as a data-parallel job's ranks meet before its
+ * first step); without, each saves at once. Step 1's seconds are printed
+ * too ("first_seconds"), from its ckpt_save.
  *
  *   dedup_bench --endpoint E [--job J] [--replicas 4,8] [--mib M] [--reps N] [--restore]
+ *               [--nodes N --node I [--meet DIR]]
  */
 #include <getopt.h>
 #include <stdbool.h>
@@ -31,7 +39,9 @@
 static const char *endpoint, *job = "dedup";
 static int64_t rows[NT];
 static char meet[256]; /* --restore: where the ranks meet before restoring */
+static bool meet_first; /* --meet: and before step 1 */
 static bool restore;
+static int nodes = 1, node; /* --nodes, --node: this invocation's ranks */
 
 static double now(void)
 {
@@ -71,7 +81,7 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 	struct ckpt_plan *p;
 	struct ckpt_save *s;
 	size_t total = 0;
-	double t0 = 0, dt = 0;
+	double t0 = 0, dt = 0, dt1 = 0;
 	float *a;
 
 	for (int k = 0; k < NT; k++)
@@ -89,11 +99,14 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 	po.copies = dedup ? 0 : CKPT_COPIES_ALL;
 	if (ckpt_plan_create_opts(cl, name, rank, world, t, NT, &po, &p))
 		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 11;
+	if (meet_first)
+		barrier(name, rank, world);
 	for (int step = 1; step <= 2; step++) {
 		t0 = now();
 		if (ckpt_save(p, step, NULL, &s) || ckpt_save_wait(s, CKPT_COMMITTED, 600000))
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 12;
 		dt = now() - t0;
+		dt1 = step == 1 ? dt : dt1;
 		ckpt_save_release(s);
 	}
 	if (restore) {
@@ -103,7 +116,7 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 			return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(cl)), 13;
 		rt = now() - t0;
 	}
-	dprintf(fd, "%.6f %.6f\n", dt, rt);
+	dprintf(fd, "%.6f %.6f %.6f\n", dt, rt, dt1);
 	ckpt_plan_destroy(p);
 	ckpt_disconnect(cl);
 	return 0;
@@ -112,44 +125,42 @@ static int rank_main(const char *name, int rank, int world, bool dedup, int fd)
 struct job {
 	const char *name;
 	bool dedup;
+	int world; /* the job's; this invocation runs world / nodes of its ranks */
 };
 
 static int rank_of(int rank, int world, void *arg, int fd)
 {
 	const struct job *j = arg;
 
-	return rank_main(j->name, rank, world, j->dedup, fd);
+	(void)world;
+	return rank_main(j->name, rank * nodes + node, j->world, j->dedup, fd);
 }
 
-/* The slowest rank's save and restore seconds. */
+/* The slowest rank's save, restore and first save seconds. */
 static void line_of(const char *line, void *acc)
 {
-	double *slowest = acc, r = strchr(line, ' ') ? atof(strchr(line, ' ')) : 0;
+	double *slowest = acc, v[3] = {0, 0, 0};
 
-	slowest[0] = atof(line) > slowest[0] ? atof(line) : slowest[0];
-	slowest[1] = r > slowest[1] ? r : slowest[1];
+	sscanf(line, "%lf %lf %lf", &v[0], &v[1], &v[2]);
+	for (int i = 0; i < 3; i++)
+		slowest[i] = v[i] > slowest[i] ? v[i] : slowest[i];
 }
 
-static int run(const char *name, int world, bool dedup, double *slowest, double *rslowest)
+static int run(const char *name, int world, bool dedup, double *slowest)
 {
-	struct job j = {name, dedup};
-	double s[2] = {0, 0};
-	int rc = fanout(world, rank_of, &j, line_of, s);
+	struct job j = {name, dedup, world};
 
-	*slowest = s[0];
-	*rslowest = s[1];
-	return rc;
+	slowest[0] = slowest[1] = slowest[2] = 0;
+	return fanout(world / nodes, rank_of, &j, line_of, slowest);
 }
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {{"endpoint", 1, 0, 'e'},
-	                                     {"job", 1, 0, 'j'},
-	                                     {"replicas", 1, 0, 'r'},
-	                                     {"mib", 1, 0, 'm'},
-	                                     {"reps", 1, 0, 'n'},
-	                                     {"restore", 0, 0, 'R'},
-	                                     {0, 0, 0, 0}};
+	static const struct option opts[] = {{"endpoint", 1, 0, 'e'}, {"job", 1, 0, 'j'},
+	                                     {"replicas", 1, 0, 'r'}, {"mib", 1, 0, 'm'},
+	                                     {"reps", 1, 0, 'n'},     {"restore", 0, 0, 'R'},
+	                                     {"nodes", 1, 0, 'N'},    {"node", 1, 0, 'I'},
+	                                     {"meet", 1, 0, 'M'},     {0, 0, 0, 0}};
 	const char *replicas = "4,8";
 	int reps = 3, o;
 	long mib = 256;
@@ -167,13 +178,21 @@ int main(int argc, char **argv)
 			reps = atoi(optarg);
 		else if (o == 'R')
 			restore = true;
+		else if (o == 'N')
+			nodes = atoi(optarg);
+		else if (o == 'I')
+			node = atoi(optarg);
+		else if (o == 'M')
+			meet_first = snprintf(meet, sizeof(meet), "%s", optarg) > 0;
 		else
 			return 2;
 	}
-	snprintf(meet, sizeof(meet), "/tmp/dedup_bench.XXXXXX");
-	if (restore && !mkdtemp(meet))
+	if (!meet_first)
+		snprintf(meet, sizeof(meet), "/tmp/dedup_bench.XXXXXX");
+	if (restore && !meet_first && !mkdtemp(meet))
 		return perror("mkdtemp"), 1;
-	if (!endpoint || mib < 4) {
+	if (!endpoint || mib < 4 || nodes < 1 || node < 0 || node >= nodes ||
+	    (nodes > 1 && restore)) {
 		fprintf(stderr, "usage: dedup_bench --endpoint E [--job J] [--replicas 4,8] "
 		                "[--mib M] [--reps N]\n");
 		return 2;
@@ -182,20 +201,22 @@ int main(int argc, char **argv)
 		rows[k] = (int64_t)mib * (1 << 20) / 4 / COLS * (k + 1) / 10;
 	for (int rep = 0; rep < reps; rep++)
 		for (const char *w = replicas; *w; w += strcspn(w, ",") + (w[strcspn(w, ",")] != 0))
-			for (int dedup = restore; dedup < 2; dedup++) {
+			for (int dedup = restore || nodes > 1; dedup < 2; dedup++) {
 				int world = atoi(w);
 				char name[128];
-				double secs, rsecs;
+				double secs[3];
 
 				snprintf(name, sizeof(name), "%s-r%d-%s-%d", job, world,
 				         dedup ? "on" : "off", rep);
-				if (world < 2 || world > 64 ||
-				    run(name, world, dedup, &secs, &rsecs))
+				if (world < 2 || world > 64 || world % nodes ||
+				    run(name, world, dedup, secs))
 					return fprintf(stderr, "dedup_bench: %s failed\n", name), 1;
 				printf(
 				    "{\"replicas\": %d, \"dedup\": %s, \"rep\": %d, \"seconds\": "
-				    "%.6f, \"restore_seconds\": %.6f, \"job\": \"%s\"}\n",
-				    world, dedup ? "true" : "false", rep, secs, rsecs, name);
+				    "%.6f, \"restore_seconds\": %.6f, \"first_seconds\": %.6f, "
+				    "\"job\": \"%s\"}\n",
+				    world, dedup ? "true" : "false", rep, secs[0], secs[1], secs[2],
+				    name);
 				fflush(stdout);
 			}
 	return 0;

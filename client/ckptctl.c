@@ -27,7 +27,6 @@
 
 static int cmd_status(struct ctl *x, int argc, char **argv);
 static int cmd_list(struct ctl *x, int argc, char **argv);
-static int cmd_show(struct ctl *x, int argc, char **argv);
 static int cmd_verify(struct ctl *x, int argc, char **argv);
 static int cmd_delete(struct ctl *x, int argc, char **argv);
 static int cmd_pin(struct ctl *x, int argc, char **argv);
@@ -42,9 +41,10 @@ static const struct ctl_cmd {
 } commands[] = {
     {"status", "", "the agent: I/O path, staging pool, saves, last error", cmd_status},
     {"list", "[JOB]", "committed checkpoints (and those in flight)", cmd_list},
-    {"show", "[--tier T] JOB STEP",
-     "one checkpoint: ranks and tensors (T: root, the default, or upload: the upload tier)",
-     cmd_show},
+    {"show", "[--full] [--tier T] JOB STEP",
+     "one checkpoint: its summary; with --full (or --json) every rank, tensor and chunk, "
+     "streamed (T: root, the default, or upload: the upload tier)",
+     ctl_show},
     {"verify", "[--tier T] JOB STEP",
      "read every byte back and check every checksum (T: root, the default, or upload)", cmd_verify},
     {"delete", "[--force] JOB STEP",
@@ -122,8 +122,7 @@ static void cmd_help(const struct ctl_cmd *c, FILE *f)
  * An error of ckptctl's own: on stderr, or as {"error", "errno", "code"} on
  * stdout with --json. Returns status.
  */
-__attribute__((format(printf, 4, 5))) static int say_error(const struct ctl *x, int status, int err,
-                                                           const char *fmt, ...)
+int ctl_error(const struct ctl *x, int status, int err, const char *fmt, ...)
 {
 	char msg[2048]; /* libckpt's last error is 1024 bytes at most */
 	va_list ap;
@@ -156,7 +155,7 @@ int ctl_usage_error(const struct ctl *x, const char *name, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	return say_error(x, EXIT_USAGE, EINVAL, "%s %s (usage: ckptctl %s%s%s; ckptctl %s --help)",
+	return ctl_error(x, EXIT_USAGE, EINVAL, "%s %s (usage: ckptctl %s%s%s; ckptctl %s --help)",
 	                 name, msg, name, c && *c->args ? " " : "", c ? c->args : "", name);
 }
 
@@ -164,8 +163,8 @@ int ctl_usage_error(const struct ctl *x, const char *name, const char *fmt, ...)
  * argc positional arguments of command `name` against its words (`names`,
  * min of them required): false, and what is missing or extra said.
  */
-static bool args_ok(const struct ctl *x, const char *name, int argc, char **argv, int min, int max,
-                    const char *const names[])
+bool ctl_args_ok(const struct ctl *x, const char *name, int argc, char **argv, int min, int max,
+                 const char *const names[])
 {
 	if (argc < min) {
 		char missing[128] = "";
@@ -228,7 +227,7 @@ int ctl_print_json(json_t *j)
 
 int ctl_fail(struct ctl *x, int rc)
 {
-	return say_error(x, 1, rc, "%s",
+	return ctl_error(x, 1, rc, "%s",
 	                 *ckpt_last_error(x->c) ? ckpt_last_error(x->c) : ckpt_strerror(rc));
 }
 
@@ -242,36 +241,86 @@ static bool job_ok(const struct ctl *x, const char *job)
 
 	if (ipc_check_job(job, err) == 0)
 		return true;
-	say_error(x, EXIT_USAGE, EINVAL, "%s", err);
+	ctl_error(x, EXIT_USAGE, EINVAL, "%s", err);
 	return false;
 }
 
-/* The summary List gives of job's LATEST; 0, -ENOENT (said) or the call's error (said). */
-static int latest_of(struct ctl *x, const char *job, int64_t *step)
+#define LIST_PAGE 1000 /* checkpoints asked per List (the agent may send fewer) */
+
+/*
+ * Every checkpoint List gives of job ("": all), a page at a time (an agent
+ * older than paging sends them all at once): fn(ctx, reply) for each page,
+ * which stops the walk by returning non-zero. 0, fn's value, or the call's
+ * error (said).
+ */
+static int list_pages(struct ctl *x, const char *job,
+                      int (*fn)(void *ctx, const Ckpt__V1__ListReply *r), void *ctx)
 {
 	Ckpt__V1__ListRequest req = CKPT__V1__LIST_REQUEST__INIT;
 	Ckpt__V1__ListReply *r;
+	char token[IPC_MAX_JOB + 32] = "";
 	int rc;
 
 	req.job = (char *)job;
-	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
-	if (rc)
-		return ctl_fail(x, rc), rc;
-	rc = -ENOENT;
-	for (size_t i = 0; i < r->n_checkpoints; i++)
-		if (r->checkpoints[i]->latest && strcmp(r->checkpoints[i]->job, job) == 0) {
-			*step = r->checkpoints[i]->step;
-			rc = 0;
+	req.limit = LIST_PAGE;
+	do {
+		req.page_token = token;
+		rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r,
+		             CL_DEFAULT_TIMEOUT_MS);
+		if (rc) {
+			ctl_fail(x, rc);
+			return rc;
 		}
-	protobuf_c_message_free_unpacked(&r->base, NULL);
+		rc = fn(ctx, r);
+		if (!rc && r->next_page_token && *r->next_page_token &&
+		    strcmp(r->next_page_token, token) == 0) {
+			ctl_error(x, 1, EPROTO,
+			          "list: the agent gave the same page token twice (%s)", token);
+			rc = -EPROTO;
+		}
+		snprintf(token, sizeof(token), "%s", r->next_page_token ? r->next_page_token : "");
+		protobuf_c_message_free_unpacked(&r->base, NULL);
+	} while (!rc && token[0]);
 	return rc;
+}
+
+struct latest_find {
+	const char *job;
+	int64_t step;
+	bool found;
+};
+
+static int latest_page(void *ctx, const Ckpt__V1__ListReply *r)
+{
+	struct latest_find *f = ctx;
+
+	for (size_t i = 0; i < r->n_checkpoints; i++)
+		if (r->checkpoints[i]->latest && strcmp(r->checkpoints[i]->job, f->job) == 0) {
+			f->step = r->checkpoints[i]->step;
+			f->found = true;
+		}
+	return 0;
+}
+
+/* The step List says is job's LATEST; 0, -ENOENT (not said) or the call's error (said). */
+static int latest_of(struct ctl *x, const char *job, int64_t *step)
+{
+	struct latest_find f = {.job = job};
+	int rc = list_pages(x, job, latest_page, &f);
+
+	if (rc)
+		return rc;
+	if (!f.found)
+		return -ENOENT;
+	*step = f.step;
+	return 0;
 }
 
 /*
  * JOB and STEP (argv[0], argv[1]) of command `name`: checked, STEP a number
  * or "latest" (asked of the agent). 0, or the exit status (said).
  */
-static int job_step(struct ctl *x, const char *name, char **argv, int64_t *step)
+int ctl_job_step(struct ctl *x, const char *name, char **argv, int64_t *step)
 {
 	char *end;
 	long long v;
@@ -282,7 +331,7 @@ static int job_step(struct ctl *x, const char *name, char **argv, int64_t *step)
 		int rc = latest_of(x, argv[0], step);
 
 		if (rc == -ENOENT)
-			return say_error(
+			return ctl_error(
 			    x, 1, ENOENT,
 			    "job %s has no LATEST (no committed checkpoint; ckptctl list "
 			    "shows the jobs)",
@@ -300,9 +349,6 @@ static int job_step(struct ctl *x, const char *name, char **argv, int64_t *step)
 
 /* ---- status ----------------------------------------------------------- */
 
-static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s);
-static void summary_row(const Ckpt__V1__CheckpointSummary *s);
-
 json_t *ctl_strings(char **v, size_t n)
 {
 	json_t *a = json_array();
@@ -317,7 +363,7 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	json_t *saves = json_object(), *flight = json_array(), *j;
 
 	for (size_t i = 0; i < r->n_in_flight; i++)
-		json_array_append_new(flight, summary_json(r->in_flight[i]));
+		json_array_append_new(flight, ctl_summary_json(r->in_flight[i]));
 	for (size_t i = 0; i < r->n_saves; i++)
 		json_object_set_new(saves, ipc_state_name(r->saves[i]->state),
 		                    json_integer((json_int_t)r->saves[i]->count));
@@ -414,7 +460,7 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	if (r->n_in_flight) {
 		printf("\nin flight\n");
 		for (size_t i = 0; i < r->n_in_flight; i++)
-			summary_row(r->in_flight[i]);
+			ctl_summary_row(r->in_flight[i]);
 	}
 }
 
@@ -424,7 +470,7 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 	Ckpt__V1__StatusReply *r;
 	int rc;
 
-	if (!args_ok(x, "status", argc, argv, 0, 0, NULL))
+	if (!ctl_args_ok(x, "status", argc, argv, 0, 0, NULL))
 		return EXIT_USAGE;
 	rc = cl_call(x->c, IPC_STATUS, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
@@ -439,7 +485,7 @@ static int cmd_status(struct ctl *x, int argc, char **argv)
 
 /* ---- list ------------------------------------------------------------- */
 
-static json_t *summary_json(const Ckpt__V1__CheckpointSummary *s)
+json_t *ctl_summary_json(const Ckpt__V1__CheckpointSummary *s)
 {
 	json_t *j = json_pack(
 	    "{s:s, s:I, s:s, s:s, s:i, s:I, s:I, s:b, s:b, s:i, s:f, s:f, s:f, s:s}", "job", s->job,
@@ -485,7 +531,7 @@ void ctl_parts_line(char **done, size_t ndone, char **missing, size_t nmissing, 
 		o += (size_t)snprintf(buf + o, len - o, "%s %s", i ? "," : "", missing[i]);
 }
 
-static void summary_row(const Ckpt__V1__CheckpointSummary *s)
+void ctl_summary_row(const Ckpt__V1__CheckpointSummary *s)
 {
 	char size[32], when[32] = "-", cap[16], dur[16], com[16];
 
@@ -508,181 +554,51 @@ static void summary_row(const Ckpt__V1__CheckpointSummary *s)
 	}
 }
 
+/* What cmd_list prints as the pages come: a row each, or a JSON array. */
+struct list_print {
+	json_t *all; /* --json */
+	size_t n;
+};
+
+static int list_page(void *ctx, const Ckpt__V1__ListReply *r)
+{
+	struct list_print *p = ctx;
+
+	for (size_t i = 0; i < r->n_checkpoints; i++) {
+		if (p->all) {
+			json_array_append_new(p->all, ctl_summary_json(r->checkpoints[i]));
+			continue;
+		}
+		if (p->n + i == 0)
+			printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP",
+			       "STATE", "WORLD", "SIZE", "COMMITTED (UTC)", "CAPTURE", "DURABLE",
+			       "COMMIT");
+		ctl_summary_row(r->checkpoints[i]);
+	}
+	p->n += r->n_checkpoints;
+	return 0;
+}
+
 static int cmd_list(struct ctl *x, int argc, char **argv)
 {
-	Ckpt__V1__ListRequest req = CKPT__V1__LIST_REQUEST__INIT;
-	Ckpt__V1__ListReply *r;
-	int rc;
+	struct list_print p = {NULL, 0};
 
-	if (!args_ok(x, "list", argc, argv, 0, 1, NULL) || (argc && !job_ok(x, argv[0])))
+	if (!ctl_args_ok(x, "list", argc, argv, 0, 1, NULL) || (argc && !job_ok(x, argv[0])))
 		return EXIT_USAGE;
-	req.job = argc ? argv[0] : "";
-	rc = cl_call(x->c, IPC_LIST, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
-	if (rc)
-		return ctl_fail(x, rc);
-	if (x->json) {
-		json_t *a = json_array();
-
-		for (size_t i = 0; i < r->n_checkpoints; i++)
-			json_array_append_new(a, summary_json(r->checkpoints[i]));
-		rc = ctl_print_json(json_pack("{s:o}", "checkpoints", a));
-	} else if (r->n_checkpoints == 0) {
+	p.all = x->json ? json_array() : NULL;
+	/* a page at a time: a job of many steps never needs a message past the limit */
+	if (list_pages(x, argc ? argv[0] : "", list_page, &p)) {
+		json_decref(p.all);
+		return 1;
+	}
+	if (p.all)
+		return ctl_print_json(json_pack("{s:o}", "checkpoints", p.all));
+	if (p.n == 0)
 		printf("no checkpoints%s%s\n", argc ? " for job " : "", argc ? argv[0] : "");
-	} else {
-		printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP", "STATE",
-		       "WORLD", "SIZE", "COMMITTED (UTC)", "CAPTURE", "DURABLE", "COMMIT");
-		for (size_t i = 0; i < r->n_checkpoints; i++)
-			summary_row(r->checkpoints[i]);
-	}
-	protobuf_c_message_free_unpacked(&r->base, NULL);
-	return rc;
+	return 0;
 }
 
-/* ---- show ------------------------------------------------------------- */
-
-static void show_tensors(json_t *m)
-{
-	const char *name;
-	json_t *t;
-
-	printf("\n%-40s %-8s %-24s %6s\n", "TENSOR", "DTYPE", "GLOBAL SHAPE", "CHUNKS");
-	json_object_foreach(json_object_get(m, "tensors"), name, t)
-	{
-		char shape[128] = "[";
-		size_t o = 1, i;
-		json_t *d;
-
-		json_array_foreach(json_object_get(t, "global_shape"), i, d) o +=
-		    (size_t)snprintf(shape + o, sizeof(shape) - o, "%s%" JSON_INTEGER_FORMAT,
-		                     i ? "," : "", json_integer_value(d));
-		if (o < sizeof(shape) - 1)
-			strcat(shape, "]");
-		printf("%-40s %-8s %-24s %6zu\n", name,
-		       json_string_value(json_object_get(t, "dtype")), shape,
-		       json_array_size(json_object_get(t, "chunks")));
-	}
-}
-
-/* "<tensor> <global offset> <shape>": the box a chunk holds; NULL if out of memory. */
-static char *box_key(const char *name, json_t *c)
-{
-	char *off = json_dumps(json_object_get(c, "global_offset"), JSON_ENCODE_ANY);
-	char *shp = json_dumps(json_object_get(c, "shape"), JSON_ENCODE_ANY);
-	size_t len = strlen(name) + (off ? strlen(off) : 1) + (shp ? strlen(shp) : 1) + 3;
-	char *k = malloc(len);
-
-	if (k)
-		snprintf(k, len, "%s %s %s", name, off ? off : "-", shp ? shp : "-");
-	free(off);
-	free(shp);
-	return k;
-}
-
-/*
- * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
- * the tensor bytes its file holds and its boxes (chunks written), and the
- * boxes it holds (more, where replicas were written once by others); the
- * balance (the largest ÷ the mean); and how many ranks wrote each box (its
- * copies). NULL if out of memory.
- */
-static json_t *layout_json(json_t *m)
-{
-	json_t *ranks = json_array(), *seen = json_object(), *copies = json_object(), *t, *c;
-	json_t *out = NULL;
-	size_t world = json_array_size(json_object_get(m, "ranks")), i;
-	uint64_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
-	size_t *boxes = calloc(world ? world : 1, sizeof(*boxes));
-	uint64_t max = 0, sum = 0, extra = 0;
-	const char *name, *key;
-	bool ok = ranks && seen && copies && bytes && boxes;
-
-	json_object_foreach(ok ? json_object_get(m, "tensors") : NULL, name, t)
-	{
-		json_array_foreach(json_object_get(t, "chunks"), i, c)
-		{
-			json_int_t r = json_integer_value(json_object_get(c, "rank"));
-			json_t *br = json_object_get(c, "byte_range"), *have;
-			json_int_t b0 = json_integer_value(json_array_get(br, 0));
-			json_int_t b1 = json_integer_value(json_array_get(br, 1));
-			uint64_t n = b0 >= 0 && b1 >= b0 ? (uint64_t)b1 - (uint64_t)b0 : 0;
-			char *k;
-
-			if (!json_is_object(c))
-				continue;
-			if (r >= 0 && (size_t)r < world) {
-				bytes[r] += n;
-				boxes[r]++;
-			}
-			if (!(k = box_key(name, c))) {
-				ok = false;
-				continue;
-			}
-			if ((have = json_object_get(seen, k))) {
-				extra += n; /* another rank's copy of a box */
-				json_integer_set(have, json_integer_value(have) + 1);
-			} else if (json_object_set_new(seen, k, json_integer(1))) {
-				ok = false;
-			}
-			free(k);
-		}
-	}
-	for (i = 0; ok && i < world; i++) {
-		json_t *h =
-		    json_object_get(json_array_get(json_object_get(m, "ranks"), i), "holds");
-
-		max = bytes[i] > max ? bytes[i] : max;
-		sum += bytes[i];
-		ok = !json_array_append_new(
-		    ranks,
-		    json_pack("{s:I, s:I, s:I, s:I}", "rank", (json_int_t)i, "bytes",
-		              (json_int_t)bytes[i], "boxes", (json_int_t)boxes[i], "boxes_held",
-		              (json_int_t)(json_is_object(h) ? json_object_size(h) : boxes[i])));
-	}
-	json_object_foreach(ok ? seen : NULL, key, t)
-	{
-		char n[24];
-		json_t *have;
-
-		snprintf(n, sizeof(n), "%" JSON_INTEGER_FORMAT, json_integer_value(t));
-		have = json_object_get(copies, n);
-		if (have)
-			json_integer_set(have, json_integer_value(have) + 1);
-		else
-			ok = !json_object_set_new(copies, n, json_integer(1));
-	}
-	if (ok)
-		out = json_pack("{s:O, s:f, s:O, s:I}", "ranks", ranks, "balance",
-		                sum ? (double)max / ((double)sum / (double)world) : 1.0,
-		                "boxes_by_copies", copies, "bytes_in_extra_copies",
-		                (json_int_t)extra);
-	json_decref(ranks);
-	json_decref(seen);
-	json_decref(copies);
-	free(bytes);
-	free(boxes);
-	return out;
-}
-
-static void show_layout(json_t *l)
-{
-	const char *n;
-	json_t *v;
-	bool first = true;
-
-	printf("\nbalance: the largest rank's tensor bytes / the mean: %.2f; boxes by copies:",
-	       json_real_value(json_object_get(l, "balance")));
-	json_object_foreach(json_object_get(l, "boxes_by_copies"), n, v)
-	{
-		printf("%s %" JSON_INTEGER_FORMAT " written by %s rank%s", first ? "" : ",",
-		       json_integer_value(v), n, strcmp(n, "1") ? "s" : "");
-		first = false;
-	}
-	printf("; %" JSON_INTEGER_FORMAT " bytes in extra copies\n",
-	       json_integer_value(json_object_get(l, "bytes_in_extra_copies")));
-}
-
-/* A leading "--tier root|upload": *tier, and the arguments after it; false if bad (said). */
-static bool take_tier(const struct ctl *x, const char *name, int *argc, char ***argv, char **tier)
+bool ctl_take_tier(const struct ctl *x, const char *name, int *argc, char ***argv, char **tier)
 {
 	if (*argc < 1 || strncmp((*argv)[0], "--tier", 6) != 0)
 		return true;
@@ -703,77 +619,7 @@ static bool take_tier(const struct ctl *x, const char *name, int *argc, char ***
 	return true;
 }
 
-static const char *const job_step_names[] = {"JOB", "STEP"};
-
-static int cmd_show(struct ctl *x, int argc, char **argv)
-{
-	Ckpt__V1__ShowRequest req = CKPT__V1__SHOW_REQUEST__INIT;
-	Ckpt__V1__ShowReply *r;
-	json_t *m, *rk, *l = NULL;
-	size_t i;
-	int rc;
-
-	if (!take_tier(x, "show", &argc, &argv, &req.tier) ||
-	    !args_ok(x, "show", argc, argv, 2, 2, job_step_names))
-		return EXIT_USAGE;
-	if ((rc = job_step(x, "show", argv, &req.step)))
-		return rc;
-	req.job = argv[0];
-	rc = cl_call(x->c, IPC_SHOW, &req.base, (ProtobufCMessage **)&r, CL_DEFAULT_TIMEOUT_MS);
-	if (rc)
-		return ctl_fail(x, rc);
-	m = json_loads(r->manifest_json, 0, NULL);
-	if (m && !(l = layout_json(m))) {
-		fprintf(stderr, "ckptctl: out of memory\n");
-		rc = 1;
-	} else if (!m) {
-		fprintf(stderr, "ckptctl: the agent sent a manifest that is not JSON\n");
-		rc = 1;
-	} else if (x->json) {
-		/* the manifest, and how its bytes fall on the ranks */
-		json_object_set(m, "layout", l);
-		rc = ctl_print_json(json_incref(m));
-	} else {
-		printf("%-20s %12s %-10s %5s %11s  %-19s %9s %9s %9s\n", "JOB", "STEP", "STATE",
-		       "WORLD", "SIZE", "COMMITTED (UTC)", "CAPTURE", "DURABLE", "COMMIT");
-		summary_row(r->summary);
-		printf("\nrun %s; %zu part%s:", r->summary->run, r->summary->n_parts,
-		       r->summary->n_parts == 1 ? "" : "s");
-		for (size_t k = 0; k < r->summary->n_parts; k++)
-			printf("%s %s", k ? "," : "", r->summary->parts[k]);
-		printf("\n\n%-6s %-40s %14s  %s\n", "RANK", "FILE", "BYTES", "META");
-		json_array_foreach(json_object_get(m, "ranks"), i, rk)
-		{
-			char *meta = json_is_null(json_object_get(rk, "meta")) ||
-			                     !json_object_get(rk, "meta")
-			                 ? NULL
-			                 : json_dumps(json_object_get(rk, "meta"),
-			                              JSON_ENCODE_ANY | JSON_COMPACT);
-
-			printf("%-6" JSON_INTEGER_FORMAT " %-40s %14" JSON_INTEGER_FORMAT
-			       "  %.60s\n",
-			       json_integer_value(json_object_get(rk, "rank")),
-			       json_string_value(json_object_get(rk, "file")),
-			       json_integer_value(json_object_get(rk, "size")), meta ? meta : "-");
-			free(meta);
-		}
-		show_tensors(m);
-		show_layout(l);
-		if (json_is_string(json_object_get(m, "meta_raw"))) { /* as the trainer gave it */
-			printf("\nmeta %s\n", json_string_value(json_object_get(m, "meta_raw")));
-		} else if (json_object_get(m, "meta") &&
-		           !json_is_null(json_object_get(m, "meta"))) {
-			char *meta = json_dumps(json_object_get(m, "meta"), JSON_ENCODE_ANY);
-
-			printf("\nmeta %s\n", meta ? meta : "?");
-			free(meta);
-		}
-	}
-	json_decref(l);
-	json_decref(m);
-	protobuf_c_message_free_unpacked(&r->base, NULL);
-	return rc;
-}
+const char *const ctl_job_step_names[] = {"JOB", "STEP"};
 
 /* ---- verify and delete ------------------------------------------------ */
 
@@ -784,10 +630,10 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 	char size[32];
 	int rc;
 
-	if (!take_tier(x, "verify", &argc, &argv, &req.tier) ||
-	    !args_ok(x, "verify", argc, argv, 2, 2, job_step_names))
+	if (!ctl_take_tier(x, "verify", &argc, &argv, &req.tier) ||
+	    !ctl_args_ok(x, "verify", argc, argv, 2, 2, ctl_job_step_names))
 		return EXIT_USAGE;
-	if ((rc = job_step(x, "verify", argv, &req.step)))
+	if ((rc = ctl_job_step(x, "verify", argv, &req.step)))
 		return rc;
 	req.job = argv[0];
 	if (!x->json && isatty(STDERR_FILENO))
@@ -801,16 +647,20 @@ static int cmd_verify(struct ctl *x, int argc, char **argv)
 
 		for (size_t i = 0; i < r->n_problems; i++)
 			json_array_append_new(p, json_string(r->problems[i]));
-		ctl_print_json(json_pack("{s:s, s:I, s:b, s:I, s:i, s:o}", "job", req.job, "step",
-		                         (json_int_t)req.step, "ok", r->ok, "bytes_checked",
+		ctl_print_json(json_pack("{s:s, s:I, s:b, s:I, s:i, s:o, s:I}", "job", req.job,
+		                         "step", (json_int_t)req.step, "ok", r->ok, "bytes_checked",
 		                         (json_int_t)r->bytes_checked, "tensors_checked",
-		                         r->tensors_checked, "problems", p));
+		                         r->tensors_checked, "problems", p, "more_problems",
+		                         (json_int_t)r->more_problems));
 	} else {
 		ctl_human_bytes(r->bytes_checked, size, sizeof(size));
 		printf("%s step %" PRId64 ": %s (%u tensors, %s read and checked)\n", req.job,
 		       req.step, r->ok ? "OK" : "CORRUPT", r->tensors_checked, size);
 		for (size_t i = 0; i < r->n_problems; i++)
 			printf("  %s\n", r->problems[i]);
+		if (r->more_problems)
+			printf("  ... and %" PRIu64 " more problem%s (not listed)\n",
+			       r->more_problems, r->more_problems == 1 ? "" : "s");
 	}
 	rc = r->ok ? 0 : 1;
 	protobuf_c_message_free_unpacked(&r->base, NULL);
@@ -827,9 +677,9 @@ static int cmd_delete(struct ctl *x, int argc, char **argv)
 
 	if (force)
 		argc--, argv++;
-	if (!args_ok(x, "delete", argc, argv, 2, 2, job_step_names))
+	if (!ctl_args_ok(x, "delete", argc, argv, 2, 2, ctl_job_step_names))
 		return EXIT_USAGE;
-	if ((rc = job_step(x, "delete", argv, &req.step)))
+	if ((rc = ctl_job_step(x, "delete", argv, &req.step)))
 		return rc;
 	req.job = argv[0];
 	/* LATEST moving back is not to happen by a slip: the agent is asked first */
@@ -837,7 +687,7 @@ static int cmd_delete(struct ctl *x, int argc, char **argv)
 		if (rc)
 			return 1;
 		if (latest == req.step)
-			return say_error(x, EXIT_USAGE, EBUSY,
+			return ctl_error(x, EXIT_USAGE, EBUSY,
 			                 "job %s step %" PRId64
 			                 " is the one LATEST names: deleting it "
 			                 "moves LATEST back to the newest step before it; say "
@@ -863,9 +713,9 @@ static int pin_or_unpin(struct ctl *x, int argc, char **argv, bool pinned)
 	ProtobufCMessage *r;
 	int rc;
 
-	if (!args_ok(x, pinned ? "pin" : "unpin", argc, argv, 2, 2, job_step_names))
+	if (!ctl_args_ok(x, pinned ? "pin" : "unpin", argc, argv, 2, 2, ctl_job_step_names))
 		return EXIT_USAGE;
-	if ((rc = job_step(x, pinned ? "pin" : "unpin", argv, &req.step)))
+	if ((rc = ctl_job_step(x, pinned ? "pin" : "unpin", argv, &req.step)))
 		return rc;
 	req.job = argv[0];
 	req.pinned = pinned;
@@ -937,7 +787,7 @@ static int cmd_gc(struct ctl *x, int argc, char **argv)
 	Ckpt__V1__GcReply *r;
 	int rc;
 
-	if (!args_ok(x, "gc", argc, argv, 1, 1, job_step_names) || !job_ok(x, argv[0]))
+	if (!ctl_args_ok(x, "gc", argc, argv, 1, 1, ctl_job_step_names) || !job_ok(x, argv[0]))
 		return EXIT_USAGE;
 	req.job = argv[0];
 	rc = cl_call(x->c, IPC_GC, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
@@ -965,9 +815,9 @@ static int cmd_commit(struct ctl *x, int argc, char **argv)
 	if (!argc || strcmp(argv[0], "--finish") != 0)
 		return ctl_usage_error(x, "commit",
 		                       "needs --finish (the only way to commit by hand)");
-	if (!args_ok(x, "commit", argc - 1, argv + 1, 2, 2, job_step_names))
+	if (!ctl_args_ok(x, "commit", argc - 1, argv + 1, 2, 2, ctl_job_step_names))
 		return EXIT_USAGE;
-	if ((rc = job_step(x, "commit", argv + 1, &req.step)))
+	if ((rc = ctl_job_step(x, "commit", argv + 1, &req.step)))
 		return rc;
 	req.job = argv[1];
 	rc = cl_call(x->c, IPC_COMMIT, &req.base, (ProtobufCMessage **)&r, CL_NO_TIMEOUT);
@@ -1043,35 +893,35 @@ int main(int argc, char **argv)
 			return printf("ckptctl %s (protocol ckpt.v1)\n", CKPT_VERSION), 0;
 		else if (optopt == 'e' ||
 		         (optind > 0 && strcmp(argv[optind - 1], "--endpoint") == 0))
-			return say_error(&x, EXIT_USAGE, EINVAL,
+			return ctl_error(&x, EXIT_USAGE, EINVAL,
 			                 "--endpoint needs an endpoint (unix:PATH)");
 		else
-			return say_error(&x, EXIT_USAGE, EINVAL,
+			return ctl_error(&x, EXIT_USAGE, EINVAL,
 			                 "unknown option '%s' (ckptctl --help lists them)",
 			                 argv[optind - 1]);
 	}
 	if (optind >= argc) {
 		ctl_usage(stderr);
-		return say_error(&x, EXIT_USAGE, EINVAL, "no command given");
+		return ctl_error(&x, EXIT_USAGE, EINVAL, "no command given");
 	}
 	if (strcmp(argv[optind], "help") == 0) {
 		if (optind + 1 >= argc)
 			return ctl_usage(stdout), 0;
 		if (!(cmd = cmd_named(argv[optind + 1])))
-			return say_error(&x, EXIT_USAGE, EINVAL,
+			return ctl_error(&x, EXIT_USAGE, EINVAL,
 			                 "no command '%s' (ckptctl help lists them)",
 			                 argv[optind + 1]);
 		return cmd_help(cmd, stdout), 0;
 	}
 	if (!(cmd = cmd_named(argv[optind])))
-		return say_error(&x, EXIT_USAGE, EINVAL,
+		return ctl_error(&x, EXIT_USAGE, EINVAL,
 		                 "unknown command '%s' (ckptctl help lists them)", argv[optind]);
 	take_flags(&argc, argv, optind + 1, &x, &help);
 	if (help)
 		return cmd_help(cmd, stdout), 0;
 	rc = cl_open(endpoint, false, &x.c);
 	if (rc)
-		return say_error(&x, 1, rc, "%s",
+		return ctl_error(&x, 1, rc, "%s",
 		                 *ckpt_last_error(NULL) ? ckpt_last_error(NULL)
 		                                        : ckpt_strerror(rc));
 	rc = cmd->fn(&x, argc - optind - 1, argv + optind + 1);

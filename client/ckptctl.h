@@ -1,6 +1,6 @@
 /*
  * ckptctl.h: what ckptctl's files share (ckptctl.c: the commands and main;
- * ckptctl_watch.c: the live view). Private to ckptctl.
+ * ckptctl_show.c: show; ckptctl_watch.c: the live view). Private to ckptctl.
  */
 #ifndef CKPT_CKPTCTL_H
 #define CKPT_CKPTCTL_H
@@ -43,6 +43,31 @@ json_t *ctl_strings(char **v, size_t n);
 /* "parts in: n0, n1; missing: n2 (ranks 4,5)" for a step in flight ("" if nothing known). */
 void ctl_parts_line(char **done, size_t ndone, char **missing, size_t nmissing, char *buf,
                     size_t len);
+
+/*
+ * An error of ckptctl's own: on stderr, or as {"error", "errno", "code"} on
+ * stdout with --json. Returns status.
+ */
+int ctl_error(const struct ctl *x, int status, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Whether command `name` has min..max arguments (names: what each is); said if not. */
+bool ctl_args_ok(const struct ctl *x, const char *name, int argc, char **argv, int min, int max,
+                 const char *const names[]);
+/* {"JOB", "STEP"}, for ctl_args_ok. */
+extern const char *const ctl_job_step_names[];
+/*
+ * JOB and STEP (argv[0], argv[1]) of command `name`: checked, STEP a number
+ * or "latest" (asked of the agent). 0, or the exit status (said).
+ */
+int ctl_job_step(struct ctl *x, const char *name, char **argv, int64_t *step);
+/* A leading "--tier T" or "--tier=T" into *tier, taken off argv; false (said) if bad. */
+bool ctl_take_tier(const struct ctl *x, const char *name, int *argc, char ***argv, char **tier);
+/* A checkpoint's summary: as JSON, and as a row of the list's table. */
+json_t *ctl_summary_json(const Ckpt__V1__CheckpointSummary *s);
+void ctl_summary_row(const Ckpt__V1__CheckpointSummary *s);
+
+/* ckptctl show [--full] [--tier T] JOB STEP (ckptctl_show.c). */
+int ctl_show(struct ctl *x, int argc, char **argv);
 
 /* ckptctl watch [JOB]: a live view on a terminal, else one line (or JSON object) per event. */
 int ctl_watch(struct ctl *x, int argc, char **argv);

@@ -50,10 +50,19 @@ gpr_timespec cl_deadline(int timeout_ms)
 int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, grpc_slice details,
               const char *errstr)
 {
-	int err = ipc_status_to_errno(st);
 	char *msg = grpc_slice_to_c_string(details);
+	int err = ipc_status_errno(st, *msg ? msg : errstr);
 
-	if (st == GRPC_STATUS_UNAVAILABLE)
+	if (err == -EMSGSIZE &&
+	    (strncmp(msg, "Sent ", 5) == 0 || strncmp(msg, "Received ", 9) == 0))
+		/* gRPC's own words: say which call, and that a retry cannot help */
+		cl_fail(c, err,
+		        "%s: %s: the request or its answer is more than one gRPC message may "
+		        "carry (%u MiB here); a retry fails the same way: ask for less at a time "
+		        "(ckptctl show without --full, list of one job; a plan of fewer tensors "
+		        "or shorter names), or use a ckptctl and ckptd that page the answer",
+		        method, msg, IPC_MAX_MESSAGE >> 20);
+	else if (st == GRPC_STATUS_UNAVAILABLE)
 		cl_fail(c, -ECONNREFUSED, "cannot reach ckptd at %s (is it running?): %s",
 		        c->endpoint,
 		        *msg     ? msg

@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 
 #include "commit.h"
 #include "cover.h"
+#include "fanout.h"
 
 struct rnode {
 	char *name;
@@ -67,7 +69,16 @@ struct commit {
 	int64_t backoff;
 	unsigned polls;
 	struct roster *roster; /* complete: cached in cm; else ours to free */
-	struct part **parts; /* [roster->nnodes]: those read (where this node commits) */
+	/*
+	 * [roster->nnodes]: those read (where this node commits). Of several
+	 * nodes, each part's tensors go once names counted and checked them
+	 * (part_strip): the commit holds the parts' ranks, not their chunks.
+	 */
+	struct part **parts;
+	struct names *names; /* the tensors of the parts read, counted */
+	bool holds; /* a part read says what its ranks hold: the commit reads them whole */
+	bool reading; /* this node commits (or took over): it reads the others' parts */
+	char merge[IPC_ERRLEN]; /* the parts read cannot make one checkpoint: why */
 	bool *seen; /* [roster->nnodes]: there (a stat is enough) */
 	uint64_t *bad; /* [roster->nnodes]: the size of a part that did not parse; 0 */
 	char problem[IPC_ERRLEN]; /* the last thing wrong with a part or plans file */
@@ -184,39 +195,88 @@ static int claim(const struct roster *r, int *owner, size_t idx, char *why)
 }
 
 /* The other nodes' plans of this run, read by exact name: node i's ranks. */
+/* Plans files of a batch of nodes, read at once. */
+struct plans_batch {
+	struct storage *s;
+	const char *job;
+	char **names;
+	struct plans_file **f;
+	int *rc;
+	char (*msg)[IPC_ERRLEN];
+};
+
+static void read_plans_one(void *arg, size_t i)
+{
+	struct plans_batch *b = arg;
+
+	b->rc[i] = store_read_plans(b->s, b->job, b->names[i], &b->f[i], b->msg[i]);
+}
+
+/* One node's plans file, read: its ranks into the roster where it is of this run. */
+static int roster_add(struct roster *r, int *owner, const char *name, struct plans_file *f,
+                      char *why)
+{
+	int rc = 0;
+
+	if (strcmp(f->run, r->run) == 0 && f->world == r->world) {
+		rc = add_plans_node(r, name, f);
+		if (rc == 0)
+			rc = claim(r, owner, r->nnodes - 1, why);
+	} else if (strcmp(f->run, r->run) == 0) {
+		snprintf(why, IPC_ERRLEN,
+		         "plans/%s.json says world %d for run %s, this node's plans %d", name,
+		         f->world, r->run, r->world);
+	}
+	return rc;
+}
+
+/*
+ * Every other node's plans file, FANOUT_WIDTH at once (a batch held parsed
+ * at a time, then only its ranks' signatures are kept).
+ */
 static int roster_read(struct committer *cm, struct roster *r, int *owner, char *why)
 {
 	char **names = NULL, msg[IPC_ERRLEN];
-	size_t n = 0;
-	int rc;
+	size_t n = 0, w = FANOUT_WIDTH;
+	struct plans_batch b = {
+	    cm->o.store,          r->job, NULL, calloc(w, sizeof(*b.f)), calloc(w, sizeof(int)),
+	    calloc(w, IPC_ERRLEN)};
+	int rc = b.f && b.rc && b.msg ? 0 : -ENOMEM;
 
-	rc = store_list_nodes(cm->o.store, r->job, &names, &n, msg);
-	if (rc)
-		return ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
-	for (size_t i = 0; i < n && rc != -EEXIST && rc != -ENOMEM; i++) {
-		struct plans_file *f = NULL;
-
-		if (strcmp(names[i], cm->node) == 0)
-			continue; /* ours: the part says which ranks */
-		if (store_read_plans(cm->o.store, r->job, names[i], &f, msg)) {
-			snprintf(why, IPC_ERRLEN, "%s", msg); /* noted; the node stays unknown */
-			continue;
-		}
-		if (strcmp(f->run, r->run) == 0 && f->world == r->world) {
-			rc = add_plans_node(r, names[i], f);
-			if (rc == 0)
-				rc = claim(r, owner, r->nnodes - 1, why);
-		} else if (strcmp(f->run, r->run) == 0) {
-			snprintf(why, IPC_ERRLEN,
-			         "plans/%s.json says world %d for run %s, this node's plans %d",
-			         names[i], f->world, r->run, r->world);
-		}
-		plans_free(f);
+	if (!rc && (rc = store_list_nodes(cm->o.store, r->job, &names, &n, msg))) {
+		ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
+		rc = rc == -EEXIST ? -EIO : rc; /* -EEXIST says: two nodes claim one rank */
+		n = 0;
+		goto out;
 	}
+	for (size_t i = 0, k; !rc && i < n; i += k) {
+		char *batch[FANOUT_WIDTH];
+
+		for (k = 0; k < w && i + k < n; k++)
+			batch[k] = names[i + k];
+		b.names = batch;
+		fanout_run(k, FANOUT_WIDTH, read_plans_one, &b);
+		for (size_t j = 0; j < k; j++) {
+			if (strcmp(batch[j], cm->node) == 0 || rc == -EEXIST || rc == -ENOMEM)
+				; /* ours: the part says which ranks */
+			else if (b.rc[j])
+				snprintf(why, IPC_ERRLEN, "%s",
+				         b.msg[j]); /* the node stays unknown */
+			else
+				rc = roster_add(r, owner, batch[j], b.f[j], why);
+			plans_free(b.f[j]);
+			b.f[j] = NULL;
+		}
+		rc = rc == -EEXIST || rc == -ENOMEM ? rc : 0;
+	}
+out:
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
-	return rc == -EEXIST || rc == -ENOMEM ? rc : 0;
+	free(b.f);
+	free(b.rc);
+	free(b.msg);
+	return rc;
 }
 
 /*
@@ -350,9 +410,13 @@ static void forget_parts(struct commit *c)
 	free(c->parts);
 	free(c->seen);
 	free(c->bad);
+	names_free(c->names);
 	c->parts = NULL;
 	c->seen = NULL;
 	c->bad = NULL;
+	c->names = NULL;
+	c->holds = false;
+	c->merge[0] = '\0';
 }
 
 /*
@@ -583,10 +647,11 @@ static int part_unbound(struct storage *s, const struct part *p, int64_t step, c
 
 /*
  * Node i's part, where this node commits: read and checked (this run, the
- * roster's ranks, the files' stamps). 1: in; 0: not (yet); -ESTALE: the
- * roster is wrong.
+ * roster's ranks, the files' stamps). 1: in (parts[i]); 0: not (yet: what
+ * was wrong, into problem); -ESTALE: the roster is wrong. Runs on several
+ * threads at once, each its own i.
  */
-static int read_part(struct commit *c, size_t i)
+static int read_part(struct commit *c, size_t i, char *problem)
 {
 	const struct rnode *n = &c->roster->nodes[i];
 	const struct part *own = c->own;
@@ -605,14 +670,14 @@ static int read_part(struct commit *c, size_t i)
 	if (rc == -ENOENT)
 		return 0;
 	if (rc) {
-		snprintf(c->problem, sizeof(c->problem), "%s", msg);
+		snprintf(problem, IPC_ERRLEN, "%s", msg);
 		if ((rc == -EINVAL || rc == -EFBIG) && s->ops->obj_stat(s, key, &size, msg) == 0)
 			c->bad[i] = size;
 		return 0;
 	}
 	if (strcmp(p->run, own->run) != 0) {
 		/* a run that died left it; the node's part of this run replaces it */
-		snprintf(c->problem, sizeof(c->problem),
+		snprintf(problem, IPC_ERRLEN,
 		         "parts/%s.json is of run %s, not run %s: a part of another run never "
 		         "joins",
 		         n->name, p->run, own->run);
@@ -621,7 +686,7 @@ static int read_part(struct commit *c, size_t i)
 	}
 	if (p->world != own->world || !same_ranks(p, n)) {
 		part_ranks_text(n->ranks, n->nranks, ranks, sizeof(ranks));
-		snprintf(c->problem, sizeof(c->problem),
+		snprintf(problem, IPC_ERRLEN,
 		         "parts/%s.json (world %d) does not hold the ranks its plans name (%s of "
 		         "world %d)",
 		         n->name, p->world, ranks, own->world);
@@ -630,14 +695,14 @@ static int read_part(struct commit *c, size_t i)
 	}
 	if (p->time_unix_ns > ipc_now_ns() + c->cm->o.deadline_ns) {
 		snprintf(
-		    c->problem, sizeof(c->problem),
+		    problem, IPC_ERRLEN,
 		    "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
 		    "clocks in step (NTP)?",
 		    n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
 		part_free(p);
 		return 0;
 	}
-	if (plans_disagree(c, n, p, c->problem) || part_unbound(s, p, c->step, c->problem)) {
+	if (plans_disagree(c, n, p, problem) || part_unbound(s, p, c->step, problem)) {
 		part_free(p);
 		return 0;
 	}
@@ -645,42 +710,102 @@ static int read_part(struct commit *c, size_t i)
 	return 1;
 }
 
-/* Looks at every part not in yet: read (this node commits) or only seen. *in: how many are. */
+static bool has_holds(const struct part *p)
+{
+	for (size_t j = 0; j < p->nranks; j++)
+		if (p->ranks[j].holds)
+			return true;
+	return false;
+}
+
+/* The parts of one look, read at once: each result, then the tensors counted under mu. */
+struct reading {
+	struct commit *c;
+	pthread_mutex_t mu;
+	const size_t *idx; /* the nodes whose parts are read */
+	int rc; /* -ESTALE or -ENOMEM: the first such */
+};
+
+static void read_one(void *arg, size_t k)
+{
+	struct reading *rd = arg;
+	struct commit *c = rd->c;
+	size_t i = rd->idx[k];
+	char problem[IPC_ERRLEN] = "", why[IPC_ERRLEN] = "";
+	int rc = read_part(c, i, problem);
+	struct part *p = rc == 1 ? c->parts[i] : NULL;
+
+	pthread_mutex_lock(&rd->mu);
+	if (p && !c->merge[0] && names_add(c->names, p, why))
+		snprintf(c->merge, sizeof(c->merge), "%s", why);
+	if (p && has_holds(p))
+		c->holds = true;
+	if (problem[0])
+		snprintf(c->problem, sizeof(c->problem), "%s", problem);
+	if (rc < 0 && !rd->rc)
+		rd->rc = rc;
+	c->seen[i] = rc == 1;
+	pthread_mutex_unlock(&rd->mu);
+	/* counted: of many nodes, what the head needs stays (holds: the commit reads again) */
+	if (p && p != c->own)
+		part_strip(p);
+}
+
+/* The parts not in yet, read at once (FANOUT_WIDTH in flight). */
+static int read_parts(struct commit *c)
+{
+	size_t n = c->roster->nnodes, k = 0;
+	size_t *idx = malloc(n * sizeof(*idx));
+	struct reading rd = {.c = c, .idx = idx};
+
+	if (!idx)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (!c->parts[i])
+			idx[k++] = i;
+	pthread_mutex_init(&rd.mu, NULL);
+	fanout_run(k, FANOUT_WIDTH, read_one, &rd);
+	pthread_mutex_destroy(&rd.mu);
+	free(idx);
+	return rd.rc;
+}
+
+/*
+ * Where this node commits, reads every part not in yet; else looks at none
+ * (a watching node reads the manifest alone: O(1) per step, whatever the
+ * nodes). *in: how many parts are in.
+ */
 static int look(struct commit *c, bool reading, size_t *in)
 {
-	const struct part *own = c->own;
-	char key[STORE_KEY_MAX], msg[IPC_ERRLEN];
 	size_t n = c->roster->nnodes;
-	uint64_t size;
-	int rc;
+	char why[IPC_ERRLEN];
+	int rc = 0;
 
 	if (!c->parts) {
 		c->parts = calloc(n, sizeof(*c->parts));
 		c->seen = calloc(n, sizeof(*c->seen));
 		c->bad = calloc(n, sizeof(*c->bad));
-		if (!c->parts || !c->seen || !c->bad) {
+		if (!c->parts || !c->seen || !c->bad || names_create(&c->names)) {
 			forget_parts(c);
 			return -ENOMEM;
 		}
 		c->parts[0] = c->own;
 		c->seen[0] = true;
-	}
-	*in = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (reading && !c->parts[i]) {
-			rc = read_part(c, i);
-			if (rc < 0)
-				return rc;
-			c->seen[i] = rc == 1;
-		} else if (!c->seen[i]) {
-			store_part_key(key, sizeof(key), own->job, c->step,
-			               c->roster->nodes[i].name);
-			c->seen[i] =
-			    c->cm->o.store->ops->obj_stat(c->cm->o.store, key, &size, msg) == 0;
+		if (!c->own->file_size && (rc = part_bytes_id(c->own, why))) {
+			forget_parts(c);
+			return rc;
 		}
-		*in += c->seen[i] && (!reading || c->parts[i]);
+		if (names_add(c->names, c->own, why))
+			snprintf(c->merge, sizeof(c->merge), "%s", why);
+		c->holds = has_holds(c->own);
 	}
-	return 0;
+	c->reading = reading;
+	if (reading)
+		rc = read_parts(c);
+	*in = 0;
+	for (size_t i = 0; i < n; i++)
+		*in += c->seen[i];
+	return rc;
 }
 
 /* ---- the manifest ------------------------------------------------------ */
@@ -723,6 +848,30 @@ static int own_files_missing(struct commit *c, const struct manifest *m, char *w
 }
 
 /*
+ * A head of this run names this node's part by its length and XXH3-64: the
+ * part this node wrote (then its files are the checkpoint's), or -EIO with
+ * why (another part of this node: its trainers are not told COMMITTED,
+ * and its files stay).
+ */
+static int own_part_named(struct commit *c, const struct manifest *m, char *why)
+{
+	const struct manifest_part *mp = NULL;
+
+	for (size_t i = 0; i < m->nparts && !mp; i++)
+		if (strcmp(m->parts[i].node, c->own->node) == 0)
+			mp = &m->parts[i];
+	if (!c->own->file_size && part_bytes_id(c->own, why))
+		return -ENOMEM;
+	if (mp && mp->size == c->own->file_size && mp->xxh3 == c->own->file_xxh3)
+		return 0;
+	return ipc_errf(why, -EIO,
+	                "step %" PRId64 " was committed naming %s of node %s, not the part this "
+	                "node wrote: the checkpoint does not hold this save (ckptctl verify "
+	                "says more); this node's files are kept",
+	                c->step, mp ? "another part" : "no part", c->own->node);
+}
+
+/*
  * 1: the manifest is there, and r says what it means for this run; 0: not
  * there, or not readable (then problem says why: it may be an NFS cache,
  * and the deadline decides).
@@ -731,16 +880,14 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 {
 	const struct part *own = c->own;
 	struct storage *s = c->cm->o.store;
-	char key[STORE_KEY_MAX], msg[IPC_ERRLEN];
+	char msg[IPC_ERRLEN];
 	struct manifest *m = NULL;
-	uint64_t size;
 	int rc;
 
-	store_key(key, sizeof(key), own->job, c->step, "manifest.json");
-	rc = s->ops->obj_stat(s, key, &size, msg);
+	/* of several nodes, the head alone: one read, whatever the world */
+	rc = store_read_manifest_head(s, own->job, c->step, &m, msg);
 	if (rc == -ENOENT)
 		return 0;
-	rc = rc ? rc : store_read_manifest(s, own->job, c->step, &m, msg);
 	if (rc) {
 		snprintf(c->problem, sizeof(c->problem), "the manifest cannot be read: %s", msg);
 		return 0;
@@ -764,7 +911,7 @@ static int find_manifest(struct commit *c, struct commit_result *r)
 		manifest_free(m);
 		return 1;
 	}
-	rc = own_files_missing(c, m, r->reason);
+	rc = m->head_only ? own_part_named(c, m, r->reason) : own_files_missing(c, m, r->reason);
 	if (rc) {
 		manifest_free(m);
 		if (rc != -EIO)
@@ -851,8 +998,108 @@ static int64_t first_part_ns(struct part *const *v, size_t n)
 }
 
 /*
- * Merges parts[0..n), checks the shards, writes the manifest create-once and
- * moves LATEST. r: COMMITTED (written), FAILED (the parts cannot make a
+ * The parts whole, merged (manifest_merge's checks) and their held boxes
+ * covered (cover_check): for one node's part, the manifest itself (format
+ * 2 or 3); of several, only where a rank says what it holds, the check
+ * before the head (then *out is NULL). Parts let go of their tensors
+ * (part_strip) are read again, each the same bytes as read before. 0;
+ * -EINVAL: they cannot make a checkpoint (why); else not now (why).
+ */
+static int merge_whole(struct committer *cm, struct part *const *v, size_t n, bool keep,
+                       struct manifest **out, char *why)
+{
+	struct part **w = calloc(n, sizeof(*w)), **fresh = calloc(n, sizeof(*fresh));
+	char msg[IPC_ERRLEN];
+	struct manifest *m = NULL;
+	int rc = w && fresh ? 0 : -ENOMEM;
+
+	*out = NULL;
+	for (size_t i = 0; !rc && i < n; i++) {
+		bool stripped = v[i]->nranks && !v[i]->ranks[0].tensors;
+
+		w[i] = v[i];
+		if (!stripped)
+			continue;
+		rc =
+		    store_read_part(cm->o.store, v[i]->job, v[i]->step, v[i]->node, &fresh[i], msg);
+		if (!rc && fresh[i]->file_xxh3 != v[i]->file_xxh3)
+			rc = ipc_errf(msg, -ESTALE, "parts/%s.json changed while it was merged",
+			              v[i]->node);
+		w[i] = fresh[i];
+	}
+	if (rc) {
+		ipc_errf(why, rc == -EINVAL ? -EIO : rc, "reading the parts again: %s",
+		         rc == -ENOMEM ? "out of memory" : msg);
+		rc = rc == -EINVAL ? -EIO : rc;
+		goto out;
+	}
+	if ((rc = manifest_merge(w, n, &m, msg)))
+		ipc_errf(why, -EINVAL, "the parts do not merge: %s", msg);
+	else if ((rc = cover_check(m, msg)))
+		ipc_errf(why, -EINVAL, "the parts leave a hole: %s", msg);
+	rc = rc ? -EINVAL : 0;
+	if (!rc && keep) {
+		*out = m;
+		m = NULL;
+	}
+out:
+	manifest_free(m);
+	for (size_t i = 0; fresh && i < n; i++)
+		part_free(fresh[i]);
+	free(fresh);
+	free(w);
+	return rc;
+}
+
+/* The tensors of whole parts, counted (and checked as a merge would). */
+static int count_tensors(struct part *const *v, size_t n, size_t *count, char *why)
+{
+	struct names *t = NULL;
+	int rc = names_create(&t);
+
+	for (size_t i = 0; !rc && i < n; i++)
+		rc = names_add(t, v[i], why);
+	*count = names_count(t);
+	names_free(t);
+	return rc == -ENOMEM ? ipc_errf(why, rc, "out of memory") : rc;
+}
+
+/*
+ * What parts[0..n) commit, checked: of one node, the whole manifest
+ * (merged, covered, every shard there at its size); of several, the head
+ * (format 4: each part's files were checked as it was read, the tensors
+ * as they were counted into names; NULL: the parts are whole, counted
+ * here). 0; -EINVAL: they cannot make a checkpoint; else not now.
+ */
+static int merge(struct committer *cm, struct part *const *v, size_t n, const struct names *names,
+                 bool holds, struct manifest **out, char *why)
+{
+	char msg[IPC_ERRLEN];
+	size_t tensors = names_count(names);
+	int rc;
+
+	*out = NULL;
+	if (n == 1) {
+		rc = merge_whole(cm, v, n, true, out, why);
+		if (!rc && (rc = check_shards(cm, *out, why))) {
+			manifest_free(*out);
+			*out = NULL;
+		}
+		return rc;
+	}
+	if (!names && (rc = count_tensors(v, n, &tensors, msg)))
+		return ipc_errf(why, rc, "the parts do not merge: %s", msg);
+	if (holds && (rc = merge_whole(cm, v, n, false, out, why)))
+		return rc;
+	if ((rc = manifest_merge_head(v, n, tensors, out, msg)))
+		return ipc_errf(why, rc == -ENOMEM ? rc : -EINVAL, "the parts do not merge: %s",
+		                msg);
+	return 0;
+}
+
+/*
+ * Merges parts[0..n) (merge), writes the manifest create-once and moves
+ * LATEST. r: COMMITTED (written), FAILED (the parts cannot make a
  * checkpoint), or WAITING: another agent wrote it first (the caller reads
  * it), or something may pass (problem says what). deadline_ns: no manifest
  * later than that many ns after the first part (every node counts its
@@ -861,7 +1108,8 @@ static int64_t first_part_ns(struct part *const *v, size_t n)
  * became visible (problem says how): it is there, not known durable.
  */
 static bool write_manifest(struct committer *cm, struct part *const *v, size_t n,
-                           int64_t deadline_ns, struct commit_result *r, char *problem)
+                           const struct names *names, bool holds, int64_t deadline_ns,
+                           struct commit_result *r, char *problem)
 {
 	struct storage *s = cm->o.store;
 	char msg[IPC_ERRLEN];
@@ -870,20 +1118,12 @@ static bool write_manifest(struct committer *cm, struct part *const *v, size_t n
 	int rc;
 
 	r->state = COMMIT_WAITING;
-	rc = manifest_merge(v, n, &m, msg);
-	if (rc) {
+	rc = merge(cm, v, n, names, holds, &m, msg);
+	if (rc == -EINVAL) {
 		r->state = COMMIT_FAILED;
-		snprintf(r->reason, sizeof(r->reason), "the parts do not merge: %s", msg);
+		snprintf(r->reason, sizeof(r->reason), "%s", msg);
 		return false;
 	}
-	rc = cover_check(m, msg);
-	if (rc) {
-		r->state = COMMIT_FAILED;
-		snprintf(r->reason, sizeof(r->reason), "the parts leave a hole: %s", msg);
-		manifest_free(m);
-		return false;
-	}
-	rc = check_shards(cm, m, msg);
 	if (!rc && deadline_ns && ipc_now_ns() > first_part_ns(v, n) + deadline_ns) {
 		size_t k = first_part_of(v, n);
 
@@ -906,7 +1146,7 @@ static bool write_manifest(struct committer *cm, struct part *const *v, size_t n
 		rc = store_put_manifest(s, m, msg);
 	if (rc && rc != -EEXIST) {
 		/* the link may have happened before the error: then it is there */
-		unsynced = store_committed(s, m->job, m->step);
+		unsynced = m && store_committed(s, m->job, m->step);
 		snprintf(problem, IPC_ERRLEN, "%s", msg);
 		if (unsynced)
 			rc = -EEXIST;
@@ -957,6 +1197,8 @@ static void progress(struct commit *c, struct commit_result *r)
 			add_text(&r->done, &r->ndone, nd->name);
 			continue;
 		}
+		if (!c->reading)
+			continue; /* a watching node looks at no other part: it cannot say */
 		part_node_text(nd->name, nd->ranks, nd->nranks, text, sizeof(text));
 		add_text(&r->missing, &r->nmissing, text);
 	}
@@ -999,6 +1241,7 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 {
 	struct storage *s = c->cm->o.store;
 	bool committing = c->first || now >= c->takeover_at;
+	int64_t max;
 	char msg[IPC_ERRLEN];
 	size_t in = 0, before;
 	int rc;
@@ -1011,10 +1254,18 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		/* tried: from here on, a commit elsewhere may name this node's files */
 		c->part_tried = true;
 		rc = store_put_part(s, c->own, msg);
+		if (rc == -EFBIG || rc == -EOVERFLOW) { /* no poll makes it smaller: once */
+			r->state = COMMIT_FAILED;
+			snprintf(r->reason, sizeof(r->reason),
+			         "step %" PRId64 ": this node's part cannot be written: %s",
+			         c->step, msg);
+			return;
+		}
 		if (rc)
 			snprintf(c->problem, sizeof(c->problem), "writing this node's part: %s",
 			         msg);
-		c->part_done = rc == 0;
+		/* EEXIST: the step is committed; the manifest says with which part */
+		c->part_done = rc == 0 || rc == -EEXIST;
 	}
 	if (c->part_done && find_manifest(c, r))
 		return;
@@ -1033,8 +1284,14 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 	if (rc == -ESTALE) {
 		roster_drop(c); /* built again at the next poll */
 	} else if (rc == 0 && committing && roster_complete(c->roster) && in == c->roster->nnodes) {
-		if (write_manifest(c->cm, c->parts, c->roster->nnodes, c->cm->o.deadline_ns, r,
-		                   c->problem))
+		if (c->merge[0]) {
+			r->state = COMMIT_FAILED;
+			snprintf(r->reason, sizeof(r->reason), "the parts do not merge: %s",
+			         c->merge);
+			return;
+		}
+		if (write_manifest(c->cm, c->parts, c->roster->nnodes, c->names, c->holds,
+		                   c->cm->o.deadline_ns, r, c->problem))
 			c->unsynced = true; /* find_manifest makes it durable first */
 		if (r->state != COMMIT_WAITING || find_manifest(c, r))
 			return;
@@ -1046,10 +1303,14 @@ void commit_poll(struct commit *c, int64_t now, int64_t *next, struct commit_res
 		r->visible = c->unsynced;
 		return;
 	}
-	/* Back-off: 20 ms doubling to 500 ms; again from 20 ms when a part comes in. */
-	c->backoff = in > before ? COMMIT_BACKOFF_FIRST_NS
-	                         : (c->backoff * 2 < COMMIT_BACKOFF_MAX_NS ? c->backoff * 2
-	                                                                   : COMMIT_BACKOFF_MAX_NS);
+	/*
+	 * Back-off: 20 ms doubling to 500 ms; again from 20 ms when a part comes
+	 * in. A watching node sees no part come in: it looks for the manifest
+	 * at least every 200 ms (one small request).
+	 */
+	max = c->reading ? COMMIT_BACKOFF_MAX_NS : COMMIT_WATCH_MAX_NS;
+	c->backoff =
+	    in > before ? COMMIT_BACKOFF_FIRST_NS : (c->backoff * 2 < max ? c->backoff * 2 : max);
 	if (!c->first && now<c->takeover_at && * next> c->takeover_at)
 		*next = c->takeover_at;
 	if (*next > c->deadline)
@@ -1153,7 +1414,7 @@ int commit_finish(struct committer *cm, const char *job, int64_t step, struct co
 	else {
 		why[0] = '\0';
 		/* there after a failed put: committed once it is durable */
-		if (write_manifest(cm, sel, k, 0, r, why) &&
+		if (write_manifest(cm, sel, k, NULL, true, 0, r, why) &&
 		    store_sync_manifest(cm->o.store, job, step, why) == 0)
 			why[0] = '\0';
 		if (r->state == COMMIT_WAITING && why[0]) {

@@ -34,6 +34,7 @@
 
 #define COMMIT_BACKOFF_FIRST_NS (20LL * 1000000)
 #define COMMIT_BACKOFF_MAX_NS (500LL * 1000000)
+#define COMMIT_WATCH_MAX_NS (200LL * 1000000) /* a node that watches for the manifest */
 
 struct committer;
 struct commit;

@@ -169,6 +169,7 @@ static void handler_checks(enum ipc_method meth, const ProtobufCMessage *m)
 		(void)ipc_check_job(((const Ckpt__V1__GcRequest *)m)->job, err);
 		break;
 	case IPC_SHOW:
+	case IPC_SHOW_DETAIL:
 		job_step(((const Ckpt__V1__ShowRequest *)m)->job,
 		         ((const Ckpt__V1__ShowRequest *)m)->step);
 		break;

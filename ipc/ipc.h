@@ -206,6 +206,7 @@ enum ipc_method {
 	IPC_PIN,
 	IPC_GC,
 	IPC_COMMIT,
+	IPC_SHOW_DETAIL,
 	IPC_NMETHODS,
 };
 
@@ -244,6 +245,18 @@ int ipc_decode(const ProtobufCMessageDescriptor *d, struct grpc_byte_buffer *bb,
 /* grpc_status_code <-> negative errno, both ways, one table. */
 int ipc_status_to_errno(int status);
 int ipc_errno_to_status(int err);
+/*
+ * gRPC's words for a message past the size limit ("Sent message larger than
+ * max (69356331 vs. 33554432)", "Received ..."), in either direction; the
+ * agent's own refusal of a reply too large says them too.
+ */
+#define IPC_TOO_LARGE "message larger than max"
+/*
+ * A failed status and its message as negative errno: RESOURCE_EXHAUSTED
+ * for a message too large (IPC_TOO_LARGE) is -EMSGSIZE, which no retry
+ * mends, not the -EAGAIN of a limit that frees up; else ipc_status_to_errno.
+ */
+int ipc_status_errno(int status, const char *msg);
 
 /*
  * What this side says it is at attach: its release ("0.1.0") and the

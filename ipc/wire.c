@@ -45,6 +45,7 @@ const struct ipc_method_desc ipc_methods[IPC_NMETHODS] = {
     [IPC_PIN] = M("Pin", pin_request, empty, false),
     [IPC_GC] = M("Gc", gc_request, gc_reply, false),
     [IPC_COMMIT] = M("Commit", commit_request, commit_reply, false),
+    [IPC_SHOW_DETAIL] = M("ShowDetail", show_request, show_piece, true),
 };
 
 struct grpc_byte_buffer *ipc_pack(const ProtobufCMessage *m)
@@ -302,6 +303,7 @@ static const struct {
     {EPERM, GRPC_STATUS_PERMISSION_DENIED},
     {ENOSPC, GRPC_STATUS_RESOURCE_EXHAUSTED},
     {ENOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EMSGSIZE, GRPC_STATUS_RESOURCE_EXHAUSTED}, /* back: ipc_status_errno */
     {EOVERFLOW, GRPC_STATUS_INVALID_ARGUMENT},
     {E2BIG, GRPC_STATUS_INVALID_ARGUMENT},
     {ENAMETOOLONG, GRPC_STATUS_INVALID_ARGUMENT},
@@ -318,6 +320,13 @@ int ipc_errno_to_status(int err)
 		if (table[i].err == -err)
 			return table[i].status;
 	return GRPC_STATUS_INTERNAL;
+}
+
+int ipc_status_errno(int status, const char *msg)
+{
+	if (status == GRPC_STATUS_RESOURCE_EXHAUSTED && msg && strstr(msg, IPC_TOO_LARGE))
+		return -EMSGSIZE;
+	return ipc_status_to_errno(status);
 }
 
 int ipc_status_to_errno(int status)

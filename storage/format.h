@@ -134,13 +134,25 @@ int shard_file_check(int rank, const char *name, char *err);
 
 #define MANIFEST_FORMAT "ckptd-manifest"
 /*
+ * 4: the head of a checkpoint of several nodes: it names each node's part
+ * (parts/<node>.json, already written and checked) by its length and
+ * XXH3-64, and says what a list needs (run, world, bytes, times, rank 0's
+ * meta, how many tensors); the ranks and the tensors are in the parts.
+ * Small whatever the world (O(nodes)), so a node that watches for the
+ * commit reads little, and no limit grows with ranks x tensors.
  * 3: a rank may list the boxes it holds ("holds") apart from the chunks it
  * wrote (replicas written once: docs/DESIGN.md §7.4); written only when one does.
  * 2: run, parts, per-rank meta and shard names. 1 (single node) is still read.
+ * A commit of one node's part writes 2 or 3 (one read restores it); of
+ * several, 4.
  */
-#define MANIFEST_VERSION 3
+#define MANIFEST_VERSION 4 /* the newest this reader knows */
+#define MANIFEST_VERSION_HEAD 4
+#define MANIFEST_VERSION_HOLDS 3
 #define MANIFEST_VERSION_PLAIN 2
 #define MANIFEST_MAX_BYTES (256u << 20)
+/* A part's bytes: a node's 8 ranks of 1,000 tensors are ~2.5 MB. */
+#define PART_MAX_BYTES (256u << 20)
 
 struct manifest_chunk {
 	int rank;
@@ -181,6 +193,8 @@ struct manifest_part {
 	char *node;
 	size_t nranks;
 	int *ranks; /* ascending */
+	/* format 4: the part file's length and XXH3-64, as merged; 0 before */
+	uint64_t size, xxh3;
 };
 
 struct manifest {
@@ -199,10 +213,27 @@ struct manifest {
 	struct manifest_tensor *tensors;
 	uint64_t bytes; /* sum of the shards' sizes */
 	double capture_seconds, durable_seconds, commit_seconds;
+	/*
+	 * Format 4 read as its head alone (store_read_manifest_head): nranks
+	 * and ntensors are 0, the parts say who holds which rank, and
+	 * head_tensors how many tensors the checkpoint has. A head assembled
+	 * with its parts (store_read_manifest) is whole: head_only false.
+	 */
+	bool head_only;
+	size_t head_tensors;
+	/*
+	 * Some parts of a head only (store_read_manifest_rank): the ranks of
+	 * those parts (the others' rank is -1), the tensors' chunks on them;
+	 * the rest as the head says. Not checked whole: a restore of a rank's
+	 * own layout reads it, and reads the whole where it falls short.
+	 */
+	bool partial;
 };
 
 /* Structural checks of a manifest built in memory or parsed. */
 int manifest_check(const struct manifest *m, char *err);
+/* How many tensors it has (a head's count, or its tensors). */
+size_t manifest_tensor_count(const struct manifest *m);
 int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *err);
 /* Parses and checks (manifest_check) bytes read back from disk. */
 int manifest_from_json(const char *buf, size_t len, struct manifest **out, char *err);
@@ -255,6 +286,8 @@ struct part {
 	int64_t time_unix_ns; /* when its node wrote it */
 	size_t nranks; /* ascending */
 	struct part_rank *ranks;
+	/* as read back (store_read_part) or written (part_bytes_id): its bytes' length, XXH3-64 */
+	uint64_t file_size, file_xxh3;
 };
 
 /* Structural checks (names, ranks, files, every chunk inside its file's data, no overlap). */
@@ -263,6 +296,24 @@ int part_to_json(const struct part *p, char **out, size_t *len, char *err);
 /* Parses and checks bytes another node wrote. */
 int part_from_json(const char *buf, size_t len, struct part **out, char *err);
 void part_free(struct part *p);
+/*
+ * The tensors of a commit's parts, counted and checked as each part comes
+ * in (a name on several ranks only as chunks of one sharded tensor, as
+ * manifest_merge checks), so that a part's tensors can go once added.
+ */
+struct names;
+int names_create(struct names **out); /* 0 or -ENOMEM */
+int names_add(struct names *t, const struct part *p, char *err);
+size_t names_count(const struct names *t);
+void names_free(struct names *t);
+/* The length and XXH3-64 of the bytes part_to_json makes of p, into p->file_size, file_xxh3. */
+int part_bytes_id(struct part *p, char *err);
+/*
+ * Lets a part's tensors and holds go once they were checked and counted
+ * (names_add): what a head needs stays (a commit of many nodes holds each
+ * part's ranks, not its chunks).
+ */
+void part_strip(struct part *p);
 /*
  * What a rank's tensors are, as one number: XXH3-64 over each tensor's
  * name, dtype, shape and global placement, in name order (not bytes). A
@@ -284,6 +335,31 @@ void part_node_text(const char *node, const int *ranks, size_t n, char *buf, siz
  * byte, whoever merges them (sorted; times from the parts, no clock).
  */
 int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, char *err);
+/* The same of some parts of a step (each rank at most once): partial, not checked whole. */
+int manifest_merge_some(struct part *const *parts, size_t n, struct manifest **out, char *err);
+/*
+ * The head (format 4) of parts[0..n), each read back with its file's
+ * length and XXH3-64 (part.file_size, part.file_xxh3): what manifest_merge
+ * would say of them but the ranks' files and the tensors, and `tensors`,
+ * the number of tensors the parts hold. The parts' tensors may have been
+ * let go (part_strip). Deterministic, as manifest_merge. head_only.
+ */
+int manifest_merge_head(struct part *const *parts, size_t n, size_t tensors, struct manifest **out,
+                        char *err);
+/*
+ * A head and the parts it names, read back (each checked against its
+ * length and XXH3-64 first): the whole manifest (manifest_merge), checked
+ * to say what the head says. Takes nothing; *out is new.
+ */
+int manifest_assemble(const struct manifest *head, struct part *const *parts, size_t n,
+                      struct manifest **out, char *err);
+/*
+ * Of a head, the part named parts_of[0..n) (indexes into head->parts) and
+ * those parts, read back: a partial manifest (manifest_merge_some) that
+ * says of the rest what the head says.
+ */
+int manifest_assemble_some(const struct manifest *head, const size_t *parts_of,
+                           struct part *const *parts, size_t n, struct manifest **out, char *err);
 
 /* ---- plans files (docs/DESIGN.md §6.5): the plans a node serves for a job */
 

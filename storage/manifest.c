@@ -329,6 +329,10 @@ static int check_parts(const struct manifest *m, char *err)
 				              "rank %d is in two parts (the second: node '%s')",
 				              r, p->node);
 		}
+		if (!rc && m->version == MANIFEST_VERSION_HEAD && (!p->size || !p->xxh3))
+			rc = ipc_errf(err, -EINVAL,
+			              MF_PREFIX "part of node '%s': no length or XXH3 named",
+			              p->node);
 	}
 	for (int r = 0; r < m->world && !rc; r++)
 		if (!seen[r])
@@ -360,8 +364,16 @@ static int check_top(const struct manifest *m, char *err)
 	for (int i = 0; i < 3; i++)
 		if (!isfinite(d[i]) || d[i] < 0)
 			return ipc_errf(err, -EINVAL, MF_PREFIX "duration %d is %g", i, d[i]);
-	rc = check_ranks(m, err);
+	if (m->head_only && (m->version != MANIFEST_VERSION_HEAD || m->nranks || m->ntensors))
+		return ipc_errf(err, -EINVAL, MF_PREFIX "a head of version %d with %zu ranks",
+		                m->version, m->nranks);
+	rc = m->head_only ? 0 : check_ranks(m, err);
 	return rc ? rc : check_parts(m, err);
+}
+
+size_t manifest_tensor_count(const struct manifest *m)
+{
+	return m->head_only ? m->head_tensors : m->ntensors;
 }
 
 int manifest_check(const struct manifest *m, char *err)
@@ -371,7 +383,7 @@ int manifest_check(const struct manifest *m, char *err)
 	int rc;
 
 	rc = check_top(m, err);
-	if (rc)
+	if (rc || m->head_only)
 		return rc;
 	if (m->ntensors && !m->tensors)
 		return ipc_errf(err, -EINVAL, MF_PREFIX "%zu tensors but no array", m->ntensors);
@@ -418,7 +430,7 @@ static json_t *ranks_json(const struct manifest *m)
 	return a;
 }
 
-static json_t *parts_json(const struct manifest *m)
+json_t *fmt_parts_json(const struct manifest *m)
 {
 	json_t *a = json_array();
 
@@ -431,8 +443,17 @@ static json_t *parts_json(const struct manifest *m)
 				json_decref(ranks);
 				ranks = NULL;
 			}
-		if (json_array_append_new(
-		        a, json_pack("{s:s, s:o}", "node", p->node, "ranks", ranks))) {
+		json_t *o = json_pack("{s:s, s:o}", "node", p->node, "ranks", ranks);
+		char sum[17];
+
+		snprintf(sum, sizeof(sum), "%016" PRIx64, p->xxh3);
+		if (o && m->version == MANIFEST_VERSION_HEAD &&
+		    (json_object_set_new(o, "bytes", json_integer((json_int_t)p->size)) ||
+		     json_object_set_new(o, "xxh3", json_string(sum)))) {
+			json_decref(o);
+			o = NULL;
+		}
+		if (json_array_append_new(a, o)) {
 			json_decref(a);
 			return NULL;
 		}
@@ -454,7 +475,7 @@ static json_t *root_json(const struct manifest *m, json_t *meta)
 	                 "time_unix_ns", (json_int_t)m->time_unix_ns, "meta", meta, "bytes", bytes,
 	                 "durations", "capture_seconds", m->capture_seconds, "durable_seconds",
 	                 m->durable_seconds, "commit_seconds", m->commit_seconds, "parts",
-	                 parts_json(m), "ranks", ranks_json(m), "tensors",
+	                 fmt_parts_json(m), "ranks", ranks_json(m), "tensors",
 	                 fmt_tensors_json(m->tensors, m->ntensors, true));
 	/* format 1 had neither: written back as it was read */
 	if (root && m->version == 1) {
@@ -482,6 +503,9 @@ int manifest_to_json(const struct manifest *m, char **out, size_t *len, char *er
 		json_decref(meta);
 		return ipc_errf(err, -EOVERFLOW, MF_PREFIX "%" PRIu64 " bytes", m->bytes);
 	}
+	/* a head as it is on disk; a head read whole, for people (show): with its parts' */
+	if (m->head_only)
+		return head_json(m, meta, out, len, err); /* takes meta */
 	root = root_json(m, meta); /* takes meta, even when it fails */
 	if (!root)
 		return ipc_errf(err, -ENOMEM, MF_PREFIX "out of memory building the JSON");
@@ -648,6 +672,8 @@ static int parse_root(struct manifest *m, const json_t *root, char *err)
 		rc = fmt_meta_read(root, &m->meta_json, MF, err);
 	if (rc == 0)
 		rc = parse_durations(m, json_object_get(root, "durations"), err);
+	if (rc == 0 && m->version == MANIFEST_VERSION_HEAD)
+		return head_parse(m, root, err);
 	if (rc == 0 && m->version > 1)
 		rc = parse_parts(m, json_object_get(root, "parts"), err);
 	if (rc == 0)

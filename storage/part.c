@@ -274,7 +274,7 @@ int part_to_json(const struct part *p, char **out, size_t *len, char *err)
 	                 "time_unix_ns", (json_int_t)p->time_unix_ns, "ranks", ranks);
 	if (!root)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory building the JSON");
-	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, out, len, PT, err);
+	rc = fmt_dump(root, false, PART_MAX_BYTES, out, len, PT, err);
 	json_decref(root);
 	return rc;
 }
@@ -380,7 +380,7 @@ int part_from_json(const char *buf, size_t len, struct part **out, char *err)
 	int rc;
 
 	*out = NULL;
-	rc = fmt_load(buf, len, MANIFEST_MAX_BYTES, &root, PT, err);
+	rc = fmt_load(buf, len, PART_MAX_BYTES, &root, PT, err);
 	if (rc)
 		return rc;
 	p = calloc(1, sizeof(*p));
@@ -411,6 +411,32 @@ void part_free(struct part *p)
 	free(p->run);
 	free(p->node);
 	free(p);
+}
+
+int part_bytes_id(struct part *p, char *err)
+{
+	char *json = NULL;
+	size_t len = 0;
+	int rc = part_to_json(p, &json, &len, err);
+
+	if (rc)
+		return rc;
+	p->file_size = len;
+	p->file_xxh3 = XXH3_64bits(json, len);
+	free(json);
+	return 0;
+}
+
+void part_strip(struct part *p)
+{
+	for (size_t i = 0; p && i < p->nranks; i++) {
+		struct part_rank *k = &p->ranks[i];
+
+		fmt_tensors_free(k->tensors, k->ntensors);
+		fmt_tensors_free(k->holds, k->nholds);
+		k->tensors = k->holds = NULL;
+		k->ntensors = k->nholds = 0;
+	}
 }
 
 /* ---- merging ----------------------------------------------------------- */
@@ -462,8 +488,15 @@ static int merge_tensor(struct manifest_tensor *mt, const struct entry *e, size_
 	return 0;
 }
 
-/* The parts agree on what step of which run they are, and hold every rank once. */
-static int check_set(struct part *const *v, size_t n, char *err)
+static int check_set(struct part *const *v, size_t n, bool whole, char *err);
+
+int merge_check_set(struct part *const *v, size_t n, char *err)
+{
+	return check_set(v, n, true, err);
+}
+
+/* The parts agree on what step of which run they are; each rank once (whole: every one). */
+static int check_set(struct part *const *v, size_t n, bool whole, char *err)
 {
 	const struct part *p0 = v[0];
 	unsigned char *seen = calloc((size_t)p0->world, 1);
@@ -494,18 +527,47 @@ static int check_set(struct part *const *v, size_t n, char *err)
 				              "rank %d is in two parts (one of them node %s's)",
 				              p->ranks[j].rank, p->node);
 	}
-	for (int r = 0; r < p0->world && !rc; r++)
+	for (int r = 0; r < p0->world && !rc && whole; r++)
 		if (!seen[r])
 			rc = ipc_errf(err, -ENOENT, "rank %d is in no part", r);
 	free(seen);
 	return rc;
 }
 
-static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size_t *nent, char *err)
+int merge_summary(struct manifest *m, struct part *const *v, size_t n, char *err)
 {
 	int64_t t0 = INT64_MAX, cap = 0, dur = 0, last = 0;
+	const char *meta = NULL;
 
-	m->ranks = calloc((size_t)m->world, sizeof(*m->ranks));
+	m->bytes = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct part *p = v[i];
+
+		last = p->time_unix_ns > last ? p->time_unix_ns : last;
+		for (size_t j = 0; j < p->nranks; j++) {
+			const struct part_rank *k = &p->ranks[j];
+
+			m->bytes += k->size;
+			t0 = k->queued_unix_ns < t0 ? k->queued_unix_ns : t0;
+			cap = k->captured_unix_ns > cap ? k->captured_unix_ns : cap;
+			dur = k->durable_unix_ns > dur ? k->durable_unix_ns : dur;
+			meta = k->rank == 0 ? k->meta_json : meta;
+		}
+	}
+	/* Times from the parts, never a clock: every merger writes the same bytes. */
+	m->time_unix_ns = last;
+	m->capture_seconds = cap > t0 ? (double)(cap - t0) / 1e9 : 0;
+	m->durable_seconds = dur > t0 ? (double)(dur - t0) / 1e9 : 0;
+	m->commit_seconds = last > t0 ? (double)(last - t0) / 1e9 : 0;
+	if (meta && !(m->meta_json = strdup(meta)))
+		return ipc_errf(err, -ENOMEM, "merge: out of memory");
+	return 0;
+}
+
+static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size_t *nent, char *err)
+{
+	if (!m->ranks)
+		m->ranks = calloc((size_t)m->world, sizeof(*m->ranks));
 	m->parts = calloc(n, sizeof(*m->parts));
 	if (!m->ranks || !m->parts)
 		return ipc_errf(err, -ENOMEM, "merge: out of memory");
@@ -519,7 +581,6 @@ static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size
 		mp->ranks = calloc(p->nranks, sizeof(int));
 		if (!mp->node || !mp->ranks)
 			return ipc_errf(err, -ENOMEM, "merge: out of memory");
-		last = p->time_unix_ns > last ? p->time_unix_ns : last;
 		for (size_t j = 0; j < p->nranks; j++) {
 			const struct part_rank *k = &p->ranks[j];
 			struct manifest_rank *mr = &m->ranks[k->rank];
@@ -538,22 +599,11 @@ static int merge_ranks(struct manifest *m, struct part *const *v, size_t n, size
 			if (k->holds && !mr->holds && !(mr->holds = calloc(1, sizeof(*mr->holds))))
 				return ipc_errf(err, -ENOMEM, "merge: out of memory");
 			if (k->holds)
-				m->version = MANIFEST_VERSION; /* what it holds is said */
-			m->bytes += k->size;
+				m->version = MANIFEST_VERSION_HOLDS; /* what it holds is said */
 			*nent += k->ntensors;
-			t0 = k->queued_unix_ns < t0 ? k->queued_unix_ns : t0;
-			cap = k->captured_unix_ns > cap ? k->captured_unix_ns : cap;
-			dur = k->durable_unix_ns > dur ? k->durable_unix_ns : dur;
 		}
 	}
-	/* Times from the parts, never a clock: every merger writes the same bytes. */
-	m->time_unix_ns = last;
-	m->capture_seconds = cap > t0 ? (double)(cap - t0) / 1e9 : 0;
-	m->durable_seconds = dur > t0 ? (double)(dur - t0) / 1e9 : 0;
-	m->commit_seconds = last > t0 ? (double)(last - t0) / 1e9 : 0;
-	if (m->ranks[0].meta_json && !(m->meta_json = strdup(m->ranks[0].meta_json)))
-		return ipc_errf(err, -ENOMEM, "merge: out of memory");
-	return 0;
+	return merge_summary(m, v, n, err);
 }
 
 static int merge_tensors(struct manifest *m, struct part *const *v, size_t n, size_t nent,
@@ -583,7 +633,8 @@ static int merge_tensors(struct manifest *m, struct part *const *v, size_t n, si
 	return rc;
 }
 
-int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, char *err)
+/* The merge of parts[0..n): whole, every rank (checked); else some (partial, unchecked). */
+static int merge(struct part *const *parts, size_t n, bool whole, struct manifest **out, char *err)
 {
 	struct part **v = NULL;
 	struct manifest *m = NULL;
@@ -601,20 +652,30 @@ int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, c
 	}
 	memcpy(v, parts, n * sizeof(*v));
 	qsort(v, n, sizeof(*v), cmp_part);
-	rc = check_set(v, n, err);
+	rc = check_set(v, n, whole, err);
 	if (rc)
 		goto out;
 	m->version = MANIFEST_VERSION_PLAIN; /* merge_ranks: 3 if a rank says what it holds */
+	m->partial = !whole;
 	m->step = v[0]->step;
 	m->world = v[0]->world;
 	if (!(m->job = strdup(v[0]->job)) || !(m->run = strdup(v[0]->run))) {
 		rc = ipc_errf(err, -ENOMEM, "merge: out of memory");
 		goto out;
 	}
+	if (!whole) { /* the ranks no part here brings: -1, as a parse leaves them */
+		m->ranks = calloc((size_t)m->world, sizeof(*m->ranks));
+		if (!m->ranks) {
+			rc = ipc_errf(err, -ENOMEM, "merge: out of memory");
+			goto out;
+		}
+		for (int r = 0; r < m->world; r++)
+			m->ranks[r].rank = -1;
+	}
 	rc = merge_ranks(m, v, n, &nent, err);
 	if (!rc)
 		rc = merge_tensors(m, v, n, nent, err);
-	if (!rc)
+	if (!rc && whole)
 		rc = manifest_check(m, err);
 out:
 	free(v);
@@ -623,4 +684,14 @@ out:
 	else
 		*out = m;
 	return rc;
+}
+
+int manifest_merge(struct part *const *parts, size_t n, struct manifest **out, char *err)
+{
+	return merge(parts, n, true, out, err);
+}
+
+int manifest_merge_some(struct part *const *parts, size_t n, struct manifest **out, char *err)
+{
+	return merge(parts, n, false, out, err);
 }

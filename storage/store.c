@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include <xxhash.h>
+
+#include "fanout.h"
 #include "store.h"
 
 #define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
@@ -54,8 +58,8 @@ static int check_job_step(const char *job, int64_t step, char *err)
 
 /* ---- manifests --------------------------------------------------------- */
 
-int store_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
-                        char *err)
+int store_read_manifest_head(struct storage *s, const char *job, int64_t step,
+                             struct manifest **out, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
 	struct manifest *m = NULL;
@@ -86,6 +90,116 @@ int store_read_manifest(struct storage *s, const char *job, int64_t step, struct
 	}
 	*out = m;
 	return 0;
+}
+
+/* The parts a head names, read at once. */
+struct head_read {
+	struct storage *s;
+	const struct manifest *head;
+	struct part **parts;
+	int *rc;
+	char (*why)[IPC_ERRLEN];
+};
+
+static void read_named_part(void *arg, size_t i)
+{
+	struct head_read *h = arg;
+
+	h->rc[i] = store_read_part(h->s, h->head->job, h->head->step, h->head->parts[i].node,
+	                           &h->parts[i], h->why[i]);
+}
+
+static int assemble(struct storage *s, const struct manifest *head, struct manifest **out,
+                    char *err)
+{
+	size_t n = head->nparts;
+	struct head_read h = {s, head, calloc(n, sizeof(*h.parts)), calloc(n, sizeof(int)),
+	                      calloc(n, IPC_ERRLEN)};
+	int rc = 0;
+
+	if (!h.parts || !h.rc || !h.why) {
+		rc = ipc_errf(err, -ENOMEM, "out of memory reading %zu parts", n);
+		goto out;
+	}
+	fanout_run(n, FANOUT_WIDTH, read_named_part, &h);
+	for (size_t i = 0; i < n && !rc; i++)
+		if (h.rc[i] == -ENOENT && !store_committed(s, head->job, head->step))
+			rc = ipc_errf(err, -ENOENT,
+			              "job '%s' step %" PRId64 " was removed as it was read",
+			              head->job, head->step);
+	for (size_t i = 0; i < n && !rc; i++)
+		if (h.rc[i])
+			/* named by the commit: missing or unreadable is damage, not absence */
+			rc = ipc_errf(err, h.rc[i] == -ENOMEM ? -ENOMEM : -EBADMSG,
+			              "job '%s' step %" PRId64 ": the part its manifest names for "
+			              "node %s: %s",
+			              head->job, head->step, head->parts[i].node,
+			              h.rc[i] == -ENOENT ? "not there" : h.why[i]);
+	if (!rc && (rc = manifest_assemble(head, h.parts, n, out, h.why[0])))
+		ipc_errf(err, rc, "job '%s' step %" PRId64 ": %s", head->job, head->step, h.why[0]);
+out:
+	for (size_t i = 0; h.parts && i < n; i++)
+		part_free(h.parts[i]);
+	free(h.parts);
+	free(h.rc);
+	free(h.why);
+	return rc;
+}
+
+int store_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
+                        char *err)
+{
+	struct manifest *head = NULL;
+	int rc = store_read_manifest_head(s, job, step, &head, err);
+
+	*out = NULL;
+	if (rc || !head->head_only) {
+		*out = head;
+		return rc;
+	}
+	rc = assemble(s, head, out, err);
+	manifest_free(head);
+	return rc;
+}
+
+int store_read_manifest_rank(struct storage *s, const char *job, int64_t step, int rank,
+                             struct manifest **out, char *err)
+{
+	struct manifest *head = NULL;
+	struct part *p = NULL;
+	char why[IPC_ERRLEN];
+	size_t at = SIZE_MAX;
+	int rc = store_read_manifest_head(s, job, step, &head, err);
+
+	*out = NULL;
+	if (rc || !head->head_only) {
+		*out = head;
+		return rc;
+	}
+	for (size_t i = 0; i < head->nparts && at == SIZE_MAX; i++)
+		for (size_t j = 0; j < head->parts[i].nranks; j++)
+			at = head->parts[i].ranks[j] == rank ? i : at;
+	if (at == SIZE_MAX) { /* a rank past the saving world: what the whole says */
+		rc = assemble(s, head, out, err);
+		goto out;
+	}
+	rc = store_read_part(s, job, step, head->parts[at].node, &p, why);
+	if (rc == -ENOENT && !store_committed(s, job, step))
+		rc = ipc_errf(err, -ENOENT, "job '%s' step %" PRId64 " was removed as it was read",
+		              job, step);
+	else if (rc && rc != -ENOMEM)
+		rc = ipc_errf(err, -EBADMSG,
+		              "job '%s' step %" PRId64 ": the part its manifest names for node %s: "
+		              "%s",
+		              job, step, head->parts[at].node, rc == -ENOENT ? "not there" : why);
+	else if (rc)
+		ipc_errf(err, rc, "%s", why);
+	if (!rc && (rc = manifest_assemble_some(head, &at, &p, 1, out, why)))
+		rc = ipc_errf(err, rc, "job '%s' step %" PRId64 ": %s", job, step, why);
+out:
+	part_free(p);
+	manifest_free(head);
+	return rc;
 }
 
 int store_retire_manifest(struct storage *s, const char *job, int64_t step, const char *node,
@@ -124,6 +238,8 @@ int store_put_manifest(struct storage *s, const struct manifest *m, char *err)
 	size_t len = 0;
 	int rc;
 
+	if (m->version == MANIFEST_VERSION_HEAD && !m->head_only)
+		return ipc_errf(err, -EINVAL, "a manifest of format 4 is written as its head");
 	rc = manifest_to_json(m, &json, &len, err);
 	if (rc)
 		return rc;
@@ -146,8 +262,42 @@ int store_sync_manifest(struct storage *s, const char *job, int64_t step, char *
 
 /* ---- parts ------------------------------------------------------------- */
 
-int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
-                    struct part **out, char *err)
+/*
+ * Parts and plans files parsed at once, in this process: as many as there
+ * are cores. A
+ * commit reads FANOUT_WIDTH parts at once to hide the storage's latency;
+ * their parse is work for the CPUs, and each parse holds several times
+ * the part's bytes: beyond the cores it only adds memory (and contention
+ * in malloc).
+ */
+static pthread_mutex_t parse_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t parse_cv = PTHREAD_COND_INITIALIZER;
+static long parsing;
+
+static void parse_enter(void)
+{
+	static long max;
+
+	pthread_mutex_lock(&parse_mu);
+	if (!max)
+		max = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+	while (parsing >= max)
+		pthread_cond_wait(&parse_cv, &parse_mu);
+	parsing++;
+	pthread_mutex_unlock(&parse_mu);
+}
+
+static void parse_leave(void)
+{
+	pthread_mutex_lock(&parse_mu);
+	parsing--;
+	pthread_cond_signal(&parse_cv);
+	pthread_mutex_unlock(&parse_mu);
+}
+
+/* A node's part, its bytes too (*buf, where buf is not NULL: the caller frees them). */
+static int read_part(struct storage *s, const char *job, int64_t step, const char *node,
+                     struct part **out, char **bytes, size_t *blen, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
 	struct part *p = NULL;
@@ -158,13 +308,18 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
 		return rc;
 	store_part_key(key, sizeof(key), job, step, node);
-	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	rc = s->ops->obj_get(s, key, PART_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
 	rc = part_from_json(buf, len, &p, why);
-	free(buf);
-	if (rc)
+	parse_leave();
+	if (rc) {
+		free(buf);
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	}
+	p->file_size = len;
+	p->file_xxh3 = XXH3_64bits(buf, len);
 	/* a part under another node's or step's name is no part of this one */
 	if (strcmp(p->job, job) || p->step != step || strcmp(p->node, node)) {
 		rc = ipc_errf(err, -EINVAL,
@@ -172,10 +327,23 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 		              "moved here",
 		              key, p->job, p->step, p->node);
 		part_free(p);
+		free(buf);
 		return rc;
+	}
+	if (bytes) {
+		*bytes = buf;
+		*blen = len;
+	} else {
+		free(buf);
 	}
 	*out = p;
 	return 0;
+}
+
+int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
+                    struct part **out, char *err)
+{
+	return read_part(s, job, step, node, out, NULL, NULL, err);
 }
 
 /*
@@ -184,11 +352,12 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
  * plan set) is done if it holds the same bytes, else replaced whole.
  * *written: whether bytes went out. Takes json.
  */
-static int put_own(struct storage *s, const char *key, char *json, size_t len, bool *written,
-                   char *err)
+static int put_own(struct storage *s, const char *key, char *json, size_t len, const char *guard,
+                   bool *written, char *err)
 {
 	char *old = NULL;
 	size_t olen = 0;
+	uint64_t size;
 	int rc = s->ops->obj_put(s, key, json, len, OBJ_CREATE, err);
 
 	if (rc == -EEXIST) {
@@ -199,6 +368,11 @@ static int put_own(struct storage *s, const char *key, char *json, size_t len, b
 			*written = false; /* the same: done */
 			return 0;
 		}
+		/* a part a manifest may name by its bytes (format 4) stays as it is */
+		if (rc == 0 && guard && s->ops->obj_stat(s, guard, &size, err) == 0)
+			rc = ipc_errf(err, -EEXIST,
+			              "%s is not replaced: the step is committed (%s is there)",
+			              key, guard);
 		if (rc == 0)
 			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
 		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
@@ -212,7 +386,7 @@ static int put_own(struct storage *s, const char *key, char *json, size_t len, b
 
 int store_put_part(struct storage *s, const struct part *p, char *err)
 {
-	char key[STORE_KEY_MAX], *json = NULL;
+	char key[STORE_KEY_MAX], guard[STORE_KEY_MAX], *json = NULL;
 	size_t len = 0;
 	bool written;
 	int rc;
@@ -221,7 +395,45 @@ int store_put_part(struct storage *s, const struct part *p, char *err)
 	if (rc)
 		return rc;
 	store_part_key(key, sizeof(key), p->job, p->step, p->node);
-	return put_own(s, key, json, len, &written, err);
+	store_key(guard, sizeof(guard), p->job, p->step, "manifest.json");
+	return put_own(s, key, json, len, guard, &written, err);
+}
+
+int store_copy_part(struct storage *from, struct storage *to, const char *job, int64_t step,
+                    const char *node, char *err)
+{
+	char key[STORE_KEY_MAX], guard[STORE_KEY_MAX], *buf = NULL;
+	struct part *p = NULL;
+	size_t len = 0;
+	bool written;
+	int rc = read_part(from, job, step, node, &p, &buf, &len, err); /* checked */
+
+	part_free(p);
+	if (rc)
+		return rc;
+	store_part_key(key, sizeof(key), job, step, node);
+	store_key(guard, sizeof(guard), job, step, "manifest.json");
+	return put_own(to, key, buf, len, guard, &written, err); /* takes buf */
+}
+
+int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
+                        char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct manifest *m = NULL;
+	size_t len = 0;
+	int rc = store_read_manifest_head(from, job, step, &m, err); /* checked */
+
+	manifest_free(m);
+	if (rc)
+		return rc;
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	rc = from->ops->obj_get(from, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", why);
+	rc = to->ops->obj_put(to, key, buf, len, OBJ_CREATE | OBJ_IN_PLACE, err);
+	free(buf);
+	return rc;
 }
 
 /* ---- plans ------------------------------------------------------------- */
@@ -241,7 +453,9 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
 	rc = plans_from_json(buf, len, &f, why);
+	parse_leave();
 	free(buf);
 	if (rc)
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
@@ -255,6 +469,8 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	return 0;
 }
 
+static int plans_touch(struct storage *s, const char *job, char *err);
+
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
 {
 	char key[STORE_KEY_MAX], *json = NULL;
@@ -267,7 +483,50 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 		return rc;
 	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	return put_own(s, key, json, len, written, err);
+	rc = put_own(s, key, json, len, NULL, written, err);
+	if (rc || !*written)
+		return rc;
+	/* after the file: a reader that saw the old number sees this file */
+	return plans_touch(s, f->job, err);
+}
+
+/* "<job>/plans/generation": a new number each time a node's plans file changes. */
+static void generation_key(char *buf, size_t len, const char *job)
+{
+	snprintf(buf, len, "%s/plans/generation", job);
+}
+
+static int plans_touch(struct storage *s, const char *job, char *err)
+{
+	char key[STORE_KEY_MAX], body[24];
+	int len;
+
+	generation_key(key, sizeof(key), job);
+	len = snprintf(body, sizeof(body), "%016" PRIx64 "\n", ipc_random_id() | 1);
+	return s->ops->obj_put(s, key, body, (size_t)len, OBJ_REPLACE, err);
+}
+
+int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, char *err)
+{
+	char key[STORE_KEY_MAX], *buf = NULL, *end;
+	size_t len = 0;
+	int rc;
+
+	*gen = 0;
+	if ((rc = ipc_check_job(job, err)))
+		return rc;
+	generation_key(key, sizeof(key), job);
+	rc = s->ops->obj_get(s, key, 64, &buf, &len, err);
+	if (rc == -ENOENT || rc == -EFBIG)
+		return 0; /* none (older agents), or not ours: every file is read */
+	if (rc)
+		return rc;
+	errno = 0;
+	*gen = strtoull(buf, &end, 16);
+	if (errno || end == buf || (*end && *end != '\n'))
+		*gen = 0; /* not a number this code wrote: every file is read */
+	free(buf);
+	return 0;
 }
 
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err)

@@ -4,6 +4,7 @@
  * (docs/DESIGN.md §6.1, §7.1):
  *
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
+ *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
  *   <job>/step-<12d>/manifest.json           the commit, create-once
  *   <job>/step-<12d>/pinned                  a pin (empty)
@@ -26,9 +27,29 @@ void store_key(char *buf, size_t len, const char *job, int64_t step, const char 
 void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
 void store_plans_key(char *buf, size_t len, const char *job, const char *node);
 
-/* The manifest of (job, step), checked, and naming that job and step: -ENOENT if none. */
+/*
+ * The manifest of (job, step), whole: checked, naming that job and step;
+ * -ENOENT if none. A head (format 4) comes with the parts it names, read
+ * at once (FANOUT_WIDTH in flight), each the part the head names (its
+ * length and XXH3-64): a part missing or replaced since is -EBADMSG (the
+ * step is damaged), never -ENOENT.
+ */
 int store_read_manifest(struct storage *s, const char *job, int64_t step, struct manifest **out,
                         char *err);
+/*
+ * The same, but of a head only the head (head_only: no ranks, no tensors;
+ * one read however large the job): what a list, a watching node and the
+ * catalog need. Formats 1-3 come whole.
+ */
+int store_read_manifest_head(struct storage *s, const char *job, int64_t step,
+                             struct manifest **out, char *err);
+/*
+ * What a restore of `rank` in the layout it was saved from needs: of a
+ * head, the part that brought the rank (partial: one read beside the
+ * head); of a rank past the saving world, or formats 1-3, the whole.
+ */
+int store_read_manifest_rank(struct storage *s, const char *job, int64_t step, int rank,
+                             struct manifest **out, char *err);
 /*
  * Writes the manifest create-once. -EEXIST if one is there already (the
  * caller reads it back: another agent committed first).
@@ -45,21 +66,48 @@ int store_put_manifest(struct storage *s, const struct manifest *m, char *err);
 int store_retire_manifest(struct storage *s, const char *job, int64_t step, const char *node,
                           char *err);
 
-/* A node's part of (job, step): -ENOENT if not there yet, -EINVAL if it is no part. */
+/*
+ * A node's part of (job, step): -ENOENT if not there yet, -EINVAL if it is
+ * no part. Its bytes' length and XXH3-64 in p->file_size, file_xxh3.
+ */
 int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
                     struct part **out, char *err);
 /*
  * Writes this node's part, once. Already there with the same bytes: done.
  * A part of an earlier attempt or another run in the way is replaced
- * atomically: a merge takes one whole part or the other, never a mix.
+ * atomically: a merge takes one whole part or the other, never a mix;
+ * but not once the step is committed (a head names parts by their bytes):
+ * -EEXIST.
  */
 int store_put_part(struct storage *s, const struct part *p, char *err);
+
+/*
+ * The part of (job, step, node) and the manifest of (job, step), copied
+ * byte for byte from one store to another (the upload tier): the part as
+ * a node's own (store_put_part's create-once or replace), the manifest
+ * create-once (-EEXIST: there). A head names parts by their bytes: copies
+ * keep what it names. Each is parsed and checked before it goes.
+ */
+int store_copy_part(struct storage *from, struct storage *to, const char *job, int64_t step,
+                    const char *node, char *err);
+int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
+                        char *err);
 
 /* The plans a node serves: -ENOENT if it has published none. */
 int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
                      char *err);
-/* Publishes them; *written: false when the same plan set was there already. */
+/*
+ * Publishes them; *written: false when the same plan set was there already.
+ * A file written is followed by a new number in "<job>/plans/generation".
+ */
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err);
+/*
+ * The job's plans generation: a number that changes after any node's plans
+ * file changed (every writer puts a random one after its file). Read before
+ * the files, an unchanged number says none changed since. 0: none there,
+ * or not one this code wrote (older agents): read the files.
+ */
+int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, char *err);
 /* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err);
 

@@ -320,16 +320,67 @@ void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, 
 	va_end(ap);
 }
 
+/* A head's ranks, from the parts it names: into m as "ranks". */
+static void head_ranks(json_t *m, const char *path)
+{
+	json_t *ranks = json_array(), *parts = json_object_get(m, "parts"), *p;
+	size_t world = (size_t)json_integer_value(json_object_get(m, "world")), i, j;
+	char dir[512], ppath[700];
+	json_error_t je;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	*strrchr(dir, '/') = '\0';
+	for (i = 0; i < world; i++)
+		json_array_append_new(ranks, json_null());
+	json_array_foreach(parts, i, p)
+	{
+		json_t *part, *k;
+
+		snprintf(ppath, sizeof(ppath), "%s/parts/%s.json", dir,
+		         json_string_value(json_object_get(p, "node")));
+		part = json_load_file(ppath, 0, &je);
+		ck_assert_msg(part, "%s: %s", ppath, je.text);
+		json_array_foreach(json_object_get(part, "ranks"), j, k) json_array_set(
+		    ranks, (size_t)json_integer_value(json_object_get(k, "rank")), k);
+		json_decref(part);
+	}
+	json_object_set_new(m, "ranks", ranks);
+}
+
+json_t *h_manifest_load(const char *path)
+{
+	json_error_t je;
+	json_t *m = json_load_file(path, 0, &je);
+
+	ck_assert_msg(m, "%s: %s", path, je.text);
+	if (json_integer_value(json_object_get(m, "version")) == 4)
+		head_ranks(m, path);
+	return m;
+}
+
+size_t h_manifest_ranks(json_t *m)
+{
+	size_t i, n = 0;
+	json_t *p;
+
+	if (json_integer_value(json_object_get(m, "version")) != 4)
+		return json_array_size(json_object_get(m, "ranks"));
+	json_array_foreach(json_object_get(m, "parts"), i, p)
+	{
+		ck_assert(json_is_string(json_object_get(p, "xxh3")));
+		n += json_array_size(json_object_get(p, "ranks"));
+	}
+	return n;
+}
+
 void h_shard(const struct agent_proc *a, char *buf, size_t len, const char *job, long long step,
              int rank)
 {
 	char mpath[512];
-	json_error_t je;
 	json_t *m, *r;
 
 	h_path(a, mpath, sizeof(mpath), "%s/step-%012lld/manifest.json", job, step);
-	m = json_load_file(mpath, 0, &je);
-	ck_assert_msg(m, "%s: %s", mpath, je.text);
+	m = h_manifest_load(mpath);
 	r = json_array_get(json_object_get(m, "ranks"), (size_t)rank);
 	ck_assert_msg(json_is_string(json_object_get(r, "file")), "%s: no rank %d", mpath, rank);
 	h_path(a, buf, len, "%s/step-%012lld/%s", job, step,

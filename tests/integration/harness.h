@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <jansson.h>
 
 #include "ckpt.h"
 
@@ -108,6 +109,14 @@ void h_read_all(int fd, char *buf, size_t len);
 void h_path(const struct agent_proc *a, char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool h_exists(const char *path);
+/*
+ * A step's manifest.json as JSON; where it is a head (version 4), with the
+ * "ranks" its parts hold (each rank's entry of its node's part, in rank
+ * order), as a reader assembles them.
+ */
+json_t *h_manifest_load(const char *path);
+/* How many ranks a manifest's JSON as written says: a head's parts' ranks, else "ranks". */
+size_t h_manifest_ranks(json_t *m);
 /*
  * The path of rank's shard of (job, step), as the step's manifest names it
  * (readers follow the manifest: shard names carry the node and an attempt).

@@ -95,7 +95,7 @@ START_TEST(usage_errors_say_what)
 
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show"), 2);
 	ck_assert_msg(strstr(out, "show needs JOB and STEP") &&
-	                  strstr(out, "usage: ckptctl show [--tier T] JOB STEP"),
+	                  strstr(out, "usage: ckptctl show [--full] [--tier T] JOB STEP"),
 	              "%s", out);
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "delete j"), 2);
 	ck_assert_msg(strstr(out, "delete needs STEP"), "%s", out);

@@ -1,6 +1,7 @@
 """The Python package (client/python/ckpt) against a real agent: numpy
 arrays in host memory saved and restored with their meta, and failures
-raised as ckpt.Error with the agent's words."""
+raised as ckpt.Error with the agent's words (a request past the message
+limit as EMSGSIZE)."""
 
 import errno
 import json
@@ -148,6 +149,16 @@ def main():
                          errno.EINVAL, "run")
             damaged(c, agent, w)
             mem.free()
+            # a plan whose request passes the 32 MiB one message may carry (70,000
+            # names of 500 bytes): EMSGSIZE, which no retry mends, never EAGAIN
+            big = c.host_alloc(70000 * 64)
+            many = [ckpt.Tensor("t%08d" % i + "x" * 491,
+                                big.ndarray(np.uint8, (1,), offset=i * 64))
+                    for i in range(70000)]
+            expect_error(lambda: c.plan("wide", 0, 1, many), errno.EMSGSIZE,
+                         "a retry fails the same way")
+            del many
+            big.free()
         status = agent.stop()
         assert status == 0, f"ckptd exited with {status}"
         print("ok: save, restore, meta and errors through the Python module")

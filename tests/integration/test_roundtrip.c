@@ -123,7 +123,7 @@ START_TEST(meta_byte_for_byte)
 		{ /* ckptctl show says it as given too */
 			char out[16384];
 
-			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show meta 5"), 0);
+			ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "show --full meta 5"), 0);
 			ck_assert_msg(strstr(out, given), "show: %s", out);
 		}
 		ckpt_plan_destroy(p);

@@ -1,11 +1,13 @@
 /*
  * The in-memory backend of fake_store.h. Objects are (key, bytes) in a
  * list; a listing is the names of the keys directly under a prefix, as a
- * directory or an object store would give them.
+ * directory or an object store would give them. Every call of the backend
+ * takes one lock (a commit reads parts from several threads at once).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,19 +319,63 @@ static void destroy(struct storage *s)
 	fake_destroy(F(s));
 }
 
+static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+#define LOCKED(ret, name, params, args)                                                            \
+	static ret locked_##name params                                                            \
+	{                                                                                          \
+		ret rc;                                                                            \
+                                                                                                   \
+		pthread_mutex_lock(&mu);                                                           \
+		rc = name args;                                                                    \
+		pthread_mutex_unlock(&mu);                                                         \
+		return rc;                                                                         \
+	}
+
+LOCKED(int, shard_open,
+       (struct storage * s, const char *job, int64_t step, const char *file,
+        struct storage_shard **out, uint64_t *size, char *err),
+       (s, job, step, file, out, size, err))
+LOCKED(int, shard_stat,
+       (struct storage * s, const char *job, int64_t step, const char *file, uint64_t *size,
+        char *err),
+       (s, job, step, file, size, err))
+LOCKED(int, obj_put,
+       (struct storage * s, const char *key, const void *buf, size_t len, enum obj_put_mode flags,
+        char *err),
+       (s, key, buf, len, flags, err))
+LOCKED(int, obj_get,
+       (struct storage * s, const char *key, size_t max, char **buf, size_t *len, char *err),
+       (s, key, max, buf, len, err))
+LOCKED(int, obj_stat, (struct storage * s, const char *key, uint64_t *size, char *err),
+       (s, key, size, err))
+LOCKED(int, obj_delete, (struct storage * s, const char *key, char *err), (s, key, err))
+LOCKED(int, obj_list, (struct storage * s, const char *dir, char ***names, size_t *n, char *err),
+       (s, dir, names, n, err))
+LOCKED(int, list_steps,
+       (struct storage * s, const char *job, struct storage_step **steps, size_t *n, char *err),
+       (s, job, steps, n, err))
+
+static void locked_shard_read(struct storage_shard *sh, struct io_req *r)
+{
+	pthread_mutex_lock(&mu);
+	shard_read(sh, r);
+	pthread_mutex_unlock(&mu);
+}
+
 static const struct storage_ops fake_ops = {
     .name = "fake",
-    .shard_open = shard_open,
-    .shard_read = shard_read,
+    .shard_open = locked_shard_open,
+    .shard_read = locked_shard_read,
     .shard_close = shard_close,
-    .shard_stat = shard_stat,
+    .shard_stat = locked_shard_stat,
     .shard_path = shard_path,
-    .obj_put = obj_put,
-    .obj_get = obj_get,
-    .obj_stat = obj_stat,
-    .obj_delete = obj_delete,
-    .obj_list = obj_list,
-    .list_steps = list_steps,
+    .obj_put = locked_obj_put,
+    .obj_get = locked_obj_get,
+    .obj_stat = locked_obj_stat,
+    .obj_delete = locked_obj_delete,
+    .obj_list = locked_obj_list,
+    .list_steps = locked_list_steps,
     .destroy = destroy,
 };
 

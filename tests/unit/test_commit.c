@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "commit.h"
 #include "fake_store.h"
 
@@ -137,9 +139,17 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 {
 	struct part *p = calloc(1, sizeof(*p));
 
-	*p = (struct part){PART_VERSION, strdup(JOB), strdup(run),
-	                   strdup(nd),   step,        world,
-	                   T0 + 3 * S,   n,           calloc(n, sizeof(struct part_rank))};
+	*p = (struct part){PART_VERSION,
+	                   strdup(JOB),
+	                   strdup(run),
+	                   strdup(nd),
+	                   step,
+	                   world,
+	                   T0 + 3 * S,
+	                   n,
+	                   calloc(n, sizeof(struct part_rank)),
+	                   0,
+	                   0};
 	for (size_t i = 0; i < n; i++)
 		fill_rank(&p->ranks[i], run, nd, ranks[i], world, step);
 	return p;
@@ -274,6 +284,214 @@ START_TEST(test_hole_fails)
 }
 END_TEST
 
+/* ---- many nodes: the head ---------------------------------------------- */
+
+/* The head names node's part by the length and XXH3-64 of its bytes in the root. */
+static void names_part(const struct manifest *m, size_t i, const char *node, int64_t step)
+{
+	char key[STORE_KEY_MAX];
+	const char *bytes;
+	size_t len = 0;
+
+	store_part_key(key, sizeof(key), JOB, step, node);
+	bytes = fake_get(fs, key, &len);
+	ck_assert_ptr_nonnull(bytes);
+	ck_assert_str_eq(m->parts[i].node, node);
+	ck_assert_uint_eq(m->parts[i].size, len);
+	ck_assert_uint_eq(m->parts[i].xxh3, XXH3_64bits(bytes, len));
+}
+
+/*
+ * Three nodes: the manifest is a head naming each part by its bytes; a
+ * watching node reads the head alone (no part, no shard); read whole, it
+ * is the merge of the parts; a part replaced or lost since the commit is
+ * damage (-EBADMSG), never absence; with the head gone, absence.
+ */
+START_TEST(test_head_of_three_nodes)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
+	struct committer *a = node("a"), *b = node("b"), *c = node("c");
+	struct commit *ca, *cb, *cc;
+	struct commit_result r;
+	struct fake_counts before, after;
+	struct manifest *m;
+	struct part *p;
+	char *json;
+	size_t len;
+
+	plans("a", "r", 6, r0, 2);
+	plans("b", "r", 6, r1, 2);
+	plans("c", "r", 6, r2, 2);
+	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
+	cb = start(b, mk_part("r", "b", 6, 9, r1, 2), false, 0);
+	cc = start(c, mk_part("r", "c", 6, 9, r2, 2), false, 0);
+	ck_assert_int_eq(poll_at(cb, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	/* waiting, a watching node looks for the manifest alone */
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(cb, 2, &r), COMMIT_WAITING);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.gets - before.gets, 1);
+	ck_assert_uint_eq(after.stats - before.stats, 0);
+	ck_assert_uint_eq(after.shard_reads + after.shard_stats,
+	                  before.shard_reads + before.shard_stats);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(cc, 2, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, 3, &r), COMMIT_COMMITTED);
+	ck_assert(r.wrote && r.manifest->head_only);
+	commit_result_free(&r);
+	ck_assert_ptr_nonnull(
+	    json = (char *)fake_get(fs, JOB "/step-000000000009/manifest.json", &len));
+	ck_assert_msg(manifest_from_json(json, len, &m, err) == 0, "%s", err);
+	ck_assert_int_eq(m->version, MANIFEST_VERSION_HEAD);
+	ck_assert(m->head_only);
+	ck_assert_uint_eq(m->nparts, 3);
+	ck_assert_uint_eq(m->head_tensors, 1);
+	names_part(m, 0, "a", 9);
+	names_part(m, 1, "b", 9);
+	names_part(m, 2, "c", 9);
+	manifest_free(m);
+	/* COMMITTED at a watching node: the head and LATEST, two reads, nothing else */
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(cb, 4, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.gets - before.gets, 2);
+	ck_assert_uint_eq(after.shard_reads + after.shard_stats,
+	                  before.shard_reads + before.shard_stats);
+	ck_assert(!r.wrote && r.manifest->head_only);
+	commit_result_free(&r);
+	/* whole: the ranks and the tensors from the parts */
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert(!m->head_only);
+	ck_assert_uint_eq(m->nranks, 6);
+	ck_assert_str_eq(m->ranks[5].file, "rank-00005.c.0.safetensors");
+	ck_assert_uint_eq(manifest_find(m, "w")->nchunks, 6);
+	manifest_free(m);
+	/* what rank 5's own layout needs: the head and c's part, two reads */
+	fake_counts(fs, &before);
+	ck_assert_msg(store_read_manifest_rank(st, JOB, 9, 5, &m, err) == 0, "%s", err);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.gets - before.gets, 2);
+	ck_assert(m->partial && !m->head_only);
+	ck_assert_str_eq(m->ranks[5].file, "rank-00005.c.0.safetensors");
+	ck_assert_int_eq(m->ranks[0].rank, -1); /* a's: not read */
+	ck_assert_uint_eq(manifest_find(m, "w")->nchunks, 2);
+	ck_assert_str_eq(manifest_rank_meta(m, 5), "{\"rank\": 5}");
+	manifest_free(m);
+	/* c's part replaced since: damage, naming it */
+	ck_assert_msg(store_read_part(st, JOB, 9, "c", &p, err) == 0, "%s", err);
+	p->time_unix_ns += 1;
+	ck_assert_int_eq(part_to_json(p, &json, &len, err), 0);
+	fake_put(fs, JOB "/step-000000000009/parts/c.json", json, len);
+	free(json);
+	part_free(p);
+	ck_assert_int_eq(store_read_manifest(st, JOB, 9, &m, err), -EBADMSG);
+	ck_assert_msg(strstr(err, "parts/c.json is not the part the manifest names"), "%s", err);
+	/* lost: damage too */
+	fake_delete(fs, JOB "/step-000000000009/parts/c.json");
+	ck_assert_int_eq(store_read_manifest(st, JOB, 9, &m, err), -EBADMSG);
+	ck_assert_msg(strstr(err, "node c: not there"), "%s", err);
+	/* the step removed (its head first): absent */
+	fake_delete(fs, JOB "/step-000000000009/manifest.json");
+	ck_assert_int_eq(store_read_manifest(st, JOB, 9, &m, err), -ENOENT);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	commit_destroy(cc);
+	committer_destroy(a);
+	committer_destroy(b);
+	committer_destroy(c);
+}
+END_TEST
+
+/*
+ * A head names another part of this node than the one it wrote (b's part in
+ * the root, read by the committer, was not b's save): b's part is not put
+ * over it (the step is committed), and b is not told COMMITTED.
+ */
+START_TEST(test_head_names_other_part)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a"), *b = node("b");
+	struct part *other = mk_part("r", "b", 2, 8, r1, 1);
+	struct commit *ca, *cb;
+	struct commit_result r;
+	const char *before;
+	char *copy;
+	size_t len;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	other->time_unix_ns += 1; /* the same files, another part */
+	put_part(other);
+	ca = start(a, mk_part("r", "a", 2, 8, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_COMMITTED);
+	commit_result_free(&r);
+	before = fake_get(fs, JOB "/step-000000000008/parts/b.json", &len);
+	copy = strndup(before, len);
+	cb = start(b, mk_part("r", "b", 2, 8, r1, 1), false, 0);
+	ck_assert_int_eq(poll_at(cb, 2, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "naming another part of node b"), "%s", r.reason);
+	commit_result_free(&r);
+	ck_assert_str_eq(fake_get(fs, JOB "/step-000000000008/parts/b.json", NULL), copy);
+	free(copy);
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
+/*
+ * Parts that cannot make one checkpoint (a tensor of one name and two
+ * dtypes on two nodes, each as its plans say): the step FAILS as soon as
+ * every part is in, once, with the reason; not at every poll until the
+ * deadline.
+ */
+START_TEST(test_parts_disagree_fail_at_once)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a"), *b = node("b");
+	struct commit *ca, *cb;
+	struct commit_result r;
+	struct part *pb = mk_part("r", "b", 2, 4, r1, 1);
+	struct plans_file f = {.version = PLANS_VERSION,
+	                       .job = JOB,
+	                       .node = "b",
+	                       .run = "r",
+	                       .world = 2,
+	                       .nranks = 1,
+	                       .ranks = calloc(1, sizeof(struct plans_rank))};
+	bool wrote;
+
+	plans("a", "r", 2, r0, 1);
+	pb->ranks[0].tensors[0].dtype = 11; /* I32: the same bytes, another tensor */
+	f.ranks[0].rank = 1;
+	f.ranks[0].ntensors = 1;
+	f.ranks[0].tensors = tensor_w(1, 2);
+	f.ranks[0].tensors->dtype = 11;
+	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
+	free(f.ranks[0].tensors->name);
+	free(f.ranks[0].tensors->chunks);
+	free(f.ranks[0].tensors);
+	free(f.ranks);
+	ca = start(a, mk_part("r", "a", 2, 4, r0, 1), true, 0);
+	cb = start(b, pb, false, 0);
+	ck_assert_int_eq(poll_at(cb, 1, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, 2, &r), COMMIT_FAILED);
+	ck_assert_msg(
+	    strstr(r.reason, "the parts do not merge: tensor 'w' is saved by ranks 0 and 1"), "%s",
+	    r.reason);
+	commit_result_free(&r);
+	ck_assert(!fake_get(fs, JOB "/step-000000000004/manifest.json", NULL));
+	commit_destroy(ca);
+	commit_destroy(cb);
+	committer_destroy(a);
+	committer_destroy(b);
+}
+END_TEST
+
 /* ---- two nodes --------------------------------------------------------- */
 
 START_TEST(test_two_nodes)
@@ -282,6 +500,7 @@ START_TEST(test_two_nodes)
 	struct committer *a = node("a"), *b = node("b");
 	struct commit *ca, *cb;
 	struct commit_result r;
+	struct manifest *m;
 	size_t len;
 
 	plans("a", "r", 4, r0, 2);
@@ -303,11 +522,22 @@ START_TEST(test_two_nodes)
 	ck_assert_str_eq(r.manifest->parts[1].node, "b");
 	ck_assert_int_eq(r.manifest->parts[1].ranks[1], 3);
 	ck_assert_str_eq(manifest_node_of(r.manifest, 2), "b");
-	/* read back from another node's part: the text as that trainer gave it */
-	ck_assert_str_eq(manifest_rank_meta(r.manifest, 3), "{\"rank\": 3}");
+	/* of two nodes, the head: each part named by its bytes, the ranks in the parts */
+	ck_assert_int_eq(r.manifest->version, MANIFEST_VERSION_HEAD);
+	ck_assert(r.manifest->head_only);
+	ck_assert_uint_eq(r.manifest->nranks, 0);
+	ck_assert_uint_ne(r.manifest->parts[1].xxh3, 0);
 	/* times come from the parts: no clock in the bytes */
 	ck_assert_int_eq(r.manifest->time_unix_ns, T0 + 3 * S);
 	commit_result_free(&r);
+	/* read back whole: the head and its parts */
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert(!m->head_only);
+	ck_assert_uint_eq(m->nranks, 4);
+	/* read back from another node's part: the text as that trainer gave it */
+	ck_assert_str_eq(manifest_rank_meta(m, 3), "{\"rank\": 3}");
+	ck_assert_str_eq(m->ranks[3].file, "rank-00003.b.0.safetensors");
+	manifest_free(m);
 	ck_assert_int_eq(poll_at(cb, 4, &r), COMMIT_COMMITTED);
 	ck_assert(!r.wrote);
 	ck_assert_ptr_nonnull(fake_get(fs, JOB "/step-000000000009/manifest.json", &len));
@@ -896,7 +1126,7 @@ START_TEST(test_bad_part_read_once)
 	ck_assert_int_eq(poll_at(ca, 2, &r), COMMIT_WAITING);
 	commit_result_free(&r);
 	fake_counts(fs, &c2);
-	ck_assert_uint_eq(c2.gets, c1.gets);
+	ck_assert_uint_eq(c2.gets, c1.gets + 1); /* the manifest looked for; not the part */
 	/* the node writes its real part: read, and committed */
 	fake_delete(fs, JOB "/step-000000000007/parts/b.json");
 	put_part(mk_part("r", "b", 2, 7, r1, 1));
@@ -978,11 +1208,10 @@ START_TEST(test_replayed_part_refused)
 	/* b's own part: in its place, and the step commits with it */
 	ck_assert_msg(store_put_part(st, mine, err) == 0, "%s", err);
 	ck_assert_int_eq(poll_at(ca, DEADLINE / 2, &r), COMMIT_COMMITTED);
-	ck_assert_uint_eq(r.manifest->ranks[1].save, mine->ranks[0].save);
-	ck_assert_uint_ne(r.manifest->ranks[1].save, old->ranks[0].save);
 	commit_result_free(&r);
 	ck_assert_int_eq(store_read_manifest(st, JOB, 3, &m, err), 0);
 	ck_assert_uint_eq(m->ranks[1].save, mine->ranks[0].save);
+	ck_assert_uint_ne(m->ranks[1].save, old->ranks[0].save);
 	manifest_free(m);
 	part_free(old);
 	part_free(mine);
@@ -1136,6 +1365,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_single_node);
 	tcase_add_test(tc, test_hole_fails);
 	tcase_add_test(tc, test_two_nodes);
+	tcase_add_test(tc, test_head_of_three_nodes);
+	tcase_add_test(tc, test_head_names_other_part);
+	tcase_add_test(tc, test_parts_disagree_fail_at_once);
 	tcase_add_test(tc, test_takeover_same_bytes);
 	tcase_add_test(tc, test_racing_writers);
 	tcase_add_test(tc, test_deadline_names_missing);

@@ -143,7 +143,9 @@ START_TEST(test_every_key)
 	         "[staging]\n" /* 58 */
 	         "lock = off\n" /* 59 */
 	         "[storage]\n" /* 60 */
-	         "read_once = false\n", /* 61 */
+	         "read_once = false\n" /* 61 */
+	         "[cluster]\n" /* 62 */
+	         "plans_wait = 7\n", /* 63 */
 	         grp, grp);
 	write_conf(path, "good.conf", text);
 	ck_assert_msg(load_argv(&c, NULL, err, argv) == 0, "good file refused: %s", err);
@@ -162,6 +164,7 @@ START_TEST(test_every_key)
 	ck_assert_str_eq(c.cfg.metrics_listen, "127.0.0.1:9464");
 	ck_assert_str_eq(c.cfg.node, "gpu-017.rack3");
 	ck_assert_uint_eq(c.cfg.commit_deadline_s, 30);
+	ck_assert_uint_eq(c.cfg.plans_wait_s, 7);
 	ck_assert_uint_eq(c.cfg.abandon_after_s, 7200);
 	ck_assert_uint_eq(c.cfg.stop_timeout_s, 300);
 	ck_assert_str_eq(c.cfg.config_path, path);
@@ -191,9 +194,9 @@ START_TEST(test_every_key)
 	/* where each came from: the file, at its line */
 	{
 		static const unsigned lines[CONFIG_NSETTINGS] = {
-		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22,
-		    23, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40,
-		    41, 42, 43, 44, 46, 47, 48, 49, 50, 52, 54, 55, 57, 59, 61};
+		    3,  4,  5,  6,  7,  9,  10, 11, 13, 15, 16, 17, 19, 21, 22, 23,
+		    25, 26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38, 39, 40, 41, 42,
+		    43, 44, 46, 47, 48, 49, 50, 52, 54, 55, 57, 59, 61, 63};
 
 		for (int s = 0; s < CONFIG_NSETTINGS; s++) {
 			ck_assert_msg(c.from[s] == CONFIG_FILE, "setting %d not from the file", s);
@@ -226,6 +229,7 @@ static void assert_defaults(const struct config *c)
 	ck_assert_uint_eq(a->capture_threads, 2);
 	ck_assert_int_eq(a->copy_threads, -1);
 	ck_assert_uint_eq(a->commit_deadline_s, 600);
+	ck_assert_uint_eq(a->plans_wait_s, 5);
 	ck_assert_uint_eq(a->abandon_after_s, 3600);
 	ck_assert_uint_eq(a->stop_timeout_s, 0); /* saves in flight finish, however long */
 	{
@@ -898,7 +902,8 @@ START_TEST(test_check_config_prints)
 		                                   "copy_threads",
 		                                   "direct",
 		                                   "lock",
-		                                   "read_once"};
+		                                   "read_once",
+		                                   "plans_wait"};
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s = ", keys[s]);

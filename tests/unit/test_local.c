@@ -406,7 +406,7 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	const uint64_t hl = shard_header(size, NULL);
 
 	ck_assert_ptr_nonnull(m);
-	m->version = MANIFEST_VERSION;
+	m->version = MANIFEST_VERSION_HOLDS;
 	m->job = strdup(job);
 	m->run = strdup("r");
 	m->step = step;
@@ -418,7 +418,8 @@ static struct manifest *mk_manifest(const char *job, int64_t step, uint64_t size
 	    .rank = 0, .file = strdup(SHARD0), .size = size, .header_bytes = hl};
 	m->nparts = 1;
 	m->parts = calloc(1, sizeof(*m->parts));
-	m->parts[0] = (struct manifest_part){strdup("n0"), 1, calloc(1, sizeof(int))};
+	m->parts[0] = (struct manifest_part){
+	    .node = strdup("n0"), .nranks = 1, .ranks = calloc(1, sizeof(int))};
 	m->bytes = size;
 	m->ntensors = 1;
 	m->tensors = calloc(1, sizeof(*m->tensors));

@@ -45,7 +45,8 @@ static void set_part(struct manifest *m, int i)
 	char node[8];
 
 	snprintf(node, sizeof(node), "n%d", i);
-	m->parts[i] = (struct manifest_part){xstrdup(node), 1, calloc(1, sizeof(int))};
+	m->parts[i] = (struct manifest_part){
+	    .node = xstrdup(node), .nranks = 1, .ranks = calloc(1, sizeof(int))};
 	m->parts[i].ranks[0] = i;
 }
 
@@ -73,7 +74,7 @@ static struct manifest *sample(void)
 	struct manifest_tensor *t;
 
 	ck_assert_ptr_nonnull(m);
-	*m = (struct manifest){.version = MANIFEST_VERSION,
+	*m = (struct manifest){.version = MANIFEST_VERSION_HOLDS,
 	                       .job = xstrdup("llama-7b"),
 	                       .run = xstrdup("r1"),
 	                       .nparts = 2,
@@ -370,7 +371,7 @@ static int read_edited(edit_fn edit, char *err)
 EDIT(no_edit, (void)root)
 EDIT(format_other, json_object_set_new(root, "format", json_string("other")))
 EDIT(format_missing, json_object_del(root, "format"))
-EDIT(version_4, json_object_set_new(root, "version", json_integer(4)))
+EDIT(version_5, json_object_set_new(root, "version", json_integer(5)))
 EDIT(run_missing, json_object_del(root, "run"))
 EDIT(run_slash, json_object_set_new(root, "run", json_string("a/b")))
 EDIT(run_nul, json_object_set_new(root, "run", json_stringn("a\0b", 3)))
@@ -458,7 +459,7 @@ static const struct {
 } refusals[] = {
     {"format", format_other, -EINVAL, "format is 'other'"},
     {"format missing", format_missing, -EINVAL, "\"format\" is missing"},
-    {"version", version_4, -EINVAL, "version 4, this reader knows 1..3"},
+    {"version", version_5, -EINVAL, "version 5, this reader knows 1..4"},
     {"run missing", run_missing, -EINVAL, "\"run\" is missing"},
     {"run /", run_slash, -EINVAL, "run name 'a/b'"},
     {"run NUL", run_nul, -EINVAL, "is not allowed"},

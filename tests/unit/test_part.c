@@ -85,7 +85,9 @@ static struct part *mk(const char *run, const char *nd, int world, const int *ra
 	                   world,
 	                   4000,
 	                   n,
-	                   calloc(n, sizeof(struct part_rank))};
+	                   calloc(n, sizeof(struct part_rank)),
+	                   0,
+	                   0};
 	for (size_t i = 0; i < n; i++)
 		fill_rank(&p->ranks[i], nd, ranks[i], world);
 	return p;

@@ -198,6 +198,14 @@ START_TEST(status_mapping)
 	ck_assert_int_eq(ipc_errno_to_status(-ENOSPC), GRPC_STATUS_RESOURCE_EXHAUSTED);
 	ck_assert_int_eq(ipc_errno_to_status(-EXDEV), GRPC_STATUS_INTERNAL);
 	ck_assert_int_eq(ipc_status_to_errno(999), -EIO);
+	/* a message too large is no limit that frees up: EMSGSIZE, never EAGAIN */
+	ck_assert_int_eq(ipc_errno_to_status(-EMSGSIZE), GRPC_STATUS_RESOURCE_EXHAUSTED);
+	ck_assert_int_eq(ipc_status_errno(GRPC_STATUS_RESOURCE_EXHAUSTED,
+	                                  "Sent message larger than max (69356331 vs. 33554432)"),
+	                 -EMSGSIZE);
+	ck_assert_int_eq(ipc_status_errno(GRPC_STATUS_RESOURCE_EXHAUSTED, "watch: 4 watchers"),
+	                 -EAGAIN);
+	ck_assert_int_eq(ipc_status_errno(GRPC_STATUS_NOT_FOUND, NULL), -ENOENT);
 	ck_assert_str_eq(ipc_dtype_name(9), "BF16");
 	ck_assert_int_eq(ipc_dtype_from_name("F8_E4M3"), 5);
 	ck_assert_int_eq(ipc_dtype_from_name("F4"), 0);

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Checks what bench/scale_run.sh --quick wrote (its JSON lines): the root
+was generated; each step with every part committed, by node n00000, with a
+manifest, and node n00001 saw it committed; the storage's calls were
+counted (reads and their bytes); the step without node n00002's part did
+not commit and its reason names that node. Nothing about timing.
+
+    bench/check_scale.py RESULTS.jsonl"""
+
+import json
+import sys
+
+
+def main():
+    lines = [json.loads(t) for t in open(sys.argv[1]) if t.startswith("{")]
+    by = {}
+    for d in lines:
+        by.setdefault(d["phase"], []).append(d)
+    gen, commits, watches = by.get("gen", []), by.get("commit", []), by.get("watch", [])
+    assert len(gen) == 1 and gen[0]["left_out"] == 2, gen
+    steps = gen[0]["steps"]
+    assert [c["step"] for c in commits] == list(range(1, steps + 1)), commits
+    assert len(by.get("roster", [])) == steps and all(r["rc"] == 0 for r in by["roster"]), by
+    for c in commits[:-1]:
+        assert c["state"] == "COMMITTED" and c["wrote"] and c["manifest_bytes"] > 0, c
+        assert c["ops"]["obj_get"]["n"] >= 1 and c["ops"]["obj_get"]["bytes"] > 0, c
+        assert c["calls"] == sum(v["n"] for v in c["ops"].values()), c
+        assert c["peak_rss_kb"] > 0 and c["rss_before_kb"] > 0, c
+    last = commits[-1]
+    assert last["state"] != "COMMITTED" and last["manifest_bytes"] == 0, last
+    assert last["missing"] == 1 and "n00002" in last["reason"], last
+    assert [w["step"] for w in watches] == list(range(1, steps)), watches
+    for w in watches:
+        assert w["state"] == "COMMITTED" and not w["wrote"] and w["node"] == "n00001", w
+        assert w["ops"]["obj_get"]["bytes"] > 0, w
+    print(f"check_scale: {len(commits)} commits, {len(watches)} watches as expected")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+/*
+ * scale_bench.h: what the parts of scale_bench share (scale_bench.c: the
+ * options, the helpers, commit and watch, main; scale_gen.c: gen). One
+ * thread but gen's workers.
+ */
+#ifndef CKPT_BENCH_SCALE_BENCH_H
+#define CKPT_BENCH_SCALE_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "scale_store.h"
+
+#define DTYPE_F32 12
+#define COLS 4 /* each tensor: [world, COLS] F32, one row per rank */
+#define ROW_BYTES (COLS * 4)
+#define DEADLINE_NS (7LL * 24 * 3600 * 1000000000) /* the parts may be days old */
+
+struct opts {
+	const char *cmd, *root, *job, *run;
+	int nodes, ranks, tensors, steps, threads;
+	int64_t step; /* commit, watch: which step (0: the last generated) */
+	int leave_out; /* gen: this node's part of the last step is not written (-1: none) */
+	int node; /* watch: which node */
+	int64_t latency_us;
+	double cap_s;
+	int stuck_polls; /* commit: polls with every part in and no manifest: stuck */
+	bool explain; /* commit: once stuck or capped, one poll at the deadline for the reason */
+};
+
+int64_t mono_ns(void);
+double ms_since(int64_t t);
+/* "n00042": node n's name. */
+void node_name(int n, char *buf, size_t len);
+/* What every line starts with: the phase and the root's shape (the line stays open). */
+void line_head(const struct opts *o, const char *phase);
+/* The local backend at o->root as `node`, wrapped in the counting storage. */
+int open_store(const struct opts *o, const char *node, struct ioeng **io, struct storage **out,
+               char *err);
+/* gen (scale_gen.c): the root, one JSON line. */
+int run_gen(const struct opts *o, char *err);
+
+#endif /* CKPT_BENCH_SCALE_BENCH_H */

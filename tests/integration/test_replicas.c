@@ -1,0 +1,373 @@
+/*
+ * Replicas written once from a run's first save (docs/DESIGN.md §7.4):
+ * data-parallel replicas on agents of one shared root, the agents started
+ * one after another, each node's trainers as soon as their agent serves,
+ * every trainer saving at once.
+ *
+ *   - 4 replicas on 4 agents, and 8 on 4 (two a node): the first save of
+ *     the run waits for every rank's plan, and its shards hold each
+ *     replicated box once (the manifest's shard bytes within 5 % of the
+ *     unique bytes, no box in an extra copy)
+ *   - a node that comes after --plans-wait: the first node's save goes on
+ *     writing every replica it holds and says so; the step commits (the
+ *     other node's share is covered), and the first node learns the plan
+ *     set before its trainer's next save
+ *   - a step's end where no plans file changed reads none: one look at the
+ *     job's plans generation
+ *   - a save parked for its plan set is answered when the agent stops
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+#define ROWS 1024
+#define COLS 4096 /* "emb" [ROWS, COLS] F32, replicated on every rank: 16 MiB */
+#define OWN 1000 /* "own.rankR" [OWN] F32, each rank's alone */
+#define EMB_BYTES ((long long)ROWS * COLS * 4)
+
+/* ---- a trainer rank: --rank ENDPOINT JOB RANK WORLD LAST ------------- */
+
+/* Plans emb and its own tensor, saves steps 1 to LAST, each to COMMITTED. */
+static int rank_main(char **v)
+{
+	const char *endpoint = v[0], *job = v[1];
+	const int rank = atoi(v[2]), world = atoi(v[3]);
+	const long last = atol(v[4]);
+	int64_t shape[2] = {ROWS, COLS}, off[2] = {0, 0}, oshape[1] = {OWN};
+	struct ckpt_tensor t[2];
+	struct ckpt_client *c;
+	struct ckpt_plan *p;
+	struct ckpt_save *s;
+	char name[32];
+	float *mem;
+
+	snprintf(name, sizeof(name), "own.rank%d", rank);
+	if (ckpt_connect(endpoint, &c) ||
+	    ckpt_host_alloc(c, (size_t)EMB_BYTES + OWN * 4, (void **)&mem))
+		return 10;
+	for (size_t i = 0; i < (size_t)ROWS * COLS + OWN; i++)
+		mem[i] = (float)(i % 9973) + (i >= (size_t)ROWS * COLS ? (float)rank : 0);
+	t[0] = (struct ckpt_tensor){"emb", CKPT_F32, 2, shape, mem, shape, off};
+	t[1] = (struct ckpt_tensor){name, CKPT_F32, 1, oshape, mem + ROWS * COLS, NULL, NULL};
+	if (ckpt_plan_create(c, job, rank, world, t, 2, &p))
+		return fprintf(stderr, "rank %d: %s\n", rank, ckpt_last_error(c)), 11;
+	for (long k = 1; k <= last; k++) {
+		if (ckpt_save(p, k, NULL, &s))
+			return fprintf(stderr, "rank %d step %ld: %s\n", rank, k,
+			               ckpt_last_error(c)),
+			       12;
+		if (ckpt_save_wait(s, CKPT_COMMITTED, 120000))
+			return fprintf(stderr, "rank %d step %ld: %s\n", rank, k,
+			               ckpt_save_reason(s)),
+			       13;
+		ckpt_save_release(s);
+	}
+	ckpt_plan_destroy(p);
+	ckpt_disconnect(c);
+	return 0;
+}
+
+static pid_t spawn(const struct agent_proc *a, const char *job, int rank, int world, int last)
+{
+	char r[8], w[8], l[8];
+	pid_t pid;
+
+	snprintf(r, sizeof(r), "%d", rank);
+	snprintf(w, sizeof(w), "%d", world);
+	snprintf(l, sizeof(l), "%d", last);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		execl("/proc/self/exe", "test_replicas", "--rank", a->endpoint, job, r, w, l,
+		      (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* ---- nodes on one root --------------------------------------------------- */
+
+struct nodes {
+	char dir[256], root[300];
+	struct agent_proc a[4];
+	pid_t pid[8];
+	int n, world, last; /* the ranks save steps 1 to last */
+};
+
+static void nodes_init(struct nodes *c, int world)
+{
+	const char *tmp = getenv("CK_TMPDIR") ? getenv("CK_TMPDIR") : "/tmp";
+
+	memset(c, 0, sizeof(*c));
+	snprintf(c->dir, sizeof(c->dir), "%s/ckrp.XXXXXX", tmp);
+	ck_assert(mkdtemp(c->dir));
+	snprintf(c->root, sizeof(c->root), "%s/shared", c->dir);
+	c->world = world;
+	c->last = 2;
+}
+
+/* Node i's agent started, then its trainers (ranks i, i + nodes, ...) at once. */
+static void node_up(struct nodes *c, int i, int nodes, const char *job, const char *args)
+{
+	char name[8];
+
+	snprintf(name, sizeof(name), "n%d", i);
+	h_agent_start_node(&c->a[i], c->root, name, args);
+	c->n = i + 1 > c->n ? i + 1 : c->n;
+	for (int r = i; r < c->world; r += nodes)
+		c->pid[r] = spawn(&c->a[i], job, r, c->world, c->last);
+}
+
+static void nodes_wait(struct nodes *c)
+{
+	for (int r = 0; r < c->world; r++)
+		ck_assert_msg(h_reap(c->pid[r]) == 0, "rank %d failed (agent logs: %s ...)", r,
+		              c->a[0].log);
+}
+
+static void nodes_cleanup(struct nodes *c)
+{
+	char cmd[400];
+
+	for (int i = 0; i < c->n; i++)
+		h_agent_cleanup(&c->a[i]);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c->dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/*
+ * Whether the agent's log says `needle` (or `or`, where not NULL) within
+ * `s` seconds: an event awaited, no timing.
+ */
+static bool log_within2(const struct agent_proc *a, const char *needle, const char * or, int s)
+{
+	for (int i = 0; i < s * 10; i++) {
+		if (h_log_has(a, needle) || (or &&h_log_has(a, or)))
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
+static bool log_within(const struct agent_proc *a, const char *needle, int s)
+{
+	return log_within2(a, needle, NULL, s);
+}
+
+/* show --json of job step: the shards' bytes, a rank's, bytes in extra copies. */
+static void step_bytes(const struct agent_proc *a, const char *job, int step, long long *bytes,
+                       long long *extra, long long *rank0)
+{
+	static char out[1 << 20];
+	json_t *j, *l;
+
+	ck_assert_int_eq(h_ctl(a, out, sizeof(out), "--json show %s %d", job, step), 0);
+	j = json_loads(out, 0, NULL);
+	ck_assert_msg(j, "%.400s", out);
+	l = json_object_get(j, "layout");
+	*bytes = json_integer_value(json_object_get(j, "bytes"));
+	*extra = json_integer_value(json_object_get(l, "bytes_in_extra_copies"));
+	*rank0 = json_integer_value(
+	    json_object_get(json_array_get(json_object_get(l, "ranks"), 0), "bytes"));
+	json_decref(j);
+}
+
+/*
+ * World `world` over 4 agents started one after another; the last only
+ * once the first node's save of step 1 waits for the plan set. Step 1's
+ * shards hold emb once.
+ */
+static void first_save_once(int world)
+{
+	const long long unique = EMB_BYTES + (long long)world * OWN * 4;
+	long long bytes, extra, r0;
+	struct nodes c;
+	char job[16], captured[64];
+
+	snprintf(job, sizeof(job), "rp%d", world);
+	snprintf(captured, sizeof(captured), "capture of job %s step 1 rank 0: ", job);
+	nodes_init(&c, world);
+	for (int i = 0; i < 4; i++) {
+		/*
+		 * The last node comes once the first one's save is in: waiting
+		 * for it, or (where it does not wait) captured.
+		 */
+		if (i == 3)
+			ck_assert_msg(log_within2(&c.a[0], "save of step 1 waits for the plans",
+			                          captured, 60),
+			              "node n0's first save never came (%s)", c.a[0].log);
+		else if (i > 0)
+			sleep(1); /* the nodes start at different times */
+		node_up(&c, i, 4, job, "--staging-mb 96 --plans-wait 30");
+	}
+	nodes_wait(&c);
+	step_bytes(&c.a[0], job, 1, &bytes, &extra, &r0);
+	ck_assert_msg(extra == 0, "step 1: %lld bytes in extra copies", extra);
+	ck_assert_msg(bytes <= unique + unique / 20,
+	              "step 1 wrote %lld bytes for %lld unique (%.2fx)", bytes, unique,
+	              (double)bytes / (double)unique);
+	/* it waited, and went on once the set was complete, not at the end of the wait */
+	ck_assert(h_log_has(&c.a[0], "rank 0: save of step 1 waits for the plans"));
+	ck_assert(h_log_has(&c.a[0], "rank 0: save of step 1 waited"));
+	ck_assert(!h_log_has(&c.a[0], "(--plans-wait)"));
+	step_bytes(&c.a[0], job, 2, &bytes, &extra, &r0);
+	ck_assert_msg(extra == 0 && bytes <= unique + unique / 20, "step 2: %lld bytes", bytes);
+	nodes_cleanup(&c);
+}
+
+START_TEST(first_save_four_replicas)
+{
+	first_save_once(4);
+}
+END_TEST
+
+START_TEST(first_save_eight_replicas)
+{
+	first_save_once(8);
+}
+END_TEST
+
+/*
+ * Node n1 comes only after n0's first save waited --plans-wait (1 s) in
+ * vain: that save writes all rank 0 holds, and says so; n1's rank writes
+ * its share of the complete set. The step commits (nothing is left
+ * unwritten), and n0 goes on looking until it has the set.
+ */
+START_TEST(wait_bounded)
+{
+	long long bytes, extra, r0;
+	struct nodes c;
+
+	nodes_init(&c, 2);
+	node_up(&c, 0, 2, "rw", "--staging-mb 96 --plans-wait 1");
+	ck_assert_msg(log_within(&c.a[0], "waited 1 s (--plans-wait)", 60),
+	              "n0's save did not say it waited in vain (%s)", c.a[0].log);
+	node_up(&c, 1, 2, "rw", "--staging-mb 96 --plans-wait 1");
+	nodes_wait(&c);
+	step_bytes(&c.a[0], "rw", 1, &bytes, &extra, &r0);
+	ck_assert_msg(r0 >= EMB_BYTES, "rank 0 wrote %lld bytes, not all it holds", r0);
+	/* and rank 1 its share (a piece of emb both wrote: not a copy of one box) */
+	ck_assert_msg(bytes > r0 && bytes < 2 * EMB_BYTES, "step 1: %lld bytes, rank 0's %lld",
+	              bytes, r0);
+	ck_assert(log_within(&c.a[0], "job rw rank 0: replicas written once", 60));
+	ck_assert(h_log_has(&c.a[1], "job rw rank 1: replicas written once"));
+	/* step 2: n0 knew the set before its trainer heard step 1 committed */
+	step_bytes(&c.a[0], "rw", 2, &bytes, &extra, &r0);
+	ck_assert_msg(extra == 0 && bytes <= (EMB_BYTES + 2 * OWN * 4) * 21 / 20,
+	              "step 2: %lld bytes, %lld in extra copies", bytes, extra);
+	nodes_cleanup(&c);
+}
+END_TEST
+
+/*
+ * In the agent's log, between the first line holding `from` and the first
+ * after it holding `to`: how many lines hold `what`; -1 where `from` or
+ * `to` is not there.
+ */
+static int count_between(const struct agent_proc *a, const char *from, const char *to,
+                         const char *what)
+{
+	char line[4096];
+	FILE *f = fopen(a->log, "r");
+	int n = 0, at = 0; /* 0: before from, 1: between, 2: past to */
+
+	ck_assert_ptr_nonnull(f);
+	while (at < 2 && fgets(line, sizeof(line), f)) {
+		if (at == 0 && strstr(line, from))
+			at = 1;
+		else if (at == 1 && strstr(line, to))
+			at = 2;
+		else if (at == 1 && strstr(line, what))
+			n++;
+	}
+	fclose(f);
+	return at == 2 ? n : -1;
+}
+
+/*
+ * Where no node's plans changed, a step's end reads no plans file: the
+ * agent looks at the job's plans generation after each step (steps 2 to
+ * 5 here), finds it unchanged, and reads nothing more; nor between them.
+ */
+START_TEST(step_end_reads_unchanged_plans_once)
+{
+	struct nodes c;
+	int looks, reads;
+
+	nodes_init(&c, 2);
+	c.last = 6;
+	node_up(&c, 0, 2, "rs", "--staging-mb 96");
+	node_up(&c, 1, 2, "rs", "--staging-mb 96");
+	nodes_wait(&c);
+	looks = count_between(&c.a[0], "committed job rs step 2 ", "committed job rs step 6 ",
+	                      "job rs: plans generation");
+	reads = count_between(&c.a[0], "committed job rs step 2 ", "committed job rs step 6 ",
+	                      "job rs: plans files of run");
+	ck_assert_msg(looks >= 4, "%d looks at the plans generation after steps 2 to 5 (%s)", looks,
+	              c.a[0].log);
+	ck_assert_msg(reads == 0, "plans files read %d times, none of them changed (%s)", reads,
+	              c.a[0].log);
+	/* the files were read, before: the first look of the run */
+	ck_assert(h_log_has(&c.a[0], "job rs: plans files of run 0 read (2 nodes, 2 of 2 ranks"));
+	nodes_cleanup(&c);
+}
+END_TEST
+
+/*
+ * A save parked for its plan set when the agent is told to stop: answered
+ * (refused), and the agent stops, without waiting out --plans-wait (30 s).
+ */
+START_TEST(stop_answers_parked_save)
+{
+	struct agent_proc a;
+	pid_t pid;
+
+	h_agent_start(&a, "--staging-mb 96 --plans-wait 30");
+	pid = spawn(&a, "rq", 0, 2, 1); /* rank 1 never comes */
+	ck_assert_msg(log_within(&a, "rank 0: save of step 1 waits for the plans", 60),
+	              "the save was not parked (%s)", a.log);
+	ck_assert_int_eq(h_agent_stop(&a), 0);
+	/* refused (its plan let go with its session, or the agent stopping) */
+	ck_assert_msg(h_log_has(&a, "/ckpt.v1.Ckpt/Save: save: "), "%s", a.log);
+	ck_assert(!h_log_has(&a, "(--plans-wait)"));
+	kill(pid, SIGKILL);
+	h_reap(pid);
+	h_agent_cleanup(&a);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s;
+	TCase *tc;
+	SRunner *sr;
+	int failed;
+
+	if (argc == 7 && strcmp(argv[1], "--rank") == 0)
+		return rank_main(argv + 2);
+	signal(SIGPIPE, SIG_IGN);
+	s = suite_create("replicas");
+	tc = tcase_create("replicas");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, first_save_four_replicas);
+	tcase_add_test(tc, first_save_eight_replicas);
+	tcase_add_test(tc, wait_bounded);
+	tcase_add_test(tc, step_end_reads_unchanged_plans_once);
+	tcase_add_test(tc, stop_answers_parked_save);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
