@@ -119,9 +119,9 @@ int merge_check_set(struct part *const *v, size_t n, char *err);
 /* part.c: bytes, time, durations and rank 0's meta of parts v[0..n), into m. */
 int merge_summary(struct manifest *m, struct part *const *v, size_t n, char *err);
 
-/* manifest.c: "parts", [{node, ranks}] (format 4: with each part's bytes and xxh3). */
+/* head_json.c: "parts", [{node, ranks}] (format 4: with each part's bytes and xxh3). */
 json_t *fmt_parts_json(const struct manifest *m);
-/* head.c: format 4, the head of a checkpoint of several nodes, both ways. */
+/* head_json.c: format 4, the head of a checkpoint of several nodes, both ways. */
 int head_json(const struct manifest *m, json_t *meta, char **out, size_t *len, char *err);
 int head_parse(struct manifest *m, const json_t *root, char *err);
 

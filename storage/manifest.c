@@ -430,37 +430,6 @@ static json_t *ranks_json(const struct manifest *m)
 	return a;
 }
 
-json_t *fmt_parts_json(const struct manifest *m)
-{
-	json_t *a = json_array();
-
-	for (size_t i = 0; a && i < m->nparts; i++) {
-		const struct manifest_part *p = &m->parts[i];
-		json_t *ranks = json_array();
-
-		for (size_t j = 0; ranks && j < p->nranks; j++)
-			if (json_array_append_new(ranks, json_integer(p->ranks[j]))) {
-				json_decref(ranks);
-				ranks = NULL;
-			}
-		json_t *o = json_pack("{s:s, s:o}", "node", p->node, "ranks", ranks);
-		char sum[17];
-
-		snprintf(sum, sizeof(sum), "%016" PRIx64, p->xxh3);
-		if (o && m->version == MANIFEST_VERSION_HEAD &&
-		    (json_object_set_new(o, "bytes", json_integer((json_int_t)p->size)) ||
-		     json_object_set_new(o, "xxh3", json_string(sum)))) {
-			json_decref(o);
-			o = NULL;
-		}
-		if (json_array_append_new(a, o)) {
-			json_decref(a);
-			return NULL;
-		}
-	}
-	return a;
-}
-
 static json_t *root_json(const struct manifest *m, json_t *meta)
 {
 	char when[64];
