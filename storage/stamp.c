@@ -177,27 +177,21 @@ int store_check_file(struct storage *s, const char *job, const struct store_clai
 	return rc;
 }
 
-int store_step_intact(struct storage *s, const char *job, int64_t step, char *err)
+int store_files_intact(struct storage *s, const struct manifest *m, char *err)
 {
-	struct manifest *m = NULL;
 	char why[IPC_ERRLEN];
-	int rc = store_read_manifest(s, job, step, &m, why);
+	int rc = 0;
 
-	if (rc == -EINVAL || rc == -EFBIG)
-		return ipc_errf(err, -EBADMSG, "%s", why);
-	if (rc)
-		return ipc_errf(err, rc, "%s", why);
 	for (size_t i = 0; i < m->nranks && !rc; i++) {
 		const struct manifest_rank *k = &m->ranks[i];
-		const struct store_claim c = {m->run,          step,   k->rank, k->file, k->size,
-		                              k->header_bytes, k->save};
+		const struct store_claim c = {m->run,  m->step,         k->rank, k->file,
+		                              k->size, k->header_bytes, k->save};
 
-		rc = store_check_file(s, job, &c, why);
+		rc = store_check_file(s, m->job, &c, why);
 		if (rc == -ENOENT)
 			rc = -EBADMSG; /* named by a manifest, and not there */
 		if (rc)
 			ipc_errf(err, rc, "rank %d's shard: %s", k->rank, why);
 	}
-	manifest_free(m);
 	return rc;
 }

@@ -202,6 +202,21 @@ out:
 	return rc;
 }
 
+int store_step_intact(struct storage *s, const char *job, int64_t step, char *err)
+{
+	struct manifest *m = NULL;
+	char why[IPC_ERRLEN];
+	int rc = store_read_manifest(s, job, step, &m, why);
+
+	if (rc == -EINVAL || rc == -EFBIG)
+		return ipc_errf(err, -EBADMSG, "%s", why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", why);
+	rc = store_files_intact(s, m, err);
+	manifest_free(m);
+	return rc;
+}
+
 int store_retire_manifest(struct storage *s, const char *job, int64_t step, const char *node,
                           char *err)
 {

@@ -194,5 +194,7 @@ int store_check_file(struct storage *s, const char *job, const struct store_clai
  * LATEST, not per save.
  */
 int store_step_intact(struct storage *s, const char *job, int64_t step, char *err);
+/* The same of a manifest read already (stamp.c; store_step_intact reads it). */
+int store_files_intact(struct storage *s, const struct manifest *m, char *err);
 
 #endif /* CKPT_STORAGE_STORE_H */
