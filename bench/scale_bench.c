@@ -33,19 +33,6 @@
 #include "commit.h"
 #include "scale_bench.h"
 
-int64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-double ms_since(int64_t t)
-{
-	return (double)(mono_ns() - t) / 1e6;
-}
-
 /* This process's resident set now, in KiB (/proc/self/statm). */
 static long rss_now_kb(void)
 {
@@ -78,11 +65,6 @@ static double cpu_ms(void)
 	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
 }
 
-void node_name(int n, char *buf, size_t len)
-{
-	snprintf(buf, len, "n%05d", n);
-}
-
 /* A JSON string: quotes and backslashes escaped, control characters dropped. */
 static void json_str(FILE *f, const char *s)
 {
@@ -94,41 +76,6 @@ static void json_str(FILE *f, const char *s)
 			fputc(*s, f);
 	}
 	fputc('"', f);
-}
-
-/* What every line starts with: the phase and the root's shape. */
-void line_head(const struct opts *o, const char *phase)
-{
-	printf("{\"bench\": \"scale\", \"phase\": \"%s\", \"nodes\": %d, \"ranks_per_node\": %d, "
-	       "\"tensors\": %d, \"world\": %d, \"chunks\": %lld, \"latency_us\": %" PRId64,
-	       phase, o->nodes, o->ranks, o->tensors, o->nodes * o->ranks,
-	       (long long)o->nodes * o->ranks * o->tensors, o->latency_us);
-}
-
-/* The local backend at o->root as `node`, wrapped in the counting storage. */
-int open_store(const struct opts *o, const char *node, struct ioeng **io, struct storage **out,
-               char *err)
-{
-	const struct ioeng_opts eo = {IOENG_AUTO, 64, NULL};
-	struct storage *in = NULL;
-	int rc;
-
-	*out = NULL;
-	rc = ioeng_create(&eo, io, err);
-	if (rc)
-		return rc;
-	const struct local_opts lo = {o->root, node, *io, NULL, false};
-
-	rc = local_create(&lo, &in, err);
-	if (rc == 0)
-		rc = cs_create(in, o->latency_us, out, err);
-	if (rc && in)
-		storage_destroy(in);
-	if (rc) {
-		ioeng_destroy(*io);
-		*io = NULL;
-	}
-	return rc;
 }
 
 /* ---- commit and watch --------------------------------------------------- */

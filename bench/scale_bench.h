@@ -1,7 +1,7 @@
 /*
  * scale_bench.h: what the parts of scale_bench share (scale_bench.c: the
- * options, the helpers, commit and watch, main; scale_gen.c: gen). One
- * thread but gen's workers.
+ * options, commit and watch, main; scale_gen.c: gen; scale_util.c: the
+ * helpers both call). One thread but gen's workers.
  */
 #ifndef CKPT_BENCH_SCALE_BENCH_H
 #define CKPT_BENCH_SCALE_BENCH_H

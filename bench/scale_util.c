@@ -1,0 +1,65 @@
+/*
+ * scale_util.c: what scale_bench.c and scale_gen.c both call (scale_bench.h):
+ * the clock, node names, the head of each JSON line, the counting storage
+ * over the local backend. One thread but gen's workers (open_store: each
+ * its own).
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "scale_bench.h"
+
+int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+double ms_since(int64_t t)
+{
+	return (double)(mono_ns() - t) / 1e6;
+}
+
+void node_name(int n, char *buf, size_t len)
+{
+	snprintf(buf, len, "n%05d", n);
+}
+
+/* What every line starts with: the phase and the root's shape. */
+void line_head(const struct opts *o, const char *phase)
+{
+	printf("{\"bench\": \"scale\", \"phase\": \"%s\", \"nodes\": %d, \"ranks_per_node\": %d, "
+	       "\"tensors\": %d, \"world\": %d, \"chunks\": %lld, \"latency_us\": %" PRId64,
+	       phase, o->nodes, o->ranks, o->tensors, o->nodes * o->ranks,
+	       (long long)o->nodes * o->ranks * o->tensors, o->latency_us);
+}
+
+/* The local backend at o->root as `node`, wrapped in the counting storage. */
+int open_store(const struct opts *o, const char *node, struct ioeng **io, struct storage **out,
+               char *err)
+{
+	const struct ioeng_opts eo = {IOENG_AUTO, 64, NULL};
+	struct storage *in = NULL;
+	int rc;
+
+	*out = NULL;
+	rc = ioeng_create(&eo, io, err);
+	if (rc)
+		return rc;
+	const struct local_opts lo = {o->root, node, *io, NULL, false};
+
+	rc = local_create(&lo, &in, err);
+	if (rc == 0)
+		rc = cs_create(in, o->latency_us, out, err);
+	if (rc && in)
+		storage_destroy(in);
+	if (rc) {
+		ioeng_destroy(*io);
+		*io = NULL;
+	}
+	return rc;
+}
