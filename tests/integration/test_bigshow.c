@@ -230,7 +230,8 @@ START_TEST(small_answers)
 	Ckpt__V1__ShowReply *r;
 	Ckpt__V1__ListReply *l;
 	struct ckpt_client *c;
-	char out[65536], token[128];
+	static char out[1 << 20]; /* 150 names of up to 464 bytes, and the rest */
+	char token[128];
 	int64_t seen = 0;
 	int rc;
 
