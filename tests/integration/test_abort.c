@@ -48,40 +48,11 @@ static void sleep_ms(long ms)
 
 /* ---- /metrics ------------------------------------------------------------ */
 
-/* The value of the sample `name` (with its labels, as written) in a scrape of port. */
-static double metric(unsigned port, const char *name)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_port = htons((uint16_t)port),
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	struct timeval tv = {10, 0};
-	static char buf[1 << 18];
-	char req[128], want[160], *at;
-	size_t len = 0;
-	ssize_t n;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0,
-	              "connect to the metrics port %u: %s", port, strerror(errno));
-	snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
-	while ((n = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
-		len += (size_t)n;
-	close(fd);
-	buf[len] = '\0';
-	snprintf(want, sizeof(want), "\n%s ", name);
-	at = strstr(buf, want);
-	ck_assert_msg(at, "no sample %s in the scrape", name);
-	return strtod(at + strlen(want), NULL);
-}
-
 /* Polls until the sample `name` is at least (or, !above, at most) v; whether it got there. */
 static bool metric_reaches(unsigned port, const char *name, double v, bool above, int timeout_ms)
 {
 	for (int waited = 0; waited <= timeout_ms; waited += 20) {
-		double now = metric(port, name);
+		double now = h_metric(port, name);
 
 		if (above ? now >= v : now <= v)
 			return true;
@@ -197,15 +168,15 @@ START_TEST(abort_stops_copies)
 	ck_assert_int_eq(h_reap(trainer(&a, "doomed", 1, BIG_MB / 2, "two-die")), 128 + SIGKILL);
 	ck_assert_msg(metric_reaches(port, "ckptd_saves_in_flight", 0, false, 120000),
 	              "the dead trainer's saves did not end");
-	ck_assert(metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
+	ck_assert(h_metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
 	/* per job too: what the CkptdSavesFailing alert reads */
-	ck_assert(metric(port, "ckptd_job_saves_total{job=\"doomed-b\",state=\"failed\"}") == 1);
+	ck_assert(h_metric(port, "ckptd_job_saves_total{job=\"doomed-b\",state=\"failed\"}") == 1);
 	ck_assert(h_log_has(&a, "doomed-b step 1 rank 0 FAILED") &&
 	          h_log_has(&a, "before its save was CAPTURED"));
 	ck_assert_msg(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 60000),
 	              "the steps were not let go");
-	captured = metric(port, "ckptd_captured_bytes_total");
-	written = metric(port, "ckptd_written_bytes_total");
+	captured = h_metric(port, "ckptd_captured_bytes_total");
+	written = h_metric(port, "ckptd_written_bytes_total");
 	fprintf(stderr, "abort_stops_copies: %.1f MiB copied of the two saves' %d, %.1f written\n",
 	        captured / MIB, BIG_MB, written / MIB);
 	ck_assert_msg(captured <= half + 2 * MIB,
@@ -213,7 +184,7 @@ START_TEST(abort_stops_copies)
 	              captured / MIB, BIG_MB);
 	ck_assert_msg(written <= captured, "%g MiB written, %g MiB copied", written / MIB,
 	              captured / MIB);
-	ck_assert(metric(port, "ckptd_pool_used_bytes") == 0);
+	ck_assert(h_metric(port, "ckptd_pool_used_bytes") == 0);
 	/* the next trainer's save of the job commits */
 	ck_assert_int_eq(h_reap(trainer(&a, "doomed-b", 2, 8, "commit")), 0);
 	h_agent_cleanup(&a);
@@ -255,7 +226,7 @@ START_TEST(failed_step_let_go)
 	ck_assert_msg(metric_reaches(port, "ckptd_checkpoints_held", 0, false, 30000),
 	              "the failed step is still held (%g), waiting for a rank 1 that never "
 	              "saves it",
-	              metric(port, "ckptd_checkpoints_held"));
+	              h_metric(port, "ckptd_checkpoints_held"));
 	for (int r = 0; r < 2; r++)
 		ck_assert_int_eq(ckpt_save(p[r], 2, NULL, &s[r]), 0);
 	for (int r = 0; r < 2; r++) {
