@@ -51,6 +51,13 @@ struct roster {
 	int world;
 	size_t nnodes;
 	struct rnode *nodes; /* nodes[0] is this node */
+	/*
+	 * The tensors the other nodes' plans name, counted and checked as a
+	 * merge would (names_add): where a node's summary says its ranks hold
+	 * what its plans say, its part needs no reading. NULL: the plans do not
+	 * agree (each part is read whole, and says where).
+	 */
+	struct names *names;
 };
 
 struct committer {
@@ -97,6 +104,7 @@ static void roster_free(struct roster *r)
 		free(r->nodes[i].sigs);
 	}
 	free(r->nodes);
+	names_free(r->names);
 	free(r);
 }
 
@@ -162,6 +170,17 @@ static int add_plans_node(struct roster *r, const char *name, const struct plans
 
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
 		ranks[j] = f->ranks[j].rank;
+	for (size_t j = 0; rc == 0 && r->names && j < f->nranks; j++) {
+		char why[IPC_ERRLEN];
+		const struct plans_rank *k = &f->ranks[j];
+
+		rc = names_add_tensors(r->names, k->tensors, k->ntensors, k->rank, why);
+		if (rc == -EINVAL) { /* the parts will say, read whole */
+			names_free(r->names);
+			r->names = NULL;
+			rc = 0;
+		}
+	}
 	if (rc == 0)
 		rc = add_node(r, name, ranks, f->nranks);
 	if (rc == 0) {
@@ -312,7 +331,9 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 	r->world = world;
 	atomic_init(&r->refs, 1);
 	memset(owner, -1, (size_t)world * sizeof(int));
-	rc = add_node(r, cm->node, local, nlocal);
+	rc = names_create(&r->names);
+	if (rc == 0)
+		rc = add_node(r, cm->node, local, nlocal);
 	if (rc == 0)
 		rc = claim(r, owner, 0, why);
 	/* A node that holds every rank needs to read nobody's plans. */
@@ -635,7 +656,7 @@ static int part_unbound(struct storage *s, const struct part *p, int64_t step, c
 		const struct store_claim cl = {p->run,          step,   k->rank, k->file, k->size,
 		                               k->header_bytes, k->save};
 
-		rc = store_check_file(s, p->job, &cl, msg);
+		rc = store_check_bound(s, p->job, &cl, msg);
 		if (rc)
 			ipc_errf(why, rc,
 			         "parts/%s.json, rank %d: %s: it does not join (a part must be "
@@ -643,6 +664,73 @@ static int part_unbound(struct storage *s, const struct part *p, int64_t step, c
 			         p->node, k->rank, msg);
 	}
 	return rc == -ENOENT ? -EBADMSG : rc; /* a file it names is not there */
+}
+
+/*
+ * What a part (or its summary) must be of before anything else: this run,
+ * the ranks the roster gives its node, a time not ahead of this node's
+ * clock. 1: so; 0: not (problem says why); -ESTALE: the roster is wrong.
+ */
+static int part_joins(const struct commit *c, const struct rnode *n, const struct part *p,
+                      char *problem)
+{
+	const struct part *own = c->own;
+	char ranks[128];
+
+	if (strcmp(p->run, own->run) != 0) {
+		/* a run that died left it; the node's part of this run replaces it */
+		snprintf(problem, IPC_ERRLEN,
+		         "parts/%s.json is of run %s, not run %s: a part of another run never "
+		         "joins",
+		         n->name, p->run, own->run);
+		return 0;
+	}
+	if (p->world != own->world || !same_ranks(p, n)) {
+		part_ranks_text(n->ranks, n->nranks, ranks, sizeof(ranks));
+		snprintf(problem, IPC_ERRLEN,
+		         "parts/%s.json (world %d) does not hold the ranks its plans name (%s of "
+		         "world %d)",
+		         n->name, p->world, ranks, own->world);
+		return -ESTALE;
+	}
+	if (p->time_unix_ns > ipc_now_ns() + c->cm->o.deadline_ns) {
+		snprintf(
+		    problem, IPC_ERRLEN,
+		    "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
+		    "clocks in step (NTP)?",
+		    n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * Node i's part, as its summary says it (read_part's checks, but what the
+ * ranks hold: against the roster's plans, whose tensors the roster
+ * counted). 1: in; 0: not; -ESTALE: its plans changed since the roster
+ * was read (the roster is read again, and the names with it).
+ */
+static int summary_in(struct commit *c, size_t i, struct part *p, char *problem)
+{
+	const struct rnode *n = &c->roster->nodes[i];
+	size_t at = 0;
+	int rc = part_joins(c, n, p, problem);
+
+	if (rc == 1 && sigs_differ(p, n->sigs, &at) != 0) {
+		rc = plans_file_disagrees(c->cm->o.store, p, true, problem) ? 0 : -ESTALE;
+		if (rc == -ESTALE)
+			snprintf(
+			    problem, IPC_ERRLEN,
+			    "plans/%s.json changed since this run's roster was read: read again",
+			    n->name);
+	}
+	if (rc == 1 && part_unbound(c->cm->o.store, p, c->step, problem))
+		rc = 0;
+	if (rc == 1)
+		c->parts[i] = p;
+	else
+		part_free(p);
+	return rc;
 }
 
 /*
@@ -656,11 +744,22 @@ static int read_part(struct commit *c, size_t i, char *problem)
 	const struct rnode *n = &c->roster->nodes[i];
 	const struct part *own = c->own;
 	struct storage *s = c->cm->o.store;
-	char msg[IPC_ERRLEN], ranks[128], key[STORE_KEY_MAX];
+	char msg[IPC_ERRLEN], key[STORE_KEY_MAX];
 	struct part *p = NULL;
 	uint64_t size = 0;
 	int rc;
 
+	/*
+	 * Its summary, where the roster knows what its ranks hold: small,
+	 * whatever the part. Else (none yet, an older node's) the part itself.
+	 */
+	rc = c->roster->names && n->sigs
+	         ? store_read_part_summary(s, own->job, c->step, n->name, &p, msg)
+	         : -ENOENT;
+	if (rc == 0)
+		return summary_in(c, i, p, problem);
+	if (rc != -ENOENT)
+		snprintf(problem, IPC_ERRLEN, "%s", msg); /* the part may still say */
 	/* A part that did not parse is read again once it changed (or every 16th poll). */
 	store_part_key(key, sizeof(key), own->job, c->step, n->name);
 	if (c->bad[i] && c->polls % 16 && s->ops->obj_stat(s, key, &size, msg) == 0 &&
@@ -675,32 +774,9 @@ static int read_part(struct commit *c, size_t i, char *problem)
 			c->bad[i] = size;
 		return 0;
 	}
-	if (strcmp(p->run, own->run) != 0) {
-		/* a run that died left it; the node's part of this run replaces it */
-		snprintf(problem, IPC_ERRLEN,
-		         "parts/%s.json is of run %s, not run %s: a part of another run never "
-		         "joins",
-		         n->name, p->run, own->run);
+	if ((rc = part_joins(c, n, p, problem)) != 1) {
 		part_free(p);
-		return 0;
-	}
-	if (p->world != own->world || !same_ranks(p, n)) {
-		part_ranks_text(n->ranks, n->nranks, ranks, sizeof(ranks));
-		snprintf(problem, IPC_ERRLEN,
-		         "parts/%s.json (world %d) does not hold the ranks its plans name (%s of "
-		         "world %d)",
-		         n->name, p->world, ranks, own->world);
-		part_free(p);
-		return -ESTALE;
-	}
-	if (p->time_unix_ns > ipc_now_ns() + c->cm->o.deadline_ns) {
-		snprintf(
-		    problem, IPC_ERRLEN,
-		    "parts/%s.json is stamped %.0f s ahead of this node's clock: are the nodes' "
-		    "clocks in step (NTP)?",
-		    n->name, (double)(p->time_unix_ns - ipc_now_ns()) / 1e9);
-		part_free(p);
-		return 0;
+		return rc;
 	}
 	if (plans_disagree(c, n, p, problem) || part_unbound(s, p, c->step, problem)) {
 		part_free(p);
@@ -713,7 +789,7 @@ static int read_part(struct commit *c, size_t i, char *problem)
 static bool has_holds(const struct part *p)
 {
 	for (size_t j = 0; j < p->nranks; j++)
-		if (p->ranks[j].holds)
+		if (p->ranks[j].holds || p->ranks[j].wrote_less)
 			return true;
 	return false;
 }
@@ -736,7 +812,7 @@ static void read_one(void *arg, size_t k)
 	struct part *p = rc == 1 ? c->parts[i] : NULL;
 
 	pthread_mutex_lock(&rd->mu);
-	if (p && !c->merge[0] && names_add(c->names, p, why))
+	if (p && !p->summary && !c->merge[0] && names_add(c->names, p, why))
 		snprintf(c->merge, sizeof(c->merge), "%s", why);
 	if (p && has_holds(p))
 		c->holds = true;
@@ -785,7 +861,10 @@ static int look(struct commit *c, bool reading, size_t *in)
 		c->parts = calloc(n, sizeof(*c->parts));
 		c->seen = calloc(n, sizeof(*c->seen));
 		c->bad = calloc(n, sizeof(*c->bad));
-		if (!c->parts || !c->seen || !c->bad || names_create(&c->names)) {
+		/* the others' tensors as the roster's plans name them, where they agree */
+		if (!c->parts || !c->seen || !c->bad ||
+		    (c->roster->names ? names_copy(c->roster->names, &c->names)
+		                      : names_create(&c->names))) {
 			forget_parts(c);
 			return -ENOMEM;
 		}

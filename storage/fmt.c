@@ -40,27 +40,38 @@ int fmt_str(const json_t *obj, const char *key, const char **out, const char *wh
 	return 0;
 }
 
-int fmt_save_put(json_t *o, uint64_t save)
+int fmt_hex_put(json_t *o, const char *key, uint64_t v)
 {
 	char hex[24];
 
-	if (!save)
-		return 0;
-	snprintf(hex, sizeof(hex), "%016" PRIx64, save);
-	return json_object_set_new(o, "save", json_string(hex)) ? -ENOMEM : 0;
+	snprintf(hex, sizeof(hex), "%016" PRIx64, v);
+	return json_object_set_new(o, key, json_string(hex)) ? -ENOMEM : 0;
+}
+
+int fmt_hex_read(const json_t *o, const char *key, uint64_t *v, const char *what, const char *where,
+                 char *err)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+
+	*v = 0;
+	if (!s || strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16)
+		return ipc_errf(err, -EINVAL, "%s: %s: \"%s\" is not 16 lowercase hex digits", what,
+		                where, key);
+	*v = strtoull(s, NULL, 16);
+	return 0;
+}
+
+int fmt_save_put(json_t *o, uint64_t save)
+{
+	return save ? fmt_hex_put(o, "save", save) : 0;
 }
 
 int fmt_save_read(const json_t *o, uint64_t *save, const char *what, const char *where, char *err)
 {
-	const json_t *v = json_object_get(o, "save");
-	const char *s = json_string_value(v);
-	char *end;
-
 	*save = 0;
-	if (!v)
+	if (!json_object_get(o, "save"))
 		return 0;
-	if (!s || strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16 ||
-	    !(*save = strtoull(s, &end, 16)))
+	if (fmt_hex_read(o, "save", save, what, where, err) || !*save)
 		return ipc_errf(err, -EINVAL, "%s: %s: \"save\" is not 16 hex digits (not 0)", what,
 		                where);
 	return 0;

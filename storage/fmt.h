@@ -65,6 +65,10 @@ int fmt_cmp_tensor(const void *a, const void *b);
  * file an older agent wrote), else exactly that.
  */
 int fmt_save_put(json_t *o, uint64_t save);
+/* A 64-bit number as exactly 16 lowercase hex digits (one spelling per value), and back. */
+int fmt_hex_put(json_t *o, const char *key, uint64_t v);
+int fmt_hex_read(const json_t *o, const char *key, uint64_t *v, const char *what, const char *where,
+                 char *err);
 int fmt_save_read(const json_t *o, uint64_t *save, const char *what, const char *where, char *err);
 
 /* The user meta: its text as a JSON value (null when none), and back. */

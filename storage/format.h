@@ -276,6 +276,13 @@ struct part_rank {
 	/* version 2: what it holds (its plan), when it wrote less; NULL: what it wrote */
 	size_t nholds;
 	struct manifest_tensor *holds;
+	/*
+	 * Read from a summary (part.summary): no tensors, but what they are
+	 * (part_rank_signature's number) and whether the rank wrote less than
+	 * it holds.
+	 */
+	uint64_t sig;
+	bool has_sig, wrote_less;
 };
 
 struct part {
@@ -288,6 +295,11 @@ struct part {
 	struct part_rank *ranks;
 	/* as read back (store_read_part) or written (part_bytes_id): its bytes' length, XXH3-64 */
 	uint64_t file_size, file_xxh3;
+	/*
+	 * Read from its summary (part_summary_from_json): the ranks without
+	 * their tensors, file_size and file_xxh3 as its node says of its part.
+	 */
+	bool summary;
 };
 
 /* Structural checks (names, ranks, files, every chunk inside its file's data, no overlap). */
@@ -304,8 +316,27 @@ void part_free(struct part *p);
 struct names;
 int names_create(struct names **out); /* 0 or -ENOMEM */
 int names_add(struct names *t, const struct part *p, char *err);
+/* The same of one rank's tensors (a plans file's, say); a name seen of that rank before: the same.
+ */
+int names_add_tensors(struct names *t, const struct manifest_tensor *v, size_t n, int rank,
+                      char *err);
+int names_copy(const struct names *t, struct names **out); /* 0 or -ENOMEM */
 size_t names_count(const struct names *t);
 void names_free(struct names *t);
+/*
+ * A part's summary (parts/<node>.sum beside parts/<node>.json): what a
+ * commit of many nodes needs of a part, small whatever its tensors (its
+ * ranks, their files and stamps, and for each rank the signature of what
+ * it holds), with the length and XXH3-64 of the part's bytes, which a
+ * head names. Its node writes it after the part, from the part
+ * (file_size and file_xxh3 set: part_bytes_id); a committer reads it in
+ * place of the part, and every reader of the tensors still reads the part
+ * itself, checked against the head.
+ */
+#define PART_SUMMARY_FORMAT "ckptd-part-summary"
+#define PART_SUMMARY_VERSION 1
+int part_summary_to_json(const struct part *p, char **out, size_t *len, char *err);
+int part_summary_from_json(const char *buf, size_t len, struct part **out, char *err);
 /* The length and XXH3-64 of the bytes part_to_json makes of p, into p->file_size, file_xxh3. */
 int part_bytes_id(struct part *p, char *err);
 /*
@@ -321,7 +352,8 @@ void part_strip(struct part *p);
  * that lost, renamed or reshaped a tensor does not. v: one chunk each.
  */
 int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig);
-/* The signature of what a part's rank holds (its holds, else what it wrote). */
+/* The signature of what a part's rank holds (its holds, else what it wrote; a summary's: as said).
+ */
 int part_rank_signature(const struct part_rank *k, uint64_t *sig);
 /* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);

@@ -102,6 +102,7 @@ static int name_add(struct names *t, const struct manifest_tensor *x, int rank, 
 {
 	uint64_t h = XXH3_64bits(x->name, strlen(x->name));
 	struct name_slot *s;
+	bool same;
 
 	if (t->n * 2 >= t->cap && grow(t))
 		return ipc_errf(err, -ENOMEM, "merge: out of memory for %zu tensors", t->n);
@@ -118,8 +119,11 @@ static int name_add(struct names *t, const struct manifest_tensor *x, int rank, 
 		t->n++;
 		return 0;
 	}
-	if (!s->sharded || !x->sharded || s->dtype != x->dtype || s->ndim != x->ndim ||
-	    memcmp(s->global_shape, x->global_shape, x->ndim * sizeof(int64_t)))
+	same = s->dtype == x->dtype && s->ndim == x->ndim &&
+	       memcmp(s->global_shape, x->global_shape, x->ndim * sizeof(int64_t)) == 0;
+	if (same && s->rank == rank && s->sharded == x->sharded)
+		return 0; /* this rank's, seen before (its plans, then its part) */
+	if (!s->sharded || !x->sharded || !same)
 		return ipc_errf(err, -EINVAL,
 		                "tensor '%s' is saved by ranks %d and %d, not as chunks of one "
 		                "sharded tensor",
@@ -128,15 +132,49 @@ static int name_add(struct names *t, const struct manifest_tensor *x, int rank, 
 	return 0;
 }
 
+int names_add_tensors(struct names *t, const struct manifest_tensor *v, size_t n, int rank,
+                      char *err)
+{
+	for (size_t k = 0; k < n; k++) {
+		int rc = name_add(t, &v[k], rank, err);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int names_add(struct names *t, const struct part *p, char *err)
 {
-	for (size_t j = 0; j < p->nranks; j++)
-		for (size_t k = 0; k < p->ranks[j].ntensors; k++) {
-			int rc = name_add(t, &p->ranks[j].tensors[k], p->ranks[j].rank, err);
+	for (size_t j = 0; j < p->nranks; j++) {
+		int rc = names_add_tensors(t, p->ranks[j].tensors, p->ranks[j].ntensors,
+		                           p->ranks[j].rank, err);
 
-			if (rc)
-				return rc;
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int names_copy(const struct names *t, struct names **out)
+{
+	struct names *c = calloc(1, sizeof(*c));
+
+	*out = NULL;
+	if (!c || !(c->v = calloc(t->cap, sizeof(*c->v)))) {
+		free(c);
+		return -ENOMEM;
+	}
+	c->cap = t->cap;
+	c->n = t->n;
+	for (size_t i = 0; i < t->cap; i++) {
+		c->v[i] = t->v[i];
+		if (t->v[i].name && !(c->v[i].name = strdup(t->v[i].name))) {
+			names_free(c);
+			return -ENOMEM;
 		}
+	}
+	*out = c;
 	return 0;
 }
 

@@ -76,6 +76,10 @@ int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig)
 
 int part_rank_signature(const struct part_rank *k, uint64_t *sig)
 {
+	if (k->has_sig) {
+		*sig = k->sig;
+		return 0;
+	}
 	return k->holds ? tensors_signature(k->holds, k->nholds, sig)
 	                : tensors_signature(k->tensors, k->ntensors, sig);
 }
@@ -279,9 +283,79 @@ int part_to_json(const struct part *p, char **out, size_t *len, char *err)
 	return rc;
 }
 
+/* A rank in its part's summary: its file and stamp, what it holds as one number. */
+static json_t *summary_rank_json(const struct part_rank *k)
+{
+	char ignored[IPC_ERRLEN];
+	uint64_t sig;
+	json_t *o;
+
+	if (part_rank_signature(k, &sig))
+		return NULL;
+	o = json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:b}", "rank", k->rank, "file", k->file,
+	              "size", (json_int_t)k->size, "header_bytes", (json_int_t)k->header_bytes,
+	              "queued_unix_ns", (json_int_t)k->queued_unix_ns, "captured_unix_ns",
+	              (json_int_t)k->captured_unix_ns, "durable_unix_ns",
+	              (json_int_t)k->durable_unix_ns, "wrote_less", k->holds || k->wrote_less);
+	if (o && (fmt_meta_put(o, k->meta_json, PT, ignored) || fmt_save_put(o, k->save) ||
+	          fmt_hex_put(o, "sig", sig))) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+int part_summary_to_json(const struct part *p, char **out, size_t *len, char *err)
+{
+	json_t *root, *ranks = json_array();
+	char when[64];
+	int rc;
+
+	*out = NULL;
+	*len = 0;
+	if (!p->file_size)
+		return ipc_errf(err, -EINVAL,
+		                PT_PREFIX "a summary needs its part's bytes (part_bytes_id)");
+	for (size_t i = 0; ranks && i < p->nranks; i++)
+		if (json_array_append_new(ranks, summary_rank_json(&p->ranks[i]))) {
+			json_decref(ranks);
+			ranks = NULL;
+		}
+	fmt_time(p->time_unix_ns, when, sizeof(when));
+	root = json_pack("{s:s, s:i, s:s, s:s, s:s, s:I, s:i, s:s, s:I, s:I, s:o}", "format",
+	                 PART_SUMMARY_FORMAT, "version", PART_SUMMARY_VERSION, "job", p->job, "run",
+	                 p->run, "node", p->node, "step", (json_int_t)p->step, "world", p->world,
+	                 "time", when, "time_unix_ns", (json_int_t)p->time_unix_ns, "part_bytes",
+	                 (json_int_t)p->file_size, "ranks", ranks);
+	if (!root || fmt_hex_put(root, "part_xxh3", p->file_xxh3)) {
+		json_decref(root);
+		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory building the summary");
+	}
+	rc = fmt_dump(root, false, PART_MAX_BYTES, out, len, PT, err);
+	json_decref(root);
+	return rc;
+}
+
 /* ---- reading ----------------------------------------------------------- */
 
-static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *k, char *err)
+/* What a summary says of a rank in place of its tensors. */
+static int parse_summary_rank(const json_t *o, const char *where, struct part_rank *k, char *err)
+{
+	const json_t *less = json_object_get(o, "wrote_less");
+	int rc = fmt_hex_read(o, "sig", &k->sig, PT, where, err);
+
+	if (rc)
+		return rc;
+	if (!json_is_boolean(less))
+		return ipc_errf(err, -EINVAL, PT_PREFIX "%s: \"wrote_less\" is not true or false",
+		                where);
+	k->has_sig = true;
+	k->wrote_less = json_is_true(less);
+	return 0;
+}
+
+static int parse_rank(const json_t *o, size_t i, int version, bool summary, struct part_rank *k,
+                      char *err)
 {
 	const json_t *holds = json_object_get(o, "holds");
 	int64_t v[6] = {0};
@@ -320,6 +394,8 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 	k->durable_unix_ns = v[5];
 	if (!(k->file = strndup(file, SHARD_FILE_MAX)))
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
+	if (summary)
+		return parse_summary_rank(o, where, k, err);
 	if (!json_is_object(tensors) || json_object_size(tensors) > IPC_MAX_TENSORS)
 		return ipc_errf(err, -EINVAL,
 		                PT_PREFIX
@@ -335,13 +411,15 @@ static int parse_rank(const json_t *o, size_t i, int version, struct part_rank *
 	return holds ? fmt_holds_parse(holds, &k->holds, &k->nholds, PT, err) : 0;
 }
 
-static int parse_root(struct part *p, const json_t *root, char *err)
+static int parse_root(struct part *p, const json_t *root, bool summary, char *err)
 {
 	const json_t *ranks = json_object_get(root, "ranks");
 	int64_t v = 0;
 	int rc;
 
-	rc = fmt_header(root, PART_FORMAT, PART_VERSION, &p->version, PT, err);
+	rc = summary
+	         ? fmt_header(root, PART_SUMMARY_FORMAT, PART_SUMMARY_VERSION, &p->version, PT, err)
+	         : fmt_header(root, PART_FORMAT, PART_VERSION, &p->version, PT, err);
 	if (!rc)
 		rc = fmt_name(root, "job", ipc_check_job, &p->job, PT, "top level", err);
 	if (!rc)
@@ -365,15 +443,20 @@ static int parse_root(struct part *p, const json_t *root, char *err)
 	if (!p->ranks)
 		return ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
 	for (size_t i = 0; i < json_array_size(ranks); i++) {
-		rc = parse_rank(json_array_get(ranks, i), i, p->version, &p->ranks[p->nranks++],
-		                err);
+		rc = parse_rank(json_array_get(ranks, i), i, p->version, summary,
+		                &p->ranks[p->nranks++], err);
 		if (rc)
 			return rc;
 	}
-	return 0;
+	if (!summary)
+		return 0;
+	p->summary = true;
+	rc = fmt_int(root, "part_bytes", 1, PART_MAX_BYTES, &v, PT, "top level", err);
+	p->file_size = (uint64_t)v;
+	return rc ? rc : fmt_hex_read(root, "part_xxh3", &p->file_xxh3, PT, "top level", err);
 }
 
-int part_from_json(const char *buf, size_t len, struct part **out, char *err)
+static int from_json(const char *buf, size_t len, bool summary, struct part **out, char *err)
 {
 	struct part *p;
 	json_t *root;
@@ -384,7 +467,8 @@ int part_from_json(const char *buf, size_t len, struct part **out, char *err)
 	if (rc)
 		return rc;
 	p = calloc(1, sizeof(*p));
-	rc = p ? parse_root(p, root, err) : ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
+	rc = p ? parse_root(p, root, summary, err)
+	       : ipc_errf(err, -ENOMEM, PT_PREFIX "out of memory");
 	if (!rc)
 		rc = part_check(p, err);
 	json_decref(root);
@@ -394,6 +478,16 @@ int part_from_json(const char *buf, size_t len, struct part **out, char *err)
 	}
 	*out = p;
 	return 0;
+}
+
+int part_from_json(const char *buf, size_t len, struct part **out, char *err)
+{
+	return from_json(buf, len, false, out, err);
+}
+
+int part_summary_from_json(const char *buf, size_t len, struct part **out, char *err)
+{
+	return from_json(buf, len, true, out, err);
 }
 
 void part_free(struct part *p)

@@ -44,6 +44,14 @@ void store_part_key(char *buf, size_t len, const char *job, int64_t step, const 
 	store_key(buf, len, job, step, leaf);
 }
 
+void store_part_summary_key(char *buf, size_t len, const char *job, int64_t step, const char *node)
+{
+	char leaf[IPC_MAX_JOB + 16];
+
+	snprintf(leaf, sizeof(leaf), "parts/%s.sum", node);
+	store_key(buf, len, job, step, leaf);
+}
+
 void store_plans_key(char *buf, size_t len, const char *job, const char *node)
 {
 	snprintf(buf, len, "%s/plans/%s.json", job, node);
@@ -361,14 +369,46 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 	return read_part(s, job, step, node, out, NULL, NULL, err);
 }
 
+int store_read_part_summary(struct storage *s, const char *job, int64_t step, const char *node,
+                            struct part **out, char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct part *p = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
+		return rc;
+	store_part_summary_key(key, sizeof(key), job, step, node);
+	rc = s->ops->obj_get(s, key, PART_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	rc = part_summary_from_json(buf, len, &p, why);
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	if (strcmp(p->job, job) || p->step != step || strcmp(p->node, node)) {
+		rc = ipc_errf(err, -EINVAL,
+		              "%s: it is the summary of job %s step %" PRId64 " node %s: copied or "
+		              "moved here",
+		              key, p->job, p->step, p->node);
+		part_free(p);
+		return rc;
+	}
+	*out = p;
+	return 0;
+}
+
 /*
  * A node's own object (its part, its plans): create-once; one of its own
  * from before in the way (an earlier attempt, a run that died, an older
- * plan set) is done if it holds the same bytes, else replaced whole.
+ * plan set) is done if it holds the same bytes, else replaced whole, once
+ * `before` is gone where given (what describes the old one: its summary).
  * *written: whether bytes went out. Takes json.
  */
 static int put_own(struct storage *s, const char *key, char *json, size_t len, const char *guard,
-                   bool *written, char *err)
+                   const char *before, bool *written, char *err)
 {
 	char *old = NULL;
 	size_t olen = 0;
@@ -388,6 +428,8 @@ static int put_own(struct storage *s, const char *key, char *json, size_t len, c
 			rc = ipc_errf(err, -EEXIST,
 			              "%s is not replaced: the step is committed (%s is there)",
 			              key, guard);
+		if (rc == 0 && before && (rc = s->ops->obj_delete(s, before, err)) == -ENOENT)
+			rc = 0;
 		if (rc == 0)
 			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
 		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
@@ -401,17 +443,32 @@ static int put_own(struct storage *s, const char *key, char *json, size_t len, c
 
 int store_put_part(struct storage *s, const struct part *p, char *err)
 {
-	char key[STORE_KEY_MAX], guard[STORE_KEY_MAX], *json = NULL;
-	size_t len = 0;
+	char key[STORE_KEY_MAX], skey[STORE_KEY_MAX], guard[STORE_KEY_MAX], *json = NULL;
+	char *sum = NULL;
+	struct part id = *p; /* its bytes' length and sum, for the summary */
+	size_t len = 0, slen = 0;
 	bool written;
 	int rc;
 
 	rc = part_to_json(p, &json, &len, err);
 	if (rc)
 		return rc;
+	id.file_size = len;
+	id.file_xxh3 = XXH3_64bits(json, len);
+	if ((rc = part_summary_to_json(&id, &sum, &slen, err))) {
+		free(json);
+		return rc;
+	}
 	store_part_key(key, sizeof(key), p->job, p->step, p->node);
+	store_part_summary_key(skey, sizeof(skey), p->job, p->step, p->node);
 	store_key(guard, sizeof(guard), p->job, p->step, "manifest.json");
-	return put_own(s, key, json, len, guard, &written, err);
+	/* the part, then what summarizes it: a summary is never of another part */
+	rc = put_own(s, key, json, len, guard, skey, &written, err);
+	if (rc) {
+		free(sum);
+		return rc;
+	}
+	return put_own(s, skey, sum, slen, guard, NULL, &written, err);
 }
 
 int store_copy_part(struct storage *from, struct storage *to, const char *job, int64_t step,
@@ -428,7 +485,7 @@ int store_copy_part(struct storage *from, struct storage *to, const char *job, i
 		return rc;
 	store_part_key(key, sizeof(key), job, step, node);
 	store_key(guard, sizeof(guard), job, step, "manifest.json");
-	return put_own(to, key, buf, len, guard, &written, err); /* takes buf */
+	return put_own(to, key, buf, len, guard, NULL, &written, err); /* takes buf */
 }
 
 int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
@@ -498,7 +555,7 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 		return rc;
 	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	rc = put_own(s, key, json, len, NULL, written, err);
+	rc = put_own(s, key, json, len, NULL, NULL, written, err);
 	if (rc || !*written)
 		return rc;
 	/* after the file: a reader that saw the old number sees this file */

@@ -6,6 +6,7 @@
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
  *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
+ *   <job>/step-<12d>/parts/<node>.sum        what a committer needs of it, written after it
  *   <job>/step-<12d>/manifest.json           the commit, create-once
  *   <job>/step-<12d>/pinned                  a pin (empty)
  *   <job>/LATEST                             a hint: the newest committed step, only forward
@@ -23,8 +24,12 @@
 
 /* "<job>[/step-<12d>][/leaf]" (step < 0: none; leaf NULL: none). */
 void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf);
-/* "<job>/step-<12d>/parts/<node>.json" and "<job>/plans/<node>.json". */
+/*
+ * "<job>/step-<12d>/parts/<node>.json", its summary "parts/<node>.sum",
+ * and "<job>/plans/<node>.json".
+ */
 void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
+void store_part_summary_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
 void store_plans_key(char *buf, size_t len, const char *job, const char *node);
 
 /*
@@ -73,7 +78,15 @@ int store_retire_manifest(struct storage *s, const char *job, int64_t step, cons
 int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
                     struct part **out, char *err);
 /*
- * Writes this node's part, once. Already there with the same bytes: done.
+ * Its summary (format.h, part_summary_from_json): -ENOENT if not there (not
+ * yet, or its node is older), -EINVAL if it is none. Small whatever the
+ * part: what a committer reads of each node.
+ */
+int store_read_part_summary(struct storage *s, const char *job, int64_t step, const char *node,
+                            struct part **out, char *err);
+/*
+ * Writes this node's part, once, then its summary (parts/<node>.sum; the
+ * summary of a part replaced goes first). Already there with the same bytes: done.
  * A part of an earlier attempt or another run in the way is replaced
  * atomically: a merge takes one whole part or the other, never a mix;
  * but not once the step is committed (a head names parts by their bytes):
@@ -184,6 +197,13 @@ struct store_claim {
  * could not be read (-ENOENT: not there; -EIO, ...).
  */
 int store_check_file(struct storage *s, const char *job, const struct store_claim *c, char *err);
+/*
+ * The same question for a commit of many files: answered from the file's
+ * first 4 KiB, unparsed (its size, its header's length, and its header's
+ * step, save, run and rank each said once as c claims), and where that
+ * does not say yes, by store_check_file (then its answer and its words).
+ */
+int store_check_bound(struct storage *s, const char *job, const struct store_claim *c, char *err);
 
 /*
  * Whether (job, step) is whole as far as its files' heads tell: its

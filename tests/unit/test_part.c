@@ -87,7 +87,8 @@ static struct part *mk(const char *run, const char *nd, int world, const int *ra
 	                   n,
 	                   calloc(n, sizeof(struct part_rank)),
 	                   0,
-	                   0};
+	                   0,
+	                   false};
 	for (size_t i = 0; i < n; i++)
 		fill_rank(&p->ranks[i], nd, ranks[i], world);
 	return p;
