@@ -281,7 +281,7 @@ static void usage(void)
 {
 	fprintf(
 	    stderr,
-	    "usage: scale_bench gen|commit|watch --root DIR [--job J] [--run R]\n"
+	    "usage: scale_bench gen|commit|watch --root DIR|s3://BUCKET [--job J] [--run R]\n"
 	    "         [--nodes N] [--ranks R] [--tensors T] [--steps S] [--threads K]\n"
 	    "         [--leave-out NODE] [--step S] [--node K] [--op-latency-us US]\n"
 	    "         [--cap-s SECONDS] [--stuck-polls P] [--no-explain]\n"
@@ -388,7 +388,11 @@ int main(int argc, char **argv)
 		usage();
 		return 2;
 	}
-	if (strcmp(o.cmd, "gen") == 0)
+	if (strcmp(o.cmd, "gen") == 0 && storage_is_s3(o.root))
+		rc =
+		    ipc_errf(err, -EINVAL,
+		             "gen writes a directory: copy it into the bucket (bench/scale_s3.sh)");
+	else if (strcmp(o.cmd, "gen") == 0)
 		rc = run_gen(&o, err);
 	else if (strcmp(o.cmd, "commit") == 0 || strcmp(o.cmd, "watch") == 0)
 		rc = run_poll(&o, strcmp(o.cmd, "commit") == 0, err);

@@ -1,13 +1,20 @@
 /*
  * scale_util.c: what scale_bench.c and scale_gen.c both call (scale_bench.h):
  * the clock, node names, the head of each JSON line, the counting storage
- * over the local backend. One thread but gen's workers (open_store: each
+ * over the local backend, or over the S3 backend where the root is
+ * s3://BUCKET[/PREFIX] (commit and watch only: gen writes a directory,
+ * which is then copied into the bucket; the store's endpoint, region and
+ * credentials file from CKPT_S3_ENDPOINT, CKPT_S3_REGION and
+ * CKPT_S3_CREDENTIALS). One thread but gen's workers (open_store: each
  * its own).
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
+
+#include "commit.h"
 
 #include "scale_bench.h"
 
@@ -38,7 +45,7 @@ void line_head(const struct opts *o, const char *phase)
 	       (long long)o->nodes * o->ranks * o->tensors, o->latency_us);
 }
 
-/* The local backend at o->root as `node`, wrapped in the counting storage. */
+/* The backend at o->root as `node`, wrapped in the counting storage. */
 int open_store(const struct opts *o, const char *node, struct ioeng **io, struct storage **out,
                char *err)
 {
@@ -51,8 +58,21 @@ int open_store(const struct opts *o, const char *node, struct ioeng **io, struct
 	if (rc)
 		return rc;
 	const struct local_opts lo = {o->root, node, *io, NULL, false};
+	/* as many requests in flight as the committer makes */
+	const struct s3_opts so = {o->root,
+	                           getenv("CKPT_S3_ENDPOINT"),
+	                           getenv("CKPT_S3_REGION"),
+	                           getenv("CKPT_S3_CREDENTIALS"),
+	                           false,
+	                           COMMIT_READ_WIDTH,
+	                           0,
+	                           0,
+	                           0,
+	                           node,
+	                           8u << 20,
+	                           0};
 
-	rc = local_create(&lo, &in, err);
+	rc = storage_is_s3(o->root) ? s3_create(&so, &in, err) : local_create(&lo, &in, err);
 	if (rc == 0)
 		rc = cs_create(in, o->latency_us, out, err);
 	if (rc && in)

@@ -625,7 +625,12 @@ static int plans_file_disagrees(struct storage *s, const struct part *p, bool ne
 	                p->node, rc == -ESTALE ? "" : ": ", rc == -ESTALE ? "" : msg);
 }
 
-/* The same, against the roster's copy of the plans first (read once per run). */
+/*
+ * The same, against the roster's copy of the plans first (read once per
+ * run). 0: they agree; 1: not (why); -ESTALE: the node's plans changed
+ * since the roster was read, and the part holds what they say now: the
+ * roster, and the tensors it counted, are read again.
+ */
 static int plans_disagree(struct commit *c, const struct rnode *n, const struct part *p, char *why)
 {
 	size_t at = 0;
@@ -633,9 +638,15 @@ static int plans_disagree(struct commit *c, const struct rnode *n, const struct 
 
 	if (!n->sigs || (rc = sigs_differ(p, n->sigs, &at)) == 0)
 		return 0;
-	if (rc < 0)
-		return ipc_errf(why, rc, "out of memory");
-	return plans_file_disagrees(c->cm->o.store, p, true, why); /* the plan set changed? */
+	if (rc < 0) {
+		ipc_errf(why, rc, "out of memory");
+		return 1;
+	}
+	if (plans_file_disagrees(c->cm->o.store, p, true, why))
+		return 1;
+	snprintf(why, IPC_ERRLEN,
+	         "plans/%s.json changed since this run's roster was read: read again", n->name);
+	return -ESTALE;
 }
 
 /*
@@ -713,17 +724,10 @@ static int part_joins(const struct commit *c, const struct rnode *n, const struc
 static int summary_in(struct commit *c, size_t i, struct part *p, char *problem)
 {
 	const struct rnode *n = &c->roster->nodes[i];
-	size_t at = 0;
-	int rc = part_joins(c, n, p, problem);
+	int rc = part_joins(c, n, p, problem), d;
 
-	if (rc == 1 && sigs_differ(p, n->sigs, &at) != 0) {
-		rc = plans_file_disagrees(c->cm->o.store, p, true, problem) ? 0 : -ESTALE;
-		if (rc == -ESTALE)
-			snprintf(
-			    problem, IPC_ERRLEN,
-			    "plans/%s.json changed since this run's roster was read: read again",
-			    n->name);
-	}
+	if (rc == 1 && (d = plans_disagree(c, n, p, problem)))
+		rc = d == -ESTALE ? d : 0;
 	if (rc == 1 && part_unbound(c->cm->o.store, p, c->step, problem))
 		rc = 0;
 	if (rc == 1)
@@ -778,9 +782,9 @@ static int read_part(struct commit *c, size_t i, char *problem)
 		part_free(p);
 		return rc;
 	}
-	if (plans_disagree(c, n, p, problem) || part_unbound(s, p, c->step, problem)) {
+	if ((rc = plans_disagree(c, n, p, problem)) || part_unbound(s, p, c->step, problem)) {
 		part_free(p);
-		return 0;
+		return rc == -ESTALE ? rc : 0;
 	}
 	c->parts[i] = p;
 	return 1;
@@ -827,7 +831,7 @@ static void read_one(void *arg, size_t k)
 		part_strip(p);
 }
 
-/* The parts not in yet, read at once (FANOUT_WIDTH in flight). */
+/* The parts not in yet, read at once (COMMIT_READ_WIDTH in flight). */
 static int read_parts(struct commit *c)
 {
 	size_t n = c->roster->nnodes, k = 0;
@@ -840,7 +844,7 @@ static int read_parts(struct commit *c)
 		if (!c->parts[i])
 			idx[k++] = i;
 	pthread_mutex_init(&rd.mu, NULL);
-	fanout_run(k, FANOUT_WIDTH, read_one, &rd);
+	fanout_run(k, COMMIT_READ_WIDTH, read_one, &rd);
 	pthread_mutex_destroy(&rd.mu);
 	free(idx);
 	return rd.rc;

@@ -132,14 +132,14 @@ static int obj_put(struct storage *s, const char *key, const void *buf, size_t l
 	struct fake_store *f = F(s);
 
 	f->n.puts++;
+	if (mode == OBJ_CREATE && find(f, key))
+		return ipc_errf(err, -EEXIST, "%s exists already", key);
 	if (f->fail_err && strstr(key, f->fail_needle)) {
 		int rc = f->fail_err;
 
 		f->fail_err = 0;
 		return ipc_errf(err, rc, "%s: injected %s", key, strerror(-rc));
 	}
-	if (mode == OBJ_CREATE && find(f, key))
-		return ipc_errf(err, -EEXIST, "%s exists already", key);
 	fake_put(f, key, buf, len);
 	return 0;
 }
@@ -148,8 +148,13 @@ static int obj_get(struct storage *s, const char *key, size_t max, char **buf, s
                    char *err)
 {
 	struct obj *o = find(F(s), key);
+	size_t n = strlen(key);
 
 	F(s)->n.gets++;
+	if (strstr(key, "/parts/") && n > 5 && strcmp(key + n - 5, ".json") == 0)
+		F(s)->n.part_gets++;
+	if (strstr(key, "/parts/") && n > 4 && strcmp(key + n - 4, ".sum") == 0)
+		F(s)->n.summary_gets++;
 	if (!o)
 		return ipc_errf(err, -ENOENT, "%s does not exist", key);
 	if (o->len > max)
@@ -248,6 +253,7 @@ static void shard_read(struct storage_shard *sh, struct io_req *r)
 	uint64_t end;
 
 	sh->f->n.shard_reads++;
+	sh->f->n.shard_read_bytes += r->len;
 	if (!o) {
 		r->res = -ENOENT;
 		r->done(r);

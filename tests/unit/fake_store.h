@@ -26,12 +26,15 @@ void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len
 /* The bytes under key (NUL-terminated, owned by the fake), NULL if none. */
 const char *fake_get(struct fake_store *f, const char *key, size_t *len);
 void fake_delete(struct fake_store *f, const char *key);
-/* The next put of a key containing `needle` fails with err. */
+/* The next put of a key containing `needle` fails with err (a create of a key there: EEXIST first).
+ */
 void fake_fail_put(struct fake_store *f, const char *needle, int err);
 
 /* Counts of calls, by kind. */
 struct fake_counts {
 	unsigned puts, gets, stats, lists, deletes, shard_stats, shard_reads;
+	unsigned part_gets, summary_gets; /* of those gets: parts/<node>.json, parts/<node>.sum */
+	uint64_t shard_read_bytes; /* asked for by the shard reads */
 };
 void fake_counts(struct fake_store *f, struct fake_counts *out);
 

@@ -1358,6 +1358,247 @@ START_TEST(test_single_writer_never_takes_over)
 }
 END_TEST
 
+/* ---- summaries: what a committer reads of each part -------------------- */
+
+/*
+ * The committer of a step of three nodes reads each other node's summary,
+ * never its part, and each file's first 4 KiB; the head it writes says
+ * what the parts say read whole (same tensors, same bytes).
+ */
+START_TEST(test_committer_reads_summaries)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
+	struct committer *a = node("a");
+	struct fake_counts before, after;
+	struct commit *ca;
+	struct commit_result r;
+	struct manifest *m;
+
+	plans("a", "r", 6, r0, 2);
+	plans("b", "r", 6, r1, 2);
+	plans("c", "r", 6, r2, 2);
+	put_part(mk_part("r", "b", 6, 9, r1, 2));
+	put_part(mk_part("r", "c", 6, 9, r2, 2));
+	ck_assert_ptr_nonnull(fake_get(fs, JOB "/step-000000000009/parts/b.sum", NULL));
+	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &after);
+	ck_assert(r.wrote && r.manifest->head_only);
+	commit_result_free(&r);
+	ck_assert_uint_eq(after.part_gets - before.part_gets, 0);
+	ck_assert_uint_eq(after.summary_gets - before.summary_gets, 2);
+	ck_assert_uint_eq(after.shard_reads - before.shard_reads, 4); /* b's and c's files */
+	ck_assert_uint_le(after.shard_read_bytes - before.shard_read_bytes, 4 * 4096);
+	/* read whole, the parts say what the head says */
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert_uint_eq(m->ntensors, 1);
+	ck_assert_uint_eq(m->nranks, 6);
+	manifest_free(m);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* Node b's summary as it is, with rank 2's signature `sig` in place of its own. */
+static void forge_summary(int64_t step, uint64_t sig)
+{
+	char key[STORE_KEY_MAX], *json;
+	const char *bytes;
+	struct part *p;
+	size_t len;
+
+	store_part_summary_key(key, sizeof(key), JOB, step, "b");
+	ck_assert_ptr_nonnull(bytes = fake_get(fs, key, &len));
+	ck_assert_msg(part_summary_from_json(bytes, len, &p, err) == 0, "%s", err);
+	p->ranks[0].sig = sig;
+	ck_assert_msg(part_summary_to_json(p, &json, &len, err) == 0, "%s", err);
+	fake_put(fs, key, json, len);
+	free(json);
+	part_free(p);
+}
+
+/*
+ * A summary whose rank says it holds other tensors than its plans (its
+ * plans unchanged): the node does not join, and the deadline says which
+ * rank and why, as of a part.
+ */
+START_TEST(test_summary_unlike_plans)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+
+	plans("a", "r", 4, r0, 2);
+	plans("b", "r", 4, r1, 2);
+	put_part(mk_part("r", "b", 4, 9, r1, 2));
+	forge_summary(9, 0x1234);
+	ca = start(a, mk_part("r", "a", 4, 9, r0, 2), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+	ck_assert_msg(strstr(r.reason, "rank 2's tensors are not those its plans"), "%s", r.reason);
+	ck_assert(!fake_get(fs, JOB "/step-000000000009/manifest.json", NULL));
+	commit_result_free(&r);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/* A summary that is no summary: the part itself is read, and the step commits. */
+START_TEST(test_summary_damaged_part_read)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct fake_counts before, after;
+	struct commit *ca;
+	struct commit_result r;
+	struct manifest *m;
+
+	plans("a", "r", 2, r0, 1);
+	plans("b", "r", 2, r1, 1);
+	put_part(mk_part("r", "b", 2, 9, r1, 1));
+	fake_put(fs, JOB "/step-000000000009/parts/b.sum", "{\"format\": 1", 12);
+	ca = start(a, mk_part("r", "a", 2, 9, r0, 1), true, 0);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &after);
+	commit_result_free(&r);
+	ck_assert_uint_eq(after.part_gets - before.part_gets, 1);
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	manifest_free(m);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A node's part replaced (another attempt): its old summary goes before the
+ * part does, so no summary ever describes a part that is not there; where
+ * the replacing put fails, none is left; the next put leaves the summary of
+ * the part there.
+ */
+START_TEST(test_summary_follows_its_part)
+{
+	static const int r1[] = {1};
+	const char *skey = JOB "/step-000000000009/parts/b.sum";
+	const char *pkey = JOB "/step-000000000009/parts/b.json";
+	struct part *p2 = mk_part("r", "b", 2, 9, r1, 1), *sum;
+	const char *bytes;
+	size_t len;
+
+	put_part(mk_part("r", "b", 2, 9, r1, 1));
+	ck_assert_ptr_nonnull(fake_get(fs, skey, NULL));
+	p2->time_unix_ns += 1000; /* another attempt: other bytes */
+	fake_fail_put(fs, "parts/b.json", -EIO);
+	ck_assert_int_ne(store_put_part(st, p2, err), 0);
+	ck_assert_ptr_null(fake_get(fs, skey, NULL));
+	ck_assert_ptr_nonnull(fake_get(fs, pkey, NULL)); /* the old part, no summary */
+	put_part(p2);
+	ck_assert_ptr_nonnull(bytes = fake_get(fs, skey, &len));
+	ck_assert_msg(part_summary_from_json(bytes, len, &sum, err) == 0, "%s", err);
+	ck_assert_ptr_nonnull(bytes = fake_get(fs, pkey, &len));
+	ck_assert_uint_eq(sum->file_size, len);
+	ck_assert_uint_eq(sum->file_xxh3, XXH3_64bits(bytes, len));
+	part_free(sum);
+}
+END_TEST
+
+/* Rank r's plans and part hold "x" too: a plan that changed within the run. */
+static void hold_x(struct part_rank *k, int world)
+{
+	struct manifest_tensor *x = tensor_w(k->rank, world);
+
+	free(x->name);
+	x->name = strdup("x");
+	if (k->tensors) {
+		x->chunks[0].begin = k->header_bytes + 16;
+		x->chunks[0].end = k->header_bytes + 32;
+		k->size += 16;
+		k->tensors = realloc(k->tensors, 2 * sizeof(*k->tensors));
+		k->tensors[k->ntensors++] = *x;
+	}
+	free(x);
+}
+
+static void plans_wx(const char *nd, const char *run, int world, const int *ranks, size_t n)
+{
+	struct plans_file f = {.version = PLANS_VERSION,
+	                       .job = JOB,
+	                       .node = (char *)nd,
+	                       .run = (char *)run,
+	                       .world = world,
+	                       .nranks = n,
+	                       .ranks = calloc(n, sizeof(struct plans_rank))};
+	struct part *p = mk_part(run, nd, world, 99, ranks, n);
+	bool wrote;
+
+	for (size_t i = 0; i < n; i++) {
+		hold_x(&p->ranks[i], world);
+		f.ranks[i].rank = ranks[i];
+		f.ranks[i].ntensors = p->ranks[i].ntensors;
+		f.ranks[i].tensors = p->ranks[i].tensors;
+	}
+	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
+	free(f.ranks);
+	part_free(p);
+}
+
+/*
+ * A node's plans change within a run (a tensor fewer): the committer's
+ * roster, read before, no longer says what the node's summary (1: its part,
+ * where it wrote no summary) says; it is read again, with the tensors its
+ * plans now name, and the head counts what the parts hold (a whole read
+ * agrees with it; counted from the old plans, it would not).
+ */
+START_TEST(test_plans_change_roster_read_again)
+{
+	static const int r0[] = {0}, r1[] = {1};
+	struct committer *a = node("a");
+	struct commit *ca;
+	struct commit_result r;
+	struct manifest *m;
+	struct part *pb;
+	char file[SHARD_FILE_MAX];
+	void *hdr;
+	size_t hl;
+	int i;
+
+	/* step 8: b holds "w" and "x" */
+	plans("a", "r", 2, r0, 1);
+	plans_wx("b", "r", 2, r1, 1);
+	pb = mk_part("r", "b", 2, 8, r1, 1);
+	hold_x(&pb->ranks[0], 2);
+	hl = shard_header("r", 1, 2, 8, pb->ranks[0].save, &hdr);
+	ck_assert_int_eq(shard_file_name(1, "b", 0, file, sizeof(file)), 0);
+	fake_add_shard_bytes(fs, JOB, 8, file, hdr, hl, hl + 32);
+	free(hdr);
+	put_part(pb);
+	ca = start(a, mk_part("r", "a", 2, 8, r0, 1), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	ck_assert_uint_eq(r.manifest->head_tensors, 2);
+	commit_result_free(&r);
+	commit_destroy(ca);
+	/* from step 9 on, "w" alone */
+	plans("b", "r", 2, r1, 1);
+	put_part(mk_part("r", "b", 2, 9, r1, 1));
+	if (_i == 1)
+		fake_delete(fs, JOB "/step-000000000009/parts/b.sum");
+	ca = start(a, mk_part("r", "a", 2, 9, r0, 1), true, 0);
+	for (i = 0; i < 4 && poll_at(ca, i, &r) == COMMIT_WAITING; i++)
+		commit_result_free(&r);
+	ck_assert_msg(r.state == COMMIT_COMMITTED, "%s", r.reason);
+	ck_assert_uint_eq(r.manifest->head_tensors, 1);
+	commit_result_free(&r);
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert_uint_eq(m->ntensors, 1);
+	manifest_free(m);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("commit");
@@ -1396,6 +1637,11 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_replayed_part_named);
 	tcase_add_loop_test(tc, test_part_not_its_files, 0, 3);
 	tcase_add_test(tc, test_single_writer_never_takes_over);
+	tcase_add_test(tc, test_committer_reads_summaries);
+	tcase_add_test(tc, test_summary_unlike_plans);
+	tcase_add_test(tc, test_summary_damaged_part_read);
+	tcase_add_test(tc, test_summary_follows_its_part);
+	tcase_add_loop_test(tc, test_plans_change_roster_read_again, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -250,6 +250,128 @@ START_TEST(test_part_refusals)
 }
 END_TEST
 
+/* ---- summaries --------------------------------------------------------- */
+
+static void set_key(json_t *root, const char *key, json_t *v)
+{
+	json_object_set_new(root, key, v);
+}
+
+static void rank0_set(json_t *root, const char *key, json_t *v)
+{
+	json_t *k = json_array_get(json_object_get(root, "ranks"), 0);
+
+	if (v)
+		json_object_set_new(k, key, v);
+	else
+		json_object_del(k, key);
+}
+
+/*
+ * A part's summary: written from the part (its bytes' length and sum, each
+ * rank's signature and whether it wrote less), read back the same; every
+ * edit a hostile writer could make refused with a reason; a part is no
+ * summary, nor a summary a part; torn, refused.
+ */
+START_TEST(test_summary)
+{
+	static const int ranks[] = {0, 1};
+	struct part *p = mk("r1", "n0", 4, ranks, 2), *back = NULL;
+	char *text, *edited;
+	size_t len;
+	uint64_t sig;
+	json_t *root;
+
+	ck_assert_int_lt(part_summary_to_json(p, &text, &len, err), 0); /* not read back */
+	ck_assert_msg(part_bytes_id(p, err) == 0, "%s", err);
+	ck_assert_msg(part_summary_to_json(p, &text, &len, err) == 0, "%s", err);
+	ck_assert_msg(part_summary_from_json(text, len, &back, err) == 0, "%s", err);
+	ck_assert(back->summary);
+	ck_assert_uint_eq(back->file_size, p->file_size);
+	ck_assert_uint_eq(back->file_xxh3, p->file_xxh3);
+	ck_assert_str_eq(back->run, "r1");
+	ck_assert_uint_eq(back->nranks, 2);
+	for (size_t j = 0; j < 2; j++) {
+		ck_assert_int_eq(back->ranks[j].rank, ranks[j]);
+		ck_assert_uint_eq(back->ranks[j].ntensors, 0);
+		ck_assert(back->ranks[j].has_sig && !back->ranks[j].wrote_less);
+		ck_assert_int_eq(part_rank_signature(&p->ranks[j], &sig), 0);
+		ck_assert_uint_eq(back->ranks[j].sig, sig);
+		ck_assert_uint_eq(back->ranks[j].size, p->ranks[j].size);
+		ck_assert_str_eq(back->ranks[j].file, p->ranks[j].file);
+	}
+	part_free(back);
+	/* a part is no summary, a summary no part */
+	{
+		char *ptext = text_of(p);
+
+		ck_assert_int_lt(part_summary_from_json(ptext, strlen(ptext), &back, err), 0);
+		ck_assert_int_lt(part_from_json(text, len, &back, err), 0);
+		free(ptext);
+	}
+	root = json_loads(text, 0, NULL);
+	ck_assert_ptr_nonnull(root);
+	{
+		static const struct {
+			const char *what, *needle;
+			int kind; /* 0: top level, 1: rank 0 */
+			const char *key;
+			int value; /* 0: deleted, 1: "xyz", 2: 0, 3: 300 MiB, 4: "0123456789ABCDEF"
+			            */
+		} edits[] = {
+		    {"no sig", "\"sig\"", 1, "sig", 0},
+		    {"a sig of other digits", "\"sig\"", 1, "sig", 4},
+		    {"no wrote_less", "wrote_less", 1, "wrote_less", 0},
+		    {"wrote_less a string", "wrote_less", 1, "wrote_less", 1},
+		    {"part_bytes 0", "part_bytes", 0, "part_bytes", 2},
+		    {"part_bytes past the limit", "part_bytes", 0, "part_bytes", 3},
+		    {"no part_xxh3", "part_xxh3", 0, "part_xxh3", 0},
+		    {"another format", "format", 0, "format", 1},
+		};
+
+		for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+			json_t *copy = json_deep_copy(root), *v = NULL;
+
+			switch (edits[i].value) {
+			case 1:
+				v = json_string("xyz");
+				break;
+			case 2:
+				v = json_integer(0);
+				break;
+			case 3:
+				v = json_integer(300LL << 20);
+				break;
+			case 4:
+				v = json_string("0123456789ABCDEF");
+				break;
+			}
+			if (edits[i].kind)
+				rank0_set(copy, edits[i].key, v);
+			else if (v)
+				set_key(copy, edits[i].key, v);
+			else
+				json_object_del(copy, edits[i].key);
+			edited = json_dumps(copy, JSON_COMPACT);
+			back = (struct part *)1;
+			ck_assert_msg(part_summary_from_json(edited, strlen(edited), &back, err) <
+			                  0,
+			              "%s accepted", edits[i].what);
+			ck_assert_ptr_null(back);
+			ck_assert_msg(strstr(err, edits[i].needle), "%s: '%s' lacks '%s'",
+			              edits[i].what, err, edits[i].needle);
+			free(edited);
+			json_decref(copy);
+		}
+	}
+	for (size_t cut = 0; cut < len; cut += 7)
+		ck_assert_int_lt(part_summary_from_json(text, cut, &back, err), 0);
+	json_decref(root);
+	free(text);
+	part_free(p);
+}
+END_TEST
+
 /* ---- merging ----------------------------------------------------------- */
 
 static char *merged(struct part **v, size_t n)
@@ -450,6 +572,7 @@ static Suite *suite(void)
 
 	tcase_add_test(tc, test_part_roundtrip);
 	tcase_add_test(tc, test_part_refusals);
+	tcase_add_test(tc, test_summary);
 	tcase_add_test(tc, test_merge);
 	tcase_add_test(tc, test_merge_refusals);
 	tcase_add_test(tc, test_plans);
