@@ -318,9 +318,12 @@ static void parse_leave(void)
 	pthread_mutex_unlock(&parse_mu);
 }
 
-/* A node's part, its bytes too (*buf, where buf is not NULL: the caller frees them). */
+/*
+ * A node's part, its bytes too (*buf, where buf is not NULL: the caller
+ * frees them); or its summary (then file_size and file_xxh3 as it says).
+ */
 static int read_part(struct storage *s, const char *job, int64_t step, const char *node,
-                     struct part **out, char **bytes, size_t *blen, char *err)
+                     bool summary, struct part **out, char **bytes, size_t *blen, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
 	struct part *p = NULL;
@@ -330,25 +333,31 @@ static int read_part(struct storage *s, const char *job, int64_t step, const cha
 	*out = NULL;
 	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
 		return rc;
-	store_part_key(key, sizeof(key), job, step, node);
+	if (summary)
+		store_part_summary_key(key, sizeof(key), job, step, node);
+	else
+		store_part_key(key, sizeof(key), job, step, node);
 	rc = s->ops->obj_get(s, key, PART_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
 	parse_enter();
-	rc = part_from_json(buf, len, &p, why);
+	rc =
+	    summary ? part_summary_from_json(buf, len, &p, why) : part_from_json(buf, len, &p, why);
 	parse_leave();
 	if (rc) {
 		free(buf);
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
 	}
-	p->file_size = len;
-	p->file_xxh3 = XXH3_64bits(buf, len);
+	if (!summary) {
+		p->file_size = len;
+		p->file_xxh3 = XXH3_64bits(buf, len);
+	}
 	/* a part under another node's or step's name is no part of this one */
 	if (strcmp(p->job, job) || p->step != step || strcmp(p->node, node)) {
 		rc = ipc_errf(err, -EINVAL,
-		              "%s: it is the part of job %s step %" PRId64 " node %s: copied or "
+		              "%s: it is the %s of job %s step %" PRId64 " node %s: copied or "
 		              "moved here",
-		              key, p->job, p->step, p->node);
+		              key, summary ? "summary" : "part", p->job, p->step, p->node);
 		part_free(p);
 		free(buf);
 		return rc;
@@ -366,38 +375,13 @@ static int read_part(struct storage *s, const char *job, int64_t step, const cha
 int store_read_part(struct storage *s, const char *job, int64_t step, const char *node,
                     struct part **out, char *err)
 {
-	return read_part(s, job, step, node, out, NULL, NULL, err);
+	return read_part(s, job, step, node, false, out, NULL, NULL, err);
 }
 
 int store_read_part_summary(struct storage *s, const char *job, int64_t step, const char *node,
                             struct part **out, char *err)
 {
-	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
-	struct part *p = NULL;
-	size_t len = 0;
-	int rc;
-
-	*out = NULL;
-	if ((rc = check_job_step(job, step, err)) || (rc = ipc_check_node(node, err)))
-		return rc;
-	store_part_summary_key(key, sizeof(key), job, step, node);
-	rc = s->ops->obj_get(s, key, PART_MAX_BYTES, &buf, &len, why);
-	if (rc)
-		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
-	rc = part_summary_from_json(buf, len, &p, why);
-	free(buf);
-	if (rc)
-		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
-	if (strcmp(p->job, job) || p->step != step || strcmp(p->node, node)) {
-		rc = ipc_errf(err, -EINVAL,
-		              "%s: it is the summary of job %s step %" PRId64 " node %s: copied or "
-		              "moved here",
-		              key, p->job, p->step, p->node);
-		part_free(p);
-		return rc;
-	}
-	*out = p;
-	return 0;
+	return read_part(s, job, step, node, true, out, NULL, NULL, err);
 }
 
 /*
@@ -478,7 +462,7 @@ int store_copy_part(struct storage *from, struct storage *to, const char *job, i
 	struct part *p = NULL;
 	size_t len = 0;
 	bool written;
-	int rc = read_part(from, job, step, node, &p, &buf, &len, err); /* checked */
+	int rc = read_part(from, job, step, node, false, &p, &buf, &len, err); /* checked */
 
 	part_free(p);
 	if (rc)

@@ -156,7 +156,10 @@ static struct part *mk_part(const char *run, const char *nd, int world, int64_t 
 	return p;
 }
 
-static void plans(const char *nd, const char *run, int world, const int *ranks, size_t n)
+static void hold_x(struct part_rank *k, int world);
+
+/* Node nd's plans file: each rank holds "w" (and "x" too where x). */
+static void plans_of(const char *nd, const char *run, int world, const int *ranks, size_t n, bool x)
 {
 	struct plans_file f = {.version = PLANS_VERSION,
 	                       .job = JOB,
@@ -165,20 +168,24 @@ static void plans(const char *nd, const char *run, int world, const int *ranks, 
 	                       .world = world,
 	                       .nranks = n,
 	                       .ranks = calloc(n, sizeof(struct plans_rank))};
+	struct part *p = mk_part(run, nd, world, 99, ranks, n); /* its tensors, as a part's */
 	bool wrote;
 
 	for (size_t i = 0; i < n; i++) {
+		if (x)
+			hold_x(&p->ranks[i], world);
 		f.ranks[i].rank = ranks[i];
-		f.ranks[i].ntensors = 1;
-		f.ranks[i].tensors = tensor_w(ranks[i], world);
+		f.ranks[i].ntensors = p->ranks[i].ntensors;
+		f.ranks[i].tensors = p->ranks[i].tensors;
 	}
 	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
-	for (size_t i = 0; i < n; i++) {
-		free(f.ranks[i].tensors->name);
-		free(f.ranks[i].tensors->chunks);
-		free(f.ranks[i].tensors);
-	}
 	free(f.ranks);
+	part_free(p);
+}
+
+static void plans(const char *nd, const char *run, int world, const int *ranks, size_t n)
+{
+	plans_of(nd, run, world, ranks, n, false);
 }
 
 /* Puts a part in the root as its node would. */
@@ -1522,29 +1529,6 @@ static void hold_x(struct part_rank *k, int world)
 	free(x);
 }
 
-static void plans_wx(const char *nd, const char *run, int world, const int *ranks, size_t n)
-{
-	struct plans_file f = {.version = PLANS_VERSION,
-	                       .job = JOB,
-	                       .node = (char *)nd,
-	                       .run = (char *)run,
-	                       .world = world,
-	                       .nranks = n,
-	                       .ranks = calloc(n, sizeof(struct plans_rank))};
-	struct part *p = mk_part(run, nd, world, 99, ranks, n);
-	bool wrote;
-
-	for (size_t i = 0; i < n; i++) {
-		hold_x(&p->ranks[i], world);
-		f.ranks[i].rank = ranks[i];
-		f.ranks[i].ntensors = p->ranks[i].ntensors;
-		f.ranks[i].tensors = p->ranks[i].tensors;
-	}
-	ck_assert_msg(store_put_plans(st, &f, &wrote, err) == 0, "%s", err);
-	free(f.ranks);
-	part_free(p);
-}
-
 /*
  * A node's plans change within a run (a tensor fewer): the committer's
  * roster, read before, no longer says what the node's summary (1: its part,
@@ -1567,7 +1551,7 @@ START_TEST(test_plans_change_roster_read_again)
 
 	/* step 8: b holds "w" and "x" */
 	plans("a", "r", 2, r0, 1);
-	plans_wx("b", "r", 2, r1, 1);
+	plans_of("b", "r", 2, r1, 1, true);
 	pb = mk_part("r", "b", 2, 8, r1, 1);
 	hold_x(&pb->ranks[0], 2);
 	hl = shard_header("r", 1, 2, 8, pb->ranks[0].save, &hdr);
