@@ -42,14 +42,18 @@ source "$rgw/env"
 export CKPT_S3_ENDPOINT=$CKPT_TEST_S3_ENDPOINT CKPT_S3_REGION=$CKPT_TEST_S3_REGION
 export CKPT_S3_CREDENTIALS=$CKPT_TEST_S3_CREDENTIALS
 
-# Every file of a directory root into s3://BUCKET/, as the S3 backend names them.
+# Every file of a directory root into s3://BUCKET/, as the S3 backend names
+# them: one curl (signed, 32 at once), its transfers in a config file.
 copy_root() {
-	local root=$1 bucket=$2 args=() f
+	local root=$1 bucket=$2 conf=$work/copy.conf f n=0
+	: >"$conf"
 	while IFS= read -r f; do
-		args+=(-T "$root/$f" "s3://$bucket/$f")
+		printf 'upload-file = "%s"\nurl = "%s/%s/%s"\n' "$root/$f" \
+			"$CKPT_TEST_S3_ENDPOINT" "$bucket" "$f" >>"$conf"
+		n=$((n + 1))
 	done < <(cd "$root" && find . -type f ! -name '*.tmp' | sed 's|^\./||')
-	scripts/rgw.sh curl "$rgw" -Z --parallel-max 32 -f "${args[@]}" >/dev/null
-	echo "scale-s3: ${#args[@]} arguments, $((${#args[@]} / 3)) objects into $bucket" >&2
+	scripts/rgw.sh curl "$rgw" -Z --parallel-max 32 -f -K "$conf" >/dev/null
+	echo "scale-s3: $n objects into $bucket" >&2
 }
 
 for c in ${cases//,/ }; do

@@ -718,16 +718,28 @@ static int part_joins(const struct commit *c, const struct rnode *n, const struc
 /*
  * Node i's part, as its summary says it (read_part's checks, but what the
  * ranks hold: against the roster's plans, whose tensors the roster
- * counted). 1: in; 0: not; -ESTALE: its plans changed since the roster
- * was read (the roster is read again, and the names with it).
+ * counted; and its part there at the length it says, one stat). 1: in;
+ * 0: not (then the part itself is read); -ESTALE: its plans changed since
+ * the roster was read (the roster is read again, and the names with it).
  */
 static int summary_in(struct commit *c, size_t i, struct part *p, char *problem)
 {
 	const struct rnode *n = &c->roster->nodes[i];
+	struct storage *s = c->cm->o.store;
+	char key[STORE_KEY_MAX], msg[IPC_ERRLEN];
+	uint64_t size = 0;
 	int rc = part_joins(c, n, p, problem), d;
 
 	if (rc == 1 && (d = plans_disagree(c, n, p, problem)))
 		rc = d == -ESTALE ? d : 0;
+	/* the part it describes is there at the length it says (else the part says) */
+	store_part_key(key, sizeof(key), p->job, p->step, p->node);
+	if (rc == 1 && (s->ops->obj_stat(s, key, &size, msg) || size != p->file_size)) {
+		snprintf(problem, IPC_ERRLEN,
+		         "parts/%s.sum says its part is %" PRIu64 " bytes, parts/%s.json is %s",
+		         n->name, p->file_size, n->name, size ? "another length" : "not there");
+		rc = 0;
+	}
 	if (rc == 1 && part_unbound(c->cm->o.store, p, c->step, problem))
 		rc = 0;
 	if (rc == 1)
@@ -760,10 +772,11 @@ static int read_part(struct commit *c, size_t i, char *problem)
 	rc = c->roster->names && n->sigs
 	         ? store_read_part_summary(s, own->job, c->step, n->name, &p, msg)
 	         : -ENOENT;
-	if (rc == 0)
-		return summary_in(c, i, p, problem);
-	if (rc != -ENOENT)
-		snprintf(problem, IPC_ERRLEN, "%s", msg); /* the part may still say */
+	if (rc == 0 && (rc = summary_in(c, i, p, problem)) != 0)
+		return rc;
+	/* no summary, one that does not parse or does not join: the part says */
+	if (rc && rc != -ENOENT)
+		snprintf(problem, IPC_ERRLEN, "%s", msg);
 	/* A part that did not parse is read again once it changed (or every 16th poll). */
 	store_part_key(key, sizeof(key), own->job, c->step, n->name);
 	if (c->bad[i] && c->polls % 16 && s->ops->obj_stat(s, key, &size, msg) == 0 &&

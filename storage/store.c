@@ -387,12 +387,11 @@ int store_read_part_summary(struct storage *s, const char *job, int64_t step, co
 /*
  * A node's own object (its part, its plans): create-once; one of its own
  * from before in the way (an earlier attempt, a run that died, an older
- * plan set) is done if it holds the same bytes, else replaced whole, once
- * `before` is gone where given (what describes the old one: its summary).
+ * plan set) is done if it holds the same bytes, else replaced whole.
  * *written: whether bytes went out. Takes json.
  */
 static int put_own(struct storage *s, const char *key, char *json, size_t len, const char *guard,
-                   const char *before, bool *written, char *err)
+                   bool *written, char *err)
 {
 	char *old = NULL;
 	size_t olen = 0;
@@ -412,8 +411,6 @@ static int put_own(struct storage *s, const char *key, char *json, size_t len, c
 			rc = ipc_errf(err, -EEXIST,
 			              "%s is not replaced: the step is committed (%s is there)",
 			              key, guard);
-		if (rc == 0 && before && (rc = s->ops->obj_delete(s, before, err)) == -ENOENT)
-			rc = 0;
 		if (rc == 0)
 			rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
 		else if (rc == -ENOENT) /* gone meanwhile: once more, create-once */
@@ -446,13 +443,22 @@ int store_put_part(struct storage *s, const struct part *p, char *err)
 	store_part_key(key, sizeof(key), p->job, p->step, p->node);
 	store_part_summary_key(skey, sizeof(skey), p->job, p->step, p->node);
 	store_key(guard, sizeof(guard), p->job, p->step, "manifest.json");
-	/* the part, then what summarizes it: a summary is never of another part */
-	rc = put_own(s, key, json, len, guard, skey, &written, err);
+	/*
+	 * A summary is never of another part: whatever summary is there goes
+	 * first (one of an earlier attempt, or left where its part went), then
+	 * the part, then its summary. Without a summary a committer reads the part.
+	 */
+	if ((rc = s->ops->obj_delete(s, skey, err)) && rc != -ENOENT) {
+		free(json);
+		free(sum);
+		return rc;
+	}
+	rc = put_own(s, key, json, len, guard, &written, err);
 	if (rc) {
 		free(sum);
 		return rc;
 	}
-	return put_own(s, skey, sum, slen, guard, NULL, &written, err);
+	return put_own(s, skey, sum, slen, guard, &written, err);
 }
 
 int store_copy_part(struct storage *from, struct storage *to, const char *job, int64_t step,
@@ -469,7 +475,7 @@ int store_copy_part(struct storage *from, struct storage *to, const char *job, i
 		return rc;
 	store_part_key(key, sizeof(key), job, step, node);
 	store_key(guard, sizeof(guard), job, step, "manifest.json");
-	return put_own(to, key, buf, len, guard, NULL, &written, err); /* takes buf */
+	return put_own(to, key, buf, len, guard, &written, err); /* takes buf */
 }
 
 int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
@@ -539,7 +545,7 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 		return rc;
 	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	rc = put_own(s, key, json, len, NULL, NULL, written, err);
+	rc = put_own(s, key, json, len, NULL, written, err);
 	if (rc || !*written)
 		return rc;
 	/* after the file: a reader that saw the old number sees this file */

@@ -85,8 +85,9 @@ int store_read_part(struct storage *s, const char *job, int64_t step, const char
 int store_read_part_summary(struct storage *s, const char *job, int64_t step, const char *node,
                             struct part **out, char *err);
 /*
- * Writes this node's part, once, then its summary (parts/<node>.sum; the
- * summary of a part replaced goes first). Already there with the same bytes: done.
+ * Writes this node's part, once, then its summary (parts/<node>.sum; any
+ * summary there goes first, so none is ever of another part). Already
+ * there with the same bytes: done.
  * A part of an earlier attempt or another run in the way is replaced
  * atomically: a merge takes one whole part or the other, never a mix;
  * but not once the step is committed (a head names parts by their bytes):
