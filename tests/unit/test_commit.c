@@ -9,7 +9,9 @@
  * stamped from the future, or do not parse (read once); a manifest naming
  * a file of this node's that is not there; a part copied from another step
  * (its files' stamps say otherwise) never joins; a store whose create-once
- * is not atomic: nobody but rank 0's node writes the manifest.
+ * is not atomic: nobody but rank 0's node writes the manifest; the parts'
+ * summaries: read in place of the parts, never trusted over them, removed
+ * before a part is put, and plans that change within a run read again.
  */
 #define _GNU_SOURCE /* memmem */
 #include <check.h>
