@@ -183,14 +183,32 @@ START_TEST(crash_loop)
 		}
 		h_agent_restart(&ag[victim]);
 	}
-	/* every agent up: the next step commits */
-	final = ++step;
-	ck_assert_uint_eq(save_step(final, s), WORLD);
-	for (int r = 0; r < WORLD; r++) {
-		ck_assert_msg(ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) == 0,
-		              "step %ld rank %d after the crash loop: %s", final, r,
-		              ckpt_save_reason(s[r]));
-		ckpt_save_release(s[r]);
+	/*
+	 * Every agent up: a step commits. The node restarted last may still be
+	 * starting (its start-up scan of the root, its run's first save waiting
+	 * up to half the 2 s deadline for the plan set), and under load its
+	 * part may come after the deadline: that step FAILS and leaves nothing
+	 * visible (checked below). The one after it must commit.
+	 */
+	for (int tries = 0;; tries++) {
+		char why[512] = "";
+		int failed = -1;
+
+		final = ++step;
+		ck_assert_uint_eq(save_step(final, s), WORLD);
+		for (int r = 0; r < WORLD; r++) {
+			if (ckpt_save_wait(s[r], CKPT_COMMITTED, 60000) != 0 && failed < 0) {
+				failed = r;
+				snprintf(why, sizeof(why), "%s", ckpt_save_reason(s[r]));
+			}
+			ckpt_save_release(s[r]);
+		}
+		if (failed < 0)
+			break;
+		ck_assert_msg(tries == 0, "step %ld rank %d after the crash loop: %s", final,
+		              failed, why);
+		fprintf(stderr, "crash loop: step %ld failed (%s); the next must commit\n", final,
+		        why);
 	}
 	/* what is visible verifies, every byte */
 	n = visible(steps, sizeof(steps) / sizeof(steps[0]));
