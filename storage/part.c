@@ -307,7 +307,7 @@ static json_t *summary_rank_json(const struct part_rank *k)
 
 int part_summary_to_json(const struct part *p, char **out, size_t *len, char *err)
 {
-	json_t *root, *ranks = json_array();
+	json_t *root, *ranks;
 	char when[64];
 	int rc;
 
@@ -316,6 +316,7 @@ int part_summary_to_json(const struct part *p, char **out, size_t *len, char *er
 	if (!p->file_size)
 		return ipc_errf(err, -EINVAL,
 		                PT_PREFIX "a summary needs its part's bytes (part_bytes_id)");
+	ranks = json_array();
 	for (size_t i = 0; ranks && i < p->nranks; i++)
 		if (json_array_append_new(ranks, summary_rank_json(&p->ranks[i]))) {
 			json_decref(ranks);
