@@ -98,6 +98,12 @@ struct st_stamp_at {
 /* Finds them in a header built with them; -EINVAL if not there once each. */
 int st_stamp_find(const void *header, size_t len, struct st_stamp_at *at, char *err);
 /*
+ * Whether buf[0, len) holds `"key":"value"` exactly once (in JSON text, only
+ * that key's string value): 0 and the value's offset in *at; -ENOENT,
+ * -EEXIST (twice or more), -EINVAL (too long to look for).
+ */
+int st_said_once(const void *buf, size_t len, const char *key, const char *value, size_t *at);
+/*
  * Writes st's values over the placeholders, where they fall in the part
  * [off, off + len) of the shard that dst holds.
  */

@@ -619,21 +619,33 @@ const struct st_entry *st_header_find(const struct st_header *h, const char *nam
 
 /* ---- the save's stamp --------------------------------------------------- */
 
+int st_said_once(const void *buf, size_t len, const char *key, const char *value, size_t *at)
+{
+	char pat[IPC_MAX_JOB + 32];
+	const char *b = buf, *p;
+	int n = snprintf(pat, sizeof(pat), "\"%s\":\"%s\"", key, value);
+
+	if (n <= 0 || (size_t)n >= sizeof(pat))
+		return -EINVAL;
+	p = memmem(b, len, pat, (size_t)n);
+	if (!p)
+		return -ENOENT;
+	if (memmem(p + 1, len - (size_t)(p + 1 - b), pat, (size_t)n))
+		return -EEXIST;
+	*at = (size_t)(p - b) + strlen(key) + 4; /* past "key":" */
+	return 0;
+}
+
 /* The offset of `"key":"value"`'s value in buf, if it is there exactly once. */
 static int find_once(const char *buf, size_t len, const char *key, const char *value, size_t *at,
                      char *err)
 {
-	char pat[64];
-	const char *p, *again;
-	int n = snprintf(pat, sizeof(pat), "\"%s\":\"%s\"", key, value);
+	int rc = st_said_once(buf, len, key, value, at);
 
-	p = memmem(buf, len, pat, (size_t)n);
-	again = p ? memmem(p + 1, len - (size_t)(p + 1 - buf), pat, (size_t)n) : NULL;
-	if (!p || again)
+	if (rc)
 		return ipc_errf(err, -EINVAL,
 		                ST_PREFIX "the placeholder of \"%s\" is %s in the header built",
-		                key, p ? "there twice" : "not");
-	*at = (size_t)(p - buf) + strlen(key) + 4; /* past "key":" */
+		                key, rc == -EEXIST ? "there twice" : "not");
 	return 0;
 }
 

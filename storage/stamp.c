@@ -197,17 +197,12 @@ int store_files_intact(struct storage *s, const struct manifest *m, char *err)
 	return rc;
 }
 
-/* `"key":"value"` exactly once in buf[0, len): in JSON text, only that key's value. */
+/* `"key":"value"` exactly once in buf[0, len) (st_said_once). */
 static bool said_once(const char *buf, size_t len, const char *key, const char *value)
 {
-	char pat[IPC_MAX_JOB + 32];
-	int n = snprintf(pat, sizeof(pat), "\"%s\":\"%s\"", key, value);
-	const char *p;
+	size_t at;
 
-	if (n <= 0 || (size_t)n >= sizeof(pat))
-		return false;
-	p = memmem(buf, len, pat, (size_t)n);
-	return p && !memmem(p + 1, len - (size_t)(p + 1 - buf), pat, (size_t)n);
+	return st_said_once(buf, len, key, value, &at) == 0;
 }
 
 /*
