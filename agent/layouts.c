@@ -6,10 +6,12 @@
  * a run's plan set is not complete (a poll: every 200 ms, then every
  * second) and as a step of the job ends (commit.c says when): where the
  * job's plans generation (one small object every publisher renews after
- * its file) moved since the last look, every node's plans file is read
- * (other nodes' files are hostile input: parsed and checked by storage/),
- * and where those of this run hold every rank of the world exactly once,
- * layout/assign.c gives each rank the rows it writes. Each plan of this
+ * its file) moved since the last look, every node's plans summary is read
+ * (plans/<node>.sum: ranks and signatures, ~60 bytes a rank; other nodes'
+ * files are hostile input: parsed and checked by storage/). Where those of
+ * this run hold every rank of the world exactly once and this node's plans
+ * are not of that set yet, the files are read whole (their tensors), once
+ * per plan set, and layout/assign.c gives each rank the rows it writes. Each plan of this
  * node whose rank writes less than it holds gets a shard layout of its
  * own (struct shard_layout: the pieces, a header), made once per plan set
  * and kept until the set changes; saves admitted from then on use it.
@@ -88,14 +90,17 @@ static void set_free(struct plan_set *ps)
 }
 
 /*
- * The plans files of (job, run) of world ranks. 0 with key 0 where they do
- * not hold each rank once (a node not published yet, a rank gone); -errno
- * when they cannot be read (why in err).
+ * The plans of (job, run) of world ranks: every node's summary (its file
+ * where it has none), or where whole every node's file, whose tensors an
+ * assignment needs. The key is the same either way. 0 with key 0 where they
+ * do not hold each rank once (a node not published yet, a rank gone);
+ * -errno when they cannot be read (why in err).
  */
-static int set_read(struct agent *a, const char *job, const char *run, int world,
+static int set_read(struct agent *a, const char *job, const char *run, int world, bool whole,
                     struct plan_set *ps, char *err)
 {
-	char **names = NULL, why[IPC_ERRLEN];
+	struct store_plans_read *rd = NULL;
+	char **names = NULL;
 	unsigned char *seen = calloc((size_t)world, 1);
 	size_t nnames = 0, total = 0;
 	XXH3_state_t st;
@@ -105,45 +110,49 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 	if (!seen)
 		return ipc_errf(err, -ENOMEM, "out of memory");
 	rc = store_list_nodes(a->store, job, &names, &nnames, err);
-	if (!rc && !(ps->files = calloc(nnames + 1, sizeof(*ps->files))))
+	if (!rc && (!(ps->files = calloc(nnames + 1, sizeof(*ps->files))) ||
+	            !(rd = calloc(nnames + 1, sizeof(*rd)))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	if (!rc)
+		store_read_plans_many(a->store, job, names, nnames, whole, rd);
 	for (size_t i = 0; !rc && i < nnames; i++) {
-		struct plans_file *f = NULL;
-		int r = store_read_plans(a->store, job, names[i], &f, why);
+		struct plans_file *f = rd[i].f;
 
-		if (r == -ENOMEM) {
-			rc = ipc_errf(err, r, "%s", why);
-			break;
-		}
-		if (r) { /* gone since the listing, or unreadable: its ranks are missing */
+		rd[i].f = NULL;
+		if (rd[i].rc == -ENOMEM)
+			rc = ipc_errf(err, -ENOMEM, "%s", rd[i].msg);
+		else if (rd[i]
+		             .rc) /* gone since the listing, or unreadable: its ranks are missing */
 			log_msg(LOG_DEBUG, "job %s: plans of node %s not used: %s", job, names[i],
-			        why);
-			continue;
-		}
-		if (strcmp(f->run, run) != 0 || f->world != world) {
+			        rd[i].msg);
+		else if (strcmp(f->run, run) != 0 || f->world != world)
 			plans_free(f); /* another run's (a restart's, or one that ended) */
-			continue;
+		else {
+			ps->files[ps->nfiles++] = f;
+			total += f->nranks;
+			ps->older = ps->older || !f->writes_once;
 		}
-		ps->files[ps->nfiles++] = f;
-		total += f->nranks;
-		ps->older = ps->older || !f->writes_once;
 	}
-	for (size_t i = 0; i < nnames; i++)
+	for (size_t i = 0; i < nnames; i++) {
 		free(names[i]);
+		if (rd)
+			plans_free(rd[i].f);
+	}
 	free(names);
+	free(rd);
 	if (!rc && !(ps->in = calloc(total + 1, sizeof(*ps->in))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 	XXH3_64bits_reset(&st);
 	for (size_t i = 0; !rc && i < ps->nfiles; i++)
 		for (size_t j = 0; j < ps->files[i]->nranks; j++) {
 			const struct plans_rank *k = &ps->files[i]->ranks[j];
-			uint64_t sig;
+			uint64_t sig = k->sig;
 
 			if (k->rank < 0 || k->rank >= world || seen[k->rank]++) {
 				free(seen);
 				return 0; /* a rank twice: not a set (the commit says more) */
 			}
-			if (tensors_signature(k->tensors, k->ntensors, &sig)) {
+			if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &sig)) {
 				free(seen);
 				return ipc_errf(err, -ENOMEM, "out of memory");
 			}
@@ -161,6 +170,37 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 	}
 	free(seen);
 	return rc;
+}
+
+/*
+ * The set of the summaries ps, as the files whole say it (their tensors,
+ * which the assignment needs): read once per plan set. -ESTALE where the
+ * files make another set (one changed since its summary was read: its
+ * writer renews the generation after, and the next look reads again).
+ */
+static int set_whole(struct agent *a, const char *job, const char *run, int world,
+                     struct plan_set *ps, char *err)
+{
+	struct plan_set w;
+	int rc = set_read(a, job, run, world, true, &w, err);
+
+	if (rc == 0 && w.key != ps->key)
+		rc = ipc_errf(err, -ESTALE,
+		              "the plans files of run %s are not the set their summaries say (one "
+		              "changed as they were read): every rank writes what it holds until "
+		              "the next look",
+		              run);
+	if (rc) {
+		log_msg(LOG_INFO, "job %s: %s", job, err);
+		set_free(&w);
+		return rc;
+	}
+	log_msg(LOG_DEBUG,
+	        "job %s: plans files of run %s read whole (%zu nodes) for the assignment", job, run,
+	        w.nfiles);
+	set_free(ps);
+	*ps = w;
+	return 0;
 }
 
 /* Whether this node's file says of p's rank what p holds, tensor by tensor in order. */
@@ -363,23 +403,26 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		        job, (unsigned long long)gen);
 		return;
 	}
-	rc = set_read(a, job, run, world, &ps, err);
+	rc = set_read(a, job, run, world, false, &ps, err);
 	if (rc) {
 		log_msg(LOG_DEBUG, "job %s: plans of the other nodes not read: %s", job, err);
 		set_free(&ps);
 		return;
 	}
 	log_msg(LOG_DEBUG,
-	        "job %s: plans files of run %s read (%zu nodes, %zu of %d ranks, generation "
+	        "job %s: plans summaries of run %s read (%zu nodes, %zu of %d ranks, generation "
 	        "%016llx)",
 	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
 	pthread_mutex_lock(&a->mu);
 	n = stale_plans(a, job, run, &ps, gen, &v);
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
-	if (n && ps.key && ps.copies < (unsigned)world &&
-	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
-		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	if (n && ps.key && ps.copies < (unsigned)world) {
+		rc = set_whole(a, job, run, world, &ps, err);
+		if (rc == 0 && (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
+			log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job,
+			        err);
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct shard_layout *l = NULL;
 		const struct assign_rank *r = as ? assign_rank(as, v[i]->rank) : NULL;

@@ -95,7 +95,8 @@ static int gen_plans(struct gen *g, int n, const char *node, char *err)
 	for (int j = 0; f->ranks && j < g->o->ranks; j++) {
 		int r = n * g->o->ranks + j;
 
-		f->ranks[j] = (struct plans_rank){r, 1, (size_t)g->o->tensors, NULL};
+		f->ranks[j] =
+		    (struct plans_rank){.rank = r, .copies = 1, .ntensors = (size_t)g->o->tensors};
 		if (!(f->ranks[j].tensors = rank_tensors(g, r, 0, NULL)))
 			goto free_plans;
 	}

@@ -54,16 +54,25 @@ struct roster {
 	/*
 	 * The tensors the other nodes' plans name, counted and checked as a
 	 * merge would (names_add): where a node's summary says its ranks hold
-	 * what its plans say, its part needs no reading. NULL: the plans do not
-	 * agree (each part is read whole, and says where).
+	 * what its plans say, its part needs no reading. Counted only where
+	 * this node commits (named: roster_name reads the plans files whole;
+	 * every other node reads their summaries alone). NULL once named: the
+	 * plans do not agree (each part is read whole, and says where).
 	 */
 	struct names *names;
+	bool named;
 };
 
 struct committer {
 	struct commit_opts o;
 	char node[IPC_MAX_JOB + 1];
 	struct roster *rosters; /* complete ones, per (job, run) */
+	/*
+	 * A run whose plans files said other ranks or tensors than their
+	 * summaries (a file that changed as it was read, or a summary not to be
+	 * trusted): its rosters are read from the files whole.
+	 */
+	char whole_run[IPC_MAX_JOB + 1];
 };
 
 struct commit {
@@ -145,14 +154,20 @@ static int add_node(struct roster *r, const char *name, const int *ranks, size_t
 	return 0;
 }
 
-/* What each rank of a plans file holds (tensors_signature), malloc'd into *out. */
+/*
+ * What each rank of a plans file (or its summary) holds (tensors_signature),
+ * malloc'd into *out.
+ */
 static int plans_sigs(const struct plans_file *f, uint64_t **out)
 {
 	uint64_t *sigs = malloc((f->nranks ? f->nranks : 1) * sizeof(*sigs));
 	int rc = sigs ? 0 : -ENOMEM;
 
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
-		rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
+		if (f->ranks[j].has_sig)
+			sigs[j] = f->ranks[j].sig;
+		else
+			rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
 	if (rc) {
 		free(sigs);
 		sigs = NULL;
@@ -161,7 +176,7 @@ static int plans_sigs(const struct plans_file *f, uint64_t **out)
 	return rc;
 }
 
-/* Another node, from its plans file: its ranks, and what each rank's tensors are. */
+/* Another node, from its plans (or their summary): its ranks, and what each rank's tensors are. */
 static int add_plans_node(struct roster *r, const char *name, const struct plans_file *f)
 {
 	int *ranks = malloc((f->nranks ? f->nranks : 1) * sizeof(int));
@@ -170,17 +185,6 @@ static int add_plans_node(struct roster *r, const char *name, const struct plans
 
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
 		ranks[j] = f->ranks[j].rank;
-	for (size_t j = 0; rc == 0 && r->names && j < f->nranks; j++) {
-		char why[IPC_ERRLEN];
-		const struct plans_rank *k = &f->ranks[j];
-
-		rc = names_add_tensors(r->names, k->tensors, k->ntensors, k->rank, why);
-		if (rc == -EINVAL) { /* the parts will say, read whole */
-			names_free(r->names);
-			r->names = NULL;
-			rc = 0;
-		}
-	}
 	if (rc == 0)
 		rc = add_node(r, name, ranks, f->nranks);
 	if (rc == 0) {
@@ -213,25 +217,7 @@ static int claim(const struct roster *r, int *owner, size_t idx, char *why)
 	return 0;
 }
 
-/* The other nodes' plans of this run, read by exact name: node i's ranks. */
-/* Plans files of a batch of nodes, read at once. */
-struct plans_batch {
-	struct storage *s;
-	const char *job;
-	char **names;
-	struct plans_file **f;
-	int *rc;
-	char (*msg)[IPC_ERRLEN];
-};
-
-static void read_plans_one(void *arg, size_t i)
-{
-	struct plans_batch *b = arg;
-
-	b->rc[i] = store_read_plans(b->s, b->job, b->names[i], &b->f[i], b->msg[i]);
-}
-
-/* One node's plans file, read: its ranks into the roster where it is of this run. */
+/* One node's plans, read: its ranks into the roster where it is of this run. */
 static int roster_add(struct roster *r, int *owner, const char *name, struct plans_file *f,
                       char *why)
 {
@@ -250,17 +236,16 @@ static int roster_add(struct roster *r, int *owner, const char *name, struct pla
 }
 
 /*
- * Every other node's plans file, FANOUT_WIDTH at once (a batch held parsed
- * at a time, then only its ranks' signatures are kept).
+ * Every other node's plans summary (or file, where it has none),
+ * FANOUT_WIDTH at once: a batch held parsed at a time, then only its ranks'
+ * signatures are kept.
  */
 static int roster_read(struct committer *cm, struct roster *r, int *owner, char *why)
 {
 	char **names = NULL, msg[IPC_ERRLEN];
-	size_t n = 0, w = FANOUT_WIDTH;
-	struct plans_batch b = {
-	    cm->o.store,          r->job, NULL, calloc(w, sizeof(*b.f)), calloc(w, sizeof(int)),
-	    calloc(w, IPC_ERRLEN)};
-	int rc = b.f && b.rc && b.msg ? 0 : -ENOMEM;
+	size_t n = 0;
+	struct store_plans_read *b = calloc(FANOUT_WIDTH, sizeof(*b));
+	int rc = b ? 0 : -ENOMEM;
 
 	if (!rc && (rc = store_list_nodes(cm->o.store, r->job, &names, &n, msg))) {
 		ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
@@ -268,23 +253,29 @@ static int roster_read(struct committer *cm, struct roster *r, int *owner, char 
 		n = 0;
 		goto out;
 	}
+	/* not ours: this node's part says which ranks */
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(names[i], cm->node) == 0) { /* the listing's order kept */
+			free(names[i]);
+			memmove(&names[i], &names[i + 1], (--n - i) * sizeof(*names));
+			break;
+		}
 	for (size_t i = 0, k; !rc && i < n; i += k) {
 		char *batch[FANOUT_WIDTH];
 
-		for (k = 0; k < w && i + k < n; k++)
+		for (k = 0; k < FANOUT_WIDTH && i + k < n; k++)
 			batch[k] = names[i + k];
-		b.names = batch;
-		fanout_run(k, FANOUT_WIDTH, read_plans_one, &b);
+		store_read_plans_many(cm->o.store, r->job, batch, k,
+		                      strcmp(cm->whole_run, r->run) == 0, b);
 		for (size_t j = 0; j < k; j++) {
-			if (strcmp(batch[j], cm->node) == 0 || rc == -EEXIST || rc == -ENOMEM)
-				; /* ours: the part says which ranks */
-			else if (b.rc[j])
+			if (rc == -EEXIST || rc == -ENOMEM)
+				;
+			else if (b[j].rc)
 				snprintf(why, IPC_ERRLEN, "%s",
-				         b.msg[j]); /* the node stays unknown */
+				         b[j].msg); /* the node stays unknown */
 			else
-				rc = roster_add(r, owner, batch[j], b.f[j], why);
-			plans_free(b.f[j]);
-			b.f[j] = NULL;
+				rc = roster_add(r, owner, batch[j], b[j].f, why);
+			plans_free(b[j].f);
 		}
 		rc = rc == -EEXIST || rc == -ENOMEM ? rc : 0;
 	}
@@ -292,9 +283,83 @@ out:
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
-	free(b.f);
-	free(b.rc);
-	free(b.msg);
+	free(b);
+	return rc;
+}
+
+/* Whether a plans file whole says what its node's roster entry (from a summary) says. */
+static bool same_plans(const struct rnode *n, const struct roster *r, const struct plans_file *f)
+{
+	uint64_t *sigs = NULL;
+	bool same = strcmp(f->run, r->run) == 0 && f->world == r->world && f->nranks == n->nranks &&
+	            n->sigs && plans_sigs(f, &sigs) == 0;
+
+	for (size_t j = 0; same && j < f->nranks; j++)
+		same = f->ranks[j].rank == n->ranks[j] && sigs[j] == n->sigs[j];
+	free(sigs);
+	return same;
+}
+
+/*
+ * Node i's plans file, read whole (rd): its tensors counted into r->names.
+ * 0, or -ESTALE (it says other ranks or tensors than the summary the roster
+ * was built from) or -ENOMEM. A file that cannot be read or counted drops
+ * the names: the parts say.
+ */
+static int name_node(struct committer *cm, struct roster *r, size_t i,
+                     const struct store_plans_read *rd, char *why)
+{
+	const struct plans_file *f = rd->f;
+	char msg[IPC_ERRLEN];
+	int rc = rd->rc == -ENOMEM ? -ENOMEM : 0;
+
+	if (rc == 0 && f && !same_plans(&r->nodes[i], r, f)) {
+		snprintf(cm->whole_run, sizeof(cm->whole_run), "%s", r->run);
+		return ipc_errf(why, -ESTALE,
+		                "plans/%s.json says other ranks or tensors than plans/%s.sum: the "
+		                "roster is read again, from the files whole",
+		                f->node, f->node);
+	}
+	for (size_t q = 0; rc == 0 && f && q < f->nranks; q++)
+		rc = names_add_tensors(r->names, f->ranks[q].tensors, f->ranks[q].ntensors,
+		                       f->ranks[q].rank, msg);
+	if (rc == -EINVAL || (rc == 0 && !f)) {
+		names_free(r->names);
+		r->names = NULL;
+		rc = 0;
+	}
+	return rc;
+}
+
+/*
+ * Where this node commits: the tensors of the other nodes' plans, counted
+ * (names_add_tensors), their files read whole FANOUT_WIDTH at once; once per
+ * roster (named). -ESTALE: a file disagrees with its summary: the roster is
+ * read again (name_node). Names NULL: the parts say.
+ */
+static int roster_name(struct committer *cm, struct roster *r, char *why)
+{
+	struct store_plans_read *b = calloc(FANOUT_WIDTH, sizeof(*b));
+	int rc = b ? names_create(&r->names) : -ENOMEM;
+
+	for (size_t i = 1, k; rc == 0 && r->names && i < r->nnodes; i += k) {
+		char *batch[FANOUT_WIDTH];
+
+		for (k = 0; k < FANOUT_WIDTH && i + k < r->nnodes; k++)
+			batch[k] = r->nodes[i + k].name;
+		store_read_plans_many(cm->o.store, r->job, batch, k, true, b);
+		for (size_t j = 0; j < k; j++) {
+			if (rc == 0 && r->names)
+				rc = name_node(cm, r, i + j, &b[j], why);
+			plans_free(b[j].f);
+		}
+	}
+	free(b);
+	if (rc) {
+		names_free(r->names);
+		r->names = NULL;
+	}
+	r->named = rc == 0;
 	return rc;
 }
 
@@ -331,14 +396,15 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 	r->world = world;
 	atomic_init(&r->refs, 1);
 	memset(owner, -1, (size_t)world * sizeof(int));
-	rc = names_create(&r->names);
-	if (rc == 0)
-		rc = add_node(r, cm->node, local, nlocal);
+	rc = add_node(r, cm->node, local, nlocal);
 	if (rc == 0)
 		rc = claim(r, owner, 0, why);
 	/* A node that holds every rank needs to read nobody's plans. */
 	if (rc == 0 && !roster_complete(r))
 		rc = roster_read(cm, r, owner, why);
+	/* rank 0's node commits: the tensors counted before its part is written */
+	if (rc == 0 && roster_complete(r) && nlocal && local[0] == 0)
+		rc = roster_name(cm, r, why);
 	free(owner);
 	if (rc) {
 		roster_free(r);
@@ -449,6 +515,8 @@ static void roster_drop(struct commit *c)
 {
 	struct roster **pp;
 
+	if (c->roster) /* a summary may have said what its file does not: the files say */
+		snprintf(c->cm->whole_run, sizeof(c->cm->whole_run), "%s", c->roster->run);
 	for (pp = &c->cm->rosters; *pp; pp = &(*pp)->next)
 		if (*pp == c->roster) {
 			*pp = c->roster->next;
@@ -878,22 +946,25 @@ static int look(struct commit *c, bool reading, size_t *in)
 		c->parts = calloc(n, sizeof(*c->parts));
 		c->seen = calloc(n, sizeof(*c->seen));
 		c->bad = calloc(n, sizeof(*c->bad));
-		/* the others' tensors as the roster's plans name them, where they agree */
-		if (!c->parts || !c->seen || !c->bad ||
-		    (c->roster->names ? names_copy(c->roster->names, &c->names)
-		                      : names_create(&c->names))) {
+		if (!c->parts || !c->seen || !c->bad) {
 			forget_parts(c);
 			return -ENOMEM;
 		}
 		c->parts[0] = c->own;
 		c->seen[0] = true;
-		if (!c->own->file_size && (rc = part_bytes_id(c->own, why))) {
-			forget_parts(c);
+		c->holds = has_holds(c->own);
+	}
+	if (reading && !c->names) {
+		/* the others' tensors as the roster's plans name them, where they agree */
+		if (!c->own->file_size && (rc = part_bytes_id(c->own, why)))
 			return rc;
-		}
+		if (!c->roster->named && (rc = roster_name(c->cm, c->roster, c->problem)))
+			return rc; /* -ESTALE: the roster is read again */
+		if (c->roster->names ? names_copy(c->roster->names, &c->names)
+		                     : names_create(&c->names))
+			return -ENOMEM;
 		if (names_add(c->names, c->own, why))
 			snprintf(c->merge, sizeof(c->merge), "%s", why);
-		c->holds = has_holds(c->own);
 	}
 	c->reading = reading;
 	if (reading)

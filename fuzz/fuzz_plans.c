@@ -5,7 +5,9 @@
  * parts'), write back (plans_to_json) and read back the same; and its
  * ranks go through the dedup assignment (layout/assign.c), which must
  * write every byte of every box (once with one copy) and nothing beyond a
- * tensor's rows.
+ * tensor's rows. Each input is read as a plans summary too
+ * (plans/<node>.sum, what every node reads of every other): one accepted
+ * must write back and read back the same bytes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,30 @@ static void assigned(const struct plans_file *f, unsigned copies)
 	free(in);
 }
 
+static void summary_roundtrip(const uint8_t *data, size_t size)
+{
+	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
+	struct plans_file *f = NULL, *f2 = NULL;
+	size_t len = 0, len2 = 0;
+	int rc;
+
+	if (plans_summary_from_json((const char *)data, size, &f, err))
+		return;
+	FUZZ_CHECK(f->summary, "a summary read is not marked one");
+	rc = plans_summary_to_json(f, &text, &len, err);
+	FUZZ_CHECK(rc == 0, "a summary accepted, yet it cannot be written back: %s", err);
+	rc = plans_summary_from_json(text, len, &f2, err);
+	FUZZ_CHECK(rc == 0, "a summary written back is refused: %s\n%.*s", err, (int)len, text);
+	rc = plans_summary_to_json(f2, &again, &len2, err);
+	FUZZ_CHECK(rc == 0, "a summary read back cannot be written: %s", err);
+	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0,
+	           "a summary written twice, not the same bytes");
+	free(again);
+	free(text);
+	plans_free(f2);
+	plans_free(f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
@@ -54,6 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t sig;
 	int rc;
 
+	summary_roundtrip(data, size);
 	if (plans_from_json((const char *)data, size, &f, err))
 		return 0;
 	for (size_t i = 0; i < f->nranks; i++)

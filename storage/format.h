@@ -403,12 +403,22 @@ int manifest_assemble_some(const struct manifest *head, const size_t *parts_of,
 
 #define PLANS_FORMAT "ckptd-plans"
 #define PLANS_VERSION 1
+/*
+ * A plans file's summary, <job>/plans/<node>.sum: the file without its
+ * tensors, each rank's tensors_signature in their place, and the file's
+ * digest. About 60 bytes a rank, whatever the tensors: what every node reads
+ * of every other to know who holds which rank (docs/DESIGN.md §6.5).
+ */
+#define PLANS_SUMMARY_FORMAT "ckptd-plans-summary"
+#define PLANS_SUMMARY_VERSION 1
 
 struct plans_rank {
 	int rank;
 	unsigned copies; /* the plan's option: ranks writing each replicated box (>= 1) */
 	size_t ntensors; /* in the rank's file order */
 	struct manifest_tensor *tensors; /* one chunk each: shape, offsets; no bytes */
+	uint64_t sig; /* a summary's: tensors_signature of them (has_sig); no tensors then */
+	bool has_sig;
 };
 
 struct plans_file {
@@ -422,6 +432,7 @@ struct plans_file {
 	 * only where every node's file says so (an older agent's does not).
 	 */
 	bool writes_once;
+	bool summary; /* read from a summary: ranks with signatures, no tensors */
 	size_t nranks; /* ascending */
 	struct plans_rank *ranks;
 };
@@ -429,6 +440,9 @@ struct plans_file {
 /* Fills in the digest and writes the file's bytes. */
 int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err);
 int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *err);
+/* f's summary (its digest filled in first by plans_to_json), and back (summary set). */
+int plans_summary_to_json(const struct plans_file *f, char **out, size_t *len, char *err);
+int plans_summary_from_json(const char *buf, size_t len, struct plans_file **out, char *err);
 void plans_free(struct plans_file *f);
 
 #endif /* CKPT_STORAGE_FORMAT_H */

@@ -6,7 +6,9 @@
  * wait for; replicas and resharding read the boxes.
  *
  * The digest (XXH3-64 of the rest, compact) names the plan set: a node
- * rewrites its file only when it changes. Files of other nodes are hostile
+ * rewrites its file only when it changes. Its summary (<node>.sum) says the
+ * same of the ranks with each rank's tensors as one number (their
+ * tensors_signature), and the digest of the file it summarises. Files of other nodes are hostile
  * input: every field is checked and bounded. Pure functions; any thread.
  */
 #define _GNU_SOURCE
@@ -106,6 +108,49 @@ int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err)
 	return rc;
 }
 
+/* A rank in the summary: its number, its option, what it holds as one number. */
+static json_t *summary_rank_json(const struct plans_rank *k)
+{
+	uint64_t sig = k->sig;
+	json_t *o;
+
+	if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &sig))
+		return NULL;
+	o = json_pack("{s:i}", "rank", k->rank);
+	if (o && ((k->copies > 1 &&
+	           json_object_set_new(o, "copies", json_integer((json_int_t)k->copies))) ||
+	          fmt_hex_put(o, "sig", sig))) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+int plans_summary_to_json(const struct plans_file *f, char **out, size_t *len, char *err)
+{
+	json_t *root, *ranks = json_array();
+	int rc;
+
+	*out = NULL;
+	*len = 0;
+	if (strlen(f->digest) != 16)
+		return ipc_errf(err, -EINVAL, PL_PREFIX "a summary needs the file's digest");
+	for (size_t i = 0; ranks && i < f->nranks; i++)
+		if (json_array_append_new(ranks, summary_rank_json(&f->ranks[i]))) {
+			json_decref(ranks);
+			ranks = NULL;
+		}
+	root = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:s, s:b, s:o}", "format",
+	                 PLANS_SUMMARY_FORMAT, "version", PLANS_SUMMARY_VERSION, "job", f->job,
+	                 "node", f->node, "run", f->run, "world", f->world, "digest", f->digest,
+	                 "writes_once", f->writes_once, "ranks", ranks);
+	if (!root)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory building the summary");
+	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, out, len, PL, err);
+	json_decref(root);
+	return rc;
+}
+
 /* ---- reading ----------------------------------------------------------- */
 
 static int parse_tensor(const json_t *o, struct manifest_tensor *t, const char *where, char *err)
@@ -180,8 +225,8 @@ static int unique_names(const struct plans_rank *k, char *err)
 	return rc;
 }
 
-static int parse_rank(const json_t *o, size_t i, int world, int prev, struct plans_rank *k,
-                      char *err)
+static int parse_rank(const json_t *o, size_t i, int world, int prev, bool summary,
+                      struct plans_rank *k, char *err)
 {
 	const json_t *t = json_object_get(o, "tensors");
 	char where[IPC_MAX_TENSOR_NAME + 48];
@@ -205,6 +250,10 @@ static int parse_rank(const json_t *o, size_t i, int world, int prev, struct pla
 	if (k->rank <= prev)
 		return ipc_errf(err, -EINVAL, PL_PREFIX "rank %d is listed twice or out of order",
 		                k->rank);
+	if (summary) { /* its tensors as one number */
+		k->has_sig = true;
+		return fmt_hex_read(o, "sig", &k->sig, PL, where, err);
+	}
 	if (!json_is_array(t) || json_array_size(t) > IPC_MAX_TENSORS)
 		return ipc_errf(err, -EINVAL,
 		                PL_PREFIX "%s: \"tensors\" is not an array of at most %d", where,
@@ -221,14 +270,17 @@ static int parse_rank(const json_t *o, size_t i, int world, int prev, struct pla
 	return unique_names(k, err);
 }
 
-static int parse_root(struct plans_file *f, const json_t *root, char *err)
+static int parse_root(struct plans_file *f, const json_t *root, bool summary, char *err)
 {
 	const json_t *ranks = json_object_get(root, "ranks");
 	const char *digest;
 	int64_t v = 0;
 	int rc;
 
-	rc = fmt_header(root, PLANS_FORMAT, PLANS_VERSION, &f->version, PL, err);
+	rc = summary ? fmt_header(root, PLANS_SUMMARY_FORMAT, PLANS_SUMMARY_VERSION, &f->version,
+	                          PL, err)
+	             : fmt_header(root, PLANS_FORMAT, PLANS_VERSION, &f->version, PL, err);
+	f->summary = summary;
 	if (!rc)
 		rc = fmt_name(root, "job", ipc_check_job, &f->job, PL, "top level", err);
 	if (!rc)
@@ -257,15 +309,15 @@ static int parse_root(struct plans_file *f, const json_t *root, char *err)
 	for (size_t i = 0; i < json_array_size(ranks); i++) {
 		int prev = i ? f->ranks[i - 1].rank : -1;
 
-		rc = parse_rank(json_array_get(ranks, i), i, f->world, prev, &f->ranks[f->nranks++],
-		                err);
+		rc = parse_rank(json_array_get(ranks, i), i, f->world, prev, summary,
+		                &f->ranks[f->nranks++], err);
 		if (rc)
 			return rc;
 	}
 	return 0;
 }
 
-int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *err)
+static int from_json(const char *buf, size_t len, bool summary, struct plans_file **out, char *err)
 {
 	struct plans_file *f;
 	json_t *root;
@@ -276,7 +328,8 @@ int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *
 	if (rc)
 		return rc;
 	f = calloc(1, sizeof(*f));
-	rc = f ? parse_root(f, root, err) : ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	rc = f ? parse_root(f, root, summary, err)
+	       : ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
 	json_decref(root);
 	if (rc) {
 		plans_free(f);
@@ -284,6 +337,16 @@ int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *
 	}
 	*out = f;
 	return 0;
+}
+
+int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *err)
+{
+	return from_json(buf, len, false, out, err);
+}
+
+int plans_summary_from_json(const char *buf, size_t len, struct plans_file **out, char *err)
+{
+	return from_json(buf, len, true, out, err);
 }
 
 void plans_free(struct plans_file *f)

@@ -57,6 +57,11 @@ void store_plans_key(char *buf, size_t len, const char *job, const char *node)
 	snprintf(buf, len, "%s/plans/%s.json", job, node);
 }
 
+void store_plans_summary_key(char *buf, size_t len, const char *job, const char *node)
+{
+	snprintf(buf, len, "%s/plans/%s.sum", job, node);
+}
+
 static int check_job_step(const char *job, int64_t step, char *err)
 {
 	int rc = ipc_check_job(job, err);
@@ -500,8 +505,9 @@ int store_copy_manifest(struct storage *from, struct storage *to, const char *jo
 
 /* ---- plans ------------------------------------------------------------- */
 
-int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
-                     char *err)
+/* A node's plans file, or its summary: checked to be that node's of that job. */
+static int read_plans(struct storage *s, const char *job, const char *node, bool summary,
+                      struct plans_file **out, char *err)
 {
 	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
 	struct plans_file *f = NULL;
@@ -511,19 +517,23 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	*out = NULL;
 	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_node(node, err)))
 		return rc;
-	store_plans_key(key, sizeof(key), job, node);
+	if (summary)
+		store_plans_summary_key(key, sizeof(key), job, node);
+	else
+		store_plans_key(key, sizeof(key), job, node);
 	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
 	if (rc)
 		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
 	parse_enter();
-	rc = plans_from_json(buf, len, &f, why);
+	rc = summary ? plans_summary_from_json(buf, len, &f, why)
+	             : plans_from_json(buf, len, &f, why);
 	parse_leave();
 	free(buf);
 	if (rc)
 		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
 	if (strcmp(f->job, job) || strcmp(f->node, node)) {
-		rc = ipc_errf(err, -EINVAL, "%s: it is the plans file of job %s node %s", key,
-		              f->job, f->node);
+		rc = ipc_errf(err, -EINVAL, "%s: it is the plans %s of job %s node %s", key,
+		              summary ? "summary" : "file", f->job, f->node);
 		plans_free(f);
 		return rc;
 	}
@@ -531,24 +541,83 @@ int store_read_plans(struct storage *s, const char *job, const char *node, struc
 	return 0;
 }
 
+int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
+                     char *err)
+{
+	return read_plans(s, job, node, false, out, err);
+}
+
+int store_read_plans_summary(struct storage *s, const char *job, const char *node,
+                             struct plans_file **out, char *err)
+{
+	return read_plans(s, job, node, true, out, err);
+}
+
+struct plans_many {
+	struct storage *s;
+	const char *job;
+	char *const *nodes;
+	bool whole;
+	struct store_plans_read *out;
+};
+
+static void plans_one(void *arg, size_t i)
+{
+	const struct plans_many *m = arg;
+	struct store_plans_read *o = &m->out[i];
+
+	o->rc = m->whole ? -ENOENT : read_plans(m->s, m->job, m->nodes[i], true, &o->f, o->msg);
+	if (o->rc && o->rc != -ENOMEM) /* none, or not one to take: the file says */
+		o->rc = read_plans(m->s, m->job, m->nodes[i], false, &o->f, o->msg);
+}
+
+void store_read_plans_many(struct storage *s, const char *job, char *const *nodes, size_t n,
+                           bool whole, struct store_plans_read *out)
+{
+	struct plans_many m = {s, job, nodes, whole, out};
+
+	fanout_run(n, FANOUT_WIDTH, plans_one, &m);
+}
+
 static int plans_touch(struct storage *s, const char *job, char *err);
 
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
 {
-	char key[STORE_KEY_MAX], *json = NULL;
-	size_t len = 0;
+	char key[STORE_KEY_MAX], skey[STORE_KEY_MAX], *json = NULL, *sum = NULL, *old = NULL;
+	size_t len = 0, slen = 0, olen = 0;
+	bool wrote_sum = false;
 	int rc;
 
 	*written = false;
-	rc = plans_to_json(f, &json, &len, err);
+	rc = plans_to_json(f, &json, &len, err); /* the digest, which the summary names */
+	if (!rc && (rc = plans_summary_to_json(f, &sum, &slen, err)))
+		free(json);
 	if (rc)
 		return rc;
-	/* once per plan set: the same digest is the same bytes */
 	store_plans_key(key, sizeof(key), f->job, f->node);
-	rc = put_own(s, key, json, len, NULL, written, err);
-	if (rc || !*written)
+	store_plans_summary_key(skey, sizeof(skey), f->job, f->node);
+	/*
+	 * A summary never says what its file does not: one of other plans goes
+	 * before the file changes (a reader without it reads the file), and
+	 * this file's comes after. Once per plan set: the same bytes are left.
+	 */
+	rc = s->ops->obj_get(s, skey, MANIFEST_MAX_BYTES, &old, &olen, err);
+	if (rc == 0 && (olen != slen || memcmp(old, sum, slen) != 0))
+		rc = s->ops->obj_delete(s, skey, err);
+	free(old);
+	if (rc && rc != -ENOENT) {
+		free(json);
+		free(sum);
 		return rc;
-	/* after the file: a reader that saw the old number sees this file */
+	}
+	rc = put_own(s, key, json, len, NULL, written, err);
+	if (rc == 0)
+		rc = put_own(s, skey, sum, slen, NULL, &wrote_sum, err);
+	else
+		free(sum);
+	if (rc || (!*written && !wrote_sum))
+		return rc;
+	/* after both: a reader that saw the old number sees them */
 	return plans_touch(s, f->job, err);
 }
 

@@ -4,6 +4,7 @@
  * (docs/DESIGN.md §6.1, §7.1):
  *
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
+ *   <job>/plans/<node>.sum                   their ranks and signatures, written after them
  *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
  *   <job>/step-<12d>/parts/<node>.sum        what a committer needs of it, written after it
@@ -26,11 +27,12 @@
 void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf);
 /*
  * "<job>/step-<12d>/parts/<node>.json", its summary "parts/<node>.sum",
- * and "<job>/plans/<node>.json".
+ * and "<job>/plans/<node>.json", its summary "plans/<node>.sum".
  */
 void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
 void store_part_summary_key(char *buf, size_t len, const char *job, int64_t step, const char *node);
 void store_plans_key(char *buf, size_t len, const char *job, const char *node);
+void store_plans_summary_key(char *buf, size_t len, const char *job, const char *node);
 
 /*
  * The manifest of (job, step), whole: checked, naming that job and step;
@@ -111,8 +113,30 @@ int store_copy_manifest(struct storage *from, struct storage *to, const char *jo
 int store_read_plans(struct storage *s, const char *job, const char *node, struct plans_file **out,
                      char *err);
 /*
- * Publishes them; *written: false when the same plan set was there already.
- * A file written is followed by a new number in "<job>/plans/generation".
+ * Their summary (format.h, plans_summary_from_json: ranks and signatures,
+ * no tensors): -ENOENT if there is none (not written yet, or an older
+ * agent's node): then the file says.
+ */
+int store_read_plans_summary(struct storage *s, const char *job, const char *node,
+                             struct plans_file **out, char *err);
+/* One node's plans as store_read_plans_many read them. */
+struct store_plans_read {
+	struct plans_file *f; /* NULL where nothing could be read: rc, msg say why */
+	int rc;
+	char msg[IPC_ERRLEN];
+};
+/*
+ * The plans of nodes[0..n) of job, FANOUT_WIDTH read at once into out[0..n):
+ * each node's summary (unless whole) where it has one that parses, else its
+ * file whole. The caller frees each out[i].f.
+ */
+void store_read_plans_many(struct storage *s, const char *job, char *const *nodes, size_t n,
+                           bool whole, struct store_plans_read *out);
+/*
+ * Publishes them, then their summary (one of other plans is removed before
+ * the file changes, so a summary never says what its file does not);
+ * *written: false when the same plan set was there already. Either written
+ * is followed by a new number in "<job>/plans/generation".
  */
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err);
 /*

@@ -312,13 +312,17 @@ START_TEST(step_end_reads_unchanged_plans_once)
 	looks = count_between(&c.a[0], "committed job rs step 2 ", "committed job rs step 6 ",
 	                      "job rs: plans generation");
 	reads = count_between(&c.a[0], "committed job rs step 2 ", "committed job rs step 6 ",
+	                      "job rs: plans summaries of run") +
+	        count_between(&c.a[0], "committed job rs step 2 ", "committed job rs step 6 ",
 	                      "job rs: plans files of run");
 	ck_assert_msg(looks >= 4, "%d looks at the plans generation after steps 2 to 5 (%s)", looks,
 	              c.a[0].log);
 	ck_assert_msg(reads == 0, "plans files read %d times, none of them changed (%s)", reads,
 	              c.a[0].log);
-	/* the files were read, before: the first look of the run */
-	ck_assert(h_log_has(&c.a[0], "job rs: plans files of run 0 read (2 nodes, 2 of 2 ranks"));
+	/* the summaries were read, before: the first look of the run; the files once, whole */
+	ck_assert(
+	    h_log_has(&c.a[0], "job rs: plans summaries of run 0 read (2 nodes, 2 of 2 ranks"));
+	ck_assert(h_log_has(&c.a[0], "job rs: plans files of run 0 read whole (2 nodes)"));
 	nodes_cleanup(&c);
 }
 END_TEST

@@ -155,6 +155,10 @@ static int obj_get(struct storage *s, const char *key, size_t max, char **buf, s
 		F(s)->n.part_gets++;
 	if (strstr(key, "/parts/") && n > 4 && strcmp(key + n - 4, ".sum") == 0)
 		F(s)->n.summary_gets++;
+	if (strstr(key, "/plans/") && n > 5 && strcmp(key + n - 5, ".json") == 0)
+		F(s)->n.plans_gets++;
+	if (strstr(key, "/plans/") && n > 4 && strcmp(key + n - 4, ".sum") == 0)
+		F(s)->n.plans_summary_gets++;
 	if (!o)
 		return ipc_errf(err, -ENOENT, "%s does not exist", key);
 	if (o->len > max)

@@ -34,6 +34,7 @@ void fake_fail_put(struct fake_store *f, const char *needle, int err);
 struct fake_counts {
 	unsigned puts, gets, stats, lists, deletes, shard_stats, shard_reads;
 	unsigned part_gets, summary_gets; /* of those gets: parts/<node>.json, parts/<node>.sum */
+	unsigned plans_gets, plans_summary_gets; /* and plans/<node>.json, plans/<node>.sum */
 	uint64_t shard_read_bytes; /* asked for by the shard reads */
 };
 void fake_counts(struct fake_store *f, struct fake_counts *out);

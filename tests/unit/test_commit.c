@@ -1409,6 +1409,162 @@ START_TEST(test_committer_reads_summaries)
 }
 END_TEST
 
+/*
+ * Who holds which rank, from the plans summaries: a watching node reads no
+ * plans file whole; rank 0's node (the committer) reads them once, to count
+ * the tensors, before its part; a node without a summary (an older agent's)
+ * is read whole.
+ */
+START_TEST(test_roster_from_summaries)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
+	struct committer *a = node("a"), *b = node("b"), *b2;
+	struct fake_counts before, after;
+	struct commit *ca;
+	struct commit_result r;
+	struct manifest *m;
+	int v[8];
+	size_t n = 9;
+
+	plans("a", "r", 6, r0, 2);
+	plans("b", "r", 6, r1, 2);
+	plans("c", "r", 6, r2, 2);
+	ck_assert_ptr_nonnull(fake_get(fs, JOB "/plans/c.sum", NULL));
+	fake_counts(fs, &before);
+	ck_assert_int_eq(commit_unclaimed(b, JOB, "r", 6, r1, 2, v, 8, &n, err), 0);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 0);
+	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 2);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 6, r0, 2, v, 8, &n, err), 0);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 2);
+	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 2);
+	/* the commit reads no plans: the roster and its count are the run's */
+	put_part(mk_part("r", "b", 6, 9, r1, 2));
+	put_part(mk_part("r", "c", 6, 9, r2, 2));
+	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &after);
+	commit_result_free(&r);
+	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 0);
+	ck_assert_uint_eq(after.part_gets - before.part_gets, 0);
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert_uint_eq(m->ntensors, 1);
+	ck_assert_uint_eq(m->nranks, 6);
+	manifest_free(m);
+	commit_destroy(ca);
+	/* c's summary gone: its file says */
+	fake_delete(fs, JOB "/plans/c.sum");
+	b2 = node("b");
+	fake_counts(fs, &before);
+	ck_assert_int_eq(commit_unclaimed(b2, JOB, "r", 6, r1, 2, v, 8, &n, err), 0);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 1);
+	committer_destroy(b2);
+	committer_destroy(b);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A plans summary that says other tensors than its file (a file that
+ * changed as it was read, or a summary not to be trusted): the committer
+ * finds it as it counts the tensors, reads the roster again from the files
+ * whole, and commits what the files say.
+ */
+START_TEST(test_plans_summary_not_trusted)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	struct committer *a = node("a");
+	struct fake_counts before, after;
+	struct plans_file *f;
+	struct commit *ca;
+	struct commit_result r;
+	struct manifest *m;
+	const char *bytes;
+	char *json;
+	size_t len;
+
+	plans("a", "r", 4, r0, 2);
+	plans("b", "r", 4, r1, 2);
+	ck_assert_ptr_nonnull(bytes = fake_get(fs, JOB "/plans/b.sum", &len));
+	ck_assert_msg(plans_summary_from_json(bytes, len, &f, err) == 0, "%s", err);
+	ck_assert(f->summary && f->nranks == 2 && f->ranks[1].has_sig);
+	f->ranks[1].sig ^= 1;
+	f->ranks[1].has_sig = false; /* written from its tensors: none, another number */
+	ck_assert_msg(plans_summary_to_json(f, &json, &len, err) == 0, "%s", err);
+	fake_put(fs, JOB "/plans/b.sum", json, len);
+	free(json);
+	plans_free(f);
+	put_part(mk_part("r", "b", 4, 9, r1, 2));
+	ca = start(a, mk_part("r", "a", 4, 9, r0, 2), true, 0);
+	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+	commit_result_free(&r);
+	fake_counts(fs, &before);
+	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_COMMITTED);
+	fake_counts(fs, &after);
+	commit_result_free(&r);
+	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 0);
+	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+	ck_assert_uint_eq(m->ntensors, 1);
+	manifest_free(m);
+	commit_destroy(ca);
+	committer_destroy(a);
+}
+END_TEST
+
+/*
+ * A node's plans summary follows its file: written with it, left as it is
+ * when the plans are the same (no write, no new generation), put back when
+ * it is missing, and replaced with the file when the plans change.
+ */
+START_TEST(test_plans_summary_follows_its_file)
+{
+	static const int r1[] = {2, 3};
+	struct fake_counts before, after;
+	struct plans_file *f, *sf;
+	uint64_t g1, g2;
+
+	plans("b", "r", 4, r1, 2);
+	ck_assert_ptr_nonnull(fake_get(fs, JOB "/plans/b.sum", NULL));
+	ck_assert_int_eq(store_plans_generation(st, JOB, &g1, err), 0);
+	fake_counts(fs, &before);
+	plans("b", "r", 4, r1, 2);
+	fake_counts(fs, &after);
+	ck_assert_uint_eq(after.deletes - before.deletes, 0); /* create-once, refused: the same */
+	ck_assert_int_eq(store_plans_generation(st, JOB, &g2, err), 0);
+	ck_assert(g1 == g2);
+	fake_delete(fs, JOB "/plans/b.sum");
+	plans("b", "r", 4, r1, 2);
+	ck_assert_ptr_nonnull(fake_get(fs, JOB "/plans/b.sum", NULL));
+	ck_assert_int_eq(store_plans_generation(st, JOB, &g1, err), 0);
+	ck_assert(g1 != g2);
+	plans_of("b", "r", 4, r1, 2, true); /* rank 2 and 3 hold x too now */
+	ck_assert_msg(store_read_plans(st, JOB, "b", &f, err) == 0, "%s", err);
+	ck_assert_msg(store_read_plans_summary(st, JOB, "b", &sf, err) == 0, "%s", err);
+	ck_assert_str_eq(sf->digest, f->digest);
+	for (size_t i = 0; i < 2; i++) {
+		uint64_t sig;
+
+		ck_assert_int_eq(tensors_signature(f->ranks[i].tensors, f->ranks[i].ntensors, &sig),
+		                 0);
+		ck_assert(sf->ranks[i].sig == sig);
+	}
+	plans_free(f);
+	plans_free(sf);
+	/* one of another node's name is not taken */
+	fake_put(fs, JOB "/plans/c.sum", fake_get(fs, JOB "/plans/b.sum", NULL),
+	         strlen(fake_get(fs, JOB "/plans/b.sum", NULL)));
+	ck_assert_int_eq(store_read_plans_summary(st, JOB, "c", &sf, err), -EINVAL);
+	ck_assert_msg(strstr(err, "node b"), "%s", err);
+}
+END_TEST
+
 /* Node b's summary as it is, with rank 2's signature `sig` in place of its own. */
 static void forge_summary(int64_t step, uint64_t sig)
 {
@@ -1620,6 +1776,9 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, test_part_not_its_files, 0, 3);
 	tcase_add_test(tc, test_single_writer_never_takes_over);
 	tcase_add_test(tc, test_committer_reads_summaries);
+	tcase_add_test(tc, test_roster_from_summaries);
+	tcase_add_test(tc, test_plans_summary_not_trusted);
+	tcase_add_test(tc, test_plans_summary_follows_its_file);
 	tcase_add_loop_test(tc, test_summary_not_trusted, 0, 3);
 	tcase_add_test(tc, test_summary_follows_its_part);
 	tcase_add_loop_test(tc, test_plans_change_roster_read_again, 0, 2);

@@ -565,6 +565,51 @@ START_TEST(test_plans)
 }
 END_TEST
 
+/* A plans file's summary: its ranks, options and signatures, its file's digest; both ways. */
+START_TEST(test_plans_summary)
+{
+	struct plans_file *f = mk_plans(), *back;
+	char *text, *sum, *again;
+	size_t len, slen;
+	uint64_t sig;
+
+	f->ranks[1].copies = 2;
+	ck_assert_int_eq(plans_summary_to_json(f, &sum, &slen, err), -EINVAL); /* no digest yet */
+	ck_assert_msg(strstr(err, "digest"), "%s", err);
+	ck_assert_msg(plans_to_json(f, &text, &len, err) == 0, "%s", err);
+	ck_assert_msg(plans_summary_to_json(f, &sum, &slen, err) == 0, "%s", err);
+	ck_assert_ptr_null(strstr(sum, "\"tensors\""));
+	ck_assert_int_eq(plans_from_json(sum, slen, &back, err), -EINVAL); /* not a plans file */
+	ck_assert_int_eq(plans_summary_from_json(text, len, &back, err), -EINVAL);
+	ck_assert_msg(plans_summary_from_json(sum, slen, &back, err) == 0, "%s", err);
+	ck_assert(back->summary && back->writes_once);
+	ck_assert_str_eq(back->digest, f->digest);
+	ck_assert_str_eq(back->run, "r");
+	ck_assert_uint_eq(back->nranks, 2);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(tensors_signature(f->ranks[i].tensors, f->ranks[i].ntensors, &sig),
+		                 0);
+		ck_assert(back->ranks[i].has_sig && back->ranks[i].sig == sig);
+		ck_assert_uint_eq(back->ranks[i].ntensors, 0);
+		ck_assert_uint_eq(back->ranks[i].copies, (unsigned)i + 1);
+	}
+	ck_assert(back->ranks[0].sig != back->ranks[1].sig);
+	ck_assert_msg(plans_summary_to_json(back, &again, &len, err) == 0, "%s", err);
+	ck_assert_str_eq(again, sum); /* read back, written again: the same bytes */
+	free(again);
+	plans_free(back);
+	/* a signature that is not 16 hex digits */
+	again = strdup(sum);
+	memcpy(strstr(again, "\"sig\"") + 7, "zz", 2);
+	ck_assert_int_eq(plans_summary_from_json(again, strlen(again), &back, err), -EINVAL);
+	ck_assert_msg(strstr(err, "sig"), "%s", err);
+	free(again);
+	free(sum);
+	free(text);
+	plans_free(f);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("part");
@@ -573,6 +618,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_part_roundtrip);
 	tcase_add_test(tc, test_part_refusals);
 	tcase_add_test(tc, test_summary);
+	tcase_add_test(tc, test_plans_summary);
 	tcase_add_test(tc, test_merge);
 	tcase_add_test(tc, test_merge_refusals);
 	tcase_add_test(tc, test_plans);
