@@ -3,7 +3,9 @@
 gnuplot chart: for each number of agents, the commit latency of every step
 (the last part durable to the manifest durable, from the committing agent's
 log line "committed job cb step S ... commit latency X ms") and the whole
-save (cluster_bench's "step S whole_ms W"), as median and p99."""
+save (cluster_bench's "step S whole_ms W"), as median and p99; and the CPU a
+step of the agents (each) and of the trainers' process, and of both over the
+machine's cores."""
 
 import argparse
 import glob
@@ -54,6 +56,22 @@ def load(raw, n, warmup):
     return [lat[k] for k in sorted(whole, key=int)], [whole[k] for k in sorted(whole, key=int)]
 
 
+def cpu(raw, n, steps):
+    """The CPU of the run a step: per agent, the trainers' process, and all of it over the
+    machine's cores (the whole save can be no shorter where every core is busy). None where
+    the raw files have no CPU figures (older runs)."""
+    try:
+        ticks, hz = (int(x) for x in open(os.path.join(raw, f"agents-cpu-{n}.txt")).read().split())
+        user, sys_ = (float(x) for x in
+                      open(os.path.join(raw, f"trainers-cpu-{n}.txt")).read().split()[-2:])
+    except (OSError, ValueError):
+        return None
+    agents_ms = ticks / hz * 1e3 / steps
+    trainers_ms = (user + sys_) * 1e3 / steps
+    return {"agent_ms_per_step": agents_ms / n, "trainers_ms_per_step": trainers_ms,
+            "all_cores_busy_ms_per_step": (agents_ms + trainers_ms) / (os.cpu_count() or 1)}
+
+
 def plot(results, png):
     if not shutil.which("gnuplot"):
         print("bench: no gnuplot, no chart", file=sys.stderr)
@@ -96,7 +114,8 @@ def main():
     for n in [int(x) for x in a.agents.split(",")]:
         lat, whole = load(a.raw, n, a.warmup)
         results.append({"agents": n, "steps": len(whole),
-                        "commit_latency_ms": summary(lat), "whole_save_ms": summary(whole)})
+                        "commit_latency_ms": summary(lat), "whole_save_ms": summary(whole),
+                        "cpu": cpu(a.raw, n, len(whole) + a.warmup)})
     verdict = None
     for r in results:
         if r["agents"] == 16:
@@ -112,8 +131,12 @@ def main():
           f"{'whole save median':>18} {'p99':>8}")
     for r in results:
         c, w = r["commit_latency_ms"], r["whole_save_ms"]
+        u = r["cpu"]
         print(f"{r['agents']:>6} {r['steps']:>5} | {c['median']:>19.1f} ms {c['p99']:>5.1f} ms"
-              f" | {w['median']:>15.1f} ms {w['p99']:>5.1f} ms")
+              f" | {w['median']:>15.1f} ms {w['p99']:>5.1f} ms" +
+              (f" | CPU a step: {u['agent_ms_per_step']:.1f} ms an agent, trainers "
+               f"{u['trainers_ms_per_step']:.1f} ms, all cores busy "
+               f"{u['all_cores_busy_ms_per_step']:.1f} ms" if u else ""))
     if verdict:
         print(f"target (docs/DESIGN.md §5.2): {verdict['target']}: p99 {verdict['p99_ms']:.1f} ms,"
               f" {'met' if verdict['met'] else 'MISSED'}")

@@ -4,7 +4,8 @@
 # rank per agent), S saves. For N in 2, 4, 8, 16: the commit latency of
 # every step (the last part durable -> the manifest durable, as the agent
 # that commits logs it) and the whole save (the first save call -> the last
-# rank told COMMITTED), median and p99. Writes
+# rank told COMMITTED), median and p99, and the CPU the agents and the
+# trainers' process used for the steps (warm-up included). Writes
 # bench/results/<date>-<host>-cluster.{json,png} and prints the table.
 #
 #   bench/cluster_run.sh [--quick] [--agents 2,4,8,16] [--steps S] [--mib M] [--tensors T] [--dir DIR]
@@ -41,6 +42,16 @@ stop_all() {
 	pids=()
 }
 trap 'stop_all; rm -rf "$work"' EXIT
+# The CPU the agents have used so far, in clock ticks (user + system, /proc/PID/stat).
+agents_cpu_ticks() {
+	local p t=0 f
+	for p in "${pids[@]}"; do
+		read -ra f <"/proc/$p/stat"
+		# fields 14 and 15 (utime, stime), counted from the end: comm may hold spaces
+		t=$((t + f[${#f[@]} - 39] + f[${#f[@]} - 38]))
+	done
+	echo "$t"
+}
 
 for n in ${agents//,/ }; do
 	echo "bench: $n agents, $steps steps of $mib MiB per rank" >&2
@@ -61,8 +72,16 @@ for n in ${agents//,/ }; do
 			sleep 0.1
 		done
 	done
-	"$build/bench/cluster_bench" --job cb --steps "$steps" --mib "$mib" --tensors "$tensors" --warmup 3 \
-		"${eps[@]}" >"$raw/whole-$n.txt"
+	a0=$(agents_cpu_ticks)
+	# the trainers' process, its user and system CPU into trainers-cpu-N.txt
+	python3 -c 'import resource, subprocess, sys
+rc = subprocess.run(sys.argv[2:]).returncode
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write(f"{r.ru_utime} {r.ru_stime}\n")
+sys.exit(rc)' "$raw/trainers-cpu-$n.txt" \
+		"$build/bench/cluster_bench" --job cb --steps "$steps" --mib "$mib" --tensors "$tensors" \
+		--warmup 3 "${eps[@]}" >"$raw/whole-$n.txt"
+	echo "$(($(agents_cpu_ticks) - a0)) $(getconf CLK_TCK)" >"$raw/agents-cpu-$n.txt"
 	stop_all
 	rm -rf "$root"
 done

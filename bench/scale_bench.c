@@ -146,9 +146,13 @@ static uint64_t manifest_bytes(struct storage *s, const struct opts *o)
 	return in->ops->obj_stat(in, key, &size, err) == 0 ? size : 0;
 }
 
-/* The roster of node 0's run, read once and cached (commit_unclaimed): its cost. */
+/*
+ * The roster of the node's run, read once and cached (commit_unclaimed, as
+ * an agent does before its first part of a run): its cost. Node n00000
+ * holds rank 0, and counts the tensors of every node's plans too.
+ */
 static int warm_roster(struct committer *cm, struct storage *s, const struct part *own,
-                       const struct opts *o)
+                       const struct opts *o, const char *phase)
 {
 	int *local = malloc((own->nranks + 1) * sizeof(int)), free_ranks[64];
 	struct cs_counts a, b, d;
@@ -165,7 +169,7 @@ static int warm_roster(struct committer *cm, struct storage *s, const struct par
 	t = mono_ns();
 	rc = commit_unclaimed(cm, own->job, own->run, own->world, local, own->nranks, free_ranks,
 	                      64, &n, why);
-	line_head(o, "roster");
+	line_head(o, phase);
 	printf(", \"step\": %" PRId64 ", \"wall_ms\": %.1f, \"rc\": %d, \"unclaimed\": %zu, "
 	       "\"ops\": ",
 	       o->step, ms_since(t), rc, n);
@@ -242,7 +246,8 @@ static int run_poll(const struct opts *o, bool committing, char *err)
 	rc = open_store(o, node, &io, &s, err);
 	if (rc == 0)
 		rc = start_node(o, s, n, &cm, &own, err);
-	if (rc == 0 && committing && (rc = warm_roster(cm, s, own, o)))
+	/* what each node does once a run (before_part): rank 0's counts the tensors too */
+	if (rc == 0 && (rc = warm_roster(cm, s, own, o, committing ? "roster" : "watch_roster")))
 		ipc_errf(err, rc, "reading the roster of job %s: %s", o->job, strerror(-rc));
 	if (rc)
 		goto close_store;

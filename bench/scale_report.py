@@ -87,13 +87,23 @@ def table_commit(lines):
     return out + ([""] + notes if notes else [])
 
 
+def roster_text(ro):
+    """A roster line: its time, and the reads it made (count, MB)."""
+    if not ro:
+        return "-"
+    n, b = reads(ro["ops"])
+    return f"{ro['wall_ms'] / 1e3:.2f} s, {n:,} reads, {mb(b)} MB"
+
+
 def table_watch(lines):
-    out = ["| nodes x ranks x tensors | latency | state | polls | time (s) | CPU (s) | "
-           "storage calls | read (MB) | RSS before / peak (MiB) |",
-           "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    roster = {key(d): d for d in lines if d["phase"] == "watch_roster"}
+    out = ["| nodes x ranks x tensors | latency | its roster, once a run | state | polls | "
+           "time (s) | CPU (s) | storage calls | read (MB) | RSS before / peak (MiB) |",
+           "|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for d in lines:
         if d["phase"] == "watch":
-            out.append(f"| {case(d)} | {d['latency_us'] / 1e3:g} ms | {d['state']} | "
+            out.append(f"| {case(d)} | {d['latency_us'] / 1e3:g} ms | "
+                       f"{roster_text(roster.get(key(d)))} | {d['state']} | "
                        f"{d['polls']} | {d['wall_ms'] / 1e3:.2f} | {cpu(d)} | {d['calls']:,} "
                        f"({ops_text(d['ops'])}) | {mb(reads(d['ops'])[1])} | "
                        f"{d['rss_before_kb'] / 1024:.0f} / {d['peak_rss_kb'] / 1024:.0f} |")
