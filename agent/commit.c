@@ -733,6 +733,19 @@ static struct save **local_saves(struct checkpoint *cp, size_t *n)
 }
 
 /*
+ * How long a step's part waits for the run's roster file, which rank 0's
+ * node writes once it has read every node's plans summary, before this
+ * node reads them itself: 10 s, at most a quarter of the commit deadline.
+ * One read a node in place of one per node (commit_unclaimed).
+ */
+static int64_t roster_wait_ns(const struct agent *a)
+{
+	const int64_t quarter = (int64_t)a->cfg.commit_deadline_s * 1000000000 / 4;
+
+	return quarter < 10000000000LL ? quarter : 10000000000LL;
+}
+
+/*
  * Commit thread, before the part: every rank of the world must be claimed,
  * by this node (a save here) or by another node's plans. A rank nobody
  * claims may yet come here (a trainer that starts late): its save must be
@@ -757,7 +770,8 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 	for (k = 0; ranks && k < *n; k++)
 		ranks[k] = (*v)[k]->rank;
 	rc = ranks && *v ? commit_unclaimed(a->cm, cp->job, cp->run, cp->world, ranks, *n,
-	                                    free_ranks, 64, &nfree, why)
+	                                    now - cp->t_first < roster_wait_ns(a), free_ranks, 64,
+	                                    &nfree, why)
 	                 : -ENOMEM;
 	free(ranks);
 	if (rc == 0 && nfree == 0) {

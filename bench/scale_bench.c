@@ -167,8 +167,8 @@ static int warm_roster(struct committer *cm, struct storage *s, const struct par
 		local[i] = own->ranks[i].rank;
 	cs_counts(s, &a);
 	t = mono_ns();
-	rc = commit_unclaimed(cm, own->job, own->run, own->world, local, own->nranks, free_ranks,
-	                      64, &n, why);
+	rc = commit_unclaimed(cm, own->job, own->run, own->world, local, own->nranks, false,
+	                      free_ranks, 64, &n, why);
 	line_head(o, phase);
 	printf(", \"step\": %" PRId64 ", \"wall_ms\": %.1f, \"rc\": %d, \"unclaimed\": %zu, "
 	       "\"ops\": ",

@@ -61,18 +61,13 @@ struct roster {
 	 */
 	struct names *names;
 	bool named;
+	bool whole; /* built from the plans files whole, not their summaries */
 };
 
 struct committer {
 	struct commit_opts o;
 	char node[IPC_MAX_JOB + 1];
 	struct roster *rosters; /* complete ones, per (job, run) */
-	/*
-	 * A run whose plans files said other ranks or tensors than their
-	 * summaries (a file that changed as it was read, or a summary not to be
-	 * trusted): its rosters are read from the files whole.
-	 */
-	char whole_run[IPC_MAX_JOB + 1];
 };
 
 struct commit {
@@ -85,6 +80,7 @@ struct commit {
 	int64_t backoff;
 	unsigned polls;
 	struct roster *roster; /* complete: cached in cm; else ours to free */
+	bool whole; /* a roster was wrong: the step's next one from the plans files whole */
 	/*
 	 * [roster->nnodes]: those read (where this node commits). Of several
 	 * nodes, each part's tensors go once names counted and checked them
@@ -236,11 +232,27 @@ static int roster_add(struct roster *r, int *owner, const char *name, struct pla
 }
 
 /*
+ * A node's plans of the run, kept for the roster file: as a summary says
+ * them (each rank's signature, no tensors). 0, or -ENOMEM (f freed).
+ */
+static int keep_summary(struct roster_file *keep, struct plans_file *f)
+{
+	if (plans_summarize(f)) {
+		plans_free(f);
+		return -ENOMEM;
+	}
+	keep->nodes[keep->nnodes++] = f;
+	return 0;
+}
+
+/*
  * Every other node's plans summary (or file, where it has none),
  * FANOUT_WIDTH at once: a batch held parsed at a time, then only its ranks'
- * signatures are kept.
+ * signatures are kept. keep (where not NULL, room for every node listed):
+ * the summaries of this run's nodes, this node's among them, in name order.
  */
-static int roster_read(struct committer *cm, struct roster *r, int *owner, char *why)
+static int roster_read(struct committer *cm, struct roster *r, int *owner, struct roster_file *keep,
+                       char *why)
 {
 	char **names = NULL, msg[IPC_ERRLEN];
 	size_t n = 0;
@@ -253,29 +265,37 @@ static int roster_read(struct committer *cm, struct roster *r, int *owner, char 
 		n = 0;
 		goto out;
 	}
-	/* not ours: this node's part says which ranks */
-	for (size_t i = 0; i < n; i++)
+	/* ours only for the roster file: this node's part says which ranks */
+	for (size_t i = 0; !keep && i < n; i++)
 		if (strcmp(names[i], cm->node) == 0) { /* the listing's order kept */
 			free(names[i]);
 			memmove(&names[i], &names[i + 1], (--n - i) * sizeof(*names));
 			break;
 		}
+	if (keep && !(keep->nodes = calloc(n + 1, sizeof(*keep->nodes))))
+		rc = -ENOMEM;
 	for (size_t i = 0, k; !rc && i < n; i += k) {
 		char *batch[FANOUT_WIDTH];
 
 		for (k = 0; k < FANOUT_WIDTH && i + k < n; k++)
 			batch[k] = names[i + k];
-		store_read_plans_many(cm->o.store, r->job, batch, k,
-		                      strcmp(cm->whole_run, r->run) == 0, b);
+		store_read_plans_many(cm->o.store, r->job, batch, k, r->whole, b);
 		for (size_t j = 0; j < k; j++) {
+			struct plans_file *f = b[j].f;
+			const bool ours = strcmp(batch[j], cm->node) == 0;
+
 			if (rc == -EEXIST || rc == -ENOMEM)
 				;
-			else if (b[j].rc)
+			else if (b[j].rc && !ours)
 				snprintf(why, IPC_ERRLEN, "%s",
 				         b[j].msg); /* the node stays unknown */
+			else if (!b[j].rc && !ours)
+				rc = roster_add(r, owner, batch[j], f, why);
+			if (rc == 0 && keep && f && strcmp(f->run, r->run) == 0 &&
+			    f->world == r->world)
+				rc = keep_summary(keep, f); /* f is keep's */
 			else
-				rc = roster_add(r, owner, batch[j], b[j].f, why);
-			plans_free(b[j].f);
+				plans_free(f);
 		}
 		rc = rc == -EEXIST || rc == -ENOMEM ? rc : 0;
 	}
@@ -285,6 +305,82 @@ out:
 	free(names);
 	free(b);
 	return rc;
+}
+
+/*
+ * The roster as the run's roster file says it (written by the node of rank
+ * 0, store_read_roster), where the file is there, of this world, of the
+ * plans generation as it is now, complete, and says of this node what its
+ * part does. Else -ENOENT or -ESTALE with why (the summaries say), or
+ * -ENOMEM.
+ */
+static int roster_from_file(struct committer *cm, struct roster *r, int *owner, char *why)
+{
+	struct roster_file *rf = NULL;
+	const struct rnode *me = &r->nodes[0];
+	char msg[IPC_ERRLEN];
+	uint64_t gen = 0;
+	bool mine = false;
+	int rc = store_read_roster(cm->o.store, r->job, r->run, &rf, msg);
+
+	if (rc)
+		return ipc_errf(why, rc == -ENOMEM ? rc : -ENOENT, "%s", msg);
+	if (rf->world != r->world)
+		rc = ipc_errf(why, -ESTALE, "plans/%s.roster says world %d", r->run, rf->world);
+	else if ((rc = store_plans_generation(cm->o.store, r->job, &gen, msg)) ||
+	         gen != rf->generation)
+		rc = ipc_errf(why, rc == -ENOMEM ? rc : -ESTALE,
+		              "plans/%s.roster is of plans generation %016" PRIx64
+		              ", not %016" PRIx64,
+		              r->run, rf->generation, gen);
+	for (size_t i = 0; !rc && i < rf->nnodes; i++) {
+		struct plans_file *f = rf->nodes[i];
+
+		if (strcmp(f->node, cm->node) != 0) {
+			rc = roster_add(r, owner, f->node, f, why);
+			continue;
+		}
+		mine = f->nranks == me->nranks;
+		for (size_t j = 0; mine && j < f->nranks; j++)
+			mine = f->ranks[j].rank == me->ranks[j];
+		if (!mine)
+			rc = ipc_errf(why, -ESTALE, "plans/%s.roster says other ranks of node %s",
+			              r->run, cm->node);
+	}
+	if (rc == 0 && (!mine || !roster_complete(r)))
+		rc =
+		    ipc_errf(why, -ESTALE, "plans/%s.roster does not hold every rank once", r->run);
+	roster_file_free(rf);
+	return rc == -EEXIST ? -ESTALE : rc;
+}
+
+/*
+ * Where this node holds rank 0: the roster it read from the summaries
+ * (keep), written as the run's roster file for the other nodes, where it
+ * is complete and says of this node what its part does. A failure to write
+ * is no failure of the roster's: the others read the summaries.
+ */
+static void roster_publish(struct committer *cm, const struct roster *r, struct roster_file *keep)
+{
+	const struct rnode *me = &r->nodes[0];
+	char msg[IPC_ERRLEN];
+	bool mine = false;
+
+	for (size_t i = 0; i < keep->nnodes; i++) {
+		const struct plans_file *f = keep->nodes[i];
+
+		if (strcmp(f->node, cm->node) != 0)
+			continue;
+		mine = f->nranks == me->nranks;
+		for (size_t j = 0; mine && j < f->nranks; j++)
+			mine = f->ranks[j].rank == me->ranks[j];
+	}
+	keep->job = (char *)r->job;
+	keep->run = (char *)r->run;
+	keep->world = r->world;
+	if (mine && roster_complete(r))
+		(void)store_put_roster(cm->o.store, keep, msg);
+	keep->job = keep->run = NULL;
 }
 
 /* Whether a plans file whole says what its node's roster entry (from a summary) says. */
@@ -302,24 +398,25 @@ static bool same_plans(const struct rnode *n, const struct roster *r, const stru
 
 /*
  * Node i's plans file, read whole (rd): its tensors counted into r->names.
- * 0, or -ESTALE (it says other ranks or tensors than the summary the roster
- * was built from) or -ENOMEM. A file that cannot be read or counted drops
- * the names: the parts say.
+ * 0; -ESTALE: it says other ranks or tensors than the summary the roster
+ * was built from (a file that changed as it was read, or a summary not to
+ * be trusted); another error where it could not be read now (asked again).
+ * A file that is not there or cannot be counted drops the names: the parts
+ * say.
  */
-static int name_node(struct committer *cm, struct roster *r, size_t i,
-                     const struct store_plans_read *rd, char *why)
+static int name_node(struct roster *r, size_t i, const struct store_plans_read *rd, char *why)
 {
 	const struct plans_file *f = rd->f;
 	char msg[IPC_ERRLEN];
-	int rc = rd->rc == -ENOMEM ? -ENOMEM : 0;
+	int rc = rd->rc == -ENOENT || rd->rc == -EINVAL || rd->rc == -EFBIG ? 0 : rd->rc;
 
-	if (rc == 0 && f && !same_plans(&r->nodes[i], r, f)) {
-		snprintf(cm->whole_run, sizeof(cm->whole_run), "%s", r->run);
+	if (rc)
+		return ipc_errf(why, rc, "%s", rd->msg);
+	if (f && !same_plans(&r->nodes[i], r, f))
 		return ipc_errf(why, -ESTALE,
 		                "plans/%s.json says other ranks or tensors than plans/%s.sum: the "
 		                "roster is read again, from the files whole",
 		                f->node, f->node);
-	}
 	for (size_t q = 0; rc == 0 && f && q < f->nranks; q++)
 		rc = names_add_tensors(r->names, f->ranks[q].tensors, f->ranks[q].ntensors,
 		                       f->ranks[q].rank, msg);
@@ -335,7 +432,7 @@ static int name_node(struct committer *cm, struct roster *r, size_t i,
  * Where this node commits: the tensors of the other nodes' plans, counted
  * (names_add_tensors), their files read whole FANOUT_WIDTH at once; once per
  * roster (named). -ESTALE: a file disagrees with its summary: the roster is
- * read again (name_node). Names NULL: the parts say.
+ * read again, from the files (name_node). Names NULL: the parts say.
  */
 static int roster_name(struct committer *cm, struct roster *r, char *why)
 {
@@ -350,7 +447,7 @@ static int roster_name(struct committer *cm, struct roster *r, char *why)
 		store_read_plans_many(cm->o.store, r->job, batch, k, true, b);
 		for (size_t j = 0; j < k; j++) {
 			if (rc == 0 && r->names)
-				rc = name_node(cm, r, i + j, &b[j], why);
+				rc = name_node(r, i + j, &b[j], why);
 			plans_free(b[j].f);
 		}
 	}
@@ -363,29 +460,29 @@ static int roster_name(struct committer *cm, struct roster *r, char *why)
 	return rc;
 }
 
+/* Where a roster is read from. */
+enum roster_src {
+	FROM_FILE, /* the run's roster file, which rank 0's node writes */
+	FROM_SUMMARIES, /* every node's plans summary (its file where it has none) */
+	FROM_WHOLE, /* every node's plans file whole */
+};
+
 /*
- * The roster of (job, run, world) where this node holds `local`: cached when
- * complete; else built from the plans files (a node's file may come late:
- * then it is incomplete, and asked again next time). -EEXIST: two nodes
- * claim one rank. *out holds a reference for the caller (roster_put).
+ * One roster of (job, run, world) where this node holds `local`, read from
+ * src: its ranks claimed, the others' read; where this node holds rank 0
+ * (it commits), from the summaries, written as the run's roster file, and
+ * the tensors counted. Complete or not; -errno with why.
  */
-static int roster_build(struct committer *cm, const char *job, const char *run, int world,
-                        const int *local, size_t nlocal, struct roster **out, char *why)
+static int roster_make(struct committer *cm, const char *job, const char *run, int world,
+                       const int *local, size_t nlocal, enum roster_src src, struct roster **out,
+                       char *why)
 {
-	struct roster *r;
-	int *owner, rc;
+	struct roster *r = calloc(1, sizeof(*r));
+	int *owner = malloc((size_t)world * sizeof(int)), rc;
+	const bool first = nlocal && local[0] == 0;
+	struct roster_file keep = {0};
 
 	*out = NULL;
-	for (r = cm->rosters; r; r = r->next)
-		if (strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0 && r->world == world &&
-		    r->nodes[0].nranks == nlocal &&
-		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
-			atomic_fetch_add(&r->refs, 1);
-			*out = r;
-			return 0;
-		}
-	r = calloc(1, sizeof(*r));
-	owner = malloc((size_t)world * sizeof(int));
 	if (!r || !owner) {
 		free(r);
 		free(owner);
@@ -394,22 +491,85 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 	snprintf(r->job, sizeof(r->job), "%s", job);
 	snprintf(r->run, sizeof(r->run), "%s", run);
 	r->world = world;
+	r->whole = src == FROM_WHOLE;
 	atomic_init(&r->refs, 1);
 	memset(owner, -1, (size_t)world * sizeof(int));
 	rc = add_node(r, cm->node, local, nlocal);
 	if (rc == 0)
 		rc = claim(r, owner, 0, why);
 	/* A node that holds every rank needs to read nobody's plans. */
-	if (rc == 0 && !roster_complete(r))
-		rc = roster_read(cm, r, owner, why);
+	if (rc == 0 && !roster_complete(r) && src == FROM_FILE)
+		rc = roster_from_file(cm, r, owner, why);
+	else if (rc == 0 && !roster_complete(r) && first && src == FROM_SUMMARIES) {
+		/* the generation before the summaries: a file written after moves it */
+		rc = store_plans_generation(cm->o.store, job, &keep.generation, why);
+		if (rc == 0)
+			rc = roster_read(cm, r, owner, &keep, why);
+		if (rc == 0)
+			roster_publish(cm, r, &keep);
+		for (size_t i = 0; i < keep.nnodes; i++)
+			plans_free(keep.nodes[i]);
+		free(keep.nodes);
+	} else if (rc == 0 && !roster_complete(r))
+		rc = roster_read(cm, r, owner, NULL, why);
 	/* rank 0's node commits: the tensors counted before its part is written */
-	if (rc == 0 && roster_complete(r) && nlocal && local[0] == 0)
+	if (rc == 0 && roster_complete(r) && first)
 		rc = roster_name(cm, r, why);
 	free(owner);
 	if (rc) {
 		roster_free(r);
 		return rc;
 	}
+	*out = r;
+	return 0;
+}
+
+/*
+ * The roster of (job, run, world) where this node holds `local`: cached when
+ * complete; else read: the run's roster file first where this node does not
+ * hold rank 0 (one read; patient: where it is not there yet, -EAGAIN, for
+ * rank 0's node writes it), then the plans summaries (a node's may come
+ * late: then it is incomplete, and asked again next time). Where the
+ * summaries make two nodes claim one rank, or a file disagrees with its
+ * summary, it is read again from the files whole (whole: from them at
+ * once). -EEXIST: two nodes claim one rank. *out holds a reference for the
+ * caller (roster_put).
+ */
+static int roster_build(struct committer *cm, const char *job, const char *run, int world,
+                        const int *local, size_t nlocal, bool whole, bool patient,
+                        struct roster **out, char *why)
+{
+	struct roster *r;
+	int rc = -ENOENT;
+
+	*out = NULL;
+	for (r = cm->rosters; r; r = r->next)
+		if (strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0 && r->world == world &&
+		    (r->whole || !whole) && r->nodes[0].nranks == nlocal &&
+		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
+			atomic_fetch_add(&r->refs, 1);
+			*out = r;
+			return 0;
+		}
+	if (!whole && !(nlocal && local[0] == 0)) {
+		char msg[IPC_ERRLEN];
+
+		rc = roster_make(cm, job, run, world, local, nlocal, FROM_FILE, &r, msg);
+		if (rc == -ENOMEM)
+			return rc;
+		if (rc && patient)
+			return ipc_errf(
+			    why, -EAGAIN,
+			    "waiting for the roster of run %s that rank 0's node writes: %s", run,
+			    msg);
+	}
+	if (rc)
+		rc = roster_make(cm, job, run, world, local, nlocal,
+		                 whole ? FROM_WHOLE : FROM_SUMMARIES, &r, why);
+	if ((rc == -EEXIST || rc == -ESTALE) && !whole)
+		rc = roster_make(cm, job, run, world, local, nlocal, FROM_WHOLE, &r, why);
+	if (rc)
+		return rc;
 	if (roster_complete(r)) { /* the cache's reference */
 		atomic_fetch_add(&r->refs, 1);
 		r->next = cm->rosters;
@@ -436,7 +596,8 @@ static int roster_get(struct commit *c, char *why)
 		return -ENOMEM;
 	for (size_t i = 0; i < p->nranks; i++)
 		local[i] = p->ranks[i].rank;
-	rc = roster_build(c->cm, p->job, p->run, p->world, local, p->nranks, &c->roster, why);
+	rc = roster_build(c->cm, p->job, p->run, p->world, local, p->nranks, c->whole, false,
+	                  &c->roster, why);
 	free(local);
 	return rc;
 }
@@ -465,7 +626,8 @@ static int unclaimed(const struct roster *ro, int *out, size_t max, size_t *n)
 }
 
 int commit_unclaimed(struct committer *cm, const char *job, const char *run, int world,
-                     const int *local, size_t nlocal, int *out, size_t max, size_t *n, char *why)
+                     const int *local, size_t nlocal, bool patient, int *out, size_t max, size_t *n,
+                     char *why)
 {
 	struct roster *r = NULL;
 	int rc;
@@ -479,7 +641,7 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 			                "this node's ranks are not ascending ranks of "
 			                "world %d",
 			                world);
-	rc = roster_build(cm, job, run, world, local, nlocal, &r, why);
+	rc = roster_build(cm, job, run, world, local, nlocal, false, patient, &r, why);
 	if (rc)
 		return rc;
 	if (!roster_complete(r))
@@ -515,8 +677,7 @@ static void roster_drop(struct commit *c)
 {
 	struct roster **pp;
 
-	if (c->roster) /* a summary may have said what its file does not: the files say */
-		snprintf(c->cm->whole_run, sizeof(c->cm->whole_run), "%s", c->roster->run);
+	c->whole = true; /* a summary may have said what its file does not: the files say */
 	for (pp = &c->cm->rosters; *pp; pp = &(*pp)->next)
 		if (*pp == c->roster) {
 			*pp = c->roster->next;

@@ -92,13 +92,17 @@ void commit_result_free(struct commit_result *r);
 /*
  * Before this node writes its part: which ranks of (job, run, world) no node
  * claims (neither `local`, this node's ranks, ascending, nor another node's
- * plans file of this run). A rank may still come to this node (its trainer
+ * plans of this run). A rank may still come to this node (its trainer
  * starts late) or to a node that has not published yet: the part waits
  * until none is left. Into out (at most max), their number in *n; -EEXIST
- * when two nodes claim one rank.
+ * when two nodes claim one rank. Read once a run: where this node does not
+ * hold rank 0, from the run's roster file that rank 0's node writes
+ * (patient: -EAGAIN while it is not there), else from every node's plans
+ * summary.
  */
 int commit_unclaimed(struct committer *cm, const char *job, const char *run, int world,
-                     const int *local, size_t nlocal, int *out, size_t max, size_t *n, char *why);
+                     const int *local, size_t nlocal, bool patient, int *out, size_t max, size_t *n,
+                     char *why);
 
 /*
  * A step as this node sees it once its part is complete: of job, run and

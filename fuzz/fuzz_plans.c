@@ -6,8 +6,9 @@
  * ranks go through the dedup assignment (layout/assign.c), which must
  * write every byte of every box (once with one copy) and nothing beyond a
  * tensor's rows. Each input is read as a plans summary too
- * (plans/<node>.sum, what every node reads of every other): one accepted
- * must write back and read back the same bytes.
+ * (plans/<node>.sum, what every node reads of every other) and as a run's
+ * roster (plans/<run>.roster, what rank 0's node writes for the others):
+ * one accepted must write back and read back the same bytes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,29 @@ static void summary_roundtrip(const uint8_t *data, size_t size)
 	plans_free(f);
 }
 
+static void roster_roundtrip(const uint8_t *data, size_t size)
+{
+	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
+	struct roster_file *r = NULL, *r2 = NULL;
+	size_t len = 0, len2 = 0;
+	int rc;
+
+	if (roster_file_from_json((const char *)data, size, &r, err))
+		return;
+	rc = roster_file_to_json(r, &text, &len, err);
+	FUZZ_CHECK(rc == 0, "a roster accepted, yet it cannot be written back: %s", err);
+	rc = roster_file_from_json(text, len, &r2, err);
+	FUZZ_CHECK(rc == 0, "a roster written back is refused: %s\n%.*s", err, (int)len, text);
+	rc = roster_file_to_json(r2, &again, &len2, err);
+	FUZZ_CHECK(rc == 0, "a roster read back cannot be written: %s", err);
+	FUZZ_CHECK(len == len2 && memcmp(text, again, len) == 0,
+	           "a roster written twice, not the same bytes");
+	free(again);
+	free(text);
+	roster_file_free(r2);
+	roster_file_free(r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
@@ -81,6 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int rc;
 
 	summary_roundtrip(data, size);
+	roster_roundtrip(data, size);
 	if (plans_from_json((const char *)data, size, &f, err))
 		return 0;
 	for (size_t i = 0; i < f->nranks; i++)

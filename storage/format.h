@@ -443,6 +443,30 @@ int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *
 /* f's summary (its digest filled in first by plans_to_json), and back (summary set). */
 int plans_summary_to_json(const struct plans_file *f, char **out, size_t *len, char *err);
 int plans_summary_from_json(const char *buf, size_t len, struct plans_file **out, char *err);
+/* f made its summary in place: each rank's signature for its tensors, let go. -ENOMEM. */
+int plans_summarize(struct plans_file *f);
 void plans_free(struct plans_file *f);
+
+/*
+ * A run's roster, <job>/plans/<run>.roster: every node's summary of one run
+ * in one file, written by the node of rank 0 from the summaries it read,
+ * with the job's plans generation it read before them (readers take it
+ * only where the generation has not moved since). The other nodes read it
+ * in place of every node's summary: one read a node, not one per node.
+ */
+#define ROSTER_FORMAT "ckptd-roster"
+#define ROSTER_VERSION 1
+
+struct roster_file {
+	char *job, *run;
+	int world;
+	uint64_t generation;
+	size_t nnodes; /* in name order, no rank twice */
+	struct plans_file **nodes; /* summaries (or files: their ranks' signatures are written) */
+};
+
+int roster_file_to_json(const struct roster_file *r, char **out, size_t *len, char *err);
+int roster_file_from_json(const char *buf, size_t len, struct roster_file **out, char *err);
+void roster_file_free(struct roster_file *r);
 
 #endif /* CKPT_STORAGE_FORMAT_H */

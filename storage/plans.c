@@ -8,8 +8,9 @@
  * The digest (XXH3-64 of the rest, compact) names the plan set: a node
  * rewrites its file only when it changes. Its summary (<node>.sum) says the
  * same of the ranks with each rank's tensors as one number (their
- * tensors_signature), and the digest of the file it summarises. Files of other nodes are hostile
- * input: every field is checked and bounded. Pure functions; any thread.
+ * tensors_signature), and the digest of the file it summarises. A run's
+ * roster (<run>.roster) says the same of every node of the run at once. Files of other nodes are
+ * hostile input: every field is checked and bounded. Pure functions; any thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -126,24 +127,32 @@ static json_t *summary_rank_json(const struct plans_rank *k)
 	return o;
 }
 
+/* f's ranks as a summary says them (their signatures), NULL where out of memory. */
+static json_t *summary_ranks_json(const struct plans_file *f)
+{
+	json_t *ranks = json_array();
+
+	for (size_t i = 0; ranks && i < f->nranks; i++)
+		if (json_array_append_new(ranks, summary_rank_json(&f->ranks[i]))) {
+			json_decref(ranks);
+			return NULL;
+		}
+	return ranks;
+}
+
 int plans_summary_to_json(const struct plans_file *f, char **out, size_t *len, char *err)
 {
-	json_t *root, *ranks = json_array();
+	json_t *root;
 	int rc;
 
 	*out = NULL;
 	*len = 0;
 	if (strlen(f->digest) != 16)
 		return ipc_errf(err, -EINVAL, PL_PREFIX "a summary needs the file's digest");
-	for (size_t i = 0; ranks && i < f->nranks; i++)
-		if (json_array_append_new(ranks, summary_rank_json(&f->ranks[i]))) {
-			json_decref(ranks);
-			ranks = NULL;
-		}
 	root = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:s, s:b, s:o}", "format",
 	                 PLANS_SUMMARY_FORMAT, "version", PLANS_SUMMARY_VERSION, "job", f->job,
 	                 "node", f->node, "run", f->run, "world", f->world, "digest", f->digest,
-	                 "writes_once", f->writes_once, "ranks", ranks);
+	                 "writes_once", f->writes_once, "ranks", summary_ranks_json(f));
 	if (!root)
 		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory building the summary");
 	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, out, len, PL, err);
@@ -270,39 +279,28 @@ static int parse_rank(const json_t *o, size_t i, int world, int prev, bool summa
 	return unique_names(k, err);
 }
 
-static int parse_root(struct plans_file *f, const json_t *root, bool summary, char *err)
+/* A node's digest, options and ranks (f's world known): a file's, a summary's or a roster's entry.
+ */
+static int parse_node(struct plans_file *f, const json_t *o, bool summary, const char *where,
+                      char *err)
 {
-	const json_t *ranks = json_object_get(root, "ranks");
+	const json_t *ranks = json_object_get(o, "ranks");
 	const char *digest;
-	int64_t v = 0;
-	int rc;
+	int rc = fmt_str(o, "digest", &digest, PL, where, err);
 
-	rc = summary ? fmt_header(root, PLANS_SUMMARY_FORMAT, PLANS_SUMMARY_VERSION, &f->version,
-	                          PL, err)
-	             : fmt_header(root, PLANS_FORMAT, PLANS_VERSION, &f->version, PL, err);
-	f->summary = summary;
-	if (!rc)
-		rc = fmt_name(root, "job", ipc_check_job, &f->job, PL, "top level", err);
-	if (!rc)
-		rc = fmt_name(root, "node", ipc_check_node, &f->node, PL, "top level", err);
-	if (!rc)
-		rc = fmt_name(root, "run", ipc_check_run, &f->run, PL, "top level", err);
-	if (!rc && !(rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, PL, "top level", err)))
-		f->world = (int)v;
-	if (!rc)
-		rc = fmt_str(root, "digest", &digest, PL, "top level", err);
 	if (rc)
 		return rc;
 	if (strlen(digest) != 16 || strspn(digest, "0123456789abcdef") != 16)
-		return ipc_errf(err, -EINVAL, PL_PREFIX "digest '%.32s' is not 16 hex digits",
-		                digest);
+		return ipc_errf(err, -EINVAL, PL_PREFIX "%s: digest '%.32s' is not 16 hex digits",
+		                where, digest);
 	memcpy(f->digest, digest, 17);
-	f->writes_once = json_is_true(json_object_get(root, "writes_once"));
+	f->writes_once = json_is_true(json_object_get(o, "writes_once"));
+	f->summary = summary;
 	if (!json_is_array(ranks) || json_array_size(ranks) < 1 ||
 	    json_array_size(ranks) > (size_t)f->world)
 		return ipc_errf(err, -EINVAL,
-		                PL_PREFIX "\"ranks\" is missing, empty or longer than world %d",
-		                f->world);
+		                PL_PREFIX "%s: \"ranks\" is missing, empty or longer than world %d",
+		                where, f->world);
 	f->ranks = calloc(json_array_size(ranks), sizeof(*f->ranks));
 	if (!f->ranks)
 		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
@@ -315,6 +313,25 @@ static int parse_root(struct plans_file *f, const json_t *root, bool summary, ch
 			return rc;
 	}
 	return 0;
+}
+
+static int parse_root(struct plans_file *f, const json_t *root, bool summary, char *err)
+{
+	int64_t v = 0;
+	int rc;
+
+	rc = summary ? fmt_header(root, PLANS_SUMMARY_FORMAT, PLANS_SUMMARY_VERSION, &f->version,
+	                          PL, err)
+	             : fmt_header(root, PLANS_FORMAT, PLANS_VERSION, &f->version, PL, err);
+	if (!rc)
+		rc = fmt_name(root, "job", ipc_check_job, &f->job, PL, "top level", err);
+	if (!rc)
+		rc = fmt_name(root, "node", ipc_check_node, &f->node, PL, "top level", err);
+	if (!rc)
+		rc = fmt_name(root, "run", ipc_check_run, &f->run, PL, "top level", err);
+	if (!rc && !(rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, PL, "top level", err)))
+		f->world = (int)v;
+	return rc ? rc : parse_node(f, root, summary, "top level", err);
 }
 
 static int from_json(const char *buf, size_t len, bool summary, struct plans_file **out, char *err)
@@ -349,6 +366,22 @@ int plans_summary_from_json(const char *buf, size_t len, struct plans_file **out
 	return from_json(buf, len, true, out, err);
 }
 
+int plans_summarize(struct plans_file *f)
+{
+	for (size_t j = 0; j < f->nranks; j++) {
+		struct plans_rank *k = &f->ranks[j];
+
+		if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &k->sig))
+			return -ENOMEM;
+		k->has_sig = true;
+		fmt_tensors_free(k->tensors, k->ntensors);
+		k->tensors = NULL;
+		k->ntensors = 0;
+	}
+	f->summary = true;
+	return 0;
+}
+
 void plans_free(struct plans_file *f)
 {
 	if (!f)
@@ -360,4 +393,135 @@ void plans_free(struct plans_file *f)
 	free(f->node);
 	free(f->run);
 	free(f);
+}
+
+/* ---- a run's roster ---------------------------------------------------- */
+
+int roster_file_to_json(const struct roster_file *r, char **out, size_t *len, char *err)
+{
+	json_t *nodes = json_array(), *root;
+	int rc;
+
+	*out = NULL;
+	*len = 0;
+	for (size_t i = 0; nodes && i < r->nnodes; i++) {
+		const struct plans_file *f = r->nodes[i];
+		json_t *o;
+
+		if (strlen(f->digest) != 16 || (i && strcmp(r->nodes[i - 1]->node, f->node) >= 0)) {
+			json_decref(nodes);
+			return ipc_errf(err, -EINVAL,
+			                PL_PREFIX "a roster's nodes have digests, in name order");
+		}
+		o = json_pack("{s:s, s:s, s:b, s:o}", "node", f->node, "digest", f->digest,
+		              "writes_once", f->writes_once, "ranks", summary_ranks_json(f));
+		if (json_array_append_new(nodes, o)) {
+			json_decref(nodes);
+			nodes = NULL;
+		}
+	}
+	root = json_pack("{s:s, s:i, s:s, s:s, s:i, s:o}", "format", ROSTER_FORMAT, "version",
+	                 ROSTER_VERSION, "job", r->job, "run", r->run, "world", r->world, "nodes",
+	                 nodes);
+	if (!root || fmt_hex_put(root, "generation", r->generation)) {
+		json_decref(root);
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory building the roster");
+	}
+	rc = fmt_dump(root, false, MANIFEST_MAX_BYTES, out, len, PL, err);
+	json_decref(root);
+	return rc;
+}
+
+/* Entry i of a roster: a node's summary, its ranks none that an entry before claims. */
+static int parse_entry(struct roster_file *r, const json_t *o, size_t i, unsigned char *seen,
+                       char *err)
+{
+	struct plans_file *f = calloc(1, sizeof(*f));
+	char where[48];
+	int rc;
+
+	snprintf(where, sizeof(where), "nodes[%zu]", i);
+	if (!f)
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	r->nodes[r->nnodes++] = f;
+	f->version = PLANS_SUMMARY_VERSION;
+	f->world = r->world;
+	if (!json_is_object(o))
+		return ipc_errf(err, -EINVAL, PL_PREFIX "%s is not an object", where);
+	if (!(f->job = strdup(r->job)) || !(f->run = strdup(r->run)))
+		return ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	rc = fmt_name(o, "node", ipc_check_node, &f->node, PL, where, err);
+	if (!rc)
+		rc = parse_node(f, o, true, where, err);
+	if (!rc && i && strcmp(r->nodes[i - 1]->node, f->node) >= 0)
+		rc = ipc_errf(err, -EINVAL, PL_PREFIX "%s: node %s is out of order, or twice",
+		              where, f->node);
+	for (size_t j = 0; !rc && j < f->nranks; j++)
+		if (seen[f->ranks[j].rank]++)
+			rc = ipc_errf(err, -EINVAL, PL_PREFIX "%s: rank %d is claimed by two nodes",
+			              where, f->ranks[j].rank);
+	return rc;
+}
+
+static int roster_parse(struct roster_file *r, const json_t *root, char *err)
+{
+	const json_t *nodes = json_object_get(root, "nodes");
+	unsigned char *seen;
+	int64_t v = 0;
+	int version, rc;
+
+	rc = fmt_header(root, ROSTER_FORMAT, ROSTER_VERSION, &version, PL, err);
+	if (!rc)
+		rc = fmt_name(root, "job", ipc_check_job, &r->job, PL, "top level", err);
+	if (!rc)
+		rc = fmt_name(root, "run", ipc_check_run, &r->run, PL, "top level", err);
+	if (!rc && !(rc = fmt_int(root, "world", 1, IPC_MAX_WORLD, &v, PL, "top level", err)))
+		r->world = (int)v;
+	if (!rc)
+		rc = fmt_hex_read(root, "generation", &r->generation, PL, "top level", err);
+	if (rc)
+		return rc;
+	if (!json_is_array(nodes) || json_array_size(nodes) > (size_t)r->world)
+		return ipc_errf(err, -EINVAL,
+		                PL_PREFIX "\"nodes\" is missing or longer than world %d", r->world);
+	r->nodes = calloc(json_array_size(nodes) + 1, sizeof(*r->nodes));
+	seen = calloc((size_t)r->world, 1);
+	rc = r->nodes && seen ? 0 : ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	for (size_t i = 0; !rc && i < json_array_size(nodes); i++)
+		rc = parse_entry(r, json_array_get(nodes, i), i, seen, err);
+	free(seen);
+	return rc;
+}
+
+int roster_file_from_json(const char *buf, size_t len, struct roster_file **out, char *err)
+{
+	struct roster_file *r;
+	json_t *root;
+	int rc;
+
+	*out = NULL;
+	rc = fmt_load(buf, len, MANIFEST_MAX_BYTES, &root, PL, err);
+	if (rc)
+		return rc;
+	r = calloc(1, sizeof(*r));
+	rc = r ? roster_parse(r, root, err) : ipc_errf(err, -ENOMEM, PL_PREFIX "out of memory");
+	json_decref(root);
+	if (rc) {
+		roster_file_free(r);
+		return rc;
+	}
+	*out = r;
+	return 0;
+}
+
+void roster_file_free(struct roster_file *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->nnodes; i++)
+		plans_free(r->nodes[i]);
+	free(r->nodes);
+	free(r->job);
+	free(r->run);
+	free(r);
 }

@@ -583,9 +583,10 @@ static int plans_touch(struct storage *s, const char *job, char *err);
 
 int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char *err)
 {
-	char key[STORE_KEY_MAX], skey[STORE_KEY_MAX], *json = NULL, *sum = NULL, *old = NULL;
+	char key[STORE_KEY_MAX], skey[STORE_KEY_MAX], why[IPC_ERRLEN];
+	char *json = NULL, *sum = NULL, *old = NULL;
 	size_t len = 0, slen = 0, olen = 0;
-	bool wrote_sum = false;
+	bool same = false, wrote_sum = false;
 	int rc;
 
 	*written = false;
@@ -597,28 +598,78 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 	store_plans_key(key, sizeof(key), f->job, f->node);
 	store_plans_summary_key(skey, sizeof(skey), f->job, f->node);
 	/*
-	 * A summary never says what its file does not: one of other plans goes
-	 * before the file changes (a reader without it reads the file), and
+	 * A summary never says what its file does not: any other one goes
+	 * before the file may change (a reader without one reads the file), and
 	 * this file's comes after. Once per plan set: the same bytes are left.
 	 */
-	rc = s->ops->obj_get(s, skey, MANIFEST_MAX_BYTES, &old, &olen, err);
-	if (rc == 0 && (olen != slen || memcmp(old, sum, slen) != 0))
-		rc = s->ops->obj_delete(s, skey, err);
+	rc = s->ops->obj_get(s, skey, MANIFEST_MAX_BYTES, &old, &olen, why);
+	same = rc == 0 && olen == slen && memcmp(old, sum, slen) == 0;
 	free(old);
-	if (rc && rc != -ENOENT) {
+	if (!same && rc != -ENOENT && (rc = s->ops->obj_delete(s, skey, err)) && rc != -ENOENT) {
 		free(json);
 		free(sum);
 		return rc;
 	}
 	rc = put_own(s, key, json, len, NULL, written, err);
-	if (rc == 0)
-		rc = put_own(s, skey, sum, slen, NULL, &wrote_sum, err);
-	else
+	if (rc || same)
 		free(sum);
+	else /* without it, readers read the file: not a failure of the plans' */
+		(void)put_own(s, skey, sum, slen, NULL, &wrote_sum, why);
 	if (rc || (!*written && !wrote_sum))
 		return rc;
 	/* after both: a reader that saw the old number sees them */
 	return plans_touch(s, f->job, err);
+}
+
+/* ---- a run's roster ----------------------------------------------------- */
+
+static void roster_key(char *buf, size_t len, const char *job, const char *run)
+{
+	snprintf(buf, len, "%s/plans/%s.roster", job, run);
+}
+
+int store_read_roster(struct storage *s, const char *job, const char *run, struct roster_file **out,
+                      char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct roster_file *r = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_run(run, err)))
+		return rc;
+	roster_key(key, sizeof(key), job, run);
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
+	rc = roster_file_from_json(buf, len, &r, why);
+	parse_leave();
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	if (strcmp(r->job, job) || strcmp(r->run, run)) {
+		rc = ipc_errf(err, -EINVAL, "%s: it is the roster of job %s run %s", key, r->job,
+		              r->run);
+		roster_file_free(r);
+		return rc;
+	}
+	*out = r;
+	return 0;
+}
+
+int store_put_roster(struct storage *s, const struct roster_file *r, char *err)
+{
+	char key[STORE_KEY_MAX], *json = NULL;
+	size_t len = 0;
+	bool written;
+	int rc = roster_file_to_json(r, &json, &len, err);
+
+	if (rc)
+		return rc;
+	roster_key(key, sizeof(key), r->job, r->run);
+	return put_own(s, key, json, len, NULL, &written, err); /* the same bytes: left */
 }
 
 /* "<job>/plans/generation": a new number each time a node's plans file changes. */

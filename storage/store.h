@@ -5,6 +5,7 @@
  *
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
  *   <job>/plans/<node>.sum                   their ranks and signatures, written after them
+ *   <job>/plans/<run>.roster                 every node's summary of a run, by rank 0's node
  *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
  *   <job>/step-<12d>/parts/<node>.sum        what a committer needs of it, written after it
@@ -146,6 +147,14 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
  * or not one this code wrote (older agents): read the files.
  */
 int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, char *err);
+/*
+ * A run's roster (format.h, roster_file_from_json), checked to be of that
+ * job and run: -ENOENT where none was written. Put: written where it is
+ * not there with the same bytes.
+ */
+int store_read_roster(struct storage *s, const char *job, const char *run, struct roster_file **out,
+                      char *err);
+int store_put_roster(struct storage *s, const struct roster_file *r, char *err);
 /* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err);
 

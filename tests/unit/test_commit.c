@@ -1158,22 +1158,23 @@ START_TEST(test_unclaimed)
 	int v[8];
 	size_t n;
 
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), 0);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, false, v, 8, &n, err), 0);
 	ck_assert_uint_eq(n, 2);
 	ck_assert(v[0] == 2 && v[1] == 3);
 	plans("b", "r", 4, theirs, 1);
 	plans("c", "old", 4, (const int[]){3}, 1); /* another run's: no claim on this one */
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), 0);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, false, v, 8, &n, err), 0);
 	ck_assert_uint_eq(n, 1);
 	ck_assert_int_eq(v[0], 3);
 	/* every rank here: nothing to read */
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 2, mine, 2, v, 8, &n, err), 0);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 2, mine, 2, false, v, 8, &n, err), 0);
 	ck_assert_uint_eq(n, 0);
 	plans("d", "r", 4, clash, 1);
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, v, 8, &n, err), -EEXIST);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, mine, 2, false, v, 8, &n, err), -EEXIST);
 	ck_assert_msg(strstr(err, "rank 1 of run r is claimed by nodes a and d"), "%s", err);
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, (const int[]){1, 0}, 2, v, 8, &n, err),
-	                 -EINVAL);
+	ck_assert_int_eq(
+	    commit_unclaimed(a, JOB, "r", 4, (const int[]){1, 0}, 2, false, v, 8, &n, err),
+	    -EINVAL);
 	committer_destroy(a);
 }
 END_TEST
@@ -1409,110 +1410,205 @@ START_TEST(test_committer_reads_summaries)
 }
 END_TEST
 
+/* A fresh committer of node nd: its roster of run r (world 6) read now, the reads counted. */
+static int unclaimed_now(const char *nd, const int *ranks, bool patient, struct fake_counts *d,
+                         size_t *n)
+{
+	struct committer *cm = node(nd);
+	struct fake_counts before, after;
+	int v[8], rc;
+
+	fake_counts(fs, &before);
+	rc = commit_unclaimed(cm, JOB, "r", 6, ranks, 2, patient, v, 8, n, err);
+	fake_counts(fs, &after);
+	committer_destroy(cm);
+	d->gets = after.gets - before.gets;
+	d->plans_gets = after.plans_gets - before.plans_gets;
+	d->plans_summary_gets = after.plans_summary_gets - before.plans_summary_gets;
+	return rc;
+}
+
 /*
- * Who holds which rank, from the plans summaries: a watching node reads no
- * plans file whole; rank 0's node (the committer) reads them once, to count
- * the tensors, before its part; a node without a summary (an older agent's)
- * is read whole.
+ * Who holds which rank, once a run: rank 0's node reads every node's plans
+ * summary (its own too), writes them as the run's roster file, and reads
+ * the files whole to count the tensors; every other node reads that one
+ * file (and the plans generation it was made at), or while it is not
+ * there waits (patient) or reads the summaries, never a plans file whole;
+ * a node without a summary is read whole; a roster of plans since changed
+ * is not taken.
  */
 START_TEST(test_roster_from_summaries)
 {
 	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
-	struct committer *a = node("a"), *b = node("b"), *b2;
-	struct fake_counts before, after;
+	struct committer *a = node("a");
+	struct fake_counts d;
 	struct commit *ca;
 	struct commit_result r;
+	struct roster_file *rf;
 	struct manifest *m;
-	int v[8];
 	size_t n = 9;
 
 	plans("a", "r", 6, r0, 2);
 	plans("b", "r", 6, r1, 2);
 	plans("c", "r", 6, r2, 2);
 	ck_assert_ptr_nonnull(fake_get(fs, JOB "/plans/c.sum", NULL));
-	fake_counts(fs, &before);
-	ck_assert_int_eq(commit_unclaimed(b, JOB, "r", 6, r1, 2, v, 8, &n, err), 0);
-	fake_counts(fs, &after);
+	/* no roster file yet: a patient node waits, another reads the summaries */
+	ck_assert_int_eq(unclaimed_now("b", r1, true, &d, &n), -EAGAIN);
+	ck_assert_msg(strstr(err, "waiting for the roster of run r"), "%s", err);
+	ck_assert_uint_eq(d.plans_summary_gets + d.plans_gets, 0);
+	ck_assert_int_eq(unclaimed_now("b", r1, false, &d, &n), 0);
 	ck_assert_uint_eq(n, 0);
-	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 0);
-	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 2);
-	fake_counts(fs, &before);
-	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 6, r0, 2, v, 8, &n, err), 0);
-	fake_counts(fs, &after);
+	ck_assert_uint_eq(d.plans_gets, 0);
+	ck_assert_uint_eq(d.plans_summary_gets, 2);
+	/* rank 0's node */
+	ck_assert_int_eq(unclaimed_now("a", r0, true, &d, &n), 0);
 	ck_assert_uint_eq(n, 0);
-	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 2);
-	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 2);
+	ck_assert_uint_eq(d.plans_gets, 2);
+	ck_assert_uint_eq(d.plans_summary_gets, 3);
+	ck_assert_msg(store_read_roster(st, JOB, "r", &rf, err) == 0, "%s", err);
+	ck_assert_uint_eq(rf->nnodes, 3);
+	ck_assert_str_eq(rf->nodes[1]->node, "b");
+	ck_assert(rf->nodes[1]->ranks[1].rank == 3 && rf->nodes[1]->ranks[1].has_sig);
+	roster_file_free(rf);
+	/* the others: one file and the generation */
+	ck_assert_int_eq(unclaimed_now("b", r1, true, &d, &n), 0);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_uint_eq(d.gets, 2);
 	/* the commit reads no plans: the roster and its count are the run's */
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 6, r0, 2, false, (int[8]){0}, 8, &n, err),
+	                 0);
 	put_part(mk_part("r", "b", 6, 9, r1, 2));
 	put_part(mk_part("r", "c", 6, 9, r2, 2));
 	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
-	fake_counts(fs, &before);
-	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
-	fake_counts(fs, &after);
+	{
+		struct fake_counts before, after;
+
+		fake_counts(fs, &before);
+		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+		fake_counts(fs, &after);
+		ck_assert_uint_eq(after.plans_gets - before.plans_gets, 0);
+		ck_assert_uint_eq(after.part_gets - before.part_gets, 0);
+	}
 	commit_result_free(&r);
-	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 0);
-	ck_assert_uint_eq(after.part_gets - before.part_gets, 0);
 	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
 	ck_assert_uint_eq(m->ntensors, 1);
 	ck_assert_uint_eq(m->nranks, 6);
 	manifest_free(m);
 	commit_destroy(ca);
+	/* c's plans change: the roster file is of an older generation, and not taken */
+	plans_of("c", "r", 6, r2, 2, true);
+	ck_assert_int_eq(unclaimed_now("b", r1, true, &d, &n), -EAGAIN);
+	ck_assert_msg(strstr(err, "plans generation"), "%s", err);
 	/* c's summary gone: its file says */
 	fake_delete(fs, JOB "/plans/c.sum");
-	b2 = node("b");
-	fake_counts(fs, &before);
-	ck_assert_int_eq(commit_unclaimed(b2, JOB, "r", 6, r1, 2, v, 8, &n, err), 0);
-	fake_counts(fs, &after);
+	ck_assert_int_eq(unclaimed_now("b", r1, false, &d, &n), 0);
 	ck_assert_uint_eq(n, 0);
-	ck_assert_uint_eq(after.plans_gets - before.plans_gets, 1);
-	committer_destroy(b2);
-	committer_destroy(b);
+	ck_assert_uint_eq(d.plans_gets, 1);
+	ck_assert_uint_eq(d.plans_summary_gets, 2);
 	committer_destroy(a);
 }
 END_TEST
 
+/* Node nd's part of step, each rank holding "x" too (its shards so long). */
+static struct part *part_with_x(const char *nd, int world, int64_t step, const int *ranks, size_t n)
+{
+	struct part *p = mk_part("r", nd, world, step, ranks, n);
+
+	for (size_t i = 0; i < n; i++) {
+		char file[SHARD_FILE_MAX];
+		void *hdr;
+		size_t hl;
+
+		hold_x(&p->ranks[i], world);
+		hl = shard_header("r", ranks[i], world, step, p->ranks[i].save, &hdr);
+		ck_assert_int_eq(shard_file_name(ranks[i], nd, 0, file, sizeof(file)), 0);
+		fake_add_shard_bytes(fs, JOB, step, file, hdr, hl, hl + 32);
+		free(hdr);
+	}
+	return p;
+}
+
+/* b's plans summary rewritten: rank j's signature `sig`, ranks from `ranks` (NULL: as they are). */
+static void forge_plans_summary(const char *nd, uint64_t sig, const int *ranks)
+{
+	char key[STORE_KEY_MAX], *json;
+	struct plans_file *f;
+	const char *bytes;
+	size_t len;
+
+	store_plans_summary_key(key, sizeof(key), JOB, nd);
+	ck_assert_ptr_nonnull(bytes = fake_get(fs, key, &len));
+	ck_assert_msg(plans_summary_from_json(bytes, len, &f, err) == 0, "%s", err);
+	ck_assert(f->summary && f->nranks == 2 && f->ranks[1].has_sig);
+	if (sig)
+		f->ranks[1].sig = sig;
+	for (size_t j = 0; ranks && j < f->nranks; j++)
+		f->ranks[j].rank = ranks[j];
+	ck_assert_msg(plans_summary_to_json(f, &json, &len, err) == 0, "%s", err);
+	fake_put(fs, key, json, len);
+	free(json);
+	plans_free(f);
+}
+
 /*
- * A plans summary that says other tensors than its file (a file that
- * changed as it was read, or a summary not to be trusted): the committer
- * finds it as it counts the tensors, reads the roster again from the files
- * whole, and commits what the files say.
+ * A plans summary is never trusted over its file (a file that changed as
+ * it was read, or a summary that lies): one whose rank says other tensors
+ * than its file, the part as the file says (0): the roster is read again
+ * from the files, and the step commits what they say; a summary and a part
+ * that both say "x", the file not (1): the part never joins, the reason
+ * names the tensors; summaries that make two nodes claim one rank, the
+ * files not (2): the files say who holds which.
  */
 START_TEST(test_plans_summary_not_trusted)
 {
-	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	static const int r0[] = {0, 1}, r1[] = {2, 3}, r2[] = {4, 5};
 	struct committer *a = node("a");
-	struct fake_counts before, after;
-	struct plans_file *f;
 	struct commit *ca;
 	struct commit_result r;
 	struct manifest *m;
-	const char *bytes;
-	char *json;
-	size_t len;
+	char *sumx = NULL;
+	size_t len = 0;
+	int v[8];
 
-	plans("a", "r", 4, r0, 2);
-	plans("b", "r", 4, r1, 2);
-	ck_assert_ptr_nonnull(bytes = fake_get(fs, JOB "/plans/b.sum", &len));
-	ck_assert_msg(plans_summary_from_json(bytes, len, &f, err) == 0, "%s", err);
-	ck_assert(f->summary && f->nranks == 2 && f->ranks[1].has_sig);
-	f->ranks[1].sig ^= 1;
-	f->ranks[1].has_sig = false; /* written from its tensors: none, another number */
-	ck_assert_msg(plans_summary_to_json(f, &json, &len, err) == 0, "%s", err);
-	fake_put(fs, JOB "/plans/b.sum", json, len);
-	free(json);
-	plans_free(f);
-	put_part(mk_part("r", "b", 4, 9, r1, 2));
-	ca = start(a, mk_part("r", "a", 4, 9, r0, 2), true, 0);
-	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
-	commit_result_free(&r);
-	fake_counts(fs, &before);
-	ck_assert_int_eq(poll_at(ca, 1, &r), COMMIT_COMMITTED);
-	fake_counts(fs, &after);
-	commit_result_free(&r);
-	ck_assert_uint_eq(after.plans_summary_gets - before.plans_summary_gets, 0);
-	ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
-	ck_assert_uint_eq(m->ntensors, 1);
-	manifest_free(m);
+	plans("a", "r", 6, r0, 2);
+	plans("c", "r", 6, r2, 2);
+	if (_i == 1) { /* the summary of plans that hold x, over the file of plans that do not */
+		plans_of("b", "r", 6, r1, 2, true);
+		sumx = strdup(fake_get(fs, JOB "/plans/b.sum", &len));
+	}
+	plans("b", "r", 6, r1, 2);
+	if (_i == 0)
+		forge_plans_summary("b", 0x1234, NULL);
+	else if (_i == 1)
+		fake_put(fs, JOB "/plans/b.sum", sumx, len);
+	else
+		forge_plans_summary("c", 0, r1);
+	free(sumx);
+	if (_i == 2) {
+		ck_assert_msg(commit_unclaimed(a, JOB, "r", 6, r0, 2, false, v, 8, &len, err) == 0,
+		              "%s", err);
+		ck_assert_uint_eq(len, 0);
+		committer_destroy(a);
+		return;
+	}
+	put_part(_i == 1 ? part_with_x("b", 6, 9, r1, 2) : mk_part("r", "b", 6, 9, r1, 2));
+	put_part(mk_part("r", "c", 6, 9, r2, 2));
+	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
+	if (_i == 0) {
+		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
+		commit_result_free(&r);
+		ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
+		ck_assert_uint_eq(m->ntensors, 1);
+		manifest_free(m);
+	} else {
+		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
+		commit_result_free(&r);
+		ck_assert_int_eq(poll_at(ca, DEADLINE, &r), COMMIT_FAILED);
+		ck_assert_msg(strstr(r.reason, "rank 2's tensors are not those its plans"), "%s",
+		              r.reason);
+		ck_assert(!fake_get(fs, JOB "/step-000000000009/manifest.json", NULL));
+		commit_result_free(&r);
+	}
 	commit_destroy(ca);
 	committer_destroy(a);
 }
@@ -1544,6 +1640,21 @@ START_TEST(test_plans_summary_follows_its_file)
 	ck_assert_ptr_nonnull(fake_get(fs, JOB "/plans/b.sum", NULL));
 	ck_assert_int_eq(store_plans_generation(st, JOB, &g1, err), 0);
 	ck_assert(g1 != g2);
+	/* the file's put fails: the old summary went first, so none says the old plans */
+	fake_fail_put(fs, "/plans/b.json", -EIO);
+	{
+		struct plans_file g = {.version = PLANS_VERSION,
+		                       .job = JOB,
+		                       .node = "b",
+		                       .run = "r",
+		                       .world = 4,
+		                       .nranks = 1,
+		                       .ranks = &(struct plans_rank){.rank = 2, .copies = 1}};
+		bool wrote;
+
+		ck_assert_int_eq(store_put_plans(st, &g, &wrote, err), -EIO);
+	}
+	ck_assert_ptr_null(fake_get(fs, JOB "/plans/b.sum", NULL));
 	plans_of("b", "r", 4, r1, 2, true); /* rank 2 and 3 hold x too now */
 	ck_assert_msg(store_read_plans(st, JOB, "b", &f, err) == 0, "%s", err);
 	ck_assert_msg(store_read_plans_summary(st, JOB, "b", &sf, err) == 0, "%s", err);
@@ -1777,7 +1888,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_single_writer_never_takes_over);
 	tcase_add_test(tc, test_committer_reads_summaries);
 	tcase_add_test(tc, test_roster_from_summaries);
-	tcase_add_test(tc, test_plans_summary_not_trusted);
+	tcase_add_loop_test(tc, test_plans_summary_not_trusted, 0, 3);
 	tcase_add_test(tc, test_plans_summary_follows_its_file);
 	tcase_add_loop_test(tc, test_summary_not_trusted, 0, 3);
 	tcase_add_test(tc, test_summary_follows_its_part);

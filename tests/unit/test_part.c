@@ -610,6 +610,64 @@ START_TEST(test_plans_summary)
 }
 END_TEST
 
+/* A run's roster: every node's summary in one file, both ways, and what it refuses. */
+START_TEST(test_roster_file)
+{
+	struct plans_file *f = mk_plans(), *g = mk_plans(), *v[2];
+	struct roster_file r = {.job = "job",
+	                        .run = "r",
+	                        .world = 4,
+	                        .generation = 0x1234,
+	                        .nnodes = 2,
+	                        .nodes = v},
+	                   *back;
+	char *text, *again, *t;
+	size_t len;
+
+	free(g->node);
+	g->node = xstrdup("n1");
+	g->ranks[0].rank = 2;
+	g->ranks[1].rank = 3;
+	ck_assert_int_eq(plans_to_json(f, &text, &len, err), 0);
+	free(text);
+	ck_assert_int_eq(plans_to_json(g, &text, &len, err), 0);
+	free(text);
+	v[0] = f;
+	v[1] = g;
+	ck_assert_msg(roster_file_to_json(&r, &text, &len, err) == 0, "%s", err);
+	ck_assert_ptr_null(strstr(text, "\"tensors\""));
+	ck_assert_msg(roster_file_from_json(text, len, &back, err) == 0, "%s", err);
+	ck_assert_uint_eq(back->nnodes, 2);
+	ck_assert(back->generation == 0x1234 && back->world == 4);
+	ck_assert_str_eq(back->nodes[1]->node, "n1");
+	ck_assert_str_eq(back->nodes[1]->run, "r");
+	ck_assert_str_eq(back->nodes[1]->digest, g->digest);
+	ck_assert(back->nodes[1]->summary && back->nodes[1]->ranks[1].rank == 3);
+	ck_assert(back->nodes[1]->ranks[1].has_sig);
+	ck_assert_int_eq(roster_file_to_json(back, &again, &len, err), 0);
+	ck_assert_str_eq(again, text);
+	free(again);
+	roster_file_free(back);
+	/* refused: a rank of two nodes; nodes out of order; a world too small */
+	g->ranks[0].rank = 1;
+	ck_assert_int_eq(roster_file_to_json(&r, &t, &len, err), 0);
+	ck_assert_int_eq(roster_file_from_json(t, len, &back, err), -EINVAL);
+	ck_assert_msg(strstr(err, "rank 1 is claimed by two nodes"), "%s", err);
+	free(t);
+	g->ranks[0].rank = 2;
+	v[0] = g;
+	v[1] = f;
+	ck_assert_int_eq(roster_file_to_json(&r, &t, &len, err), -EINVAL); /* not written so */
+	t = strdup(text);
+	memcpy(strstr(t, "\"world\":4"), "\"world\":1", 9);
+	ck_assert_int_eq(roster_file_from_json(t, strlen(t), &back, err), -EINVAL);
+	free(t);
+	free(text);
+	plans_free(f);
+	plans_free(g);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("part");
@@ -619,6 +677,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_part_refusals);
 	tcase_add_test(tc, test_summary);
 	tcase_add_test(tc, test_plans_summary);
+	tcase_add_test(tc, test_roster_file);
 	tcase_add_test(tc, test_merge);
 	tcase_add_test(tc, test_merge_refusals);
 	tcase_add_test(tc, test_plans);
