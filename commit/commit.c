@@ -62,6 +62,11 @@ struct roster {
 	struct names *names;
 	bool named;
 	bool whole; /* built from the plans files whole, not their summaries */
+	/*
+	 * Of rank 0's node: every node's plans as read, where they could not be
+	 * written as the run's roster file yet (written at the next use).
+	 */
+	struct roster_file pending;
 };
 
 struct committer {
@@ -99,10 +104,20 @@ struct commit {
 
 /* ---- rosters ----------------------------------------------------------- */
 
+/* The plans kept for a roster file, let go. */
+static void pending_free(struct roster_file *keep)
+{
+	for (size_t i = 0; i < keep->nnodes; i++)
+		plans_free(keep->nodes[i]);
+	free(keep->nodes);
+	*keep = (struct roster_file){0};
+}
+
 static void roster_free(struct roster *r)
 {
 	if (!r)
 		return;
+	pending_free(&r->pending);
 	for (size_t i = 0; i < r->nnodes; i++) {
 		free(r->nodes[i].name);
 		free(r->nodes[i].ranks);
@@ -314,10 +329,20 @@ out:
  * part does. Else -ENOENT or -ESTALE with why (the summaries say), or
  * -ENOMEM.
  */
+/* Whether f (a node's plans) holds the ranks this node's part does (r's first node). */
+static bool says_mine(const struct roster *r, const struct plans_file *f)
+{
+	const struct rnode *me = &r->nodes[0];
+	bool mine = f->nranks == me->nranks;
+
+	for (size_t j = 0; mine && j < f->nranks; j++)
+		mine = f->ranks[j].rank == me->ranks[j];
+	return mine;
+}
+
 static int roster_from_file(struct committer *cm, struct roster *r, int *owner, char *why)
 {
 	struct roster_file *rf = NULL;
-	const struct rnode *me = &r->nodes[0];
 	char msg[IPC_ERRLEN];
 	uint64_t gen = 0;
 	bool mine = false;
@@ -327,8 +352,8 @@ static int roster_from_file(struct committer *cm, struct roster *r, int *owner, 
 		return ipc_errf(why, rc == -ENOMEM ? rc : -ENOENT, "%s", msg);
 	if (rf->world != r->world)
 		rc = ipc_errf(why, -ESTALE, "plans/%s.roster says world %d", r->run, rf->world);
-	else if ((rc = store_plans_generation(cm->o.store, r->job, &gen, msg)) ||
-	         gen != rf->generation)
+	else if ((rc = store_plans_generation(cm->o.store, r->job, &gen, msg)) || !gen ||
+	         gen != rf->generation) /* 0: none known, nothing says it is of the plans now */
 		rc = ipc_errf(why, rc == -ENOMEM ? rc : -ESTALE,
 		              "plans/%s.roster is of plans generation %016" PRIx64
 		              ", not %016" PRIx64,
@@ -340,10 +365,7 @@ static int roster_from_file(struct committer *cm, struct roster *r, int *owner, 
 			rc = roster_add(r, owner, f->node, f, why);
 			continue;
 		}
-		mine = f->nranks == me->nranks;
-		for (size_t j = 0; mine && j < f->nranks; j++)
-			mine = f->ranks[j].rank == me->ranks[j];
-		if (!mine)
+		if (!(mine = says_mine(r, f)))
 			rc = ipc_errf(why, -ESTALE, "plans/%s.roster says other ranks of node %s",
 			              r->run, cm->node);
 	}
@@ -354,33 +376,40 @@ static int roster_from_file(struct committer *cm, struct roster *r, int *owner, 
 	return rc == -EEXIST ? -ESTALE : rc;
 }
 
-/*
- * Where this node holds rank 0: the roster it read from the summaries
- * (keep), written as the run's roster file for the other nodes, where it
- * is complete and says of this node what its part does. A failure to write
- * is no failure of the roster's: the others read the summaries.
- */
-static void roster_publish(struct committer *cm, const struct roster *r, struct roster_file *keep)
+static int cmp_node(const void *a, const void *b)
 {
-	const struct rnode *me = &r->nodes[0];
-	char msg[IPC_ERRLEN];
+	return strcmp((*(struct plans_file *const *)a)->node,
+	              (*(struct plans_file *const *)b)->node);
+}
+
+/*
+ * Where this node holds rank 0: the roster it read (keep: every node's
+ * plans of the run, its own too), written as the run's roster file for the
+ * other nodes, where it is complete, names its tensors as the files do
+ * (named: written after roster_name) and says of this node what its part
+ * does. 0, or why it could not be written (the others read the summaries;
+ * the roster is read again next time, and written then).
+ */
+static int roster_publish(struct committer *cm, const struct roster *r, struct roster_file *keep,
+                          char *why)
+{
 	bool mine = false;
+	int rc;
 
-	for (size_t i = 0; i < keep->nnodes; i++) {
-		const struct plans_file *f = keep->nodes[i];
-
-		if (strcmp(f->node, cm->node) != 0)
-			continue;
-		mine = f->nranks == me->nranks;
-		for (size_t j = 0; mine && j < f->nranks; j++)
-			mine = f->ranks[j].rank == me->ranks[j];
-	}
+	for (size_t i = 0; i < keep->nnodes; i++)
+		if (strcmp(keep->nodes[i]->node, cm->node) == 0)
+			mine = says_mine(r, keep->nodes[i]);
+	if (!mine || !roster_complete(r) || !r->named || !keep->generation)
+		return ipc_errf(why, -ESTALE, "plans/%s.roster not written: not one roster",
+		                r->run);
+	/* the listing's order is the keys' ("n-2.json" before "n.json"): the nodes' names' */
+	qsort(keep->nodes, keep->nnodes, sizeof(*keep->nodes), cmp_node);
 	keep->job = (char *)r->job;
 	keep->run = (char *)r->run;
 	keep->world = r->world;
-	if (mine && roster_complete(r))
-		(void)store_put_roster(cm->o.store, keep, msg);
+	rc = store_put_roster(cm->o.store, keep, why);
 	keep->job = keep->run = NULL;
+	return rc;
 }
 
 /* Whether a plans file whole says what its node's roster entry (from a summary) says. */
@@ -400,15 +429,14 @@ static bool same_plans(const struct rnode *n, const struct roster *r, const stru
  * Node i's plans file, read whole (rd): its tensors counted into r->names.
  * 0; -ESTALE: it says other ranks or tensors than the summary the roster
  * was built from (a file that changed as it was read, or a summary not to
- * be trusted); another error where it could not be read now (asked again).
- * A file that is not there or cannot be counted drops the names: the parts
- * say.
+ * be trusted); -ENOMEM. A file that cannot be read or counted drops the
+ * names: the parts say (read whole).
  */
 static int name_node(struct roster *r, size_t i, const struct store_plans_read *rd, char *why)
 {
 	const struct plans_file *f = rd->f;
 	char msg[IPC_ERRLEN];
-	int rc = rd->rc == -ENOENT || rd->rc == -EINVAL || rd->rc == -EFBIG ? 0 : rd->rc;
+	int rc = rd->rc == -ENOMEM ? rd->rc : 0;
 
 	if (rc)
 		return ipc_errf(why, rc, "%s", rd->msg);
@@ -481,6 +509,7 @@ static int roster_make(struct committer *cm, const char *job, const char *run, i
 	int *owner = malloc((size_t)world * sizeof(int)), rc;
 	const bool first = nlocal && local[0] == 0;
 	struct roster_file keep = {0};
+	char msg[IPC_ERRLEN];
 
 	*out = NULL;
 	if (!r || !owner) {
@@ -500,21 +529,22 @@ static int roster_make(struct committer *cm, const char *job, const char *run, i
 	/* A node that holds every rank needs to read nobody's plans. */
 	if (rc == 0 && !roster_complete(r) && src == FROM_FILE)
 		rc = roster_from_file(cm, r, owner, why);
-	else if (rc == 0 && !roster_complete(r) && first && src == FROM_SUMMARIES) {
-		/* the generation before the summaries: a file written after moves it */
+	else if (rc == 0 && !roster_complete(r) && first) {
+		/* the generation before the plans: a file written after moves it */
 		rc = store_plans_generation(cm->o.store, job, &keep.generation, why);
 		if (rc == 0)
 			rc = roster_read(cm, r, owner, &keep, why);
-		if (rc == 0)
-			roster_publish(cm, r, &keep);
-		for (size_t i = 0; i < keep.nnodes; i++)
-			plans_free(keep.nodes[i]);
-		free(keep.nodes);
 	} else if (rc == 0 && !roster_complete(r))
 		rc = roster_read(cm, r, owner, NULL, why);
 	/* rank 0's node commits: the tensors counted before its part is written */
 	if (rc == 0 && roster_complete(r) && first)
 		rc = roster_name(cm, r, why);
+	/* and the others read the roster it found: where not written, at the next use */
+	if (rc == 0 && keep.nodes && roster_publish(cm, r, &keep, msg)) {
+		r->pending = keep;
+		keep = (struct roster_file){0};
+	}
+	pending_free(&keep);
 	free(owner);
 	if (rc) {
 		roster_free(r);
@@ -540,6 +570,7 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
                         struct roster **out, char *why)
 {
 	struct roster *r;
+	char msg[IPC_ERRLEN];
 	int rc = -ENOENT;
 
 	*out = NULL;
@@ -549,11 +580,11 @@ static int roster_build(struct committer *cm, const char *job, const char *run, 
 		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
 			atomic_fetch_add(&r->refs, 1);
 			*out = r;
+			if (r->pending.nodes && !roster_publish(cm, r, &r->pending, msg))
+				pending_free(&r->pending);
 			return 0;
 		}
 	if (!whole && !(nlocal && local[0] == 0)) {
-		char msg[IPC_ERRLEN];
-
 		rc = roster_make(cm, job, run, world, local, nlocal, FROM_FILE, &r, msg);
 		if (rc == -ENOMEM)
 			return rc;

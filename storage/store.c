@@ -617,8 +617,15 @@ int store_put_plans(struct storage *s, struct plans_file *f, bool *written, char
 		(void)put_own(s, skey, sum, slen, NULL, &wrote_sum, why);
 	if (rc || (!*written && !wrote_sum))
 		return rc;
-	/* after both: a reader that saw the old number sees them */
-	return plans_touch(s, f->job, err);
+	/*
+	 * after both: a reader that saw the old number sees them. Where the
+	 * number could not be renewed, the summary goes, so that the next
+	 * publish does not find the same bytes and renews it then.
+	 */
+	rc = plans_touch(s, f->job, err);
+	if (rc)
+		(void)s->ops->obj_delete(s, skey, why);
+	return rc;
 }
 
 /* ---- a run's roster ----------------------------------------------------- */

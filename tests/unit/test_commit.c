@@ -1446,7 +1446,7 @@ START_TEST(test_roster_from_summaries)
 	struct commit_result r;
 	struct roster_file *rf;
 	struct manifest *m;
-	size_t n = 9;
+	size_t n = 9, len;
 
 	plans("a", "r", 6, r0, 2);
 	plans("b", "r", 6, r1, 2);
@@ -1474,6 +1474,24 @@ START_TEST(test_roster_from_summaries)
 	ck_assert_int_eq(unclaimed_now("b", r1, true, &d, &n), 0);
 	ck_assert_uint_eq(n, 0);
 	ck_assert_uint_eq(d.gets, 2);
+	/* no generation known (a roster of none, none now): nothing says it is of the plans now */
+	{
+		char *g = strdup(fake_get(fs, JOB "/plans/generation", &len)), *keep;
+		const char *bytes = fake_get(fs, JOB "/plans/r.roster", &len);
+
+		keep = strndup(bytes, len);
+		ck_assert_msg(store_read_roster(st, JOB, "r", &rf, err) == 0, "%s", err);
+		rf->generation = 0;
+		fake_delete(fs, JOB "/plans/r.roster");
+		ck_assert_msg(store_put_roster(st, rf, err) == 0, "%s", err);
+		roster_file_free(rf);
+		fake_delete(fs, JOB "/plans/generation");
+		ck_assert_int_eq(unclaimed_now("b", r1, true, &d, &n), -EAGAIN);
+		fake_put(fs, JOB "/plans/generation", g, strlen(g));
+		fake_put(fs, JOB "/plans/r.roster", keep, len);
+		free(keep);
+		free(g);
+	}
 	/* the commit reads no plans: the roster and its count are the run's */
 	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 6, r0, 2, false, (int[8]){0}, 8, &n, err),
 	                 0);
@@ -1595,11 +1613,24 @@ START_TEST(test_plans_summary_not_trusted)
 	put_part(mk_part("r", "c", 6, 9, r2, 2));
 	ca = start(a, mk_part("r", "a", 6, 9, r0, 2), true, 0);
 	if (_i == 0) {
+		struct roster_file *rf;
+		struct plans_file *f;
+		uint64_t sig;
+
 		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
 		commit_result_free(&r);
 		ck_assert_msg(store_read_manifest(st, JOB, 9, &m, err) == 0, "%s", err);
 		ck_assert_uint_eq(m->ntensors, 1);
 		manifest_free(m);
+		/* the roster written for the others says what the files say, not the summary */
+		ck_assert_msg(store_read_roster(st, JOB, "r", &rf, err) == 0, "%s", err);
+		ck_assert_msg(store_read_plans(st, JOB, "b", &f, err) == 0, "%s", err);
+		ck_assert_int_eq(tensors_signature(f->ranks[1].tensors, f->ranks[1].ntensors, &sig),
+		                 0);
+		ck_assert_str_eq(rf->nodes[1]->node, "b");
+		ck_assert(rf->nodes[1]->ranks[1].sig == sig && sig != 0x1234);
+		plans_free(f);
+		roster_file_free(rf);
 	} else {
 		ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_WAITING);
 		commit_result_free(&r);
@@ -1673,6 +1704,33 @@ START_TEST(test_plans_summary_follows_its_file)
 	         strlen(fake_get(fs, JOB "/plans/b.sum", NULL)));
 	ck_assert_int_eq(store_read_plans_summary(st, JOB, "c", &sf, err), -EINVAL);
 	ck_assert_msg(strstr(err, "node b"), "%s", err);
+}
+END_TEST
+
+/*
+ * The roster file's nodes are in their names' order, whatever the order of
+ * the listing's keys ("n-2.json" before "n.json"): it is written, and the
+ * other node takes it.
+ */
+START_TEST(test_roster_file_name_order)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	struct committer *a = node("n"), *b = node("n-2");
+	struct roster_file *rf;
+	size_t n = 9;
+	int v[8];
+
+	plans("n", "r", 4, r0, 2);
+	plans("n-2", "r", 4, r1, 2);
+	ck_assert_int_eq(commit_unclaimed(a, JOB, "r", 4, r0, 2, false, v, 8, &n, err), 0);
+	ck_assert_msg(store_read_roster(st, JOB, "r", &rf, err) == 0, "%s", err);
+	ck_assert_uint_eq(rf->nnodes, 2);
+	ck_assert_str_eq(rf->nodes[0]->node, "n");
+	roster_file_free(rf);
+	ck_assert_msg(commit_unclaimed(b, JOB, "r", 4, r1, 2, true, v, 8, &n, err) == 0, "%s", err);
+	ck_assert_uint_eq(n, 0);
+	committer_destroy(b);
+	committer_destroy(a);
 }
 END_TEST
 
@@ -1888,6 +1946,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_single_writer_never_takes_over);
 	tcase_add_test(tc, test_committer_reads_summaries);
 	tcase_add_test(tc, test_roster_from_summaries);
+	tcase_add_test(tc, test_roster_file_name_order);
 	tcase_add_loop_test(tc, test_plans_summary_not_trusted, 0, 3);
 	tcase_add_test(tc, test_plans_summary_follows_its_file);
 	tcase_add_loop_test(tc, test_summary_not_trusted, 0, 3);
