@@ -6,8 +6,8 @@
  *   1. this node's part, written once (store_put_part)
  *   2. the manifest, by exact name: there, the step is COMMITTED (of this
  *      run) or FAILED (committed by another run, without this save)
- *   3. the roster (which node holds which rank of this run), from the plans
- *      files, cached per job and run once complete
+ *   3. the roster (which node holds which rank of this run: roster.c),
+ *      cached per job and run once complete
  *   4. the other nodes' parts by exact name: read and checked where this
  *      node commits, only looked at otherwise (for the progress shown)
  *   5. this node commits (it hosts rank 0, or half the deadline passed):
@@ -16,7 +16,8 @@
  *   6. the deadline: FAILED naming the nodes (and their ranks) whose parts
  *      are missing, and what was wrong with those that were there
  *
- * Divisions: rosters; parts of the others; the manifest; polling; by hand.
+ * Divisions: the committer; parts of the others; the manifest; polling; by
+ * hand.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,49 +31,12 @@
 #include "commit.h"
 #include "cover.h"
 #include "fanout.h"
-
-struct rnode {
-	char *name;
-	int *ranks; /* ascending */
-	size_t nranks;
-	uint64_t
-	    *sigs; /* [nranks]: each rank's tensors in its plans (tensors_signature); NULL: ours */
-};
-
-/*
- * Who holds which rank of one run of a job. Shared by the steps of the run
- * and the committer's cache, each holding a reference; the last one frees
- * it (commit_destroy may run on another thread than the commit's).
- */
-struct roster {
-	struct roster *next; /* the cache's list, on the commit thread */
-	atomic_int refs;
-	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
-	int world;
-	size_t nnodes;
-	struct rnode *nodes; /* nodes[0] is this node */
-	/*
-	 * The tensors the other nodes' plans name, counted and checked as a
-	 * merge would (names_add): where a node's summary says its ranks hold
-	 * what its plans say, its part needs no reading. Counted only where
-	 * this node commits (named: roster_name reads the plans files whole;
-	 * every other node reads their summaries alone). NULL once named: the
-	 * plans do not agree (each part is read whole, and says where).
-	 */
-	struct names *names;
-	bool named;
-	bool whole; /* built from the plans files whole, not their summaries */
-	/*
-	 * Of rank 0's node: every node's plans as read, where they could not be
-	 * written as the run's roster file yet (written at the next use).
-	 */
-	struct roster_file pending;
-};
+#include "roster.h"
 
 struct committer {
 	struct commit_opts o;
 	char node[IPC_MAX_JOB + 1];
-	struct roster *rosters; /* complete ones, per (job, run) */
+	struct roster_cache rosters; /* complete ones, per (job, run) */
 };
 
 struct commit {
@@ -102,514 +66,6 @@ struct commit {
 	bool unsynced; /* this node's put of the manifest failed after it was visible */
 };
 
-/* ---- rosters ----------------------------------------------------------- */
-
-/* The plans kept for a roster file, let go. */
-static void pending_free(struct roster_file *keep)
-{
-	for (size_t i = 0; i < keep->nnodes; i++)
-		plans_free(keep->nodes[i]);
-	free(keep->nodes);
-	*keep = (struct roster_file){0};
-}
-
-static void roster_free(struct roster *r)
-{
-	if (!r)
-		return;
-	pending_free(&r->pending);
-	for (size_t i = 0; i < r->nnodes; i++) {
-		free(r->nodes[i].name);
-		free(r->nodes[i].ranks);
-		free(r->nodes[i].sigs);
-	}
-	free(r->nodes);
-	names_free(r->names);
-	free(r);
-}
-
-static void roster_put(struct roster *r)
-{
-	if (r && atomic_fetch_sub(&r->refs, 1) == 1)
-		roster_free(r);
-}
-
-static bool roster_complete(const struct roster *r)
-{
-	size_t n = 0;
-
-	for (size_t i = 0; i < r->nnodes; i++)
-		n += r->nodes[i].nranks;
-	return n == (size_t)r->world;
-}
-
-static int add_node(struct roster *r, const char *name, const int *ranks, size_t n)
-{
-	struct rnode *v = realloc(r->nodes, (r->nnodes + 1) * sizeof(*v));
-
-	if (!v)
-		return -ENOMEM;
-	r->nodes = v;
-	v = &r->nodes[r->nnodes];
-	v->name = strdup(name);
-	v->ranks = malloc((n ? n : 1) * sizeof(int));
-	v->sigs = NULL;
-	if (!v->name || !v->ranks) {
-		free(v->name);
-		free(v->ranks);
-		return -ENOMEM;
-	}
-	memcpy(v->ranks, ranks, n * sizeof(int));
-	v->nranks = n;
-	r->nnodes++;
-	return 0;
-}
-
-/*
- * What each rank of a plans file (or its summary) holds (tensors_signature),
- * malloc'd into *out.
- */
-static int plans_sigs(const struct plans_file *f, uint64_t **out)
-{
-	uint64_t *sigs = malloc((f->nranks ? f->nranks : 1) * sizeof(*sigs));
-	int rc = sigs ? 0 : -ENOMEM;
-
-	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
-		if (f->ranks[j].has_sig)
-			sigs[j] = f->ranks[j].sig;
-		else
-			rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
-	if (rc) {
-		free(sigs);
-		sigs = NULL;
-	}
-	*out = sigs;
-	return rc;
-}
-
-/* Another node, from its plans (or their summary): its ranks, and what each rank's tensors are. */
-static int add_plans_node(struct roster *r, const char *name, const struct plans_file *f)
-{
-	int *ranks = malloc((f->nranks ? f->nranks : 1) * sizeof(int));
-	uint64_t *sigs = NULL;
-	int rc = ranks ? plans_sigs(f, &sigs) : -ENOMEM;
-
-	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
-		ranks[j] = f->ranks[j].rank;
-	if (rc == 0)
-		rc = add_node(r, name, ranks, f->nranks);
-	if (rc == 0) {
-		r->nodes[r->nnodes - 1].sigs = sigs;
-		sigs = NULL;
-	}
-	free(ranks);
-	free(sigs);
-	return rc;
-}
-
-/* `owner`[rank]: the node index holding each rank, -1 if none; a clash is -EEXIST. */
-static int claim(const struct roster *r, int *owner, size_t idx, char *why)
-{
-	const struct rnode *n = &r->nodes[idx];
-
-	for (size_t j = 0; j < n->nranks; j++) {
-		int k = n->ranks[j];
-
-		if (owner[k] >= 0)
-			return ipc_errf(
-			    why, -EEXIST,
-			    "rank %d of run %s is claimed by nodes %s and %s (their plans "
-			    "files): a rank runs on one node (a plans file of an earlier "
-			    "incarnation under the same run? give each restart its own "
-			    "CKPT_RUN)",
-			    k, r->run, r->nodes[owner[k]].name, n->name);
-		owner[k] = (int)idx;
-	}
-	return 0;
-}
-
-/* One node's plans, read: its ranks into the roster where it is of this run. */
-static int roster_add(struct roster *r, int *owner, const char *name, struct plans_file *f,
-                      char *why)
-{
-	int rc = 0;
-
-	if (strcmp(f->run, r->run) == 0 && f->world == r->world) {
-		rc = add_plans_node(r, name, f);
-		if (rc == 0)
-			rc = claim(r, owner, r->nnodes - 1, why);
-	} else if (strcmp(f->run, r->run) == 0) {
-		snprintf(why, IPC_ERRLEN,
-		         "plans/%s.json says world %d for run %s, this node's plans %d", name,
-		         f->world, r->run, r->world);
-	}
-	return rc;
-}
-
-/*
- * A node's plans of the run, kept for the roster file: as a summary says
- * them (each rank's signature, no tensors). 0, or -ENOMEM (f freed).
- */
-static int keep_summary(struct roster_file *keep, struct plans_file *f)
-{
-	if (plans_summarize(f)) {
-		plans_free(f);
-		return -ENOMEM;
-	}
-	keep->nodes[keep->nnodes++] = f;
-	return 0;
-}
-
-/*
- * Every other node's plans summary (or file, where it has none),
- * FANOUT_WIDTH at once: a batch held parsed at a time, then only its ranks'
- * signatures are kept. keep (where not NULL, room for every node listed):
- * the summaries of this run's nodes, this node's among them, in name order.
- */
-static int roster_read(struct committer *cm, struct roster *r, int *owner, struct roster_file *keep,
-                       char *why)
-{
-	char **names = NULL, msg[IPC_ERRLEN];
-	size_t n = 0;
-	struct store_plans_read *b = calloc(FANOUT_WIDTH, sizeof(*b));
-	int rc = b ? 0 : -ENOMEM;
-
-	if (!rc && (rc = store_list_nodes(cm->o.store, r->job, &names, &n, msg))) {
-		ipc_errf(why, rc, "listing the plans of job %s: %s", r->job, msg);
-		rc = rc == -EEXIST ? -EIO : rc; /* -EEXIST says: two nodes claim one rank */
-		n = 0;
-		goto out;
-	}
-	/* ours only for the roster file: this node's part says which ranks */
-	for (size_t i = 0; !keep && i < n; i++)
-		if (strcmp(names[i], cm->node) == 0) { /* the listing's order kept */
-			free(names[i]);
-			memmove(&names[i], &names[i + 1], (--n - i) * sizeof(*names));
-			break;
-		}
-	if (keep && !(keep->nodes = calloc(n + 1, sizeof(*keep->nodes))))
-		rc = -ENOMEM;
-	for (size_t i = 0, k; !rc && i < n; i += k) {
-		char *batch[FANOUT_WIDTH];
-
-		for (k = 0; k < FANOUT_WIDTH && i + k < n; k++)
-			batch[k] = names[i + k];
-		store_read_plans_many(cm->o.store, r->job, batch, k, r->whole, b);
-		for (size_t j = 0; j < k; j++) {
-			struct plans_file *f = b[j].f;
-			const bool ours = strcmp(batch[j], cm->node) == 0;
-
-			if (rc == -EEXIST || rc == -ENOMEM)
-				;
-			else if (b[j].rc && !ours)
-				snprintf(why, IPC_ERRLEN, "%s",
-				         b[j].msg); /* the node stays unknown */
-			else if (!b[j].rc && !ours)
-				rc = roster_add(r, owner, batch[j], f, why);
-			if (rc == 0 && keep && f && strcmp(f->run, r->run) == 0 &&
-			    f->world == r->world)
-				rc = keep_summary(keep, f); /* f is keep's */
-			else
-				plans_free(f);
-		}
-		rc = rc == -EEXIST || rc == -ENOMEM ? rc : 0;
-	}
-out:
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
-	free(b);
-	return rc;
-}
-
-/*
- * The roster as the run's roster file says it (written by the node of rank
- * 0, store_read_roster), where the file is there, of this world, of the
- * plans generation as it is now, complete, and says of this node what its
- * part does. Else -ENOENT or -ESTALE with why (the summaries say), or
- * -ENOMEM.
- */
-/* Whether f (a node's plans) holds the ranks this node's part does (r's first node). */
-static bool says_mine(const struct roster *r, const struct plans_file *f)
-{
-	const struct rnode *me = &r->nodes[0];
-	bool mine = f->nranks == me->nranks;
-
-	for (size_t j = 0; mine && j < f->nranks; j++)
-		mine = f->ranks[j].rank == me->ranks[j];
-	return mine;
-}
-
-static int roster_from_file(struct committer *cm, struct roster *r, int *owner, char *why)
-{
-	struct roster_file *rf = NULL;
-	char msg[IPC_ERRLEN];
-	uint64_t gen = 0;
-	bool mine = false;
-	int rc = store_read_roster(cm->o.store, r->job, r->run, &rf, msg);
-
-	if (rc)
-		return ipc_errf(why, rc == -ENOMEM ? rc : -ENOENT, "%s", msg);
-	if (rf->world != r->world)
-		rc = ipc_errf(why, -ESTALE, "plans/%s.roster says world %d", r->run, rf->world);
-	else if ((rc = store_plans_generation(cm->o.store, r->job, &gen, msg)) || !gen ||
-	         gen != rf->generation) /* 0: none known, nothing says it is of the plans now */
-		rc = ipc_errf(why, rc == -ENOMEM ? rc : -ESTALE,
-		              "plans/%s.roster is of plans generation %016" PRIx64
-		              ", not %016" PRIx64,
-		              r->run, rf->generation, gen);
-	for (size_t i = 0; !rc && i < rf->nnodes; i++) {
-		struct plans_file *f = rf->nodes[i];
-
-		if (strcmp(f->node, cm->node) != 0) {
-			rc = roster_add(r, owner, f->node, f, why);
-			continue;
-		}
-		if (!(mine = says_mine(r, f)))
-			rc = ipc_errf(why, -ESTALE, "plans/%s.roster says other ranks of node %s",
-			              r->run, cm->node);
-	}
-	if (rc == 0 && (!mine || !roster_complete(r)))
-		rc =
-		    ipc_errf(why, -ESTALE, "plans/%s.roster does not hold every rank once", r->run);
-	roster_file_free(rf);
-	return rc == -EEXIST ? -ESTALE : rc;
-}
-
-static int cmp_node(const void *a, const void *b)
-{
-	return strcmp((*(struct plans_file *const *)a)->node,
-	              (*(struct plans_file *const *)b)->node);
-}
-
-/*
- * Where this node holds rank 0: the roster it read (keep: every node's
- * plans of the run, its own too), written as the run's roster file for the
- * other nodes, where it is complete, names its tensors as the files do
- * (named: written after roster_name) and says of this node what its part
- * does. 0, or why it could not be written (the others read the summaries;
- * the roster is read again next time, and written then).
- */
-static int roster_publish(struct committer *cm, const struct roster *r, struct roster_file *keep,
-                          char *why)
-{
-	bool mine = false;
-	int rc;
-
-	for (size_t i = 0; i < keep->nnodes; i++)
-		if (strcmp(keep->nodes[i]->node, cm->node) == 0)
-			mine = says_mine(r, keep->nodes[i]);
-	if (!mine || !roster_complete(r) || !r->named || !keep->generation)
-		return ipc_errf(why, -ESTALE, "plans/%s.roster not written: not one roster",
-		                r->run);
-	/* the listing's order is the keys' ("n-2.json" before "n.json"): the nodes' names' */
-	qsort(keep->nodes, keep->nnodes, sizeof(*keep->nodes), cmp_node);
-	keep->job = (char *)r->job;
-	keep->run = (char *)r->run;
-	keep->world = r->world;
-	rc = store_put_roster(cm->o.store, keep, why);
-	keep->job = keep->run = NULL;
-	return rc;
-}
-
-/* Whether a plans file whole says what its node's roster entry (from a summary) says. */
-static bool same_plans(const struct rnode *n, const struct roster *r, const struct plans_file *f)
-{
-	uint64_t *sigs = NULL;
-	bool same = strcmp(f->run, r->run) == 0 && f->world == r->world && f->nranks == n->nranks &&
-	            n->sigs && plans_sigs(f, &sigs) == 0;
-
-	for (size_t j = 0; same && j < f->nranks; j++)
-		same = f->ranks[j].rank == n->ranks[j] && sigs[j] == n->sigs[j];
-	free(sigs);
-	return same;
-}
-
-/*
- * Node i's plans file, read whole (rd): its tensors counted into r->names.
- * 0; -ESTALE: it says other ranks or tensors than the summary the roster
- * was built from (a file that changed as it was read, or a summary not to
- * be trusted); -ENOMEM. A file that cannot be read or counted drops the
- * names: the parts say (read whole).
- */
-static int name_node(struct roster *r, size_t i, const struct store_plans_read *rd, char *why)
-{
-	const struct plans_file *f = rd->f;
-	char msg[IPC_ERRLEN];
-	int rc = rd->rc == -ENOMEM ? rd->rc : 0;
-
-	if (rc)
-		return ipc_errf(why, rc, "%s", rd->msg);
-	if (f && !same_plans(&r->nodes[i], r, f))
-		return ipc_errf(why, -ESTALE,
-		                "plans/%s.json says other ranks or tensors than plans/%s.sum: the "
-		                "roster is read again, from the files whole",
-		                f->node, f->node);
-	for (size_t q = 0; rc == 0 && f && q < f->nranks; q++)
-		rc = names_add_tensors(r->names, f->ranks[q].tensors, f->ranks[q].ntensors,
-		                       f->ranks[q].rank, msg);
-	if (rc == -EINVAL || (rc == 0 && !f)) {
-		names_free(r->names);
-		r->names = NULL;
-		rc = 0;
-	}
-	return rc;
-}
-
-/*
- * Where this node commits: the tensors of the other nodes' plans, counted
- * (names_add_tensors), their files read whole FANOUT_WIDTH at once; once per
- * roster (named). -ESTALE: a file disagrees with its summary: the roster is
- * read again, from the files (name_node). Names NULL: the parts say.
- */
-static int roster_name(struct committer *cm, struct roster *r, char *why)
-{
-	struct store_plans_read *b = calloc(FANOUT_WIDTH, sizeof(*b));
-	int rc = b ? names_create(&r->names) : -ENOMEM;
-
-	for (size_t i = 1, k; rc == 0 && r->names && i < r->nnodes; i += k) {
-		char *batch[FANOUT_WIDTH];
-
-		for (k = 0; k < FANOUT_WIDTH && i + k < r->nnodes; k++)
-			batch[k] = r->nodes[i + k].name;
-		store_read_plans_many(cm->o.store, r->job, batch, k, true, b);
-		for (size_t j = 0; j < k; j++) {
-			if (rc == 0 && r->names)
-				rc = name_node(r, i + j, &b[j], why);
-			plans_free(b[j].f);
-		}
-	}
-	free(b);
-	if (rc) {
-		names_free(r->names);
-		r->names = NULL;
-	}
-	r->named = rc == 0;
-	return rc;
-}
-
-/* Where a roster is read from. */
-enum roster_src {
-	FROM_FILE, /* the run's roster file, which rank 0's node writes */
-	FROM_SUMMARIES, /* every node's plans summary (its file where it has none) */
-	FROM_WHOLE, /* every node's plans file whole */
-};
-
-/*
- * One roster of (job, run, world) where this node holds `local`, read from
- * src: its ranks claimed, the others' read; where this node holds rank 0
- * (it commits), from the summaries, written as the run's roster file, and
- * the tensors counted. Complete or not; -errno with why.
- */
-static int roster_make(struct committer *cm, const char *job, const char *run, int world,
-                       const int *local, size_t nlocal, enum roster_src src, struct roster **out,
-                       char *why)
-{
-	struct roster *r = calloc(1, sizeof(*r));
-	int *owner = malloc((size_t)world * sizeof(int)), rc;
-	const bool first = nlocal && local[0] == 0;
-	struct roster_file keep = {0};
-	char msg[IPC_ERRLEN];
-
-	*out = NULL;
-	if (!r || !owner) {
-		free(r);
-		free(owner);
-		return -ENOMEM;
-	}
-	snprintf(r->job, sizeof(r->job), "%s", job);
-	snprintf(r->run, sizeof(r->run), "%s", run);
-	r->world = world;
-	r->whole = src == FROM_WHOLE;
-	atomic_init(&r->refs, 1);
-	memset(owner, -1, (size_t)world * sizeof(int));
-	rc = add_node(r, cm->node, local, nlocal);
-	if (rc == 0)
-		rc = claim(r, owner, 0, why);
-	/* A node that holds every rank needs to read nobody's plans. */
-	if (rc == 0 && !roster_complete(r) && src == FROM_FILE)
-		rc = roster_from_file(cm, r, owner, why);
-	else if (rc == 0 && !roster_complete(r) && first) {
-		/* the generation before the plans: a file written after moves it */
-		rc = store_plans_generation(cm->o.store, job, &keep.generation, why);
-		if (rc == 0)
-			rc = roster_read(cm, r, owner, &keep, why);
-	} else if (rc == 0 && !roster_complete(r))
-		rc = roster_read(cm, r, owner, NULL, why);
-	/* rank 0's node commits: the tensors counted before its part is written */
-	if (rc == 0 && roster_complete(r) && first)
-		rc = roster_name(cm, r, why);
-	/* and the others read the roster it found: where not written, at the next use */
-	if (rc == 0 && keep.nodes && roster_publish(cm, r, &keep, msg)) {
-		r->pending = keep;
-		keep = (struct roster_file){0};
-	}
-	pending_free(&keep);
-	free(owner);
-	if (rc) {
-		roster_free(r);
-		return rc;
-	}
-	*out = r;
-	return 0;
-}
-
-/*
- * The roster of (job, run, world) where this node holds `local`: cached when
- * complete; else read: the run's roster file first where this node does not
- * hold rank 0 (one read; patient: where it is not there yet, -EAGAIN, for
- * rank 0's node writes it), then the plans summaries (a node's may come
- * late: then it is incomplete, and asked again next time). Where the
- * summaries make two nodes claim one rank, or a file disagrees with its
- * summary, it is read again from the files whole (whole: from them at
- * once). -EEXIST: two nodes claim one rank. *out holds a reference for the
- * caller (roster_put).
- */
-static int roster_build(struct committer *cm, const char *job, const char *run, int world,
-                        const int *local, size_t nlocal, bool whole, bool patient,
-                        struct roster **out, char *why)
-{
-	struct roster *r;
-	char msg[IPC_ERRLEN];
-	int rc = -ENOENT;
-
-	*out = NULL;
-	for (r = cm->rosters; r; r = r->next)
-		if (strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0 && r->world == world &&
-		    (r->whole || !whole) && r->nodes[0].nranks == nlocal &&
-		    memcmp(r->nodes[0].ranks, local, nlocal * sizeof(int)) == 0) {
-			atomic_fetch_add(&r->refs, 1);
-			*out = r;
-			if (r->pending.nodes && !roster_publish(cm, r, &r->pending, msg))
-				pending_free(&r->pending);
-			return 0;
-		}
-	if (!whole && !(nlocal && local[0] == 0)) {
-		rc = roster_make(cm, job, run, world, local, nlocal, FROM_FILE, &r, msg);
-		if (rc == -ENOMEM)
-			return rc;
-		if (rc && patient)
-			return ipc_errf(
-			    why, -EAGAIN,
-			    "waiting for the roster of run %s that rank 0's node writes: %s", run,
-			    msg);
-	}
-	if (rc)
-		rc = roster_make(cm, job, run, world, local, nlocal,
-		                 whole ? FROM_WHOLE : FROM_SUMMARIES, &r, why);
-	if ((rc == -EEXIST || rc == -ESTALE) && !whole)
-		rc = roster_make(cm, job, run, world, local, nlocal, FROM_WHOLE, &r, why);
-	if (rc)
-		return rc;
-	if (roster_complete(r)) { /* the cache's reference */
-		atomic_fetch_add(&r->refs, 1);
-		r->next = cm->rosters;
-		cm->rosters = r;
-	}
-	*out = r;
-	return 0;
-}
-
 /* The roster of c's run (see roster_build), this node's ranks from its part. */
 static int roster_get(struct commit *c, char *why)
 {
@@ -627,33 +83,10 @@ static int roster_get(struct commit *c, char *why)
 		return -ENOMEM;
 	for (size_t i = 0; i < p->nranks; i++)
 		local[i] = p->ranks[i].rank;
-	rc = roster_build(c->cm, p->job, p->run, p->world, local, p->nranks, c->whole, false,
-	                  &c->roster, why);
+	rc = roster_build(&c->cm->rosters, p->job, p->run, p->world, local, p->nranks, c->whole,
+	                  false, &c->roster, why);
 	free(local);
 	return rc;
-}
-
-/*
- * Ranks of the world that no node of this run claims (this node's saves, the
- * others' plans): the first max into out, how many in all into *n.
- */
-static int unclaimed(const struct roster *ro, int *out, size_t max, size_t *n)
-{
-	unsigned char *mine = calloc((size_t)ro->world, 1);
-	size_t k = 0;
-
-	*n = 0;
-	if (!mine)
-		return -ENOMEM;
-	for (size_t i = 0; i < ro->nnodes; i++)
-		for (size_t j = 0; j < ro->nodes[i].nranks; j++)
-			mine[ro->nodes[i].ranks[j]] = 1;
-	for (int r = 0; r < ro->world; r++)
-		if (!mine[r] && k++ < max)
-			out[k - 1] = r;
-	free(mine);
-	*n = k;
-	return 0;
 }
 
 int commit_unclaimed(struct committer *cm, const char *job, const char *run, int world,
@@ -672,11 +105,11 @@ int commit_unclaimed(struct committer *cm, const char *job, const char *run, int
 			                "this node's ranks are not ascending ranks of "
 			                "world %d",
 			                world);
-	rc = roster_build(cm, job, run, world, local, nlocal, false, patient, &r, why);
+	rc = roster_build(&cm->rosters, job, run, world, local, nlocal, false, patient, &r, why);
 	if (rc)
 		return rc;
 	if (!roster_complete(r))
-		rc = unclaimed(r, out, max, n);
+		rc = roster_unclaimed(r, out, max, n);
 	roster_put(r);
 	return rc;
 }
@@ -706,15 +139,8 @@ static void forget_parts(struct commit *c)
  */
 static void roster_drop(struct commit *c)
 {
-	struct roster **pp;
-
 	c->whole = true; /* a summary may have said what its file does not: the files say */
-	for (pp = &c->cm->rosters; *pp; pp = &(*pp)->next)
-		if (*pp == c->roster) {
-			*pp = c->roster->next;
-			roster_put(c->roster); /* the cache's */
-			break;
-		}
+	roster_uncache(&c->cm->rosters, c->roster);
 	forget_parts(c);
 	roster_put(c->roster);
 	c->roster = NULL;
@@ -738,6 +164,7 @@ int committer_create(const struct commit_opts *o, struct committer **out, char *
 	cm->o = *o;
 	snprintf(cm->node, sizeof(cm->node), "%s", o->node);
 	cm->o.node = cm->node;
+	cm->rosters = (struct roster_cache){cm->o.store, cm->node, NULL};
 	*out = cm;
 	return 0;
 }
@@ -746,12 +173,7 @@ void committer_destroy(struct committer *cm)
 {
 	if (!cm)
 		return;
-	while (cm->rosters) {
-		struct roster *r = cm->rosters;
-
-		cm->rosters = r->next;
-		roster_put(r);
-	}
+	roster_cache_clear(&cm->rosters);
 	free(cm);
 }
 
@@ -1150,7 +572,7 @@ static int look(struct commit *c, bool reading, size_t *in)
 		/* the others' tensors as the roster's plans name them, where they agree */
 		if (!c->own->file_size && (rc = part_bytes_id(c->own, why)))
 			return rc;
-		if (!c->roster->named && (rc = roster_name(c->cm, c->roster, c->problem)))
+		if (!c->roster->named && (rc = roster_name(&c->cm->rosters, c->roster, c->problem)))
 			return rc; /* -ESTALE: the roster is read again */
 		if (c->roster->names ? names_copy(c->roster->names, &c->names)
 		                     : names_create(&c->names))
@@ -1561,7 +983,7 @@ static void progress(struct commit *c, struct commit_result *r)
 		part_node_text(nd->name, nd->ranks, nd->nranks, text, sizeof(text));
 		add_text(&r->missing, &r->nmissing, text);
 	}
-	if (unclaimed(c->roster, free_ranks, 64, &n) == 0 && n) {
+	if (roster_unclaimed(c->roster, free_ranks, 64, &n) == 0 && n) {
 		part_ranks_text(free_ranks, n < 64 ? n : 64, ranks, sizeof(ranks));
 		snprintf(text, sizeof(text), "no node's plans (rank%s %s%s)", n == 1 ? "" : "s",
 		         ranks, n > 64 ? ",..." : "");

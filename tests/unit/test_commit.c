@@ -1866,22 +1866,12 @@ START_TEST(test_plans_change_roster_read_again)
 	struct commit *ca;
 	struct commit_result r;
 	struct manifest *m;
-	struct part *pb;
-	char file[SHARD_FILE_MAX];
-	void *hdr;
-	size_t hl;
 	int i;
 
 	/* step 8: b holds "w" and "x" */
 	plans("a", "r", 2, r0, 1);
 	plans_of("b", "r", 2, r1, 1, true);
-	pb = mk_part("r", "b", 2, 8, r1, 1);
-	hold_x(&pb->ranks[0], 2);
-	hl = shard_header("r", 1, 2, 8, pb->ranks[0].save, &hdr);
-	ck_assert_int_eq(shard_file_name(1, "b", 0, file, sizeof(file)), 0);
-	fake_add_shard_bytes(fs, JOB, 8, file, hdr, hl, hl + 32);
-	free(hdr);
-	put_part(pb);
+	put_part(part_with_x("b", 2, 8, r1, 1));
 	ca = start(a, mk_part("r", "a", 2, 8, r0, 1), true, 0);
 	ck_assert_int_eq(poll_at(ca, 0, &r), COMMIT_COMMITTED);
 	ck_assert_uint_eq(r.manifest->head_tensors, 2);
