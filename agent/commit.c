@@ -807,6 +807,12 @@ static int before_part(struct agent *a, struct checkpoint *cp, struct save ***v,
 		return 0;
 	}
 	r->state = COMMIT_FAILED;
+	if (transient && a->stopping) { /* waiting for the run's roster (or a store that failed) */
+		snprintf(r->reason, sizeof(r->reason),
+		         "step %lld: the agent stopped before the ranks of run %s were known (%s)",
+		         (long long)cp->step, cp->run, why);
+		return -ECANCELED;
+	}
 	if (rc) {
 		snprintf(r->reason, sizeof(r->reason), "step %lld: %s", (long long)cp->step, why);
 		return rc;

@@ -180,8 +180,8 @@ static int keep_summary(struct roster_file *keep, struct plans_file *f)
  * signatures are kept. keep (where not NULL, room for every node listed):
  * the summaries of this run's nodes, this node's among them, in name order.
  */
-static int roster_read(struct roster_cache *cache, struct roster *r, int *owner, struct roster_file *keep,
-                       char *why)
+static int roster_read(struct roster_cache *cache, struct roster *r, int *owner,
+                       struct roster_file *keep, char *why)
 {
 	char **names = NULL, msg[IPC_ERRLEN];
 	size_t n = 0;
@@ -299,13 +299,13 @@ static int cmp_node(const void *a, const void *b)
 /*
  * Where this node holds rank 0: the roster it read (keep: every node's
  * plans of the run, its own too), written as the run's roster file for the
- * other nodes, where it is complete, names its tensors as the files do
- * (named: written after roster_name) and says of this node what its part
- * does. 0, or why it could not be written (the others read the summaries;
- * the roster is read again next time, and written then).
+ * other nodes, where it is complete, every file agreed with its summary and
+ * counted its tensors (names, after roster_name) and it says of this node
+ * what its part does (else -ESTALE). 0, or why it could not be written:
+ * the others read the summaries meanwhile.
  */
-static int roster_publish(struct roster_cache *cache, const struct roster *r, struct roster_file *keep,
-                          char *why)
+static int roster_publish(struct roster_cache *cache, const struct roster *r,
+                          struct roster_file *keep, char *why)
 {
 	bool mine = false;
 	int rc;
@@ -313,7 +313,7 @@ static int roster_publish(struct roster_cache *cache, const struct roster *r, st
 	for (size_t i = 0; i < keep->nnodes; i++)
 		if (strcmp(keep->nodes[i]->node, cache->node) == 0)
 			mine = says_mine(r, keep->nodes[i]);
-	if (!mine || !roster_complete(r) || !r->named || !keep->generation)
+	if (!mine || !roster_complete(r) || !r->names || !keep->generation)
 		return ipc_errf(why, -ESTALE, "plans/%s.roster not written: not one roster",
 		                r->run);
 	/* the listing's order is the keys' ("n-2.json" before "n.json"): the nodes' names' */
@@ -424,6 +424,7 @@ static int roster_make(struct roster_cache *cache, const char *job, const char *
 	const bool first = nlocal && local[0] == 0;
 	struct roster_file keep = {0};
 	char msg[IPC_ERRLEN];
+	int pub;
 
 	*out = NULL;
 	if (!r || !owner) {
@@ -453,8 +454,12 @@ static int roster_make(struct roster_cache *cache, const char *job, const char *
 	/* rank 0's node commits: the tensors counted before its part is written */
 	if (rc == 0 && roster_complete(r) && first)
 		rc = roster_name(cache, r, why);
-	/* and the others read the roster it found: where not written, at the next use */
-	if (rc == 0 && keep.nodes && roster_publish(cache, r, &keep, msg)) {
+	/*
+	 * and the others read the roster it found; where the put failed, it is
+	 * tried again at the next use (one that cannot be written is not kept)
+	 */
+	if (rc == 0 && keep.nodes && (pub = roster_publish(cache, r, &keep, msg)) &&
+	    pub != -ESTALE) {
 		r->pending = keep;
 		keep = (struct roster_file){0};
 	}
@@ -480,8 +485,8 @@ static int roster_make(struct roster_cache *cache, const char *job, const char *
  * caller (roster_put).
  */
 int roster_build(struct roster_cache *cache, const char *job, const char *run, int world,
-                        const int *local, size_t nlocal, bool whole, bool patient,
-                        struct roster **out, char *why)
+                 const int *local, size_t nlocal, bool whole, bool patient, struct roster **out,
+                 char *why)
 {
 	struct roster *r;
 	char msg[IPC_ERRLEN];
@@ -546,7 +551,6 @@ int roster_unclaimed(const struct roster *ro, int *out, size_t max, size_t *n)
 	*n = k;
 	return 0;
 }
-
 
 void roster_uncache(struct roster_cache *cache, struct roster *r)
 {
