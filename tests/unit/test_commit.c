@@ -1734,6 +1734,30 @@ START_TEST(test_roster_file_name_order)
 }
 END_TEST
 
+/*
+ * A plans file that cannot be read (its summary can): rank 0's node counts
+ * no tensors from it (the parts will say) and writes no roster file of what
+ * no file confirmed; the other nodes read the summaries.
+ */
+START_TEST(test_roster_file_only_of_checked_plans)
+{
+	static const int r0[] = {0, 1}, r1[] = {2, 3};
+	struct committer *a = node("a");
+	struct roster_file *rf = NULL;
+	size_t n = 9;
+	int v[8];
+
+	plans("a", "r", 4, r0, 2);
+	plans("b", "r", 4, r1, 2);
+	fake_put(fs, JOB "/plans/b.json", "{not json", 9);
+	ck_assert_msg(commit_unclaimed(a, JOB, "r", 4, r0, 2, false, v, 8, &n, err) == 0, "%s",
+	              err);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_int_eq(store_read_roster(st, JOB, "r", &rf, err), -ENOENT);
+	committer_destroy(a);
+}
+END_TEST
+
 /* Node b's summary as it is, with rank 2's signature `sig` in place of its own. */
 static void forge_summary(int64_t step, uint64_t sig)
 {
@@ -1937,6 +1961,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_committer_reads_summaries);
 	tcase_add_test(tc, test_roster_from_summaries);
 	tcase_add_test(tc, test_roster_file_name_order);
+	tcase_add_test(tc, test_roster_file_only_of_checked_plans);
 	tcase_add_loop_test(tc, test_plans_summary_not_trusted, 0, 3);
 	tcase_add_test(tc, test_plans_summary_follows_its_file);
 	tcase_add_loop_test(tc, test_summary_not_trusted, 0, 3);
