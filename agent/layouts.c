@@ -11,10 +11,11 @@
  * files are hostile input: parsed and checked by storage/). Where those of
  * this run hold every rank of the world exactly once and this node's plans
  * are not of that set yet, the files are read whole (their tensors), once
- * per plan set, and layout/assign.c gives each rank the rows it writes. Each plan of this
- * node whose rank writes less than it holds gets a shard layout of its
- * own (struct shard_layout: the pieces, a header), made once per plan set
- * and kept until the set changes; saves admitted from then on use it.
+ * per plan set, and layout/assign.c gives each rank the rows it writes.
+ * Each plan of this node whose rank writes less than it holds gets a shard
+ * layout of its own (struct shard_layout: the pieces, a header), made once
+ * per plan set and kept until the set changes; saves admitted from then on
+ * use it.
  *
  * A run's first save waits for the set: where a plan that may hold
  * replicas has no complete set yet, rpc_save parks the save (nothing of it
@@ -119,10 +120,10 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		struct plans_file *f = rd[i].f;
 
 		rd[i].f = NULL;
+		/* one gone since the listing, or unreadable: its ranks are missing */
 		if (rd[i].rc == -ENOMEM)
 			rc = ipc_errf(err, -ENOMEM, "%s", rd[i].msg);
-		else if (rd[i]
-		             .rc) /* gone since the listing, or unreadable: its ranks are missing */
+		else if (rd[i].rc)
 			log_msg(LOG_DEBUG, "job %s: plans of node %s not used: %s", job, names[i],
 			        rd[i].msg);
 		else if (strcmp(f->run, run) != 0 || f->world != world)
@@ -146,13 +147,13 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 	for (size_t i = 0; !rc && i < ps->nfiles; i++)
 		for (size_t j = 0; j < ps->files[i]->nranks; j++) {
 			const struct plans_rank *k = &ps->files[i]->ranks[j];
-			uint64_t sig = k->sig;
+			uint64_t sig;
 
 			if (k->rank < 0 || k->rank >= world || seen[k->rank]++) {
 				free(seen);
 				return 0; /* a rank twice: not a set (the commit says more) */
 			}
-			if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &sig)) {
+			if (plans_rank_signature(k, &sig)) {
 				free(seen);
 				return ipc_errf(err, -ENOMEM, "out of memory");
 			}

@@ -18,20 +18,11 @@
 #include "fanout.h"
 #include "roster.h"
 
-/* The plans kept for a roster file, let go. */
-static void pending_free(struct roster_file *keep)
-{
-	for (size_t i = 0; i < keep->nnodes; i++)
-		plans_free(keep->nodes[i]);
-	free(keep->nodes);
-	*keep = (struct roster_file){0};
-}
-
 static void roster_free(struct roster *r)
 {
 	if (!r)
 		return;
-	pending_free(&r->pending);
+	roster_file_clear(&r->pending);
 	for (size_t i = 0; i < r->nnodes; i++) {
 		free(r->nodes[i].name);
 		free(r->nodes[i].ranks);
@@ -89,10 +80,7 @@ int plans_sigs(const struct plans_file *f, uint64_t **out)
 	int rc = sigs ? 0 : -ENOMEM;
 
 	for (size_t j = 0; rc == 0 && j < f->nranks; j++)
-		if (f->ranks[j].has_sig)
-			sigs[j] = f->ranks[j].sig;
-		else
-			rc = tensors_signature(f->ranks[j].tensors, f->ranks[j].ntensors, &sigs[j]);
+		rc = plans_rank_signature(&f->ranks[j], &sigs[j]);
 	if (rc) {
 		free(sigs);
 		sigs = NULL;
@@ -236,6 +224,16 @@ out:
 	return rc;
 }
 
+/* Whether f (a node's plans) holds the ranks the roster gives node n. */
+static bool ranks_of(const struct rnode *n, const struct plans_file *f)
+{
+	bool same = f->nranks == n->nranks;
+
+	for (size_t j = 0; same && j < f->nranks; j++)
+		same = f->ranks[j].rank == n->ranks[j];
+	return same;
+}
+
 /*
  * The roster as the run's roster file says it (written by the node of rank
  * 0, store_read_roster), where the file is there, of this world, of the
@@ -243,17 +241,6 @@ out:
  * part does. Else -ENOENT or -ESTALE with why (the summaries say), or
  * -ENOMEM.
  */
-/* Whether f (a node's plans) holds the ranks this node's part does (r's first node). */
-static bool says_mine(const struct roster *r, const struct plans_file *f)
-{
-	const struct rnode *me = &r->nodes[0];
-	bool mine = f->nranks == me->nranks;
-
-	for (size_t j = 0; mine && j < f->nranks; j++)
-		mine = f->ranks[j].rank == me->ranks[j];
-	return mine;
-}
-
 static int roster_from_file(struct roster_cache *cache, struct roster *r, int *owner, char *why)
 {
 	struct roster_file *rf = NULL;
@@ -279,7 +266,7 @@ static int roster_from_file(struct roster_cache *cache, struct roster *r, int *o
 			rc = roster_add(r, owner, f->node, f, why);
 			continue;
 		}
-		if (!(mine = says_mine(r, f)))
+		if (!(mine = ranks_of(&r->nodes[0], f))) /* r->nodes as it is now: it grows */
 			rc = ipc_errf(why, -ESTALE, "plans/%s.roster says other ranks of node %s",
 			              r->run, cache->node);
 	}
@@ -312,7 +299,7 @@ static int roster_publish(struct roster_cache *cache, const struct roster *r,
 
 	for (size_t i = 0; i < keep->nnodes; i++)
 		if (strcmp(keep->nodes[i]->node, cache->node) == 0)
-			mine = says_mine(r, keep->nodes[i]);
+			mine = ranks_of(&r->nodes[0], keep->nodes[i]);
 	if (!mine || !roster_complete(r) || !r->names || !keep->generation)
 		return ipc_errf(why, -ESTALE, "plans/%s.roster not written: not one roster",
 		                r->run);
@@ -330,11 +317,11 @@ static int roster_publish(struct roster_cache *cache, const struct roster *r,
 static bool same_plans(const struct rnode *n, const struct roster *r, const struct plans_file *f)
 {
 	uint64_t *sigs = NULL;
-	bool same = strcmp(f->run, r->run) == 0 && f->world == r->world && f->nranks == n->nranks &&
+	bool same = strcmp(f->run, r->run) == 0 && f->world == r->world && ranks_of(n, f) &&
 	            n->sigs && plans_sigs(f, &sigs) == 0;
 
 	for (size_t j = 0; same && j < f->nranks; j++)
-		same = f->ranks[j].rank == n->ranks[j] && sigs[j] == n->sigs[j];
+		same = sigs[j] == n->sigs[j];
 	free(sigs);
 	return same;
 }
@@ -463,7 +450,7 @@ static int roster_make(struct roster_cache *cache, const char *job, const char *
 		r->pending = keep;
 		keep = (struct roster_file){0};
 	}
-	pending_free(&keep);
+	roster_file_clear(&keep);
 	free(owner);
 	if (rc) {
 		roster_free(r);
@@ -500,7 +487,7 @@ int roster_build(struct roster_cache *cache, const char *job, const char *run, i
 			atomic_fetch_add(&r->refs, 1);
 			*out = r;
 			if (r->pending.nodes && !roster_publish(cache, r, &r->pending, msg))
-				pending_free(&r->pending);
+				roster_file_clear(&r->pending);
 			return 0;
 		}
 	if (!whole && !(nlocal && local[0] == 0)) {

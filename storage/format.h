@@ -443,6 +443,8 @@ int plans_from_json(const char *buf, size_t len, struct plans_file **out, char *
 /* f's summary (its digest filled in first by plans_to_json), and back (summary set). */
 int plans_summary_to_json(const struct plans_file *f, char **out, size_t *len, char *err);
 int plans_summary_from_json(const char *buf, size_t len, struct plans_file **out, char *err);
+/* What a plans rank holds as one number: its summary's, or its tensors' (-ENOMEM). */
+int plans_rank_signature(const struct plans_rank *k, uint64_t *sig);
 /* f made its summary in place: each rank's signature for its tensors, let go. -ENOMEM. */
 int plans_summarize(struct plans_file *f);
 void plans_free(struct plans_file *f);
@@ -467,6 +469,8 @@ struct roster_file {
 
 int roster_file_to_json(const struct roster_file *r, char **out, size_t *len, char *err);
 int roster_file_from_json(const char *buf, size_t len, struct roster_file **out, char *err);
+/* What r holds let go, r emptied (not freed); and r freed. */
+void roster_file_clear(struct roster_file *r);
 void roster_file_free(struct roster_file *r);
 
 #endif /* CKPT_STORAGE_FORMAT_H */

@@ -9,8 +9,9 @@
  * rewrites its file only when it changes. Its summary (<node>.sum) says the
  * same of the ranks with each rank's tensors as one number (their
  * tensors_signature), and the digest of the file it summarises. A run's
- * roster (<run>.roster) says the same of every node of the run at once. Files of other nodes are
- * hostile input: every field is checked and bounded. Pure functions; any thread.
+ * roster (<run>.roster) says the same of every node of the run at once.
+ * Files of other nodes are hostile input: every field is checked and
+ * bounded. Pure functions; any thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -109,13 +110,22 @@ int plans_to_json(struct plans_file *f, char **out, size_t *len, char *err)
 	return rc;
 }
 
+int plans_rank_signature(const struct plans_rank *k, uint64_t *sig)
+{
+	if (k->has_sig) {
+		*sig = k->sig;
+		return 0;
+	}
+	return tensors_signature(k->tensors, k->ntensors, sig);
+}
+
 /* A rank in the summary: its number, its option, what it holds as one number. */
 static json_t *summary_rank_json(const struct plans_rank *k)
 {
-	uint64_t sig = k->sig;
+	uint64_t sig;
 	json_t *o;
 
-	if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &sig))
+	if (plans_rank_signature(k, &sig))
 		return NULL;
 	o = json_pack("{s:i}", "rank", k->rank);
 	if (o && ((k->copies > 1 &&
@@ -371,7 +381,7 @@ int plans_summarize(struct plans_file *f)
 	for (size_t j = 0; j < f->nranks; j++) {
 		struct plans_rank *k = &f->ranks[j];
 
-		if (!k->has_sig && tensors_signature(k->tensors, k->ntensors, &k->sig))
+		if (plans_rank_signature(k, &k->sig))
 			return -ENOMEM;
 		k->has_sig = true;
 		fmt_tensors_free(k->tensors, k->ntensors);
@@ -514,14 +524,20 @@ int roster_file_from_json(const char *buf, size_t len, struct roster_file **out,
 	return 0;
 }
 
-void roster_file_free(struct roster_file *r)
+void roster_file_clear(struct roster_file *r)
 {
-	if (!r)
-		return;
 	for (size_t i = 0; i < r->nnodes; i++)
 		plans_free(r->nodes[i]);
 	free(r->nodes);
 	free(r->job);
 	free(r->run);
+	*r = (struct roster_file){0};
+}
+
+void roster_file_free(struct roster_file *r)
+{
+	if (!r)
+		return;
+	roster_file_clear(r);
 	free(r);
 }
