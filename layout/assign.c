@@ -141,6 +141,7 @@ static void give(struct assignment *a, const struct entry *e, int64_t row0, int6
 static int collect(struct assignment *a, struct assign_input *in, size_t n, struct entry **ents,
                    size_t *nents, char *err)
 {
+	uint64_t total = 0; /* every count of bytes below is at most this: none wraps */
 	size_t cap = 0, k = 0;
 	char msg[IPC_ERRLEN];
 	struct entry *e;
@@ -182,6 +183,14 @@ static int collect(struct assignment *a, struct assign_input *in, size_t n, stru
 			                       &nb, msg);
 			if (rc)
 				return ipc_errf(err, rc, "rank %d: %s", r->rank, msg);
+			/* rows x pieces too: a box's rows are at most its bytes, its pieces its
+			 * ranks */
+			if (__builtin_add_overflow(total, nb, &total))
+				return ipc_errf(
+				    err, -EOVERFLOW,
+				    "rank %d, tensor '%s': the plans hold more bytes in all "
+				    "than can be counted",
+				    r->rank, mt->name);
 			r->held_bytes += nb;
 			e[k] = (struct entry){mt, i, t, nb};
 			if (mt->sharded) {

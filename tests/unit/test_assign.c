@@ -459,6 +459,27 @@ START_TEST(private_and_single_boxes)
 		assign_free(a);
 	}
 
+	/* boxes whose bytes in all no 64-bit count holds (a plans file that lies): refused */
+	{
+		struct plans_rank h[4] = {{.rank = 0}, {.rank = 1}, {.rank = 2}, {.rank = 3}};
+		struct assign_input hin[4] = {
+		    {"a", &h[0]}, {"b", &h[1]}, {"c", &h[2]}, {"d", &h[3]}};
+		int64_t huge[1] = {INT64_C(1) << 62}, z[1] = {0};
+
+		for (int i = 0; i < 4; i++) {
+			h[i].tensors = calloc(MAXT, sizeof(*h[i].tensors));
+			add(&h[i], "w", U8, 1, huge, z, huge, true);
+		}
+		ck_assert_int_eq(assign_compute(hin, 4, 1, &a, err), -EOVERFLOW);
+		ck_assert_msg(strstr(err, "more bytes in all than can be counted"), "%s", err);
+		ck_assert_ptr_null(a);
+		for (int i = 0; i < 4; i++) {
+			free(h[i].tensors[0].name);
+			free(h[i].tensors[0].chunks);
+			free(h[i].tensors);
+		}
+	}
+
 	/* a box twice on one rank */
 	add(&r[2], "w", F32, 1, g, off0, half, true);
 	ck_assert_int_eq(assign_compute(in, 3, 2, &a, err), -EINVAL);
