@@ -384,6 +384,7 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	struct plan **v;
 	char err[IPC_ERRLEN];
 	uint64_t gen = 0;
+	bool again = false;
 	size_t n;
 	int world, rc;
 
@@ -418,12 +419,11 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	n = stale_plans(a, job, run, &ps, gen, &v);
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
-	if (n && ps.key && ps.copies < (unsigned)world) {
-		rc = set_whole(a, job, run, world, &ps, err);
-		if (rc == 0 && (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
-			log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job,
-			        err);
-	}
+	if (n && ps.key && ps.copies < (unsigned)world &&
+	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
+	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
+		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	rc = rc || again;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_layout *l = NULL;
 		const struct assign_rank *r = as ? assign_rank(as, v[i]->rank) : NULL;
@@ -433,6 +433,11 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 			log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", job,
 			        v[i]->rank, err);
 		pthread_mutex_lock(&a->mu);
+		if (again) { /* the files not read as their summaries say: the set is looked at
+			        again */
+			v[i]->set_gen = 0;
+			v[i]->set_missing = true;
+		}
 		if (!v[i]->dropped)
 			layout_install(v[i], l, rc ? 0 : ps.key, as);
 		else if (l)
