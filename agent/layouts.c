@@ -329,6 +329,8 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run,
 		p->set_ranks = (int)ps->n;
 		p->set_missing = ps->key == 0 && !ps->older; /* a rank missing, or twice */
 		if (p->dedup_key != ps->key) {
+			/* its layout is made now, off mu: a save meanwhile waits for it */
+			p->set_missing = p->set_missing || ps->key;
 			plan_get(p);
 			v[n++] = p;
 		}
@@ -433,11 +435,11 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 			log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", job,
 			        v[i]->rank, err);
 		pthread_mutex_lock(&a->mu);
-		if (again) { /* the files not read as their summaries say: the set is looked at
-			        again */
+		/* made (or not to be made): no more waiting, unless it is looked at again */
+		if (ps.key)
+			v[i]->set_missing = again;
+		if (again) /* the files did not make the set their summaries did */
 			v[i]->set_gen = 0;
-			v[i]->set_missing = true;
-		}
 		if (!v[i]->dropped)
 			layout_install(v[i], l, rc ? 0 : ps.key, as);
 		else if (l)
