@@ -7,8 +7,10 @@
  * write every byte of every box (once with one copy) and nothing beyond a
  * tensor's rows. Each input is read as a plans summary too
  * (plans/<node>.sum, what every node reads of every other) and as a run's
- * roster (plans/<run>.roster, what rank 0's node writes for the others):
- * one accepted must write back and read back the same bytes.
+ * roster (plans/<run>.roster, what rank 0's node writes for the others),
+ * a node's share of the assignment (plans/<node>.share) and a run's set
+ * mark (plans/<run>.set): one accepted must write back and read back the
+ * same bytes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +98,40 @@ static void roster_roundtrip(const uint8_t *data, size_t size)
 	roster_file_free(r);
 }
 
+static void share_roundtrip(const uint8_t *data, size_t size)
+{
+	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
+	struct plans_share *s = NULL, *s2 = NULL;
+	struct set_mark *m = NULL, *m2 = NULL;
+	size_t len = 0, len2 = 0;
+	int rc;
+
+	if (share_from_json((const char *)data, size, &s, err) == 0) {
+		rc = share_to_json(s, &text, &len, err);
+		FUZZ_CHECK(rc == 0, "a share accepted, yet it cannot be written back: %s", err);
+		rc = share_from_json(text, len, &s2, err);
+		FUZZ_CHECK(rc == 0, "a share written back is refused: %s", err);
+		rc = share_to_json(s2, &again, &len2, err);
+		FUZZ_CHECK(rc == 0 && len == len2 && memcmp(text, again, len) == 0,
+		           "a share written twice, not the same bytes");
+		free(again);
+		free(text);
+		share_free(s2);
+		share_free(s);
+	}
+	if (set_mark_from_json((const char *)data, size, &m, err))
+		return;
+	rc = set_mark_to_json(m, &text, &len, err);
+	FUZZ_CHECK(rc == 0, "a set mark accepted, yet it cannot be written back: %s", err);
+	rc = set_mark_from_json(text, len, &m2, err);
+	FUZZ_CHECK(rc == 0 && m2->set == m->set && m2->generation == m->generation &&
+	               m2->writes_all == m->writes_all,
+	           "a set mark written back is not the same");
+	free(text);
+	set_mark_free(m2);
+	set_mark_free(m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char err[IPC_ERRLEN], *text = NULL, *again = NULL;
@@ -106,6 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	summary_roundtrip(data, size);
 	roster_roundtrip(data, size);
+	share_roundtrip(data, size);
 	if (plans_from_json((const char *)data, size, &f, err))
 		return 0;
 	for (size_t i = 0; i < f->nranks; i++)

@@ -448,6 +448,8 @@ int plans_rank_signature(const struct plans_rank *k, uint64_t *sig);
 /* f made its summary in place: each rank's signature for its tensors, let go. -ENOMEM. */
 int plans_summarize(struct plans_file *f);
 void plans_free(struct plans_file *f);
+/* What k holds let go, k emptied (not freed). */
+void plans_rank_clear(struct plans_rank *k);
 
 /*
  * A run's roster, <job>/plans/<run>.roster: every node's summary of one run
@@ -472,5 +474,69 @@ int roster_file_from_json(const char *buf, size_t len, struct roster_file **out,
 /* What r holds let go, r emptied (not freed); and r freed. */
 void roster_file_clear(struct roster_file *r);
 void roster_file_free(struct roster_file *r);
+
+/*
+ * A node's share of a run's dedup assignment, <job>/plans/<node>.share:
+ * what each of its ranks writes of what it holds, where that is not all of
+ * it. Written by the node of rank 0, which reads every plans file whole
+ * and computes the assignment (layout/assign.c) for every node, so that
+ * the others read one small object in place of every node's file. A reader
+ * takes it only for the plan set it names (`set`: the key of every rank's
+ * signature, its node and the copies), each rank's signature the one its
+ * live plan has, and each cut within that plan's tensors (assign.h,
+ * assign_rank_of_share).
+ */
+#define SHARE_FORMAT "ckptd-plans-share"
+#define SHARE_VERSION 1
+
+/* A tensor its rank does not write whole: the rows it writes (0: none of it). */
+struct share_cut {
+	size_t tensor; /* its index in the rank's plan, ascending */
+	int64_t row0, rows;
+};
+
+struct share_rank {
+	int rank;
+	uint64_t sig; /* tensors_signature of what its plan holds */
+	size_t ntensors;
+	size_t ncuts; /* none: it writes all it holds */
+	struct share_cut *cuts;
+};
+
+struct plans_share {
+	char *job, *node, *run;
+	int world;
+	uint64_t set; /* the plan set's key (agent/layouts.c), never 0 */
+	size_t nranks; /* ascending */
+	struct share_rank *ranks;
+};
+
+/*
+ * A run's plan set as rank 0's node last found it, <job>/plans/<run>.set:
+ * its key, and the job's plans generation read before the summaries that
+ * made it. Written after every node's share of that set; a reader whose
+ * generation is the same knows that no plans file changed since, so the
+ * share it reads of that key is of the set as it is. `writes_all`: no
+ * assignment (an older agent's node, copies as many as the world), and no
+ * shares: every rank writes all it holds.
+ */
+#define SET_MARK_FORMAT "ckptd-plans-set"
+#define SET_MARK_VERSION 1
+
+struct set_mark {
+	char *job, *run;
+	int world;
+	uint64_t set; /* 0: the plans held no complete set (a rank missing, or twice) */
+	uint64_t generation; /* not 0 */
+	bool writes_all;
+};
+
+int set_mark_to_json(const struct set_mark *m, char **out, size_t *len, char *err);
+int set_mark_from_json(const char *buf, size_t len, struct set_mark **out, char *err);
+void set_mark_free(struct set_mark *m);
+
+int share_to_json(const struct plans_share *s, char **out, size_t *len, char *err);
+int share_from_json(const char *buf, size_t len, struct plans_share **out, char *err);
+void share_free(struct plans_share *s);
 
 #endif /* CKPT_STORAGE_FORMAT_H */

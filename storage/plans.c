@@ -392,12 +392,18 @@ int plans_summarize(struct plans_file *f)
 	return 0;
 }
 
+void plans_rank_clear(struct plans_rank *k)
+{
+	fmt_tensors_free(k->tensors, k->ntensors);
+	*k = (struct plans_rank){0};
+}
+
 void plans_free(struct plans_file *f)
 {
 	if (!f)
 		return;
 	for (size_t i = 0; f->ranks && i < f->nranks; i++)
-		fmt_tensors_free(f->ranks[i].tensors, f->ranks[i].ntensors);
+		plans_rank_clear(&f->ranks[i]);
 	free(f->ranks);
 	free(f->job);
 	free(f->node);

@@ -679,6 +679,128 @@ int store_put_roster(struct storage *s, const struct roster_file *r, char *err)
 	return put_own(s, key, json, len, NULL, &written, err); /* the same bytes: left */
 }
 
+static void share_key(char *buf, size_t len, const char *job, const char *node)
+{
+	snprintf(buf, len, "%s/plans/%s.share", job, node);
+}
+
+int store_read_share(struct storage *s, const char *job, const char *node, struct plans_share **out,
+                     char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct plans_share *sh = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_node(node, err)))
+		return rc;
+	share_key(key, sizeof(key), job, node);
+	rc = s->ops->obj_get(s, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	parse_enter();
+	rc = share_from_json(buf, len, &sh, why);
+	parse_leave();
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	if (strcmp(sh->job, job) || strcmp(sh->node, node)) {
+		rc = ipc_errf(err, -EINVAL, "%s: it is the share of job %s node %s", key, sh->job,
+		              sh->node);
+		share_free(sh);
+		return rc;
+	}
+	*out = sh;
+	return 0;
+}
+
+struct shares_put {
+	struct storage *s;
+	struct plans_share *const *v;
+	pthread_mutex_t mu;
+	size_t failed;
+	char *err; /* the first failure's */
+};
+
+static void share_one(void *arg, size_t i)
+{
+	struct shares_put *m = arg;
+	const struct plans_share *sh = m->v[i];
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *json = NULL;
+	size_t len = 0;
+	int rc = share_to_json(sh, &json, &len, why);
+
+	share_key(key, sizeof(key), sh->job, sh->node);
+	if (!rc)
+		rc = m->s->ops->obj_put(m->s, key, json, len, OBJ_REPLACE, why);
+	free(json);
+	if (!rc)
+		return;
+	pthread_mutex_lock(&m->mu);
+	if (!m->failed++)
+		ipc_errf(m->err, rc, "%s: %s", key, why);
+	pthread_mutex_unlock(&m->mu);
+}
+
+size_t store_put_shares(struct storage *s, struct plans_share *const *v, size_t n, char *err)
+{
+	struct shares_put m = {.s = s, .v = v, .err = err};
+
+	pthread_mutex_init(&m.mu, NULL);
+	fanout_run(n, FANOUT_WIDTH, share_one, &m);
+	pthread_mutex_destroy(&m.mu);
+	return m.failed;
+}
+
+static void set_mark_key(char *buf, size_t len, const char *job, const char *run)
+{
+	snprintf(buf, len, "%s/plans/%s.set", job, run);
+}
+
+int store_read_set_mark(struct storage *s, const char *job, const char *run, struct set_mark **out,
+                        char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct set_mark *m = NULL;
+	size_t len = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = ipc_check_job(job, err)) || (rc = ipc_check_run(run, err)))
+		return rc;
+	set_mark_key(key, sizeof(key), job, run);
+	rc = s->ops->obj_get(s, key, 4096, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", rc == -ENOENT ? key : why);
+	rc = set_mark_from_json(buf, len, &m, why);
+	free(buf);
+	if (rc)
+		return ipc_errf(err, -EINVAL, "%s: %s", key, why);
+	if (strcmp(m->job, job) || strcmp(m->run, run)) {
+		rc = ipc_errf(err, -EINVAL, "%s: it is the set mark of job %s run %s", key, m->job,
+		              m->run);
+		set_mark_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+int store_put_set_mark(struct storage *s, const struct set_mark *m, char *err)
+{
+	char key[STORE_KEY_MAX], *json = NULL;
+	size_t len = 0;
+	int rc = set_mark_to_json(m, &json, &len, err);
+
+	if (rc)
+		return rc;
+	set_mark_key(key, sizeof(key), m->job, m->run);
+	rc = s->ops->obj_put(s, key, json, len, OBJ_REPLACE, err);
+	free(json);
+	return rc;
+}
+
 /* "<job>/plans/generation": a new number each time a node's plans file changes. */
 static void generation_key(char *buf, size_t len, const char *job)
 {

@@ -6,6 +6,8 @@
  *   <job>/plans/<node>.json                  a node's plans, rewritten when they change
  *   <job>/plans/<node>.sum                   their ranks and signatures, written after them
  *   <job>/plans/<run>.roster                 every node's summary of a run, by rank 0's node
+ *   <job>/plans/<node>.share                 what its ranks write of replicas, by rank 0's node
+ *   <job>/plans/<run>.set                    for which generation the shares are, after them
  *   <job>/plans/generation                   a new number after any of them changed
  *   <job>/step-<12d>/parts/<node>.json       a node's part, create-once
  *   <job>/step-<12d>/parts/<node>.sum        what a committer needs of it, written after it
@@ -155,6 +157,22 @@ int store_plans_generation(struct storage *s, const char *job, uint64_t *gen, ch
 int store_read_roster(struct storage *s, const char *job, const char *run, struct roster_file **out,
                       char *err);
 int store_put_roster(struct storage *s, const struct roster_file *r, char *err);
+/*
+ * A node's share of its run's dedup assignment (format.h, share_from_json),
+ * checked to be that node's of that job: -ENOENT where none was written.
+ */
+int store_read_share(struct storage *s, const char *job, const char *node, struct plans_share **out,
+                     char *err);
+/*
+ * Puts v[0..n), each replacing its node's share, FANOUT_WIDTH at once. The
+ * count of those not put; where any, err says why one was not.
+ */
+size_t store_put_shares(struct storage *s, struct plans_share *const *v, size_t n, char *err);
+/* A run's set mark (format.h), checked to be of that job and run: -ENOENT where none. */
+int store_read_set_mark(struct storage *s, const char *job, const char *run, struct set_mark **out,
+                        char *err);
+/* Put, replacing the run's. */
+int store_put_set_mark(struct storage *s, const struct set_mark *m, char *err);
 /* The nodes that have published plans for job (sorted, malloc'd); discovery only. */
 int store_list_nodes(struct storage *s, const char *job, char ***nodes, size_t *n, char *err);
 

@@ -3,7 +3,8 @@
  * back; every refusal of a hostile part another node wrote; the merge of
  * parts, the same bytes whatever their order, refusing another run, a rank
  * twice, a rank missing, a name on two ranks that is not one sharded
- * tensor; a plans file both ways, its digest, and its refusals.
+ * tensor; a plans file both ways, its digest, and its refusals; a node's
+ * share of the dedup assignment and a run's set mark, both ways.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -668,6 +669,71 @@ START_TEST(test_roster_file)
 }
 END_TEST
 
+/* A node's share of the assignment, and the run's set mark: both ways, and what they refuse. */
+START_TEST(test_share_file)
+{
+	struct share_cut cuts[2] = {{1, 0, 2}, {3, 0, 0}};
+	struct share_rank ranks[2] = {
+	    {.rank = 1, .sig = 0xabc, .ntensors = 4},
+	    {.rank = 3, .sig = 0xdef, .ntensors = 4, .ncuts = 2, .cuts = cuts}};
+	struct plans_share sh = {.job = "job",
+	                         .node = "n1",
+	                         .run = "r",
+	                         .world = 4,
+	                         .set = 0x77,
+	                         .nranks = 2,
+	                         .ranks = ranks},
+	                   *back;
+	struct set_mark m = {.job = "job", .run = "r", .world = 4, .set = 0x77, .generation = 9},
+	                *mb;
+	static const char *const bad[][2] = {
+	    {"[3,0,0]]", "[5,0,0]]"}, /* a tensor beyond the rank's 4 */
+	    {"[[1,0,2],[3,0,0]]", "[[3,0,2],[1,0,0]]"}, /* out of order */
+	    {"[3,0,0]]", "[3,-1,0]]"}, /* not a count */
+	    {"[3,0,0]]", "[3,9223372036854775807,1]]"}, /* past any row */
+	    {"\"rank\":3", "\"rank\":4"}, /* beyond the world */
+	    {"\"rank\":3", "\"rank\":1"}, /* twice */
+	    {"\"set\":\"0000000000000077\"", "\"set\":\"0000000000000000\""},
+	    {"\"tensors\":4,\"sig\":\"0000000000000def",
+	     "\"tensors\":1,\"sig\":\"0000000000000def"},
+	};
+	char *text, *again;
+	size_t len;
+
+	ck_assert_msg(share_to_json(&sh, &text, &len, err) == 0, "%s", err);
+	ck_assert_msg(share_from_json(text, len, &back, err) == 0, "%s\n%s", err, text);
+	ck_assert(back->set == 0x77 && back->world == 4 && back->nranks == 2);
+	ck_assert_str_eq(back->node, "n1");
+	ck_assert(back->ranks[0].ncuts == 0 && back->ranks[0].sig == 0xabc);
+	ck_assert(back->ranks[1].ncuts == 2 && back->ranks[1].cuts[0].rows == 2 &&
+	          back->ranks[1].cuts[1].tensor == 3 && back->ranks[1].cuts[1].rows == 0);
+	ck_assert_int_eq(share_to_json(back, &again, &len, err), 0);
+	ck_assert_str_eq(again, text);
+	free(again);
+	share_free(back);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char *t = malloc(strlen(text) + 64), *at = strstr(text, bad[i][0]);
+
+		ck_assert_msg(at, "%s not in %s", bad[i][0], text);
+		sprintf(t, "%.*s%s%s", (int)(at - text), text, bad[i][1], at + strlen(bad[i][0]));
+		ck_assert_msg(share_from_json(t, strlen(t), &back, err) == -EINVAL, "%s accepted",
+		              t);
+		free(t);
+	}
+	free(text);
+	/* the set mark */
+	ck_assert_msg(set_mark_to_json(&m, &text, &len, err) == 0, "%s", err);
+	ck_assert_msg(set_mark_from_json(text, len, &mb, err) == 0, "%s", err);
+	ck_assert(mb->set == 0x77 && mb->generation == 9 && !mb->writes_all && mb->world == 4);
+	set_mark_free(mb);
+	free(text);
+	m.generation = 0;
+	ck_assert_int_eq(set_mark_to_json(&m, &text, &len, err), 0);
+	ck_assert_int_eq(set_mark_from_json(text, len, &mb, err), -EINVAL);
+	free(text);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("part");
@@ -678,6 +744,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_summary);
 	tcase_add_test(tc, test_plans_summary);
 	tcase_add_test(tc, test_roster_file);
+	tcase_add_test(tc, test_share_file);
 	tcase_add_test(tc, test_merge);
 	tcase_add_test(tc, test_merge_refusals);
 	tcase_add_test(tc, test_plans);
