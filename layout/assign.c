@@ -338,6 +338,104 @@ const struct assign_rank *assign_rank(const struct assignment *a, int rank)
 	return NULL;
 }
 
+/* Whether p is all of t's rows. */
+static bool whole(const struct assign_piece *p, const struct manifest_tensor *t)
+{
+	return p->writes && p->row0 == 0 && p->rows == rows_of(t);
+}
+
+int assign_share_of(const struct assign_rank *r, const struct plans_rank *k, struct share_rank *out)
+{
+	size_t n = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->rank = r->rank;
+	out->ntensors = k->ntensors;
+	if (tensors_signature(k->tensors, k->ntensors, &out->sig))
+		return -ENOMEM;
+	if (r->bytes == r->held_bytes)
+		return 0; /* it writes all it holds */
+	for (size_t i = 0; i < r->ntensors && i < k->ntensors; i++)
+		n += !whole(&r->piece[i], &k->tensors[i]);
+	if (!(out->cuts = calloc(n + 1, sizeof(*out->cuts))))
+		return -ENOMEM;
+	for (size_t i = 0; i < r->ntensors && i < k->ntensors; i++) {
+		const struct assign_piece *p = &r->piece[i];
+
+		if (!whole(p, &k->tensors[i]))
+			out->cuts[out->ncuts++] =
+			    (struct share_cut){i, p->writes ? p->row0 : 0, p->writes ? p->rows : 0};
+	}
+	return 0;
+}
+
+/* Cut c of tensor t into piece p: -EINVAL with err where t cannot be cut so. */
+static int piece_of_cut(const struct share_cut *c, const struct manifest_tensor *t, int rank,
+                        struct assign_piece *p, char *err)
+{
+	const int64_t rows = rows_of(t);
+	uint64_t nb;
+	int rc;
+
+	if (!t->sharded)
+		return ipc_errf(err, -EINVAL,
+		                "rank %d, tensor '%s': a share cuts a tensor its rank alone holds",
+		                rank, t->name);
+	if (c->row0 > rows || c->rows > rows - c->row0)
+		return ipc_errf(
+		    err, -EINVAL, "rank %d, tensor '%s': a share gives rows %lld+%lld of its %lld",
+		    rank, t->name, (long long)c->row0, (long long)c->rows, (long long)rows);
+	rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, t->chunks[0].shape, &nb, err);
+	if (rc)
+		return rc;
+	*p = (struct assign_piece){c->rows > 0, c->rows ? c->row0 : 0, c->rows,
+	                           rows ? nb / (uint64_t)rows * (uint64_t)c->rows : 0};
+	return 0;
+}
+
+int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
+                         struct assign_rank *out, char *err)
+{
+	uint64_t sig;
+	size_t c = 0;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (tensors_signature(k->tensors, k->ntensors, &sig))
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	if (s->rank != k->rank || s->sig != sig || s->ntensors != k->ntensors)
+		return ipc_errf(err, -EINVAL,
+		                "the share of rank %d is for other plans than rank %d's (%zu "
+		                "tensors, signature %016llx; its plan: %zu, %016llx)",
+		                s->rank, k->rank, s->ntensors, (unsigned long long)s->sig,
+		                k->ntensors, (unsigned long long)sig);
+	out->rank = k->rank;
+	out->ntensors = k->ntensors;
+	if (!(out->piece = calloc(k->ntensors + 1, sizeof(*out->piece))))
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; !rc && i < k->ntensors; i++) {
+		const struct manifest_tensor *t = &k->tensors[i];
+		struct assign_piece *p = &out->piece[i];
+		uint64_t nb = 0;
+
+		if ((rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, t->chunks[0].shape, &nb,
+		                            err)))
+			break;
+		out->held_bytes += nb;
+		*p = (struct assign_piece){true, 0, rows_of(t), nb};
+		if (c < s->ncuts && s->cuts[c].tensor == i)
+			rc = piece_of_cut(&s->cuts[c++], t, k->rank, p, err);
+		out->bytes += p->nbytes;
+	}
+	if (!rc && c < s->ncuts) /* cuts ascend, each below ntensors: all were met */
+		rc = ipc_errf(err, -EINVAL, "rank %d: a share's cuts are out of order", k->rank);
+	if (rc) {
+		free(out->piece);
+		out->piece = NULL;
+	}
+	return rc;
+}
+
 double assign_balance(const struct assignment *a)
 {
 	uint64_t max = 0, sum = 0;

@@ -75,6 +75,23 @@ void assign_free(struct assignment *a);
 const struct assign_rank *assign_rank(const struct assignment *a, int rank);
 
 /*
+ * What r writes of k (its plan, the assignment's input) as a share says it
+ * (format.h, struct share_rank: its signature, each tensor it does not
+ * write whole). -ENOMEM.
+ */
+int assign_share_of(const struct assign_rank *r, const struct plans_rank *k,
+                    struct share_rank *out);
+/*
+ * The rank's entry from a share another node wrote, checked against k
+ * (what the rank's live plan holds): the same signature and tensor count;
+ * each cut a tensor with a global offset (a private one is always written
+ * by its rank), within its rows. out->piece is malloc'd (out->node NULL).
+ * -EINVAL with err where the share cannot be of k.
+ */
+int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
+                         struct assign_rank *out, char *err);
+
+/*
  * The balance over the ranks whose plans hold any bytes: the largest
  * bytes written ÷ their mean (1.0: even); 1.0 if none.
  */

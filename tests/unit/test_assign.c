@@ -15,6 +15,8 @@
  *     than replicas: the pieces are counted short
  *   - private tensors and boxes one rank holds are their rank's; a rank
  *     twice is refused
+ *   - each rank's share (what rank 0's node writes for its node) gives its
+ *     entry back exactly; one that cannot be of the rank's plan is refused
  */
 #include <check.h>
 #include <errno.h>
@@ -416,6 +418,77 @@ START_TEST(two_copies_on_two_nodes)
 }
 END_TEST
 
+/*
+ * Each rank's share, as rank 0's node writes it for the rank's node (its
+ * JSON both ways), gives back the rank's entry of the assignment exactly;
+ * a share that cannot be of the rank's plan is refused.
+ */
+START_TEST(share_gives_the_entry)
+{
+	struct job j;
+	struct assignment *a;
+	size_t cut = 0;
+
+	make_job(&j, 4, 2, 1, 4, 1024, 8192, BF16, 2);
+	a = compute(&j, 1);
+	for (size_t i = 0; i < a->nranks; i++) {
+		const struct assign_rank *r = &a->r[i];
+		const struct plans_rank *k = &j.r[r->rank];
+		struct share_rank sr;
+		struct plans_share sh = {"j", j.node[r->rank], "0", j.world, 0x42, 1, &sr}, *rd;
+		struct assign_rank back;
+		char *text;
+		size_t len;
+
+		ck_assert_int_eq(assign_share_of(r, k, &sr), 0);
+		cut += sr.ncuts;
+		ck_assert_msg(share_to_json(&sh, &text, &len, err) == 0, "%s", err);
+		ck_assert_msg(share_from_json(text, len, &rd, err) == 0, "%s", err);
+		ck_assert_msg(assign_rank_of_share(&rd->ranks[0], k, &back, err) == 0, "%s", err);
+		ck_assert_uint_eq(back.bytes, r->bytes);
+		ck_assert_uint_eq(back.held_bytes, r->held_bytes);
+		ck_assert_uint_eq(back.ntensors, r->ntensors);
+		ck_assert(memcmp(back.piece, r->piece, r->ntensors * sizeof(*r->piece)) == 0);
+		free(back.piece);
+		/* another rank's plan: refused */
+		ck_assert_int_eq(
+		    assign_rank_of_share(&rd->ranks[0], &j.r[(r->rank + 1) % j.world], &back, err),
+		    -EINVAL);
+		share_free(rd);
+		free(text);
+		free(sr.cuts);
+	}
+	ck_assert_msg(cut > 0, "no rank writes less than it holds");
+	/* rank 0's share, changed: each cannot be of its plan */
+	{
+		const struct plans_rank *k = &j.r[0];
+		const size_t priv = k->ntensors - 1; /* rng_state: its own */
+		struct share_cut c;
+		struct share_rank sr = {0, 0, k->ntensors, 1, &c};
+		struct assign_rank back;
+
+		ck_assert_int_eq(tensors_signature(k->tensors, k->ntensors, &sr.sig), 0);
+		c = (struct share_cut){priv, 0, 0}; /* a private tensor left unwritten */
+		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), -EINVAL);
+		ck_assert_msg(strstr(err, "alone holds"), "%s", err);
+		c = (struct share_cut){0, 1, k->tensors[0].chunks[0].shape[0]}; /* past its rows */
+		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), -EINVAL);
+		c = (struct share_cut){0, 0, 1};
+		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), 0);
+		ck_assert(!back.piece[0].writes || back.piece[0].rows == 1);
+		ck_assert(back.bytes < back.held_bytes);
+		free(back.piece);
+		sr.ntensors--; /* of fewer tensors */
+		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), -EINVAL);
+		sr.ntensors++;
+		sr.sig ^= 1; /* of other tensors */
+		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), -EINVAL);
+	}
+	assign_free(a);
+	free_job(&j);
+}
+END_TEST
+
 START_TEST(private_and_single_boxes)
 {
 	struct plans_rank r[3] = {{.rank = 2}, {.rank = 0}, {.rank = 1}};
@@ -517,6 +590,7 @@ int main(void)
 	tcase_add_test(t, order_independent);
 	tcase_add_test(t, two_copies_on_two_nodes);
 	tcase_add_test(t, private_and_single_boxes);
+	tcase_add_test(t, share_gives_the_entry);
 	suite_add_tcase(s, t);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
