@@ -358,6 +358,9 @@ struct plan {
 	int set_ranks; /* ranks the run's plans files held once at that look */
 	bool set_missing; /* they did not hold every rank once */
 	bool set_waited; /* a save of it waited --plans-wait in vain: the next do not */
+	int64_t mark_since; /* monotonic ns it began waiting for rank 0's node's set (0: not) */
+	uint64_t shares_key; /* rank 0's node: the set whose shares it wrote */
+	uint64_t mark_gen; /* rank 0's node: the generation of the set mark it wrote */
 	struct plan_gpu *gpu; /* NULL: host memory only */
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
@@ -479,6 +482,11 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 void cp_rank_durable(struct agent *a, struct checkpoint *cp);
 /* Under mu: plans of job (of run) changed: its plans file is written again (commit thread). */
 void plans_publish(struct agent *a, const char *job, const char *run);
+/*
+ * Under mu: what plan p holds, as tensors of one chunk each of its rank
+ * (file order), into *v, *n (freed with them, as a plans_rank's). -ENOMEM.
+ */
+int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n);
 void rpc_commit(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* "n0 (ranks 0,1)" for each part m merged: malloc'd array of m->nparts (NULL: no memory). */
 char **parts_text(const struct manifest *m);

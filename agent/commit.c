@@ -339,8 +339,7 @@ static int plans_tensor(struct manifest_tensor *mt, const struct plan_tensor *t,
 	return 0;
 }
 
-/* What plan p holds, as tensors of one chunk each of its rank (file order), into *v, *n. */
-static int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n)
+int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n)
 {
 	*n = 0;
 	*v = calloc(p->n + 1, sizeof(**v));

@@ -4,14 +4,27 @@
  *
  * On the commit thread, after this node's plans file is published, while
  * a run's plan set is not complete (a poll: every 200 ms, then every
- * second) and as a step of the job ends (commit.c says when): where the
+ * second) and as a step of the job ends (commit.c says when), where the
  * job's plans generation (one small object every publisher renews after
- * its file) moved since the last look, every node's plans summary is read
- * (plans/<node>.sum: ranks and signatures, ~60 bytes a rank; other nodes'
- * files are hostile input: parsed and checked by storage/). Where those of
- * this run hold every rank of the world exactly once and this node's plans
- * are not of that set yet, the files are read whole (their tensors), once
- * per plan set, and layout/assign.c gives each rank the rows it writes.
+ * its file) moved since the last look:
+ *
+ * - The node of rank 0 reads every node's plans summary (plans/<node>.sum:
+ *   ranks and signatures, ~60 bytes a rank; other nodes' files are hostile
+ *   input: parsed and checked by storage/). Where those of this run hold
+ *   every rank of the world exactly once and the set is new, it reads the
+ *   files whole (their tensors), once per plan set, layout/assign.c gives
+ *   each rank the rows it writes, and it writes every node's share of that
+ *   (plans/<node>.share). After each look it writes the run's set mark
+ *   (plans/<run>.set: the set it found, under which generation), once the
+ *   shares of that set are written.
+ * - Every other node reads the mark and its own share: two small objects
+ *   at any size of the job. It takes them only where the mark is of the
+ *   generation just read and the share of the mark's set, each of its
+ *   ranks' entries checked against its live plan (assign_rank_of_share).
+ *   Otherwise it looks again at the next poll or step end; after half the
+ *   commit deadline of that (rank 0's node is gone, or cannot write), it
+ *   reads the plans itself as the node of rank 0 does, without writing.
+ *
  * Each plan of this node whose rank writes less than it holds gets a shard
  * layout of its own (struct shard_layout: the pieces, a header), made once
  * per plan set and kept until the set changes; saves admitted from then on
@@ -39,11 +52,14 @@
  * Invariants:
  * - A plan's layout is replaced, never changed: a save keeps the one it
  *   was admitted with (a reference under agent.mu).
- * - This node's own ranks are taken from its published file only where
- *   that file says what the live plan holds; otherwise the plan writes
- *   everything (a superset never leaves a hole).
+ * - This node's own ranks are taken from its published file (or its share)
+ *   only where that says what the live plan holds; otherwise the plan
+ *   writes everything (a superset never leaves a hole).
  * - The generation is read before the files: a file written after them
- *   moves it after, and the next look reads again.
+ *   moves it after, and the next look reads again. A set mark names the
+ *   generation its node read before the summaries, and is written after
+ *   the shares of its set: a mark of the generation a reader just read
+ *   says the set as it is, and the reader's share of it is there.
  * - A parked save is answered exactly once: admitted or refused by
  *   save_admit, at the latest --plans-wait on (the tick), or at a stop.
  *   --plans-wait is at most 30 s, half libckpt's call timeout; a call whose
@@ -285,7 +301,8 @@ static int layout_make(struct agent *a, const struct plan *p, const struct assig
 	return 0;
 }
 
-/* Under mu: p takes layout l (NULL: its whole plan) of plan set key. */
+/* Under mu: p takes layout l (NULL: its whole plan) of plan set key (as: its assignment, if made
+ * here). */
 static void layout_install(struct plan *p, struct shard_layout *l, uint64_t key,
                            const struct assignment *as)
 {
@@ -293,20 +310,28 @@ static void layout_install(struct plan *p, struct shard_layout *l, uint64_t key,
 		layout_put(p->dedup);
 	p->dedup = l;
 	p->dedup_key = key;
-	if (l)
+	if (l && as)
 		log_msg(LOG_INFO,
 		        "job %s rank %d: replicas written once: it writes %llu of the %llu bytes "
 		        "it holds (%zu ranks, balance %.3f)",
 		        p->job, p->rank, (unsigned long long)(l->shard_bytes - l->header_len),
 		        (unsigned long long)l->held_bytes, as->nranks, assign_balance(as));
+	else if (l)
+		log_msg(LOG_INFO,
+		        "job %s rank %d: replicas written once: it writes %llu of the %llu bytes "
+		        "it holds (its share from rank 0's node)",
+		        p->job, p->rank, (unsigned long long)(l->shard_bytes - l->header_len),
+		        (unsigned long long)l->held_bytes);
 }
 
 /*
- * This node's live plans of (job, run) whose layout is not of plan set key:
- * held. Every live plan of it has been looked at now.
+ * Under mu: this node's live plans of (job, run) whose layout is not of plan
+ * set key: held. Every live plan of it has been looked at now, under
+ * generation gen, with `ranks` of the world known (-1: not counted here)
+ * and the set `missing` (a rank missing, or twice).
  */
-static size_t stale_plans(struct agent *a, const char *job, const char *run,
-                          const struct plan_set *ps, uint64_t gen, struct plan ***out)
+static size_t stale_plans(struct agent *a, const char *job, const char *run, uint64_t key,
+                          int ranks, bool missing, uint64_t gen, struct plan ***out)
 {
 	const int64_t now = ipc_mono_ns();
 	struct list *pos;
@@ -326,16 +351,33 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run,
 			continue;
 		p->dedup_at = now;
 		p->set_gen = gen;
-		p->set_ranks = (int)ps->n;
-		p->set_missing = ps->key == 0 && !ps->older; /* a rank missing, or twice */
-		if (p->dedup_key != ps->key) {
+		p->set_ranks = ranks;
+		p->set_missing = missing;
+		p->mark_since = 0;
+		if (p->dedup_key != key) {
 			/* its layout is made now, off mu: a save meanwhile waits for it */
-			p->set_missing = p->set_missing || ps->key;
+			p->set_missing = p->set_missing || key;
 			plan_get(p);
 			v[n++] = p;
 		}
 	}
 	return n;
+}
+
+/* Under mu: this node's live plan of rank 0 of (job, run), or NULL. */
+static struct plan *rank0_plan(struct agent *a, const char *job, const char *run)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && p->rank == 0 && strcmp(p->job, job) == 0 &&
+		    strcmp(p->run, run) == 0)
+			return p;
+	}
+	return NULL;
 }
 
 static int world_of(struct agent *a, const char *job, const char *run)
@@ -379,14 +421,254 @@ static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t
 	return true;
 }
 
+/* ---- rank 0's node: every node's share, and the run's set mark --------- */
+
+/* What the ranks of node file f write of the assignment as, as its share of set key. */
+static int share_make(const struct plans_file *f, const char *run, int world, uint64_t key,
+                      const struct assignment *as, struct plans_share **out)
+{
+	struct plans_share *sh = calloc(1, sizeof(*sh));
+	int rc = 0;
+
+	*out = sh;
+	if (!sh || !(sh->ranks = calloc(f->nranks + 1, sizeof(*sh->ranks))))
+		return -ENOMEM;
+	sh->job = strdup(f->job);
+	sh->node = strdup(f->node);
+	sh->run = strdup(run);
+	sh->world = world;
+	sh->set = key;
+	if (!sh->job || !sh->node || !sh->run)
+		return -ENOMEM;
+	for (size_t i = 0; !rc && i < f->nranks; i++) {
+		const struct assign_rank *r = assign_rank(as, f->ranks[i].rank);
+
+		if (!r)
+			return -EINVAL; /* the assignment is of these files: cannot be */
+		rc = assign_share_of(r, &f->ranks[i], &sh->ranks[sh->nranks++]);
+	}
+	return rc;
+}
+
+/* Nodes' shares made and put at once, at most: their memory bounded at any size. */
+#define SHARES_AT_ONCE 256
+
+/*
+ * Every node's share of the assignment as of the files whole ps (set
+ * ps->key), put before the set mark names that set. 0 where all were put.
+ */
+static int shares_write(struct agent *a, const struct plan_set *ps, const char *run, int world,
+                        const struct assignment *as)
+{
+	struct plans_share *v[SHARES_AT_ONCE];
+	char err[IPC_ERRLEN] = "";
+	size_t failed = 0;
+	int rc = 0;
+
+	for (size_t at = 0; !rc && at < ps->nfiles; at += SHARES_AT_ONCE) {
+		size_t n = ps->nfiles - at < SHARES_AT_ONCE ? ps->nfiles - at : SHARES_AT_ONCE,
+		       made;
+
+		for (made = 0; !rc && made < n; made++)
+			rc = share_make(ps->files[at + made], run, world, ps->key, as, &v[made]);
+		if (!rc)
+			failed += store_put_shares(a->store, v, n, err);
+		else
+			snprintf(err, sizeof(err), "%s", strerror(-rc));
+		for (size_t i = 0; i < made; i++)
+			share_free(v[i]);
+	}
+	if (rc || failed) {
+		log_msg(LOG_WARNING,
+		        "job %s: shares of plan set %016llx of run %s not all written (%zu of %zu "
+		        "nodes not; again once the plans change or a step fails): the other nodes "
+		        "read every plans file themselves once rank 0's node has said nothing for "
+		        "half the commit deadline (%s)",
+		        ps->files[0]->job, (unsigned long long)ps->key, run,
+		        rc ? ps->nfiles : failed, ps->nfiles, err);
+		return rc ? rc : -EIO;
+	}
+	log_msg(LOG_INFO, "job %s: shares of plan set %016llx of run %s written (%zu nodes)",
+	        ps->files[0]->job, (unsigned long long)ps->key, run, ps->nfiles);
+	return 0;
+}
+
+/*
+ * Rank 0's node, after a look at the summaries under generation gen: the
+ * run's set mark says what that look found, once the shares of a complete
+ * set are written (where they are not, it says nothing: the others wait).
+ * `all`: no assignment (an older agent's node, copies as many as the
+ * world, plans it could not assign): every rank writes all it holds.
+ */
+static void mark_write(struct agent *a, const char *job, const char *run, int world,
+                       const struct plan_set *ps, uint64_t gen, bool all)
+{
+	struct set_mark m = {(char *)job, (char *)run, world, ps->key, gen, all};
+	char err[IPC_ERRLEN];
+	struct plan *p;
+	bool put;
+
+	pthread_mutex_lock(&a->mu);
+	p = rank0_plan(a, job, run);
+	put = p && gen && (all || !ps->key || p->shares_key == ps->key);
+	pthread_mutex_unlock(&a->mu);
+	if (put && store_put_set_mark(a->store, &m, err))
+		log_msg(LOG_WARNING, "job %s: set mark of run %s not written: %s", job, run, err);
+	else if (put)
+		log_msg(
+		    LOG_DEBUG,
+		    "job %s: set mark of run %s written (plan set %016llx, generation %016llx%s)",
+		    job, run, (unsigned long long)ps->key, (unsigned long long)gen,
+		    all ? ", every rank writes all it holds" : "");
+}
+
+/* ---- every other node: its share, as rank 0's node made it ------------- */
+
+/* p's layout from this node's share sh of set key (*l NULL: it writes all it holds). */
+static void from_share(struct agent *a, struct plan *p, const struct plans_share *sh, uint64_t key,
+                       struct shard_layout **l)
+{
+	const struct share_rank *sr = NULL;
+	struct plans_rank k = {.rank = p->rank};
+	struct assign_rank r = {0};
+	char err[IPC_ERRLEN];
+	int rc;
+
+	pthread_mutex_lock(&a->mu);
+	rc = plan_holds(p, &k.tensors, &k.ntensors);
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0; i < sh->nranks && !sr; i++)
+		if (sh->ranks[i].rank == p->rank)
+			sr = &sh->ranks[i];
+	if (rc)
+		rc = ipc_errf(err, -ENOMEM, "out of memory");
+	else if (!sr)
+		rc = ipc_errf(err, -EINVAL, "rank %d is not in this node's share", p->rank);
+	if (!rc && !(rc = assign_rank_of_share(sr, &k, &r, err)))
+		rc = layout_make(a, p, &r, key, l, err);
+	if (rc)
+		log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", p->job, p->rank,
+		        err);
+	free(r.piece);
+	plans_rank_clear(&k);
+}
+
+/*
+ * Rank 0's node has not said the set of the generation read (yet), or this
+ * node's share of it is not there: the plans of (job, run) are looked at
+ * again at the next poll or step end. Meanwhile each writes all it holds
+ * (the set may have changed: a superset leaves no hole); one that
+ * followed no set yet goes on waiting for one. True while that has lasted
+ * less than half the commit deadline (after it, as any other agent takes
+ * over a commit, this node reads the plans itself).
+ */
+static bool mark_wait(struct agent *a, const char *job, const char *run, const char *why)
+{
+	const int64_t now = ipc_mono_ns();
+	const int64_t bound = (int64_t)a->cfg.commit_deadline_s * 500000000;
+	struct list *pos;
+	bool wait = false;
+
+	pthread_mutex_lock(&a->mu);
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
+			continue;
+		p->mark_since = p->mark_since ? p->mark_since : now;
+		wait = wait || now - p->mark_since < bound;
+		p->dedup_at = now;
+		p->set_gen = 0; /* looked at again, whatever the generation */
+		p->set_ranks = -1;
+		if (p->dedup_key) /* it followed a set: all it holds, no wait */
+			layout_install(p, NULL, 0, NULL);
+		else
+			p->set_missing = true;
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (wait)
+		log_msg(LOG_DEBUG, "job %s: waiting for rank 0's node's plan set of run %s: %s",
+		        job, run, why);
+	else
+		log_msg(LOG_WARNING,
+		        "job %s: rank 0's node has said no plan set of run %s for half the commit "
+		        "deadline (%s): this node reads every node's plans itself",
+		        job, run, why);
+	return wait;
+}
+
+/*
+ * The plans of (job, run) as rank 0's node found them under generation
+ * gen: its set mark, and this node's share of that set (two reads). False
+ * where this node must read the plans itself (mark_wait).
+ */
+static bool from_rank0(struct agent *a, const char *job, const char *run, int world, uint64_t gen)
+{
+	struct plans_share *sh = NULL;
+	struct set_mark *m = NULL;
+	char err[IPC_ERRLEN];
+	struct plan **v;
+	size_t n;
+	int rc = store_read_set_mark(a->store, job, run, &m, err);
+
+	if (!rc && (m->world != world || m->generation != gen))
+		rc = ipc_errf(err, -ESTALE, "its set mark is of generation %016llx (world %d)",
+		              (unsigned long long)m->generation, m->world);
+	if (!rc && m->set && !m->writes_all &&
+	    !(rc = store_read_share(a->store, job, a->cfg.node, &sh, err)) &&
+	    (sh->set != m->set || strcmp(sh->run, run) != 0 || sh->world != world))
+		rc = ipc_errf(err, -ESTALE, "this node's share is of plan set %016llx of run %s",
+		              (unsigned long long)sh->set, sh->run);
+	if (rc) {
+		bool wait = mark_wait(a, job, run, err);
+
+		set_mark_free(m);
+		share_free(sh);
+		return wait;
+	}
+	log_msg(LOG_DEBUG,
+	        "job %s: plan set %016llx of run %s from rank 0's node (generation %016llx%s)", job,
+	        (unsigned long long)m->set, run, (unsigned long long)gen,
+	        !m->set         ? ": not complete"
+	        : m->writes_all ? ": every rank writes all"
+	                        : "");
+	pthread_mutex_lock(&a->mu);
+	n = stale_plans(a, job, run, m->set, m->set ? world : -1, !m->set && !m->writes_all, gen,
+	                &v);
+	pthread_mutex_unlock(&a->mu);
+	for (size_t i = 0; i < n; i++) {
+		struct shard_layout *l = NULL;
+
+		if (sh)
+			from_share(a, v[i], sh, m->set, &l);
+		pthread_mutex_lock(&a->mu);
+		if (m->set)
+			v[i]->set_missing = false;
+		if (!v[i]->dropped)
+			layout_install(v[i], l, m->set, NULL);
+		else if (l)
+			layout_put(l);
+		plan_put(a, v[i]);
+		pthread_mutex_unlock(&a->mu);
+	}
+	free(v);
+	set_mark_free(m);
+	share_free(sh);
+	pthread_mutex_lock(&a->mu);
+	layouts_unpark(a, false); /* saves waiting for this set */
+	pthread_mutex_unlock(&a->mu);
+	return true;
+}
+
 void layouts_refresh(struct agent *a, const char *job, const char *run, bool force)
 {
 	struct assignment *as = NULL;
 	struct plan_set ps;
-	struct plan **v;
+	struct plan **v, *p0;
 	char err[IPC_ERRLEN];
 	uint64_t gen = 0;
-	bool again = false;
+	bool again = false, r0, shares;
 	size_t n;
 	int world, rc;
 
@@ -401,12 +683,16 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		        err);
 	pthread_mutex_lock(&a->mu);
 	rc = !force && gen && all_seen(a, job, run, gen);
+	r0 = rank0_plan(a, job, run) != NULL;
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
 		log_msg(LOG_DEBUG, "job %s: plans generation %016llx unchanged: no plans file read",
 		        job, (unsigned long long)gen);
 		return;
 	}
+	/* the node of rank 0 reads every node's plans; the others what it found */
+	if (!r0 && gen && from_rank0(a, job, run, world, gen))
+		return;
 	rc = set_read(a, job, run, world, false, &ps, err);
 	if (rc) {
 		log_msg(LOG_DEBUG, "job %s: plans of the other nodes not read: %s", job, err);
@@ -418,13 +704,22 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	        "%016llx)",
 	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
 	pthread_mutex_lock(&a->mu);
-	n = stale_plans(a, job, run, &ps, gen, &v);
+	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
+	p0 = r0 ? rank0_plan(a, job, run) : NULL;
+	shares = p0 && p0->shares_key != ps.key; /* not written yet for this set */
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
-	if (n && ps.key && ps.copies < (unsigned)world &&
+	if ((n || shares) && ps.key && ps.copies < (unsigned)world &&
 	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
 	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
 		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	/* not written: again at the next look (the plans changed, or a step failed) */
+	if (as && shares && shares_write(a, &ps, run, world, as) == 0) {
+		pthread_mutex_lock(&a->mu);
+		if ((p0 = rank0_plan(a, job, run)))
+			p0->shares_key = ps.key;
+		pthread_mutex_unlock(&a->mu);
+	}
 	rc = rc || again;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_layout *l = NULL;
@@ -447,6 +742,9 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		plan_put(a, v[i]);
 		pthread_mutex_unlock(&a->mu);
 	}
+	if (r0 && !again)
+		mark_write(a, job, run, world, &ps, gen,
+		           ps.older || (ps.key && (ps.copies >= (unsigned)world || rc)));
 	free(v);
 	assign_free(as);
 	set_free(&ps);
@@ -521,11 +819,19 @@ bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessa
 	pk->since = now;
 	pk->until = now + (int64_t)wait * 1000000000;
 	list_add_tail(&a->parked, &pk->link);
-	log_msg(LOG_INFO,
-	        "job %s rank %d: save of step %lld waits for the plans of every rank of run %s "
-	        "(%d of %d known; at most %u s)",
-	        p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run,
-	        p->set_ranks, p->world, wait);
+	if (p->set_ranks < 0)
+		log_msg(
+		    LOG_INFO,
+		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
+		    "%s (as rank 0's node finds them; at most %u s)",
+		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run, wait);
+	else
+		log_msg(
+		    LOG_INFO,
+		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
+		    "%s (%d of %d known; at most %u s)",
+		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run,
+		    p->set_ranks, p->world, wait);
 	plans_publish(a, p->job, p->run); /* and look at the root until they are there */
 	return true;
 }
@@ -534,6 +840,7 @@ bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessa
 static void unpark_say(struct agent *a, struct plan *p, const struct parked *pk, int64_t now)
 {
 	const long long step = (long long)((Ckpt__V1__SaveRequest *)pk->m)->step;
+	char known[64];
 
 	if (!plan_waits(p)) {
 		log_msg(LOG_INFO,
@@ -543,12 +850,17 @@ static void unpark_say(struct agent *a, struct plan *p, const struct parked *pk,
 		return;
 	}
 	p->set_waited = true;
+	if (p->set_ranks < 0)
+		snprintf(known, sizeof(known), "rank 0's node has not said them yet");
+	else
+		snprintf(known, sizeof(known), "%d of the %d ranks are known", p->set_ranks,
+		         p->world);
 	log_msg(LOG_WARNING,
 	        "job %s rank %d: save of step %lld waited %u s (--plans-wait) for the plans of "
-	        "every rank of run %s, and %d of the %d ranks are known: it writes every replica "
-	        "it holds, and the next saves do not wait (is a node of the job not started, or "
-	        "its trainers not yet planned?)",
-	        p->job, p->rank, step, plans_wait_s(a), p->run, p->set_ranks, p->world);
+	        "every rank of run %s, and %s: it writes every replica it holds, and the next "
+	        "saves do not wait (is a node of the job not started, or its trainers not yet "
+	        "planned?)",
+	        p->job, p->rank, step, plans_wait_s(a), p->run, known);
 }
 
 void layouts_unpark(struct agent *a, bool all)

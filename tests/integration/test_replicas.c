@@ -72,6 +72,9 @@ static int rank_main(char **v)
 			       13;
 		ckpt_save_release(s);
 	}
+	/* RP_HOLD=PATH: the plan stays while PATH is there (at most 2 minutes) */
+	for (int i = 0; getenv("RP_HOLD") && access(getenv("RP_HOLD"), F_OK) == 0 && i < 1200; i++)
+		usleep(100000);
 	ckpt_plan_destroy(p);
 	ckpt_disconnect(c);
 	return 0;
@@ -222,6 +225,19 @@ static void first_save_once(int world)
 	ck_assert(!h_log_has(&c.a[0], "(--plans-wait)"));
 	step_bytes(&c.a[0], job, 2, &bytes, &extra, &r0);
 	ck_assert_msg(extra == 0 && bytes <= unique + unique / 20, "step 2: %lld bytes", bytes);
+	/*
+	 * Rank 0's node alone read the plans: it wrote every node's share; the
+	 * others read their own, never a plans file or summary.
+	 */
+	ck_assert_msg(h_log_has(&c.a[0], "written (4 nodes)"), "no shares written (%s)",
+	              c.a[0].log);
+	for (int i = 1; i < 4; i++) {
+		ck_assert_msg(!h_log_has(&c.a[i], "plans summaries of run") &&
+		                  !h_log_has(&c.a[i], "plans files of run"),
+		              "node n%d read the plans of every node (%s)", i, c.a[i].log);
+		ck_assert_msg(h_log_has(&c.a[i], "(its share from rank 0's node)"),
+		              "node n%d took no share (%s)", i, c.a[i].log);
+	}
 	nodes_cleanup(&c);
 }
 
@@ -268,6 +284,46 @@ START_TEST(wait_bounded)
 	nodes_cleanup(&c);
 }
 END_TEST
+
+#ifdef CKPT_FAULT_INJECTION
+/*
+ * Rank 0's node cannot write the shares (every rename onto a .share
+ * fails): it says so and writes no set mark; the other node waits for
+ * one half the commit deadline (3 s), says so, then reads every node's
+ * plans itself and writes its own share of the assignment.
+ */
+START_TEST(shares_not_written)
+{
+	const char *args = "--staging-mb 96 --plans-wait 1 --commit-deadline 6";
+	char hold[320];
+	struct nodes c;
+	FILE *f;
+
+	nodes_init(&c, 2);
+	snprintf(hold, sizeof(hold), "%s/hold", c.dir);
+	ck_assert_ptr_nonnull(f = fopen(hold, "w"));
+	fclose(f);
+	setenv("RP_HOLD", hold, 1); /* the trainers stay while the test looks */
+	h_agent_start_node_env(&c.a[0], c.root, "n0", args,
+	                       "CKPT_FAULTS=renameat:EIO:path=*.share:count=inf");
+	c.n = 1;
+	c.pid[0] = spawn(&c.a[0], "rf", 0, 2, c.last);
+	node_up(&c, 1, 2, "rf", args);
+	unsetenv("RP_HOLD");
+	ck_assert_msg(log_within(&c.a[0], "of run 0 not all written (2 of 2 nodes not;", 60),
+	              "n0 did not say its shares are not written (%s)", c.a[0].log);
+	ck_assert_msg(log_within(&c.a[1], "for half the commit deadline", 60),
+	              "n1 did not say it waited in vain for rank 0's node (%s)", c.a[1].log);
+	ck_assert_msg(log_within(&c.a[1], "job rf rank 1: replicas written once", 60),
+	              "n1 made no share of its own (%s)", c.a[1].log);
+	ck_assert(h_log_has(&c.a[1], "job rf: plans files of run 0 read whole (2 nodes)"));
+	ck_assert(!h_log_has(&c.a[1], "(its share from rank 0's node)"));
+	unlink(hold);
+	nodes_wait(&c);
+	nodes_cleanup(&c);
+}
+END_TEST
+#endif
 
 /*
  * In the agent's log, between the first line holding `from` and the first
@@ -368,6 +424,9 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, wait_bounded);
 	tcase_add_test(tc, step_end_reads_unchanged_plans_once);
 	tcase_add_test(tc, stop_answers_parked_save);
+#ifdef CKPT_FAULT_INJECTION
+	tcase_add_test(tc, shares_not_written);
+#endif
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
