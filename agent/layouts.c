@@ -77,6 +77,7 @@
 
 #include "agent.h"
 #include "assign.h"
+#include "shares.h"
 
 void layout_put(struct shard_layout *l)
 {
@@ -423,36 +424,6 @@ static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t
 
 /* ---- rank 0's node: every node's share, and the run's set mark --------- */
 
-/* What the ranks of node file f write of the assignment as, as its share of set key. */
-static int share_make(const struct plans_file *f, const char *run, int world, uint64_t key,
-                      const struct assignment *as, struct plans_share **out)
-{
-	struct plans_share *sh = calloc(1, sizeof(*sh));
-	int rc = 0;
-
-	*out = sh;
-	if (!sh || !(sh->ranks = calloc(f->nranks + 1, sizeof(*sh->ranks))))
-		return -ENOMEM;
-	sh->job = strdup(f->job);
-	sh->node = strdup(f->node);
-	sh->run = strdup(run);
-	sh->world = world;
-	sh->set = key;
-	if (!sh->job || !sh->node || !sh->run)
-		return -ENOMEM;
-	for (size_t i = 0; !rc && i < f->nranks; i++) {
-		const struct assign_rank *r = assign_rank(as, f->ranks[i].rank);
-
-		if (!r)
-			return -EINVAL; /* the assignment is of these files: cannot be */
-		rc = assign_share_of(r, &f->ranks[i], &sh->ranks[sh->nranks++]);
-	}
-	return rc;
-}
-
-/* Nodes' shares made and put at once, at most: their memory bounded at any size. */
-#define SHARES_AT_ONCE 256
-
 /*
  * Every node's share of the assignment as of the files whole ps (set
  * ps->key), put before the set mark names that set. 0 where all were put.
@@ -460,37 +431,22 @@ static int share_make(const struct plans_file *f, const char *run, int world, ui
 static int shares_write(struct agent *a, const struct plan_set *ps, const char *run, int world,
                         const struct assignment *as)
 {
-	struct plans_share *v[SHARES_AT_ONCE];
-	char err[IPC_ERRLEN] = "";
-	size_t failed = 0;
-	int rc = 0;
+	const char *job = ps->files[0]->job;
+	char err[IPC_ERRLEN];
+	int rc = shares_put(a->store, ps->files, ps->nfiles, run, world, ps->key, as, err);
 
-	for (size_t at = 0; !rc && at < ps->nfiles; at += SHARES_AT_ONCE) {
-		size_t n = ps->nfiles - at < SHARES_AT_ONCE ? ps->nfiles - at : SHARES_AT_ONCE,
-		       made;
-
-		for (made = 0; !rc && made < n; made++)
-			rc = share_make(ps->files[at + made], run, world, ps->key, as, &v[made]);
-		if (!rc)
-			failed += store_put_shares(a->store, v, n, err);
-		else
-			snprintf(err, sizeof(err), "%s", strerror(-rc));
-		for (size_t i = 0; i < made; i++)
-			share_free(v[i]);
-	}
-	if (rc || failed) {
+	if (rc)
 		log_msg(LOG_WARNING,
-		        "job %s: shares of plan set %016llx of run %s not all written (%zu of %zu "
-		        "nodes not; again once the plans change or a step fails): the other nodes "
-		        "read every plans file themselves once rank 0's node has said nothing for "
-		        "half the commit deadline (%s)",
-		        ps->files[0]->job, (unsigned long long)ps->key, run,
-		        rc ? ps->nfiles : failed, ps->nfiles, err);
-		return rc ? rc : -EIO;
-	}
-	log_msg(LOG_INFO, "job %s: shares of plan set %016llx of run %s written (%zu nodes)",
-	        ps->files[0]->job, (unsigned long long)ps->key, run, ps->nfiles);
-	return 0;
+		        "job %s: shares of plan set %016llx of run %s not all written (again once "
+		        "the plans change or a step fails): the other nodes read every plans file "
+		        "themselves once rank 0's node has said nothing for half the commit "
+		        "deadline: %s",
+		        job, (unsigned long long)ps->key, run, err);
+	else
+		log_msg(LOG_INFO,
+		        "job %s: shares of plan set %016llx of run %s written (%zu nodes)", job,
+		        (unsigned long long)ps->key, run, ps->nfiles);
+	return rc;
 }
 
 /*
@@ -610,23 +566,9 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 	char err[IPC_ERRLEN];
 	struct plan **v;
 	size_t n;
-	int rc = store_read_set_mark(a->store, job, run, &m, err);
 
-	if (!rc && (m->world != world || m->generation != gen))
-		rc = ipc_errf(err, -ESTALE, "its set mark is of generation %016llx (world %d)",
-		              (unsigned long long)m->generation, m->world);
-	if (!rc && m->set && !m->writes_all &&
-	    !(rc = store_read_share(a->store, job, a->cfg.node, &sh, err)) &&
-	    (sh->set != m->set || strcmp(sh->run, run) != 0 || sh->world != world))
-		rc = ipc_errf(err, -ESTALE, "this node's share is of plan set %016llx of run %s",
-		              (unsigned long long)sh->set, sh->run);
-	if (rc) {
-		bool wait = mark_wait(a, job, run, err);
-
-		set_mark_free(m);
-		share_free(sh);
-		return wait;
-	}
+	if (shares_get(a->store, job, run, a->cfg.node, world, gen, &m, &sh, err))
+		return mark_wait(a, job, run, err);
 	log_msg(LOG_DEBUG,
 	        "job %s: plan set %016llx of run %s from rank 0's node (generation %016llx%s)", job,
 	        (unsigned long long)m->set, run, (unsigned long long)gen,

@@ -310,7 +310,7 @@ START_TEST(shares_not_written)
 	c.pid[0] = spawn(&c.a[0], "rf", 0, 2, c.last);
 	node_up(&c, 1, 2, "rf", args);
 	unsetenv("RP_HOLD");
-	ck_assert_msg(log_within(&c.a[0], "of run 0 not all written (2 of 2 nodes not;", 60),
+	ck_assert_msg(log_within(&c.a[0], "2 of 2 nodes' shares not put", 60),
 	              "n0 did not say its shares are not written (%s)", c.a[0].log);
 	ck_assert_msg(log_within(&c.a[1], "for half the commit deadline", 60),
 	              "n1 did not say it waited in vain for rank 0's node (%s)", c.a[1].log);
