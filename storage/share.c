@@ -83,14 +83,15 @@ static int parse_cut(const json_t *o, const struct share_rank *k, struct share_c
 	json_int_t v[3];
 
 	if (!json_is_array(o) || json_array_size(o) != 3)
-		return ipc_errf(err, -EINVAL, SH_PREFIX "rank %d: cut %zu is not [tensor, row0, rows]",
-		                k->rank, i);
+		return ipc_errf(err, -EINVAL,
+		                SH_PREFIX "rank %d: cut %zu is not [tensor, row0, rows]", k->rank,
+		                i);
 	for (size_t j = 0; j < 3; j++) {
 		if (!json_is_integer(json_array_get(o, j)) ||
 		    (v[j] = json_integer_value(json_array_get(o, j))) < 0)
 			return ipc_errf(err, -EINVAL,
-			                SH_PREFIX "rank %d: cut %zu holds what is not a count", k->rank,
-			                i);
+			                SH_PREFIX "rank %d: cut %zu holds what is not a count",
+			                k->rank, i);
 	}
 	if ((uint64_t)v[0] >= k->ntensors || (i && (size_t)v[0] <= k->cuts[i - 1].tensor))
 		return ipc_errf(err, -EINVAL,
@@ -104,8 +105,8 @@ static int parse_cut(const json_t *o, const struct share_rank *k, struct share_c
 	return 0;
 }
 
-static int parse_rank(const json_t *o, size_t i, const struct plans_share *s,
-                      struct share_rank *k, char *err)
+static int parse_rank(const json_t *o, size_t i, const struct plans_share *s, struct share_rank *k,
+                      char *err)
 {
 	const json_t *cuts = json_object_get(o, "cuts");
 	char where[32];
