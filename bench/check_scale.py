@@ -4,7 +4,10 @@ was generated; each step with every part committed, by node n00000, with a
 manifest, and node n00001 saw it committed; the storage's calls were
 counted (reads and their bytes); a watching node's roster was the run's
 roster file that the committer wrote from the summaries; the step without node n00002's part did
-not commit and its reason names that node. Nothing about timing.
+not commit and its reason names that node; the dedup assignment's shares
+were put by node n00000 alone (every summary and file read, one share a
+node and the set mark written) and node n00001 took its own in 3 reads,
+writing less than it holds. Nothing about timing.
 
     bench/check_scale.py RESULTS.jsonl"""
 
@@ -17,7 +20,8 @@ def main():
     by = {}
     for d in lines:
         by.setdefault(d["phase"], []).append(d)
-    gen, commits, watches = by.get("gen", []), by.get("commit", []), by.get("watch", [])
+    commits, watches = by.get("commit", []), by.get("watch", [])
+    gen = [g for g in by.get("gen", []) if g["steps"] > 0]  # steps 0: the plans for shares
     assert len(gen) == 1 and gen[0]["left_out"] == 2, gen
     steps = gen[0]["steps"]
     assert [c["step"] for c in commits] == list(range(1, steps + 1)), commits
@@ -43,7 +47,17 @@ def main():
     for w in watches:
         assert w["state"] == "COMMITTED" and not w["wrote"] and w["node"] == "n00001", w
         assert w["ops"]["obj_get"]["bytes"] > 0, w
-    print(f"check_scale: {len(commits)} commits, {len(watches)} watches as expected")
+    shares, taken = by.get("shares", []), by.get("share_watch", [])
+    assert shares and len(shares) == len(taken), by
+    for p, t in zip(shares, taken):
+        assert p["rc"] == 0 and p["replicas"] > 1 and p["nodes_read"] == nodes, p
+        assert p["ops"]["obj_get"]["n"] == 2 * nodes + 1, p  # generation, summaries, files
+        assert p["ops"]["obj_put"]["n"] == nodes + 1, p  # a share a node, the set mark
+        assert p["written_bytes"] == p["unique_bytes"] > 0, p
+        assert t["rc"] == 0 and t["calls"] == 3 and t["ops"]["obj_get"]["n"] == 3, t
+        assert t["cuts"] > 0 and 0 < t["writes_bytes"] < t["holds_bytes"], t
+    print(f"check_scale: {len(commits)} commits, {len(watches)} watches, "
+          f"{len(shares)} shares as expected")
 
 
 if __name__ == "__main__":

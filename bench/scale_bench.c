@@ -33,51 +33,6 @@
 #include "commit.h"
 #include "scale_bench.h"
 
-/* This process's resident set now, in KiB (/proc/self/statm). */
-static long rss_now_kb(void)
-{
-	long pages = 0, res = 0;
-	FILE *f = fopen("/proc/self/statm", "r");
-
-	if (f) {
-		if (fscanf(f, "%ld %ld", &pages, &res) != 2)
-			res = 0;
-		fclose(f);
-	}
-	return res * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-static long rss_peak_kb(void)
-{
-	struct rusage ru;
-
-	getrusage(RUSAGE_SELF, &ru);
-	return ru.ru_maxrss;
-}
-
-/* The CPU time this process used so far, every thread, user and system, in ms. */
-static double cpu_ms(void)
-{
-	struct rusage ru;
-
-	getrusage(RUSAGE_SELF, &ru);
-	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
-	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
-}
-
-/* A JSON string: quotes and backslashes escaped, control characters dropped. */
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; s && *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fputc('\\', f);
-		if ((unsigned char)*s >= 0x20)
-			fputc(*s, f);
-	}
-	fputc('"', f);
-}
-
 /* ---- commit and watch --------------------------------------------------- */
 
 /* How a poll loop ended. */
@@ -286,24 +241,37 @@ static void usage(void)
 {
 	fprintf(
 	    stderr,
-	    "usage: scale_bench gen|commit|watch --root DIR|s3://BUCKET [--job J] [--run R]\n"
-	    "         [--nodes N] [--ranks R] [--tensors T] [--steps S] [--threads K]\n"
+	    "usage: scale_bench gen|commit|watch|shares|share_watch --root DIR|s3://BUCKET\n"
+	    "         [--job J] [--run R] [--nodes N] [--ranks R] [--tensors T] [--steps S]\n"
+	    "         [--threads K] [--replicas D]\n"
 	    "         [--leave-out NODE] [--step S] [--node K] [--op-latency-us US]\n"
 	    "         [--cap-s SECONDS] [--stuck-polls P] [--no-explain]\n"
 	    "  gen: a root of N nodes x R ranks x T tensors, S steps (defaults 4 x 8 x 300, 2)\n"
 	    "  commit: step S (default: --steps) committed as node n00000 would\n"
-	    "  watch: node K (default 1) polls until it sees step S committed\n");
+	    "  watch: node K (default 1) polls until it sees step S committed\n"
+	    "  shares: the dedup assignment's shares put as node n00000 puts them\n"
+	    "  share_watch: node K takes its share (gen --replicas D: D ranks hold each box)\n");
 }
 
 static int parse(int argc, char **argv, struct opts *o)
 {
-	static const struct option lo[] = {
-	    {"root", 1, 0, 'r'},  {"job", 1, 0, 'j'},         {"run", 1, 0, 'u'},
-	    {"nodes", 1, 0, 'n'}, {"ranks", 1, 0, 'k'},       {"tensors", 1, 0, 't'},
-	    {"steps", 1, 0, 's'}, {"threads", 1, 0, 'T'},     {"leave-out", 1, 0, 'L'},
-	    {"step", 1, 0, 'S'},  {"node", 1, 0, 'N'},        {"op-latency-us", 1, 0, 'l'},
-	    {"cap-s", 1, 0, 'c'}, {"stuck-polls", 1, 0, 'p'}, {"no-explain", 0, 0, 'x'},
-	    {0, 0, 0, 0}};
+	static const struct option lo[] = {{"root", 1, 0, 'r'},
+	                                   {"job", 1, 0, 'j'},
+	                                   {"run", 1, 0, 'u'},
+	                                   {"nodes", 1, 0, 'n'},
+	                                   {"ranks", 1, 0, 'k'},
+	                                   {"tensors", 1, 0, 't'},
+	                                   {"steps", 1, 0, 's'},
+	                                   {"threads", 1, 0, 'T'},
+	                                   {"leave-out", 1, 0, 'L'},
+	                                   {"step", 1, 0, 'S'},
+	                                   {"node", 1, 0, 'N'},
+	                                   {"op-latency-us", 1, 0, 'l'},
+	                                   {"cap-s", 1, 0, 'c'},
+	                                   {"stuck-polls", 1, 0, 'p'},
+	                                   {"no-explain", 0, 0, 'x'},
+	                                   {"replicas", 1, 0, 'R'},
+	                                   {0, 0, 0, 0}};
 	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
 	int ch;
 
@@ -318,6 +286,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	                   .node = 1,
 	                   .cap_s = 600,
 	                   .stuck_polls = 1,
+	                   .replicas = 1,
 	                   .explain = true};
 	if (argc < 2)
 		return -EINVAL;
@@ -369,16 +338,23 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'x':
 			o->explain = false;
 			break;
+		case 'R':
+			o->replicas = atoi(optarg);
+			break;
 		default:
 			return -EINVAL;
 		}
 	}
 	if (!o->step)
 		o->step = o->steps;
-	if (!o->root || o->nodes < 1 || o->ranks < 1 || o->tensors < 1 || o->steps < 1 ||
+	/* gen --steps 0: the plans alone (for shares and share_watch) */
+	if (!o->root || o->nodes < 1 || o->ranks < 1 || o->tensors < 1 || o->steps < 0 ||
 	    o->threads < 1 || (long)o->nodes * o->ranks > IPC_MAX_WORLD || o->latency_us < 0 ||
-	    o->step < 1 || o->step > o->steps ||
-	    (strcmp(o->cmd, "watch") == 0 && (o->node < 0 || o->node >= o->nodes)))
+	    ((o->step < 1 || o->step > o->steps) && strcmp(o->cmd, "gen") != 0 &&
+	     strncmp(o->cmd, "share", 5) != 0) ||
+	    o->replicas < 1 || (o->nodes * o->ranks) % o->replicas != 0 ||
+	    ((strcmp(o->cmd, "watch") == 0 || strcmp(o->cmd, "share_watch") == 0) &&
+	     (o->node < 0 || o->node >= o->nodes)))
 		return -EINVAL;
 	return 0;
 }
@@ -401,6 +377,8 @@ int main(int argc, char **argv)
 		rc = run_gen(&o, err);
 	else if (strcmp(o.cmd, "commit") == 0 || strcmp(o.cmd, "watch") == 0)
 		rc = run_poll(&o, strcmp(o.cmd, "commit") == 0, err);
+	else if (strcmp(o.cmd, "shares") == 0 || strcmp(o.cmd, "share_watch") == 0)
+		rc = run_shares(&o, strcmp(o.cmd, "shares") == 0, err);
 	else {
 		usage();
 		return 2;

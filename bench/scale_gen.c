@@ -59,14 +59,16 @@ static struct manifest_tensor *rank_tensors(struct gen *g, int r, uint64_t hl, c
 		*t = (struct manifest_tensor){.name = strdup(g->names[i]),
 		                              .dtype = DTYPE_F32,
 		                              .ndim = 2,
-		                              .global_shape = {g->world, COLS},
+		                              .global_shape = {g->world / g->o->replicas, COLS},
 		                              .sharded = true,
 		                              .nchunks = 1,
 		                              .chunks = c};
 		if (!c || !t->name)
 			return NULL; /* out of memory: the generator stops */
-		*c =
-		    (struct manifest_chunk){.rank = r, .global_offset = {r, 0}, .shape = {1, COLS}};
+		/* replicas of a box: ranks world / replicas apart (on other nodes) */
+		*c = (struct manifest_chunk){.rank = r,
+		                             .global_offset = {r % (g->world / g->o->replicas), 0},
+		                             .shape = {1, COLS}};
 		if (data) {
 			c->begin = hl + (uint64_t)i * ROW_BYTES;
 			c->end = c->begin + ROW_BYTES;

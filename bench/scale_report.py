@@ -110,6 +110,28 @@ def table_watch(lines):
     return out
 
 
+def table_shares(lines):
+    """The dedup assignment: node n00000 puts every node's share, node n00001 takes its own."""
+    watch = {key(d): d for d in lines if d["phase"] == "share_watch"}
+    out = ["| nodes x ranks x tensors | replicas | latency | n00000: time (s) | CPU (s) | "
+           "peak RSS (MiB) | storage calls | read (MB) | written (MB) | n00001: calls | "
+           "read (KB) | time (ms) | its cuts |",
+           "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for d in lines:
+        if d["phase"] != "shares":
+            continue
+        w = watch.get(key(d))
+        wn, wb = reads(w["ops"]) if w else (0, 0)
+        put = d["ops"].get("obj_put", {}).get("bytes", 0)
+        out.append(f"| {case(d)} | {d['replicas']} | {d['latency_us'] / 1e3:g} ms | "
+                   f"{d['wall_ms'] / 1e3:.2f} | {cpu(d)} | {d['peak_rss_kb'] / 1024:.0f} | "
+                   f"{d['calls']:,} ({ops_text(d['ops'])}) | {mb(reads(d['ops'])[1])} | "
+                   f"{mb(put)} | " +
+                   (f"{w['calls']} | {wb / 1e3:.1f} | {w['wall_ms']:.1f} | {w['cuts']:,} |"
+                    if w else "- | - | - | - |"))
+    return out if len(out) > 2 else []
+
+
 COLORS = ["#1b6ca8", "#d1495b", "#2e8b57", "#8a5a00", "#6a4c93", "#444444"]
 
 
@@ -182,6 +204,10 @@ def main():
         sys.exit(f"scale_report: no results in {', '.join(a.results)}: did scale_bench run?")
     print("\n".join(["Generation:", ""] + table_gen(lines) + ["", "Commit (node n00000):", ""] +
                     table_commit(lines) + ["", "Watch (node n00001):", ""] + table_watch(lines)))
+    shares = table_shares(lines)
+    if shares:
+        print("\n".join(["", "Shares of the dedup assignment (n00000 puts, n00001 takes):", ""] +
+                        shares))
     if a.svg:
         text = svg(lines, a.title)
         if text:

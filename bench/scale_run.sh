@@ -9,23 +9,30 @@
 # (bench/scale_report.py).
 #
 #   bench/scale_run.sh [--quick] [--cases 256x8x300,1024x8x300] [--latencies 0,1000,10000]
-#                      [--cap-s S] [--mem-gb G] [--label L] [--dir DIR] [--build B] [--out O]
+#                      [--replicas D] [--cap-s S] [--mem-gb G] [--label L] [--dir DIR]
+#                      [--build B] [--out O]
 #
 # A commit that has not ended after --cap-s seconds (default 600) is
 # stopped and said (CAPPED); one with every part in and no manifest is
 # STUCK (the reason from one more poll, at the deadline). Each process runs
 # under ulimit -v of --mem-gb GiB (default 12): past it, its allocations
 # fail and it says so, rather than the machine running out.
+# --replicas D: then, per case, a root of the plans alone where D ranks hold
+# each box, and per latency the dedup assignment's shares put as node n00000
+# puts them (shares) and node n00001's taken (share_watch).
 # --quick: 3 nodes x 2 ranks x 3 tensors at 0 and 1000 us, and a third step
-# without node n00002's part, capped at 1 s (the test command runs it).
+# without node n00002's part, capped at 1 s, and 2 replicas (the test
+# command runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 cases=256x8x300,1024x8x300 latencies=0,1000,10000 cap=600 mem_gb=12 label= dir= quick=0
+replicas=0
 build=build-bench out=bench/results
 while (($#)); do
 	case $1 in
-	--quick) quick=1 cases=3x2x3 latencies=0,1000 cap=20 ;;
+	--quick) quick=1 cases=3x2x3 latencies=0,1000 cap=20 replicas=2 ;;
+	--replicas) replicas=$2; shift ;;
 	--cases) cases=$2; shift ;;
 	--latencies) latencies=$2; shift ;;
 	--cap-s) cap=$2; shift ;;
@@ -85,5 +92,19 @@ for c in ${cases//,/ }; do
 			--step "$steps" --cap-s 1
 	fi
 	rm -rf "$root"
+	if ((replicas > 0)); then
+		# the dedup assignment: plans of D-way replicas, the shares put and one taken
+		echo "scale: $c, $replicas replicas of each box: shares, then share_watch" >&2
+		sb gen --root "$root" --nodes "$n" --ranks "$r" --tensors "$t" --steps 0 \
+			--replicas "$replicas"
+		for lat in "${lats[@]}"; do
+			common=(--root "$root" --nodes "$n" --ranks "$r" --tensors "$t"
+				--replicas "$replicas" --op-latency-us "$lat")
+			sb shares "${common[@]}" || echo "scale: the shares of $c failed" >&2
+			sb share_watch "${common[@]}" --node $((n > 1 ? 1 : 0)) ||
+				echo "scale: the share_watch of $c failed" >&2
+		done
+		rm -rf "$root"
+	fi
 done
 python3 "$top/bench/scale_report.py" "$results"

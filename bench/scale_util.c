@@ -12,7 +12,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "commit.h"
 
@@ -82,4 +84,49 @@ int open_store(const struct opts *o, const char *node, struct ioeng **io, struct
 		*io = NULL;
 	}
 	return rc;
+}
+
+/* This process's resident set now, in KiB (/proc/self/statm). */
+long rss_now_kb(void)
+{
+	long pages = 0, res = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+
+	if (f) {
+		if (fscanf(f, "%ld %ld", &pages, &res) != 2)
+			res = 0;
+		fclose(f);
+	}
+	return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+long rss_peak_kb(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_maxrss;
+}
+
+/* The CPU time this process used so far, every thread, user and system, in ms. */
+double cpu_ms(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+/* A JSON string: quotes and backslashes escaped, control characters dropped. */
+void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; s && *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		if ((unsigned char)*s >= 0x20)
+			fputc(*s, f);
+	}
+	fputc('"', f);
 }
