@@ -77,8 +77,7 @@ int shares_get(struct storage *s, const char *job, const char *run, const char *
 	if (!rc && (m->world != world || m->generation != gen))
 		rc = ipc_errf(err, -ESTALE, "its set mark is of generation %016llx (world %d)",
 		              (unsigned long long)m->generation, m->world);
-	if (!rc && m->set && !m->writes_all &&
-	    !(rc = store_read_share(s, job, node, &sh, err)) &&
+	if (!rc && m->set && !m->writes_all && !(rc = store_read_share(s, job, node, &sh, err)) &&
 	    (sh->set != m->set || strcmp(sh->run, run) != 0 || sh->world != world))
 		rc = ipc_errf(err, -ESTALE, "this node's share is of plan set %016llx of run %s",
 		              (unsigned long long)sh->set, sh->run);

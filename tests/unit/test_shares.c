@@ -114,7 +114,8 @@ START_TEST(put_then_taken)
 		struct assign_rank got;
 
 		ck_assert_int_eq(sh->ranks[i].rank, 2 + (int)i);
-		ck_assert_msg(assign_rank_of_share(&sh->ranks[i], &files[1].ranks[i], &got, err) == 0,
+		ck_assert_msg(assign_rank_of_share(&sh->ranks[i], &files[1].ranks[i], &got, err) ==
+		                  0,
 		              "%s", err);
 		ck_assert_uint_eq(got.bytes, want->bytes);
 		ck_assert(want->bytes < want->held_bytes); /* emb is cut: it writes a piece */
