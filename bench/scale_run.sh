@@ -9,8 +9,8 @@
 # (bench/scale_report.py).
 #
 #   bench/scale_run.sh [--quick] [--cases 256x8x300,1024x8x300] [--latencies 0,1000,10000]
-#                      [--replicas D] [--cap-s S] [--mem-gb G] [--label L] [--dir DIR]
-#                      [--build B] [--out O]
+#                      [--replicas D [--only-shares]] [--cap-s S] [--mem-gb G] [--label L]
+#                      [--dir DIR] [--build B] [--out O]
 #
 # A commit that has not ended after --cap-s seconds (default 600) is
 # stopped and said (CAPPED); one with every part in and no manifest is
@@ -19,7 +19,8 @@
 # fail and it says so, rather than the machine running out.
 # --replicas D: then, per case, a root of the plans alone where D ranks hold
 # each box, and per latency the dedup assignment's shares put as node n00000
-# puts them (shares) and node n00001's taken (share_watch).
+# puts them (shares) and node n00001's taken (share_watch); --only-shares:
+# those alone, no step generated or committed.
 # --quick: 3 nodes x 2 ranks x 3 tensors at 0 and 1000 us, and a third step
 # without node n00002's part, capped at 1 s, and 2 replicas (the test
 # command runs it).
@@ -27,12 +28,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 cases=256x8x300,1024x8x300 latencies=0,1000,10000 cap=600 mem_gb=12 label= dir= quick=0
-replicas=0
+replicas=0 only_shares=0
 build=build-bench out=bench/results
 while (($#)); do
 	case $1 in
 	--quick) quick=1 cases=3x2x3 latencies=0,1000 cap=20 replicas=2 ;;
 	--replicas) replicas=$2; shift ;;
+	--only-shares) only_shares=1 ;;
 	--cases) cases=$2; shift ;;
 	--latencies) latencies=$2; shift ;;
 	--cap-s) cap=$2; shift ;;
@@ -73,9 +75,13 @@ for c in ${cases//,/ }; do
 	if ((quick)); then
 		steps=$((steps + 1)) extra=(--leave-out 2)
 	fi
-	echo "scale: $n nodes x $r ranks x $t tensors, $steps steps" >&2
-	sb gen --root "$root" --nodes "$n" --ranks "$r" --tensors "$t" --steps "$steps" "${extra[@]}"
+	if ((only_shares)); then
+		steps=0
+	fi
+	((steps)) && echo "scale: $n nodes x $r ranks x $t tensors, $steps steps" >&2
+	((steps)) && sb gen --root "$root" --nodes "$n" --ranks "$r" --tensors "$t" --steps "$steps" "${extra[@]}"
 	for i in "${!lats[@]}"; do
+		((steps)) || break
 		step=$((i + 1)) lat=${lats[i]}
 		common=(--root "$root" --nodes "$n" --ranks "$r" --tensors "$t" --steps "$steps"
 			--step "$step" --op-latency-us "$lat" --cap-s "$cap")
