@@ -289,6 +289,12 @@ struct part_rank {
 	 */
 	uint64_t sig;
 	bool has_sig, wrote_less;
+	/*
+	 * Where it wrote less: tensors_signature of what it wrote (a whole
+	 * part's from its tensors; a summary's as said, where it says it).
+	 */
+	uint64_t wsig;
+	bool has_wsig;
 };
 
 struct part {
@@ -348,7 +354,8 @@ int part_bytes_id(struct part *p, char *err);
 /*
  * Lets a part's tensors and holds go once they were checked and counted
  * (names_add): what a head needs stays (a commit of many nodes holds each
- * part's ranks, not its chunks).
+ * part's ranks, not its chunks), and each rank's signatures, as its
+ * summary says them (what it holds; where it wrote less, what it wrote).
  */
 void part_strip(struct part *p);
 /*
@@ -361,6 +368,11 @@ int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig);
 /* The signature of what a part's rank holds (its holds, else what it wrote; a summary's: as said).
  */
 int part_rank_signature(const struct part_rank *k, uint64_t *sig);
+/*
+ * The signature of what a part's rank wrote (its tensors; a summary's as
+ * said): -ENOENT where a summary does not say, -ENOMEM.
+ */
+int part_rank_written_signature(const struct part_rank *k, uint64_t *sig);
 /* The node's ranks as "4,5" (or "4-7") into buf, for messages. */
 void part_ranks_text(const int *ranks, size_t n, char *buf, size_t len);
 /* "n1 (ranks 4,5)": a node and its ranks, for messages. */

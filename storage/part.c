@@ -74,6 +74,17 @@ int tensors_signature(const struct manifest_tensor *v, size_t n, uint64_t *sig)
 	return 0;
 }
 
+int part_rank_written_signature(const struct part_rank *k, uint64_t *sig)
+{
+	if (k->has_wsig) {
+		*sig = k->wsig;
+		return 0;
+	}
+	if (k->has_sig) /* a summary that does not say */
+		return -ENOENT;
+	return tensors_signature(k->tensors, k->ntensors, sig);
+}
+
 int part_rank_signature(const struct part_rank *k, uint64_t *sig)
 {
 	if (k->has_sig) {
@@ -302,6 +313,12 @@ static json_t *summary_rank_json(const struct part_rank *k)
 		json_decref(o);
 		return NULL;
 	}
+	/* what it wrote, where less than it holds: a committer may check it without the part */
+	if (o && (k->holds || k->wrote_less) && part_rank_written_signature(k, &sig) == 0 &&
+	    fmt_hex_put(o, "wsig", sig)) {
+		json_decref(o);
+		return NULL;
+	}
 	return o;
 }
 
@@ -352,7 +369,13 @@ static int parse_summary_rank(const json_t *o, const char *where, struct part_ra
 		                where);
 	k->has_sig = true;
 	k->wrote_less = json_is_true(less);
-	return 0;
+	if (!json_object_get(o, "wsig"))
+		return 0;
+	if (!k->wrote_less)
+		return ipc_errf(err, -EINVAL,
+		                PT_PREFIX "%s: \"wsig\" of a rank that wrote all it holds", where);
+	k->has_wsig = true;
+	return fmt_hex_read(o, "wsig", &k->wsig, PT, where, err);
 }
 
 static int parse_rank(const json_t *o, size_t i, int version, bool summary, struct part_rank *k,
@@ -527,6 +550,13 @@ void part_strip(struct part *p)
 	for (size_t i = 0; p && i < p->nranks; i++) {
 		struct part_rank *k = &p->ranks[i];
 
+		/* what they were stays as their signatures, as a summary's (no memory: not told) */
+		if (!k->has_sig && part_rank_signature(k, &k->sig) == 0) {
+			k->has_sig = true;
+			k->wrote_less = k->wrote_less || k->holds;
+			k->has_wsig =
+			    k->holds && tensors_signature(k->tensors, k->ntensors, &k->wsig) == 0;
+		}
 		fmt_tensors_free(k->tensors, k->ntensors);
 		fmt_tensors_free(k->holds, k->nholds);
 		k->tensors = k->holds = NULL;

@@ -302,6 +302,34 @@ START_TEST(test_summary)
 		ck_assert_str_eq(back->ranks[j].file, p->ranks[j].file);
 	}
 	part_free(back);
+	/* where a rank wrote less: what it wrote, as one number too; never of one that wrote all */
+	{
+		char *t2, *forged;
+		size_t l2;
+
+		p->ranks[0].wrote_less = true;
+		ck_assert_msg(part_summary_to_json(p, &t2, &l2, err) == 0, "%s", err);
+		ck_assert_msg(part_summary_from_json(t2, l2, &back, err) == 0, "%s", err);
+		ck_assert_int_eq(tensors_signature(p->ranks[0].tensors, p->ranks[0].ntensors, &sig),
+		                 0);
+		ck_assert(back->ranks[0].has_wsig && back->ranks[0].wsig == sig);
+		ck_assert(!back->ranks[1].has_wsig);
+		part_free(back);
+		forged = malloc(l2 + 8); /* rank 0 says it wrote all, and what it wrote */
+		{
+			const char *at = strstr(t2, "\"wrote_less\":true");
+
+			sprintf(forged, "%.*s\"wrote_less\":false%s", (int)(at - t2), t2,
+			        at + strlen("\"wrote_less\":true"));
+		}
+		back = (struct part *)1;
+		ck_assert_int_eq(part_summary_from_json(forged, strlen(forged), &back, err),
+		                 -EINVAL);
+		ck_assert_msg(strstr(err, "wrote all it holds"), "%s", err);
+		free(forged);
+		free(t2);
+		p->ranks[0].wrote_less = false;
+	}
 	/* a part is no summary, a summary no part */
 	{
 		char *ptext = text_of(p);
