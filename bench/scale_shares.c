@@ -26,8 +26,8 @@
 #include "shares.h"
 
 /* Every node's plans of the job: summaries (whole: false) or files, as the agent reads them. */
-static int read_all(struct storage *s, const struct opts *o, bool whole,
-                    struct plans_file ***files, size_t *n, char *err)
+static int read_all(struct storage *s, const struct opts *o, bool whole, struct plans_file ***files,
+                    size_t *n, char *err)
 {
 	struct store_plans_read *rd = NULL;
 	char **names = NULL;
@@ -36,8 +36,8 @@ static int read_all(struct storage *s, const struct opts *o, bool whole,
 
 	*files = NULL;
 	*n = 0;
-	if (!rc && (!(rd = calloc(nn + 1, sizeof(*rd))) ||
-	            !(*files = calloc(nn + 1, sizeof(**files)))))
+	if (!rc &&
+	    (!(rd = calloc(nn + 1, sizeof(*rd))) || !(*files = calloc(nn + 1, sizeof(**files)))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 	if (!rc)
 		store_read_plans_many(s, o->job, names, nn, whole, rd);
@@ -167,7 +167,8 @@ static int take_share(const struct opts *o, struct storage *s, char *err)
 		struct assign_rank r;
 
 		if (i >= sh->nranks || sh->ranks[i].rank != own->ranks[i].rank) {
-			rc = ipc_errf(err, -EINVAL, "rank %d is not in the share", own->ranks[i].rank);
+			rc = ipc_errf(err, -EINVAL, "rank %d is not in the share",
+			              own->ranks[i].rank);
 			break;
 		}
 		rc = assign_rank_of_share(&sh->ranks[i], &own->ranks[i], &r, err);

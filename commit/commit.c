@@ -32,11 +32,14 @@
 #include "cover.h"
 #include "fanout.h"
 #include "roster.h"
+#include "shares.h"
 
 struct committer {
 	struct commit_opts o;
 	char node[IPC_MAX_JOB + 1];
 	struct roster_cache rosters; /* complete ones, per (job, run) */
+	struct assigned **assigned; /* at most one per job (committer_assigned) */
+	size_t nassigned;
 };
 
 struct commit {
@@ -174,7 +177,43 @@ void committer_destroy(struct committer *cm)
 	if (!cm)
 		return;
 	roster_cache_clear(&cm->rosters);
+	for (size_t i = 0; i < cm->nassigned; i++)
+		assigned_free(cm->assigned[i]);
+	free(cm->assigned);
 	free(cm);
+}
+
+void committer_assigned(struct committer *cm, struct assigned *x)
+{
+	struct assigned **v;
+
+	for (size_t i = 0; i < cm->nassigned; i++)
+		if (strcmp(cm->assigned[i]->job, x->job) == 0) {
+			assigned_free(cm->assigned[i]);
+			cm->assigned[i] = x;
+			return;
+		}
+	v = realloc(cm->assigned, (cm->nassigned + 1) * sizeof(*v));
+	if (!v) { /* then the parts are read whole */
+		assigned_free(x);
+		return;
+	}
+	cm->assigned = v;
+	v[cm->nassigned++] = x;
+}
+
+/* Whether this node's assignment of the parts' run tells that they cover every box. */
+static bool by_assignment(const struct committer *cm, struct part *const *v, size_t n)
+{
+	char why[IPC_ERRLEN];
+
+	for (size_t i = 0; n && i < cm->nassigned; i++) {
+		const struct assigned *x = cm->assigned[i];
+
+		if (strcmp(x->job, v[0]->job) == 0 && strcmp(x->run, v[0]->run) == 0)
+			return assigned_covers(x, v, n, why);
+	}
+	return false;
 }
 
 void commit_result_free(struct commit_result *r)
@@ -853,13 +892,14 @@ static int count_tensors(struct part *const *v, size_t n, size_t *count, char *w
  * here). 0; -EINVAL: they cannot make a checkpoint; else not now.
  */
 static int merge(struct committer *cm, struct part *const *v, size_t n, const struct names *names,
-                 bool holds, struct manifest **out, char *why)
+                 bool holds, struct manifest **out, bool *assigned, char *why)
 {
 	char msg[IPC_ERRLEN];
 	size_t tensors = names_count(names);
 	int rc;
 
 	*out = NULL;
+	*assigned = false;
 	if (n == 1) {
 		rc = merge_whole(cm, v, n, true, out, why);
 		if (!rc && (rc = check_shards(cm, *out, why))) {
@@ -870,7 +910,8 @@ static int merge(struct committer *cm, struct part *const *v, size_t n, const st
 	}
 	if (!names && (rc = count_tensors(v, n, &tensors, msg)))
 		return ipc_errf(why, rc, "the parts do not merge: %s", msg);
-	if (holds && (rc = merge_whole(cm, v, n, false, out, why)))
+	*assigned = holds && by_assignment(cm, v, n);
+	if (holds && !*assigned && (rc = merge_whole(cm, v, n, false, out, why)))
 		return rc;
 	if ((rc = manifest_merge_head(v, n, tensors, out, msg)))
 		return ipc_errf(why, rc == -ENOMEM ? rc : -EINVAL, "the parts do not merge: %s",
@@ -899,7 +940,7 @@ static bool write_manifest(struct committer *cm, struct part *const *v, size_t n
 	int rc;
 
 	r->state = COMMIT_WAITING;
-	rc = merge(cm, v, n, names, holds, &m, msg);
+	rc = merge(cm, v, n, names, holds, &m, &r->by_assignment, msg);
 	if (rc == -EINVAL) {
 		r->state = COMMIT_FAILED;
 		snprintf(r->reason, sizeof(r->reason), "%s", msg);

@@ -61,6 +61,15 @@ struct commit_opts {
 int committer_create(const struct commit_opts *o, struct committer **out, char *err);
 void committer_destroy(struct committer *cm);
 
+struct assigned; /* commit/shares.h */
+/*
+ * The dedup assignment this node made for a run (the node of rank 0 does):
+ * a step's parts whose ranks wrote less than they hold are checked by it
+ * (assigned_covers) in place of read whole and merged for the cover check.
+ * Takes x, replacing the one of its job. Commit thread.
+ */
+void committer_assigned(struct committer *cm, struct assigned *x);
+
 enum commit_state {
 	COMMIT_WAITING, /* call commit_poll again at *next */
 	COMMIT_COMMITTED, /* the manifest is durable */
@@ -73,6 +82,12 @@ struct commit_result {
 	char reason[IPC_ERRLEN]; /* FAILED: why, naming nodes, ranks and files */
 	struct manifest *manifest; /* COMMITTED: the manifest as durable (caller frees) */
 	bool wrote; /* COMMITTED: this node wrote it */
+	/*
+	 * wrote: ranks wrote less than they hold, and the assignment this node
+	 * made (committer_assigned) told that they cover every box: no part
+	 * was read whole.
+	 */
+	bool by_assignment;
 	int64_t latency_ns; /* wrote: the last part durable -> the manifest durable */
 	unsigned missing_at_deadline; /* FAILED at the deadline: nodes without a part */
 	bool superseded; /* FAILED: the step is committed without this node's files */

@@ -82,11 +82,88 @@ int shares_get(struct storage *s, const char *job, const char *run, const char *
 		rc = ipc_errf(err, -ESTALE, "this node's share is of plan set %016llx of run %s",
 		              (unsigned long long)sh->set, sh->run);
 	if (rc) {
-		set_mark_free(m);
 		share_free(sh);
+		if (rc != -ESTALE || !m || m->generation == gen) /* only a mark of before is kept */
+			set_mark_free(m);
+		else
+			*mark = m;
 		return rc;
 	}
 	*mark = m;
 	*share = sh;
 	return 0;
+}
+
+/* ---- what rank 0's node assigned, for its committer ---------------------- */
+
+int assigned_make(const struct assign_input *in, size_t n, const struct assignment *as,
+                  const char *job, const char *run, int world, uint64_t set, struct assigned **out)
+{
+	struct assigned *x = calloc(1, sizeof(*x));
+	int rc = 0;
+
+	*out = NULL;
+	if (!x || !(x->holds = calloc((size_t)world, sizeof(*x->holds))) ||
+	    !(x->writes = calloc((size_t)world, sizeof(*x->writes)))) {
+		assigned_free(x);
+		return -ENOMEM;
+	}
+	snprintf(x->job, sizeof(x->job), "%s", job);
+	snprintf(x->run, sizeof(x->run), "%s", run);
+	x->world = world;
+	x->set = set;
+	for (size_t i = 0; !rc && i < n; i++) {
+		const struct plans_rank *k = in[i].rank;
+		const struct assign_rank *r = assign_rank(as, k->rank);
+
+		if (k->rank < 0 || k->rank >= world || !r)
+			rc = -EINVAL;
+		else if (!(rc = plans_rank_signature(k, &x->holds[k->rank])) &&
+		         r->bytes != r->held_bytes)
+			rc = assign_written_signature(r, k, &x->writes[k->rank]);
+	}
+	if (rc) {
+		assigned_free(x);
+		return rc;
+	}
+	*out = x;
+	return 0;
+}
+
+void assigned_free(struct assigned *x)
+{
+	if (!x)
+		return;
+	free(x->holds);
+	free(x->writes);
+	free(x);
+}
+
+bool assigned_covers(const struct assigned *x, struct part *const *v, size_t n, char *why)
+{
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < v[i]->nranks; j++) {
+			const struct part_rank *k = &v[i]->ranks[j];
+			uint64_t held, wrote;
+
+			if (k->rank < 0 || k->rank >= x->world || part_rank_signature(k, &held) ||
+			    held != x->holds[k->rank]) {
+				ipc_errf(why, -ESTALE,
+				         "rank %d holds other plans than the set assigned",
+				         k->rank);
+				return false;
+			}
+			if (!k->holds && !k->wrote_less)
+				continue; /* all it holds: whatever the assignment gave it */
+			if (!x->writes[k->rank] || part_rank_written_signature(k, &wrote) ||
+			    wrote != x->writes[k->rank]) {
+				ipc_errf(
+				    why, -ESTALE,
+				    "rank %d wrote other pieces than the set assigned, or does "
+				    "not say which",
+				    k->rank);
+				return false;
+			}
+		}
+	return true;
 }

@@ -436,6 +436,40 @@ int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
 	return rc;
 }
 
+int assign_written_signature(const struct assign_rank *r, const struct plans_rank *k, uint64_t *sig)
+{
+	struct manifest_tensor *v = calloc(k->ntensors + 1, sizeof(*v));
+	struct manifest_chunk *c = calloc(k->ntensors + 1, sizeof(*c));
+	size_t n = 0;
+	int rc;
+
+	if (!v || !c) {
+		free(v);
+		free(c);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < k->ntensors && i < r->ntensors; i++) {
+		const struct assign_piece *p = &r->piece[i];
+		const struct manifest_tensor *t = &k->tensors[i];
+
+		if (!p->writes)
+			continue;
+		v[n] = *t; /* its name and shape, borrowed */
+		c[n] = t->chunks[0];
+		v[n].chunks = &c[n];
+		v[n].nchunks = 1;
+		if (t->ndim && !whole(p, t)) {
+			c[n].shape[0] = p->rows;
+			c[n].global_offset[0] += p->row0;
+		}
+		n++;
+	}
+	rc = tensors_signature(v, n, sig);
+	free(v);
+	free(c);
+	return rc;
+}
+
 double assign_balance(const struct assignment *a)
 {
 	uint64_t max = 0, sum = 0;

@@ -92,6 +92,14 @@ int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
                          struct assign_rank *out, char *err);
 
 /*
+ * The signature (tensors_signature) of what r writes of k as its part says
+ * it: each tensor it writes, cut to its piece (the first dimension's rows
+ * from row0, the global offset moved by as many). -ENOMEM.
+ */
+int assign_written_signature(const struct assign_rank *r, const struct plans_rank *k,
+                             uint64_t *sig);
+
+/*
  * The balance over the ranks whose plans hold any bytes: the largest
  * bytes written ÷ their mean (1.0: even); 1.0 if none.
  */

@@ -5,7 +5,8 @@
  * the mark is of the plans generation it read and the share of the mark's
  * set, and each rank's entry comes back exactly as computed. A put that
  * fails is counted and said; a mark of another generation or world, a
- * share of another set, and neither there are told apart.
+ * share of another set, and neither there are told apart. The assignment
+ * tells its committer which parts cover every box without reading them.
  */
 #include <check.h>
 #include <errno.h>
@@ -144,7 +145,11 @@ START_TEST(taken_only_of_the_generation_and_set)
 	/* a mark of another generation, or world: the plans changed since */
 	ck_assert_int_eq(shares_get(st, "j", "r", "n1", 4, 8, &m, &sh, err), -ESTALE);
 	ck_assert_msg(strstr(err, "generation 0000000000000007"), "%s", err);
+	/* what the run had before is said all the same */
+	ck_assert(m && m->generation == 7 && m->set == 0x42 && !sh);
+	set_mark_free(m);
 	ck_assert_int_eq(shares_get(st, "j", "r", "n1", 5, 7, &m, &sh, err), -ESTALE);
+	ck_assert_ptr_null(m);
 	/* a share of another set than the mark's */
 	forged = strdup(fake_get(fs, key, &len));
 	memcpy(strstr(forged, "\"set\":\"0000000000000042\"") + 22, "3", 1);
@@ -178,6 +183,105 @@ START_TEST(a_put_that_fails_is_said)
 }
 END_TEST
 
+/* Tensor t of rank r's plan as its part says it wrote rows [row0, row0 + rows) of it. */
+static void wrote_rows(struct manifest_tensor *out, const struct manifest_tensor *t, int64_t row0,
+                       int64_t rows)
+{
+	*out = *t;
+	out->name = strdup(t->name);
+	out->chunks = calloc(1, sizeof(*out->chunks));
+	ck_assert(out->name && out->chunks);
+	out->chunks[0] = t->chunks[0];
+	out->chunks[0].shape[0] = rows;
+	out->chunks[0].global_offset[0] = row0;
+}
+
+/*
+ * The parts of the 4 ranks as their agents write them under the
+ * assignment: each wrote its own tensor and its rows of emb (none where it
+ * writes none); `other` moves one rank's rows down by one.
+ */
+static struct part *parts_as_assigned(int node, bool other)
+{
+	struct part *p = calloc(1, sizeof(*p));
+
+	ck_assert_ptr_nonnull(p);
+	p->job = strdup("j");
+	p->run = strdup("r");
+	p->node = strdup(node ? "n1" : "n0");
+	p->world = 4;
+	p->nranks = 2;
+	p->ranks = calloc(2, sizeof(*p->ranks));
+	for (int i = 0; i < 2; i++) {
+		const struct plans_rank *k = &files[node].ranks[i];
+		const struct assign_rank *r = assign_rank(as, k->rank);
+		struct part_rank *pr = &p->ranks[i];
+		const int64_t shift = other && k->rank == 3 ? 1 : 0;
+
+		pr->rank = k->rank;
+		pr->tensors = calloc(2, sizeof(*pr->tensors));
+		ck_assert_ptr_nonnull(pr->tensors);
+		if (r->piece[0].writes)
+			wrote_rows(&pr->tensors[pr->ntensors++], &k->tensors[0],
+			           r->piece[0].row0 + shift, r->piece[0].rows - shift);
+		wrote_rows(&pr->tensors[pr->ntensors++], &k->tensors[1], 0, 16);
+		pr->wrote_less = r->bytes < r->held_bytes;
+		pr->holds = calloc(2, sizeof(*pr->holds));
+		ck_assert_ptr_nonnull(pr->holds);
+		pr->nholds = 2;
+		wrote_rows(&pr->holds[0], &k->tensors[0], 0, ROWS);
+		wrote_rows(&pr->holds[1], &k->tensors[1], 0, 16);
+	}
+	return p;
+}
+
+/*
+ * What rank 0's node assigned tells its committer whether parts cover
+ * every box without reading them whole: the parts as assigned do; one rank
+ * that wrote other rows, one that holds other plans, or a summary that
+ * does not say what its rank wrote, do not (the parts are read whole).
+ */
+START_TEST(assigned_covers_the_parts)
+{
+	struct assign_input in[4];
+	struct assigned *x;
+	struct part *v[2];
+
+	for (int n = 0; n < 2; n++)
+		for (int i = 0; i < 2; i++)
+			in[2 * n + i] = (struct assign_input){files[n].node, &files[n].ranks[i]};
+	ck_assert_int_eq(assigned_make(in, 4, as, "j", "r", 4, 0x42, &x), 0);
+	v[0] = parts_as_assigned(0, false);
+	v[1] = parts_as_assigned(1, false);
+	ck_assert_msg(assigned_covers(x, v, 2, err), "%s", err);
+	part_free(v[1]);
+	v[1] = parts_as_assigned(1, true); /* rank 3: other rows */
+	ck_assert(!assigned_covers(x, v, 2, err));
+	ck_assert_msg(strstr(err, "rank 3 wrote other pieces"), "%s", err);
+	part_free(v[1]);
+	v[1] = parts_as_assigned(1, false);
+	v[1]->ranks[1].holds[1].chunks[0].shape[0] = 8; /* rank 3 holds less of "own" */
+	ck_assert(!assigned_covers(x, v, 2, err));
+	ck_assert_msg(strstr(err, "rank 3 holds other plans"), "%s", err);
+	part_free(v[1]);
+	/* a summary's rank: its signatures as said; without what it wrote, not told */
+	v[1] = parts_as_assigned(1, false);
+	for (int i = 0; i < 2; i++) {
+		struct part_rank *k = &v[1]->ranks[i];
+
+		ck_assert_int_eq(part_rank_signature(k, &k->sig), 0);
+		ck_assert_int_eq(part_rank_written_signature(k, &k->wsig), 0);
+		k->has_sig = k->has_wsig = true;
+	}
+	ck_assert_msg(assigned_covers(x, v, 2, err), "%s", err);
+	v[1]->ranks[1].has_wsig = false;
+	ck_assert(!assigned_covers(x, v, 2, err));
+	part_free(v[0]);
+	part_free(v[1]);
+	assigned_free(x);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("shares");
@@ -189,6 +293,7 @@ int main(void)
 	tcase_add_test(tc, put_then_taken);
 	tcase_add_test(tc, taken_only_of_the_generation_and_set);
 	tcase_add_test(tc, a_put_that_fails_is_said);
+	tcase_add_test(tc, assigned_covers_the_parts);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
