@@ -685,10 +685,12 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 		log_msg(
 		    LOG_INFO,
 		    "committed job %s step %lld (run %s): %d ranks from %zu node%s, %llu bytes, "
-		    "captured %.3f s, durable %.3f s, commit latency %.1f ms",
+		    "captured %.3f s, durable %.3f s, commit latency %.1f ms%s",
 		    cp->job, (long long)cp->step, cp->run, cp->world, m->nparts,
 		    m->nparts == 1 ? "" : "s", (unsigned long long)m->bytes, m->capture_seconds,
-		    m->durable_seconds, (double)r->latency_ns / 1e6);
+		    m->durable_seconds, (double)r->latency_ns / 1e6,
+		    r->by_assignment ? " (replicas covered by the assignment: no part read whole)"
+		                     : "");
 	else
 		log_msg(LOG_INFO, "job %s step %lld (run %s) committed (its manifest is there)",
 		        cp->job, (long long)cp->step, cp->run);

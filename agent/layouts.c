@@ -450,6 +450,26 @@ static int shares_write(struct agent *a, const struct plan_set *ps, const char *
 }
 
 /*
+ * The assignment made here, to this node's committer: a step's parts whose
+ * ranks wrote what it gave them are checked by it, not read whole (the
+ * commit thread's, as this is).
+ */
+static void give_committer(struct agent *a, const struct plan_set *ps, const char *job,
+                           const char *run, int world, const struct assignment *as)
+{
+	struct assigned *x;
+	int rc = assigned_make(ps->in, ps->n, as, job, run, world, ps->key, &x);
+
+	if (rc)
+		log_msg(LOG_WARNING,
+		        "job %s: the assignment of run %s not kept for the commit (its parts are "
+		        "read whole): %s",
+		        job, run, strerror(-rc));
+	else
+		committer_assigned(a->cm, x);
+}
+
+/*
  * Rank 0's node, after a look at the summaries under generation gen: the
  * run's set mark says what that look found, once the shares of a complete
  * set are written (where they are not, it says nothing: the others wait).
@@ -514,11 +534,14 @@ static void from_share(struct agent *a, struct plan *p, const struct plans_share
  * node's share of it is not there: the plans of (job, run) are looked at
  * again at the next poll or step end. Meanwhile each writes all it holds
  * (the set may have changed: a superset leaves no hole); one that
- * followed no set yet goes on waiting for one. True while that has lasted
- * less than half the commit deadline (after it, as any other agent takes
- * over a commit, this node reads the plans itself).
+ * followed no set yet goes on waiting for one, unless the run had a
+ * complete set before (`known`: a plan made anew in a running job, whose
+ * saves must not stall until rank 0's node looks). True while that has
+ * lasted less than half the commit deadline (after it, as any other agent
+ * takes over a commit, this node reads the plans itself).
  */
-static bool mark_wait(struct agent *a, const char *job, const char *run, const char *why)
+static bool mark_wait(struct agent *a, const char *job, const char *run, bool known,
+                      const char *why)
 {
 	const int64_t now = ipc_mono_ns();
 	const int64_t bound = (int64_t)a->cfg.commit_deadline_s * 500000000;
@@ -539,8 +562,8 @@ static bool mark_wait(struct agent *a, const char *job, const char *run, const c
 		p->set_ranks = -1;
 		if (p->dedup_key) /* it followed a set: all it holds, no wait */
 			layout_install(p, NULL, 0, NULL);
-		else
-			p->set_missing = true;
+		else /* a run past its start (a plan made anew) does not wait either */
+			p->set_missing = !known;
 	}
 	pthread_mutex_unlock(&a->mu);
 	if (wait)
@@ -567,8 +590,13 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 	struct plan **v;
 	size_t n;
 
-	if (shares_get(a->store, job, run, a->cfg.node, world, gen, &m, &sh, err))
-		return mark_wait(a, job, run, err);
+	if (shares_get(a->store, job, run, a->cfg.node, world, gen, &m, &sh, err)) {
+		/* a mark of before, of a complete set: the run is past its start */
+		bool known = m && (m->set || m->writes_all);
+
+		set_mark_free(m);
+		return mark_wait(a, job, run, known, err);
+	}
 	log_msg(LOG_DEBUG,
 	        "job %s: plan set %016llx of run %s from rank 0's node (generation %016llx%s)", job,
 	        (unsigned long long)m->set, run, (unsigned long long)gen,
@@ -655,6 +683,8 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
 	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
 		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	if (as)
+		give_committer(a, &ps, job, run, world, as);
 	/* not written: again at the next look (the plans changed, or a step failed) */
 	if (as && shares && shares_write(a, &ps, run, world, as) == 0) {
 		pthread_mutex_lock(&a->mu);

@@ -7,7 +7,9 @@
  *   - 4 replicas on 4 agents, and 8 on 4 (two a node): the first save of
  *     the run waits for every rank's plan, and its shards hold each
  *     replicated box once (the manifest's shard bytes within 5 % of the
- *     unique bytes, no box in an extra copy)
+ *     unique bytes, no box in an extra copy); rank 0's node alone reads
+ *     the plans, writes each node's share, and commits by the assignment
+ *     it made, reading no part whole
  *   - a node that comes after --plans-wait: the first node's save goes on
  *     writing every replica it holds and says so; the step commits (the
  *     other node's share is covered), and the first node learns the plan
@@ -185,6 +187,20 @@ static void step_bytes(const struct agent_proc *a, const char *job, int step, lo
 	json_decref(j);
 }
 
+/* How many lines of the agent's log hold `what`. */
+static int count_lines(const struct agent_proc *a, const char *what)
+{
+	char line[4096];
+	FILE *f = fopen(a->log, "r");
+	int n = 0;
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	fclose(f);
+	return n;
+}
+
 /*
  * World `world` over 4 agents started one after another; the last only
  * once the first node's save of step 1 waits for the plan set. Step 1's
@@ -238,6 +254,10 @@ static void first_save_once(int world)
 		ck_assert_msg(h_log_has(&c.a[i], "(its share from rank 0's node)"),
 		              "node n%d took no share (%s)", i, c.a[i].log);
 	}
+	/* and it committed both steps by the assignment it made, reading no part whole */
+	ck_assert_msg(
+	    count_lines(&c.a[0], "(replicas covered by the assignment: no part read whole)") == 2,
+	    "a step's parts were read whole (%s)", c.a[0].log);
 	nodes_cleanup(&c);
 }
 
