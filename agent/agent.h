@@ -360,7 +360,8 @@ struct plan {
 	bool set_waited; /* a save of it waited --plans-wait in vain: the next do not */
 	int64_t mark_since; /* monotonic ns it began waiting for rank 0's node's set (0: not) */
 	uint64_t shares_key; /* rank 0's node: the set whose shares it wrote */
-	uint64_t mark_gen; /* rank 0's node: the generation of the set mark it wrote */
+	int64_t shares_retry; /* rank 0's node: monotonic ns before which no failed put is tried
+	                         again */
 	struct plan_gpu *gpu; /* NULL: host memory only */
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */
@@ -414,6 +415,13 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
  * some plan of it that may hold replicas has no complete set yet.
  */
 bool layouts_waiting(struct agent *a, const char *job, const char *run);
+/*
+ * Under mu: whether this node holds rank 0 of (job, run), of a world of
+ * more than one: it looks at the job's plans generation every second while
+ * it does (one small read), so that the run's set mark follows the other
+ * nodes' plans, whatever its own plans wait for.
+ */
+bool layouts_rank0(struct agent *a, const char *job, const char *run);
 /*
  * Under mu, rpc_save's: a save of p's that waits for the run's plan set
  * (its first, where the set is not complete: at most --plans-wait) is

@@ -484,6 +484,10 @@ static void publish_run(struct work *w)
 		              now + (now - pub->poll_since < PLANS_POLL_FAST_FOR_NS
 		                         ? PLANS_POLL_FAST_NS
 		                         : PLANS_POLL_NS));
+	} else if (ok && !a->stopping && layouts_rank0(a, job, run)) {
+		/* rank 0's node: the set mark follows the other nodes' plans as they change */
+		pub->poll_since = pub->poll_since ? pub->poll_since : now;
+		workq_push_at(a->commit, &pub->work, now + PLANS_POLL_NS);
 	} else {
 		list_del(&pub->link);
 		free(pub);

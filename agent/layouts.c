@@ -137,9 +137,13 @@ static int set_read(struct agent *a, const char *job, const char *run, int world
 		struct plans_file *f = rd[i].f;
 
 		rd[i].f = NULL;
-		/* one gone since the listing, or unreadable: its ranks are missing */
-		if (rd[i].rc == -ENOMEM)
-			rc = ipc_errf(err, -ENOMEM, "%s", rd[i].msg);
+		/*
+		 * One gone since the listing, or that does not parse: its ranks are
+		 * missing. One that could not be read (an I/O error, a timeout): the
+		 * look fails, and the next reads it again (not a set without it).
+		 */
+		if (rd[i].rc && rd[i].rc != -ENOENT && rd[i].rc != -EINVAL)
+			rc = ipc_errf(err, rd[i].rc, "plans of node %s: %s", names[i], rd[i].msg);
 		else if (rd[i].rc)
 			log_msg(LOG_DEBUG, "job %s: plans of node %s not used: %s", job, names[i],
 			        rd[i].msg);
@@ -449,6 +453,37 @@ static int shares_write(struct agent *a, const struct plan_set *ps, const char *
 	return rc;
 }
 
+/* Tries of the shares after a failed put: no sooner than this, nor than twice the look's time. */
+#define SHARES_RETRY_NS 2000000000LL
+
+/*
+ * Rank 0's node, the shares of set ps->key not written yet: written now
+ * from the assignment as (where `now` and as made), else tried again at a
+ * later look (the next poll or step end), no sooner than SHARES_RETRY_NS
+ * or twice what this look took since t0 (at thousands of nodes, minutes:
+ * the files whole are read again).
+ */
+static void shares_done(struct agent *a, const char *job, const char *run, int world,
+                        const struct plan_set *ps, const struct assignment *as, bool now,
+                        int64_t t0)
+{
+	const bool put = now && as && shares_write(a, ps, run, world, as) == 0;
+	const int64_t took = ipc_mono_ns() - t0;
+	struct plan *p0;
+
+	pthread_mutex_lock(&a->mu);
+	if ((p0 = rank0_plan(a, job, run)) && put) {
+		p0->shares_key = ps->key;
+	} else if (p0) {
+		p0->set_gen = 0; /* looked at again */
+		if (now)
+			p0->shares_retry =
+			    ipc_mono_ns() +
+			    (2 * took > SHARES_RETRY_NS ? 2 * took : SHARES_RETRY_NS);
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
 /*
  * The assignment made here, to this node's committer: a step's parts whose
  * ranks wrote what it gave them are checked by it, not read whole (the
@@ -475,8 +510,9 @@ static void give_committer(struct agent *a, const struct plan_set *ps, const cha
  * set are written (where they are not, it says nothing: the others wait).
  * `all`: no assignment (an older agent's node, copies as many as the
  * world, plans it could not assign): every rank writes all it holds.
+ * True where the put failed.
  */
-static void mark_write(struct agent *a, const char *job, const char *run, int world,
+static bool mark_write(struct agent *a, const char *job, const char *run, int world,
                        const struct plan_set *ps, uint64_t gen, bool all)
 {
 	struct set_mark m = {(char *)job, (char *)run, world, ps->key, gen, all};
@@ -488,14 +524,17 @@ static void mark_write(struct agent *a, const char *job, const char *run, int wo
 	p = rank0_plan(a, job, run);
 	put = p && gen && (all || !ps->key || p->shares_key == ps->key);
 	pthread_mutex_unlock(&a->mu);
-	if (put && store_put_set_mark(a->store, &m, err))
+	if (put && store_put_set_mark(a->store, &m, err)) {
 		log_msg(LOG_WARNING, "job %s: set mark of run %s not written: %s", job, run, err);
-	else if (put)
+		return true;
+	}
+	if (put)
 		log_msg(
 		    LOG_DEBUG,
 		    "job %s: set mark of run %s written (plan set %016llx, generation %016llx%s)",
 		    job, run, (unsigned long long)ps->key, (unsigned long long)gen,
 		    all ? ", every rank writes all it holds" : "");
+	return false;
 }
 
 /* ---- every other node: its share, as rank 0's node made it ------------- */
@@ -633,12 +672,13 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 
 void layouts_refresh(struct agent *a, const char *job, const char *run, bool force)
 {
+	const int64_t t0 = ipc_mono_ns();
 	struct assignment *as = NULL;
 	struct plan_set ps;
 	struct plan **v, *p0;
 	char err[IPC_ERRLEN];
 	uint64_t gen = 0;
-	bool again = false, r0, shares;
+	bool again = false, r0, shares, due;
 	size_t n;
 	int world, rc;
 
@@ -664,8 +704,8 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	if (!r0 && gen && from_rank0(a, job, run, world, gen))
 		return;
 	rc = set_read(a, job, run, world, false, &ps, err);
-	if (rc) {
-		log_msg(LOG_DEBUG, "job %s: plans of the other nodes not read: %s", job, err);
+	if (rc) { /* nothing marked as seen: the next look reads them again */
+		log_msg(LOG_INFO, "job %s: plans of the other nodes not read: %s", job, err);
 		set_free(&ps);
 		return;
 	}
@@ -676,22 +716,20 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	pthread_mutex_lock(&a->mu);
 	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
 	p0 = r0 ? rank0_plan(a, job, run) : NULL;
-	shares = p0 && p0->shares_key != ps.key; /* not written yet for this set */
+	/* rank 0's node: the shares of this set not written yet, and a try due */
+	shares = p0 && ps.key && ps.copies < (unsigned)world && p0->shares_key != ps.key;
+	due = shares && ipc_mono_ns() >= p0->shares_retry;
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
-	if ((n || shares) && ps.key && ps.copies < (unsigned)world &&
+	if ((n || due) && ps.key && ps.copies < (unsigned)world &&
 	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
 	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
 		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
 	if (as)
 		give_committer(a, &ps, job, run, world, as);
-	/* not written: again at the next look (the plans changed, or a step failed) */
-	if (as && shares && shares_write(a, &ps, run, world, as) == 0) {
-		pthread_mutex_lock(&a->mu);
-		if ((p0 = rank0_plan(a, job, run)))
-			p0->shares_key = ps.key;
-		pthread_mutex_unlock(&a->mu);
-	}
+	/* plans that cannot be assigned: not tried again until they change */
+	if (shares && !(due && !as && !again))
+		shares_done(a, job, run, world, &ps, as, due, t0);
 	rc = rc || again;
 	for (size_t i = 0; i < n; i++) {
 		struct shard_layout *l = NULL;
@@ -714,9 +752,14 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		plan_put(a, v[i]);
 		pthread_mutex_unlock(&a->mu);
 	}
-	if (r0 && !again)
-		mark_write(a, job, run, world, &ps, gen,
-		           ps.older || (ps.key && (ps.copies >= (unsigned)world || rc)));
+	if (r0 && !again &&
+	    mark_write(a, job, run, world, &ps, gen,
+	               ps.older || (ps.key && (ps.copies >= (unsigned)world || rc)))) {
+		pthread_mutex_lock(&a->mu);
+		if ((p0 = rank0_plan(a, job, run)))
+			p0->set_gen = 0; /* not written: the next look writes it */
+		pthread_mutex_unlock(&a->mu);
+	}
 	free(v);
 	assign_free(as);
 	set_free(&ps);
@@ -758,6 +801,13 @@ static bool plan_waits(const struct plan *p)
 		if (p->t[i].sharded)
 			return true;
 	return false;
+}
+
+bool layouts_rank0(struct agent *a, const char *job, const char *run)
+{
+	const struct plan *p = rank0_plan(a, job, run);
+
+	return p && p->world > 1;
 }
 
 bool layouts_waiting(struct agent *a, const char *job, const char *run)

@@ -12,6 +12,7 @@
  * Order independence: entries are sorted by box then rank, and pieces of
  * equal size by their box's key and row, so only the plans' contents decide.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,28 +345,55 @@ static bool whole(const struct assign_piece *p, const struct manifest_tensor *t)
 	return p->writes && p->row0 == 0 && p->rows == rows_of(t);
 }
 
+static int cmp_by_name(const void *a, const void *b, void *tensors)
+{
+	const struct manifest_tensor *t = tensors;
+
+	return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
+}
+
+/*
+ * k's tensors in name order (a share's cuts name them so: the plan's own
+ * order is not in its signature): ord[j] is the index in k of the j-th.
+ * Names are unique within a plan. NULL: out of memory.
+ */
+static size_t *name_order(const struct plans_rank *k)
+{
+	size_t *ord = malloc((k->ntensors + 1) * sizeof(*ord));
+
+	if (!ord)
+		return NULL;
+	for (size_t i = 0; i < k->ntensors; i++)
+		ord[i] = i;
+	qsort_r(ord, k->ntensors, sizeof(*ord), cmp_by_name, k->tensors);
+	return ord;
+}
+
 int assign_share_of(const struct assign_rank *r, const struct plans_rank *k, struct share_rank *out)
 {
-	size_t n = 0;
+	size_t n = 0, *ord;
 
 	memset(out, 0, sizeof(*out));
 	out->rank = r->rank;
 	out->ntensors = k->ntensors;
 	if (tensors_signature(k->tensors, k->ntensors, &out->sig))
 		return -ENOMEM;
-	if (r->bytes == r->held_bytes)
+	if (r->bytes == r->held_bytes || r->ntensors != k->ntensors)
 		return 0; /* it writes all it holds */
-	for (size_t i = 0; i < r->ntensors && i < k->ntensors; i++)
+	for (size_t i = 0; i < k->ntensors; i++)
 		n += !whole(&r->piece[i], &k->tensors[i]);
-	if (!(out->cuts = calloc(n + 1, sizeof(*out->cuts))))
+	if (!(ord = name_order(k)) || !(out->cuts = calloc(n + 1, sizeof(*out->cuts)))) {
+		free(ord);
 		return -ENOMEM;
-	for (size_t i = 0; i < r->ntensors && i < k->ntensors; i++) {
-		const struct assign_piece *p = &r->piece[i];
-
-		if (!whole(p, &k->tensors[i]))
-			out->cuts[out->ncuts++] =
-			    (struct share_cut){i, p->writes ? p->row0 : 0, p->writes ? p->rows : 0};
 	}
+	for (size_t j = 0; j < k->ntensors; j++) {
+		const struct assign_piece *p = &r->piece[ord[j]];
+
+		if (!whole(p, &k->tensors[ord[j]]))
+			out->cuts[out->ncuts++] =
+			    (struct share_cut){j, p->writes ? p->row0 : 0, p->writes ? p->rows : 0};
+	}
+	free(ord);
 	return 0;
 }
 
@@ -397,7 +425,7 @@ int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
                          struct assign_rank *out, char *err)
 {
 	uint64_t sig;
-	size_t c = 0;
+	size_t c = 0, *ord;
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -411,11 +439,15 @@ int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
 		                k->ntensors, (unsigned long long)sig);
 	out->rank = k->rank;
 	out->ntensors = k->ntensors;
-	if (!(out->piece = calloc(k->ntensors + 1, sizeof(*out->piece))))
+	ord = name_order(k);
+	if (!ord || !(out->piece = calloc(k->ntensors + 1, sizeof(*out->piece)))) {
+		free(ord);
 		return ipc_errf(err, -ENOMEM, "out of memory");
-	for (size_t i = 0; !rc && i < k->ntensors; i++) {
-		const struct manifest_tensor *t = &k->tensors[i];
-		struct assign_piece *p = &out->piece[i];
+	}
+	/* the cuts name the tensors in name order */
+	for (size_t j = 0; !rc && j < k->ntensors; j++) {
+		const struct manifest_tensor *t = &k->tensors[ord[j]];
+		struct assign_piece *p = &out->piece[ord[j]];
 		uint64_t nb = 0;
 
 		if ((rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, t->chunks[0].shape, &nb,
@@ -423,10 +455,11 @@ int assign_rank_of_share(const struct share_rank *s, const struct plans_rank *k,
 			break;
 		out->held_bytes += nb;
 		*p = (struct assign_piece){true, 0, rows_of(t), nb};
-		if (c < s->ncuts && s->cuts[c].tensor == i)
+		if (c < s->ncuts && s->cuts[c].tensor == j)
 			rc = piece_of_cut(&s->cuts[c++], t, k->rank, p, err);
 		out->bytes += p->nbytes;
 	}
+	free(ord);
 	if (!rc && c < s->ncuts) /* cuts ascend, each below ntensors: all were met */
 		rc = ipc_errf(err, -EINVAL, "rank %d: a share's cuts are out of order", k->rank);
 	if (rc) {

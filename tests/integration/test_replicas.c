@@ -17,6 +17,10 @@
  *   - a step's end where no plans file changed reads none: one look at the
  *     job's plans generation
  *   - a save parked for its plan set is answered when the agent stops
+ *   - with faults put in (CKPT_FAULTS): rank 0's node that cannot write the
+ *     shares leaves the others to read the plans themselves after half the
+ *     commit deadline; one that fails once to read a summary or to write a
+ *     share looks again, and the replicas are still written once
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -343,6 +347,67 @@ START_TEST(shares_not_written)
 	nodes_cleanup(&c);
 }
 END_TEST
+
+/*
+ * Two nodes, n0's agent with the faults `faults`, n1 coming once n0's
+ * first save waits; both steps' shards hold emb once.
+ */
+static void two_nodes_once(struct nodes *c, const char *job, const char *faults)
+{
+	const char *args = "--staging-mb 96 --plans-wait 30";
+	long long bytes, extra, r0;
+	char waits[96];
+
+	nodes_init(c, 2);
+	snprintf(waits, sizeof(waits), "job %s rank 0: save of step 1 waits for the plans", job);
+	h_agent_start_node_env(&c->a[0], c->root, "n0", args, faults);
+	c->n = 1;
+	c->pid[0] = spawn(&c->a[0], job, 0, 2, c->last);
+	ck_assert_msg(log_within(&c->a[0], waits, 60), "n0's save did not wait (%s)", c->a[0].log);
+	node_up(c, 1, 2, job, args);
+	nodes_wait(c);
+	for (int step = 1; step <= 2; step++) {
+		step_bytes(&c->a[0], job, step, &bytes, &extra, &r0);
+		ck_assert_msg(extra == 0 && bytes <= (EMB_BYTES + 2 * OWN * 4) * 21 / 20,
+		              "step %d: %lld bytes, %lld in extra copies (%s)", step, bytes, extra,
+		              c->a[0].log);
+	}
+	ck_assert(!h_log_has(&c->a[1], "for half the commit deadline"));
+	ck_assert(h_log_has(&c->a[1], "(its share from rank 0's node)"));
+}
+
+/*
+ * A node's plans rank 0's node cannot read once (an I/O error on its
+ * summary, then on its file): that look fails, and is made again, never taken for a set without
+ * that node (which would have every node write every replica until the plans change).
+ */
+START_TEST(read_error_looked_again)
+{
+	struct nodes c;
+
+	two_nodes_once(&c, "re", "CKPT_FAULTS=openat:EIO:path=*/plans/n1.*:count=2");
+	ck_assert(h_log_has(&c.a[0], "/plans/n1.json) = EIO"));
+	ck_assert(h_log_has(&c.a[0], "job re: plans of the other nodes not read"));
+	nodes_cleanup(&c);
+}
+END_TEST
+
+/*
+ * A share rank 0's node cannot write once: it says so and writes them
+ * again a moment later (it looks every second), before the other node
+ * gives up waiting.
+ */
+START_TEST(shares_written_again)
+{
+	struct nodes c;
+
+	two_nodes_once(&c, "ra", "CKPT_FAULTS=renameat:EIO:path=*/plans/n1.share");
+	ck_assert(h_log_has(&c.a[0], "1 of 2 nodes' shares not put"));
+	ck_assert(h_log_has(&c.a[0], "job ra: shares of plan set"));
+	ck_assert(h_log_has(&c.a[0], "of run 0 written (2 nodes)"));
+	nodes_cleanup(&c);
+}
+END_TEST
 #endif
 
 /*
@@ -446,6 +511,8 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, stop_answers_parked_save);
 #ifdef CKPT_FAULT_INJECTION
 	tcase_add_test(tc, shares_not_written);
+	tcase_add_test(tc, read_error_looked_again);
+	tcase_add_test(tc, shares_written_again);
 #endif
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

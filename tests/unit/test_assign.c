@@ -450,6 +450,24 @@ START_TEST(share_gives_the_entry)
 		ck_assert_uint_eq(back.ntensors, r->ntensors);
 		ck_assert(memcmp(back.piece, r->piece, r->ntensors * sizeof(*r->piece)) == 0);
 		free(back.piece);
+		/* the same plan, its tensors in another order: the same piece of each */
+		{
+			struct plans_rank rev = *k;
+			struct assign_rank back2;
+
+			rev.tensors = calloc(k->ntensors, sizeof(*rev.tensors));
+			ck_assert_ptr_nonnull(rev.tensors);
+			for (size_t t = 0; t < k->ntensors; t++)
+				rev.tensors[t] = k->tensors[k->ntensors - 1 - t];
+			ck_assert_msg(assign_rank_of_share(&rd->ranks[0], &rev, &back2, err) == 0,
+			              "%s", err);
+			ck_assert_uint_eq(back2.bytes, r->bytes);
+			for (size_t t = 0; t < k->ntensors; t++)
+				ck_assert(memcmp(&back2.piece[k->ntensors - 1 - t], &r->piece[t],
+				                 sizeof(*r->piece)) == 0);
+			free(back2.piece);
+			free(rev.tensors);
+		}
 		/* another rank's plan: refused */
 		ck_assert_int_eq(
 		    assign_rank_of_share(&rd->ranks[0], &j.r[(r->rank + 1) % j.world], &back, err),
@@ -468,6 +486,7 @@ START_TEST(share_gives_the_entry)
 		struct assign_rank back;
 
 		ck_assert_int_eq(tensors_signature(k->tensors, k->ntensors, &sr.sig), 0);
+		/* cuts name tensors in name order: rng_state is last, embedding first, as here */
 		c = (struct share_cut){priv, 0, 0}; /* a private tensor left unwritten */
 		ck_assert_int_eq(assign_rank_of_share(&sr, k, &back, err), -EINVAL);
 		ck_assert_msg(strstr(err, "alone holds"), "%s", err);
