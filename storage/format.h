@@ -503,7 +503,7 @@ void roster_file_free(struct roster_file *r);
 
 /* A tensor its rank does not write whole: the rows it writes (0: none of it). */
 struct share_cut {
-	size_t tensor; /* its index in the rank's plan, ascending */
+	size_t tensor; /* its index among the rank's tensors in name order, ascending */
 	int64_t row0, rows;
 };
 
