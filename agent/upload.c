@@ -410,13 +410,6 @@ static void tier_check(struct uploader *u)
 		log_msg(LOG_DEBUG, "upload tier: %s", err);
 }
 
-/* The store's "no" (HTTP 403, 400, too large): asked again, it says the same. */
-static bool refusal(int rc)
-{
-	return rc == -EACCES || rc == -EPERM || rc == -EINVAL || rc == -EFBIG ||
-	       rc == -ENAMETOOLONG;
-}
-
 /* Under mu: j will not be uploaded (why): its saves are told, the step is noted. */
 static void give_up(struct uploader *u, struct up_job *j, const char *why)
 {
@@ -469,7 +462,7 @@ static int64_t after_try(struct uploader *u, struct up_job *j, int rc, const cha
 		give_up(u, j, note);
 		return 0;
 	}
-	j->refusals = refusal(rc) ? j->refusals + 1 : 0;
+	j->refusals = up_refusals_after(j->refusals, rc);
 	if (rc == -ENOTSUP || j->refusals >= REFUSED_TRIES) {
 		if (rc == -ENOTSUP)
 			snprintf(note, sizeof(note), "it cannot be: %s", why);

@@ -34,7 +34,7 @@ struct up_job {
 	int64_t waiting_ns; /* since when it waits for other nodes (its own part sent); 0: not */
 	int64_t backoff_ns;
 	unsigned tries;
-	unsigned refusals; /* the store's "no" in a row (refused) */
+	unsigned refusals; /* the store's "no" in a row (up_refusals_after) */
 	/* mu: what list and status say of it; "" until a try did not end it */
 	char note[UP_NOTE_LEN];
 };
@@ -116,6 +116,8 @@ void up_lost_add(struct uploader *u, const char *job, int64_t step, const char *
 void up_lost_forget(struct uploader *u, const char *job, int64_t step);
 /* Under mu: what the job's list row says after a try that did not end it. */
 void up_job_note(struct up_job *j, int rc, int64_t delay_ns, const char *why);
+/* The store's refusals of a step in a row, after a try that failed with rc. */
+unsigned up_refusals_after(unsigned refusals, int rc);
 /* Frees what is said of steps given up or skipped (the uploader goes). */
 void up_account_free(struct uploader *u);
 

@@ -35,6 +35,36 @@
 _Static_assert(sizeof(((struct upload_behind *)0)->job) == IPC_MAX_JOB + 1,
                "upload_behind.job holds a job's name");
 
+/*
+ * The store's "no" (HTTP 403, 400, too large, a name it will not take):
+ * asked again, it says the same. A refusal counts one more. A try that got
+ * no answer, or one that says nothing of the request (the connection
+ * broken, refused or timed out; a server error) leaves the count as it
+ * was: an S3 server may drop the connection of a refused PUT before its
+ * body is sent, and the client then sees the send fail, not the 403. Any
+ * other end of a try (the store took the bytes: the step waits for other
+ * nodes, or was dropped) starts it again from 0.
+ */
+unsigned up_refusals_after(unsigned refusals, int rc)
+{
+	switch (rc) {
+	case -EACCES:
+	case -EPERM:
+	case -EINVAL:
+	case -EFBIG:
+	case -ENAMETOOLONG:
+		return refusals + 1;
+	case -EIO:
+	case -ECONNREFUSED:
+	case -ECONNRESET:
+	case -ETIMEDOUT:
+	case -EHOSTUNREACH:
+		return refusals;
+	default:
+		return 0;
+	}
+}
+
 /* ---- the queue ------------------------------------------------------------- */
 
 static struct up_job *find_job(struct uploader *u, const char *job, int64_t step)
