@@ -360,8 +360,13 @@ struct plan {
 	bool set_waited; /* a save of it waited --plans-wait in vain: the next do not */
 	int64_t mark_since; /* monotonic ns it began waiting for rank 0's node's set (0: not) */
 	uint64_t shares_key; /* rank 0's node: the set whose shares it wrote */
-	int64_t shares_retry; /* rank 0's node: monotonic ns before which no failed put is tried
-	                         again */
+	/*
+	 * A look that failed (plans files not read or not the set their
+	 * summaries say; shares or the set mark not put; no generation): the
+	 * next is made at relook_at (monotonic ns; 0: none owed), after a
+	 * back-off of relook_ns that grows while they keep failing.
+	 */
+	int64_t relook_at, relook_ns;
 	struct plan_gpu *gpu; /* NULL: host memory only */
 	unsigned refs; /* 1 until dropped, + 1 per save or restore holding it */
 	unsigned active; /* captures and restores using its regions now */

@@ -308,8 +308,10 @@ struct plans_pub {
 	struct agent *a;
 	struct work work;
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
-	bool again; /* changed while being written */
-	int64_t poll_since; /* looking at the root for the run's plan set since (0: not) */
+	bool again; /* changed since it was last written: written at the next run */
+	bool polled; /* it ran once: a run after is a look at the others' plans alone */
+	int64_t wait_since; /* waiting for the run's plan set to be complete since (0: not) */
+	int64_t retry_ns; /* its last put failed: tried again after this (0: it did not) */
 };
 
 /* While a run's plan set is not complete, the root is looked at this often (layouts.c). */
@@ -452,41 +454,54 @@ static int publish(struct agent *a, const char *job, const char *run, char *err)
 	return rc;
 }
 
+/* A plans file that could not be put is tried again after this, doubled up to the poll's. */
+#define PLANS_RETRY_NS 1000000000LL
+#define PLANS_RETRY_MAX_NS 30000000000LL
+
 static void publish_run(struct work *w)
 {
 	struct plans_pub *pub = container_of(w, struct plans_pub, work);
 	struct agent *a = pub->a;
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1], err[IPC_ERRLEN];
-
+	const int64_t deadline = (int64_t)a->cfg.commit_deadline_s * 1000000000;
 	int64_t now;
 	bool put, ok = true;
 
 	pthread_mutex_lock(&a->mu);
-	put = pub->again || !pub->poll_since; /* else a look at the others' plans alone */
+	put = pub->again || pub->retry_ns || !pub->polled; /* else a look at the others' alone */
 	pub->again = false;
 	snprintf(job, sizeof(job), "%s", pub->job);
 	snprintf(run, sizeof(run), "%s", pub->run);
 	pthread_mutex_unlock(&a->mu);
 	if (put && (ok = publish(a, job, run, err) == 0) == false)
-		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans: %s", job, err);
+		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans (tried again): %s",
+		        job, err);
 	if (ok) /* who writes which replica, as the plans say now */
 		layouts_refresh(a, job, run, false);
 	pthread_mutex_lock(&a->mu);
 	now = ipc_mono_ns();
+	pub->polled = true;
+	pub->retry_ns = ok ? 0 : pub->retry_ns ? pub->retry_ns * 2 : PLANS_RETRY_NS;
+	pub->retry_ns = pub->retry_ns > PLANS_RETRY_MAX_NS ? PLANS_RETRY_MAX_NS : pub->retry_ns;
+	if (ok && !layouts_waiting(a, job, run))
+		pub->wait_since = 0;
 	if (pub->again) {
 		workq_push(a->commit, &pub->work);
-	} else if (ok && !a->stopping && layouts_waiting(a, job, run) &&
-	           (!pub->poll_since ||
-	            now - pub->poll_since < (int64_t)a->cfg.commit_deadline_s * 1000000000)) {
+	} else if (a->stopping) {
+		list_del(&pub->link);
+		free(pub);
+	} else if (!ok) {
+		workq_push_at(a->commit, &pub->work, now + pub->retry_ns);
+	} else if (layouts_waiting(a, job, run) &&
+	           (!pub->wait_since || now - pub->wait_since < deadline)) {
 		/* the other nodes' plans are not all there: look again soon */
-		pub->poll_since = pub->poll_since ? pub->poll_since : now;
+		pub->wait_since = pub->wait_since ? pub->wait_since : now;
 		workq_push_at(a->commit, &pub->work,
-		              now + (now - pub->poll_since < PLANS_POLL_FAST_FOR_NS
+		              now + (now - pub->wait_since < PLANS_POLL_FAST_FOR_NS
 		                         ? PLANS_POLL_FAST_NS
 		                         : PLANS_POLL_NS));
-	} else if (ok && !a->stopping && layouts_rank0(a, job, run)) {
+	} else if (layouts_rank0(a, job, run)) {
 		/* rank 0's node: the set mark follows the other nodes' plans as they change */
-		pub->poll_since = pub->poll_since ? pub->poll_since : now;
 		workq_push_at(a->commit, &pub->work, now + PLANS_POLL_NS);
 	} else {
 		list_del(&pub->link);
@@ -506,6 +521,8 @@ void plans_publish(struct agent *a, const char *job, const char *run)
 		if (strcmp(pub->job, job) == 0) {
 			snprintf(pub->run, sizeof(pub->run), "%s", run); /* the newest plan's */
 			pub->again = true;
+			/* a poll waiting for its time (or a failed put's back-off) runs now */
+			workq_hurry(a->commit, &pub->work);
 			return;
 		}
 	}

@@ -24,6 +24,12 @@
  *   Otherwise it looks again at the next poll or step end; after half the
  *   commit deadline of that (rank 0's node is gone, or cannot write), it
  *   reads the plans itself as the node of rank 0 does, without writing.
+ * - A look that fails (a plans file that cannot be read, or whose file
+ *   whole is not the set its summary says; shares or the mark not put), or
+ *   that has no generation to follow, is made again after a back-off
+ *   (2 s, doubled while they fail, up to 60 s; never under twice what the
+ *   look took), not at every poll: at thousands of nodes rank 0's node's
+ *   look reads every file.
  *
  * Each plan of this node whose rank writes less than it holds gets a shard
  * layout of its own (struct shard_layout: the pieces, a header), made once
@@ -399,9 +405,17 @@ static int world_of(struct agent *a, const char *job, const char *run)
 	return 0;
 }
 
+/* A failed look is made again after this, doubled while they fail, up to RELOOK_MAX_NS. */
+#define RELOOK_MIN_NS 2000000000LL
+#define RELOOK_MAX_NS 60000000000LL
+
 /*
  * Under mu: whether every live plan of (job, run) was looked at under
- * generation gen (then nothing changed since: none is read again).
+ * generation gen (then nothing changed since: none is read again), or is
+ * in the back-off of a failed look (relook_at not reached), whatever the
+ * generation: a look that keeps failing (a plans file that never reads
+ * right, a store that refuses the shares, no generation to follow) is not
+ * made at every poll. A plan never looked at is looked at now.
  */
 static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t gen)
 {
@@ -412,8 +426,9 @@ static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t
 	{
 		const struct plan *p = container_of(pos, struct plan, link);
 
-		if (!p->dropped && strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 &&
-		    p->set_gen != gen)
+		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
+			continue;
+		if (p->relook_at ? now >= p->relook_at : !gen || p->set_gen != gen)
 			return false;
 	}
 	list_for_each(pos, &a->plans)
@@ -424,6 +439,33 @@ static bool all_seen(struct agent *a, const char *job, const char *run, uint64_t
 			p->dedup_at = now;
 	}
 	return true;
+}
+
+/*
+ * Under mu: the look at (job, run), which took `took` ns, failed (ok
+ * false): the next is made after a back-off, no shorter than twice the
+ * look's time (at thousands of nodes, minutes: rank 0's node reads every
+ * file whole). Or it did not: no look is owed.
+ */
+static void relook(struct agent *a, const char *job, const char *run, bool ok, int64_t took)
+{
+	const int64_t now = ipc_mono_ns();
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+		int64_t ns = p->relook_ns * 2;
+
+		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
+			continue;
+		if (!ok && p->relook_at > now)
+			continue; /* a look made meanwhile (a new plan, a failed step): as it was */
+		ns = ns < RELOOK_MIN_NS ? RELOOK_MIN_NS : ns > RELOOK_MAX_NS ? RELOOK_MAX_NS : ns;
+		ns = ns < 2 * took ? 2 * took : ns;
+		p->relook_ns = ok ? 0 : ns;
+		p->relook_at = ok ? 0 : now + ns;
+	}
 }
 
 /* ---- rank 0's node: every node's share, and the run's set mark --------- */
@@ -441,10 +483,9 @@ static int shares_write(struct agent *a, const struct plan_set *ps, const char *
 
 	if (rc)
 		log_msg(LOG_WARNING,
-		        "job %s: shares of plan set %016llx of run %s not all written (again once "
-		        "the plans change or a step fails): the other nodes read every plans file "
-		        "themselves once rank 0's node has said nothing for half the commit "
-		        "deadline: %s",
+		        "job %s: shares of plan set %016llx of run %s not all written (tried again "
+		        "after a back-off): the other nodes read every plans file themselves once "
+		        "rank 0's node has said nothing for half the commit deadline: %s",
 		        job, (unsigned long long)ps->key, run, err);
 	else
 		log_msg(LOG_INFO,
@@ -453,35 +494,22 @@ static int shares_write(struct agent *a, const struct plan_set *ps, const char *
 	return rc;
 }
 
-/* Tries of the shares after a failed put: no sooner than this, nor than twice the look's time. */
-#define SHARES_RETRY_NS 2000000000LL
-
 /*
  * Rank 0's node, the shares of set ps->key not written yet: written now
- * from the assignment as (where `now` and as made), else tried again at a
- * later look (the next poll or step end), no sooner than SHARES_RETRY_NS
- * or twice what this look took since t0 (at thousands of nodes, minutes:
- * the files whole are read again).
+ * from the assignment as. False where they were not (tried again at a
+ * later look, after the back-off).
  */
-static void shares_done(struct agent *a, const char *job, const char *run, int world,
-                        const struct plan_set *ps, const struct assignment *as, bool now,
-                        int64_t t0)
+static bool shares_done(struct agent *a, const char *job, const char *run, int world,
+                        const struct plan_set *ps, const struct assignment *as)
 {
-	const bool put = now && as && shares_write(a, ps, run, world, as) == 0;
-	const int64_t took = ipc_mono_ns() - t0;
+	const bool put = shares_write(a, ps, run, world, as) == 0;
 	struct plan *p0;
 
 	pthread_mutex_lock(&a->mu);
-	if ((p0 = rank0_plan(a, job, run)) && put) {
+	if ((p0 = rank0_plan(a, job, run)) && put)
 		p0->shares_key = ps->key;
-	} else if (p0) {
-		p0->set_gen = 0; /* looked at again */
-		if (now)
-			p0->shares_retry =
-			    ipc_mono_ns() +
-			    (2 * took > SHARES_RETRY_NS ? 2 * took : SHARES_RETRY_NS);
-	}
 	pthread_mutex_unlock(&a->mu);
+	return put;
 }
 
 /*
@@ -665,22 +693,105 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 	set_mark_free(m);
 	share_free(sh);
 	pthread_mutex_lock(&a->mu);
+	relook(a, job, run, true, 0);
 	layouts_unpark(a, false); /* saves waiting for this set */
 	pthread_mutex_unlock(&a->mu);
 	return true;
 }
 
-void layouts_refresh(struct agent *a, const char *job, const char *run, bool force)
+/*
+ * p, a stale plan of this node after a look: its layout made from the
+ * assignment as of set ps (where its rank writes less than it holds and
+ * this node's file says what p holds), and installed; `failed`: the set
+ * not followed (every rank writes all it holds), `again`: the files did
+ * not make the set their summaries did (the plan waits for the next look).
+ */
+static void layout_follow(struct agent *a, struct plan *p, const struct plan_set *ps,
+                          const struct assignment *as, bool failed, bool again)
 {
-	const int64_t t0 = ipc_mono_ns();
+	struct shard_layout *l = NULL;
+	const struct assign_rank *r = as ? assign_rank(as, p->rank) : NULL;
+	char err[IPC_ERRLEN];
+
+	if (r && file_says(ps, a->cfg.node, p) && layout_make(a, p, r, ps->key, &l, err))
+		log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", p->job, p->rank,
+		        err);
+	pthread_mutex_lock(&a->mu);
+	/* made (or not to be made): no more waiting, unless it is looked at again */
+	if (ps->key)
+		p->set_missing = again;
+	if (!p->dropped)
+		layout_install(p, l, failed ? 0 : ps->key, as);
+	else if (l)
+		layout_put(l);
+	plan_put(a, p);
+	pthread_mutex_unlock(&a->mu);
+}
+
+/*
+ * The plans of (job, run) read under generation gen, by rank 0's node (r0)
+ * or a node that reads them itself: every node's summary; where they make
+ * a new complete set, the files whole, the assignment, and each stale
+ * plan's layout; on rank 0's node the shares of the set and the run's set
+ * mark. False where some of it failed: the next look is owed (relook).
+ */
+static bool look(struct agent *a, const char *job, const char *run, int world, uint64_t gen,
+                 bool r0)
+{
 	struct assignment *as = NULL;
 	struct plan_set ps;
 	struct plan **v, *p0;
 	char err[IPC_ERRLEN];
-	uint64_t gen = 0;
-	bool again = false, r0, shares, due;
+	bool again = false, shares, due, ok = true;
 	size_t n;
-	int world, rc;
+	int rc = set_read(a, job, run, world, false, &ps, err);
+
+	if (rc) { /* nothing marked as seen: the next look reads them again */
+		log_msg(LOG_INFO, "job %s: plans of the other nodes not read: %s", job, err);
+		set_free(&ps);
+		return false;
+	}
+	log_msg(LOG_DEBUG,
+	        "job %s: plans summaries of run %s read (%zu nodes, %zu of %d ranks, generation "
+	        "%016llx)",
+	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
+	pthread_mutex_lock(&a->mu);
+	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
+	p0 = r0 ? rank0_plan(a, job, run) : NULL;
+	/* rank 0's node: the shares of this set not written yet, and no back-off running */
+	shares = p0 && ps.key && ps.copies < (unsigned)world && p0->shares_key != ps.key;
+	due = shares && (!p0->relook_at || ipc_mono_ns() >= p0->relook_at);
+	pthread_mutex_unlock(&a->mu);
+	/* copies as many as the world: every replica writes its own, no assignment */
+	if ((n || due) && ps.key && ps.copies < (unsigned)world &&
+	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
+	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
+		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
+	if (as)
+		give_committer(a, &ps, job, run, world, as);
+	/* plans that cannot be assigned: not tried again until they change */
+	if (shares && (as ? !shares_done(a, job, run, world, &ps, as) : again || !due))
+		ok = false;
+	rc = rc || again;
+	for (size_t i = 0; i < n; i++)
+		layout_follow(a, v[i], &ps, as, rc, again);
+	if (r0 && !again &&
+	    mark_write(a, job, run, world, &ps, gen,
+	               ps.older || (ps.key && (ps.copies >= (unsigned)world || rc))))
+		ok = false;
+	free(v);
+	assign_free(as);
+	set_free(&ps);
+	return ok && !again;
+}
+
+void layouts_refresh(struct agent *a, const char *job, const char *run, bool force)
+{
+	const int64_t t0 = ipc_mono_ns();
+	char err[IPC_ERRLEN];
+	uint64_t gen = 0;
+	bool seen, r0, ok;
+	int world;
 
 	pthread_mutex_lock(&a->mu);
 	world = world_of(a, job, run);
@@ -692,78 +803,23 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		log_msg(LOG_DEBUG, "job %s: plans generation not read (every file is): %s", job,
 		        err);
 	pthread_mutex_lock(&a->mu);
-	rc = !force && gen && all_seen(a, job, run, gen);
+	seen = !force && all_seen(a, job, run, gen);
 	r0 = rank0_plan(a, job, run) != NULL;
 	pthread_mutex_unlock(&a->mu);
-	if (rc) {
-		log_msg(LOG_DEBUG, "job %s: plans generation %016llx unchanged: no plans file read",
+	if (seen) {
+		log_msg(LOG_DEBUG,
+		        "job %s: plans generation %016llx unchanged (or a failed look's back-off "
+		        "running): no plans file read",
 		        job, (unsigned long long)gen);
 		return;
 	}
 	/* the node of rank 0 reads every node's plans; the others what it found */
 	if (!r0 && gen && from_rank0(a, job, run, world, gen))
 		return;
-	rc = set_read(a, job, run, world, false, &ps, err);
-	if (rc) { /* nothing marked as seen: the next look reads them again */
-		log_msg(LOG_INFO, "job %s: plans of the other nodes not read: %s", job, err);
-		set_free(&ps);
-		return;
-	}
-	log_msg(LOG_DEBUG,
-	        "job %s: plans summaries of run %s read (%zu nodes, %zu of %d ranks, generation "
-	        "%016llx)",
-	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
+	/* without a generation nothing says when they change: looked at again after a while */
+	ok = look(a, job, run, world, gen, r0) && gen;
 	pthread_mutex_lock(&a->mu);
-	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
-	p0 = r0 ? rank0_plan(a, job, run) : NULL;
-	/* rank 0's node: the shares of this set not written yet, and a try due */
-	shares = p0 && ps.key && ps.copies < (unsigned)world && p0->shares_key != ps.key;
-	due = shares && ipc_mono_ns() >= p0->shares_retry;
-	pthread_mutex_unlock(&a->mu);
-	/* copies as many as the world: every replica writes its own, no assignment */
-	if ((n || due) && ps.key && ps.copies < (unsigned)world &&
-	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
-	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
-		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
-	if (as)
-		give_committer(a, &ps, job, run, world, as);
-	/* plans that cannot be assigned: not tried again until they change */
-	if (shares && !(due && !as && !again))
-		shares_done(a, job, run, world, &ps, as, due, t0);
-	rc = rc || again;
-	for (size_t i = 0; i < n; i++) {
-		struct shard_layout *l = NULL;
-		const struct assign_rank *r = as ? assign_rank(as, v[i]->rank) : NULL;
-
-		if (r && file_says(&ps, a->cfg.node, v[i]) &&
-		    layout_make(a, v[i], r, ps.key, &l, err))
-			log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", job,
-			        v[i]->rank, err);
-		pthread_mutex_lock(&a->mu);
-		/* made (or not to be made): no more waiting, unless it is looked at again */
-		if (ps.key)
-			v[i]->set_missing = again;
-		if (again) /* the files did not make the set their summaries did */
-			v[i]->set_gen = 0;
-		if (!v[i]->dropped)
-			layout_install(v[i], l, rc ? 0 : ps.key, as);
-		else if (l)
-			layout_put(l);
-		plan_put(a, v[i]);
-		pthread_mutex_unlock(&a->mu);
-	}
-	if (r0 && !again &&
-	    mark_write(a, job, run, world, &ps, gen,
-	               ps.older || (ps.key && (ps.copies >= (unsigned)world || rc)))) {
-		pthread_mutex_lock(&a->mu);
-		if ((p0 = rank0_plan(a, job, run)))
-			p0->set_gen = 0; /* not written: the next look writes it */
-		pthread_mutex_unlock(&a->mu);
-	}
-	free(v);
-	assign_free(as);
-	set_free(&ps);
-	pthread_mutex_lock(&a->mu);
+	relook(a, job, run, ok, ipc_mono_ns() - t0);
 	layouts_unpark(a, false); /* saves waiting for this set */
 	pthread_mutex_unlock(&a->mu);
 }

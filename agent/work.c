@@ -37,6 +37,17 @@ struct workq {
 
 static void spare(struct workq *q);
 
+/* Under q->mu: w at the end of the FIFO. */
+static void append(struct workq *q, struct work *w)
+{
+	w->next = NULL;
+	if (q->tail)
+		q->tail->next = w;
+	else
+		q->head = w;
+	q->tail = w;
+}
+
 static void *worker(void *arg)
 {
 	struct workq *q = arg;
@@ -54,12 +65,7 @@ static void *worker(void *arg)
 		while (q->timed && q->timed->when <= now) {
 			w = q->timed;
 			q->timed = w->next;
-			w->next = NULL;
-			if (q->tail)
-				q->tail->next = w;
-			else
-				q->head = w;
-			q->tail = w;
+			append(q, w);
 		}
 		if (!q->head && q->stop)
 			break;
@@ -203,13 +209,8 @@ void workq_wait_end(struct workq *q)
 
 void workq_push(struct workq *q, struct work *w)
 {
-	w->next = NULL;
 	pthread_mutex_lock(&q->mu);
-	if (q->tail)
-		q->tail->next = w;
-	else
-		q->head = w;
-	q->tail = w;
+	append(q, w);
 	q->busy++;
 	spare(q);
 	pthread_cond_signal(&q->cv);
@@ -230,6 +231,25 @@ void workq_push_at(struct workq *q, struct work *w, int64_t when)
 	/* all: the earliest time may have changed, and every idle worker waits on it */
 	pthread_cond_broadcast(&q->cv);
 	pthread_mutex_unlock(&q->mu);
+}
+
+bool workq_hurry(struct workq *q, struct work *w)
+{
+	struct work **pp;
+	bool found;
+
+	pthread_mutex_lock(&q->mu);
+	for (pp = &q->timed; *pp && *pp != w; pp = &(*pp)->next)
+		;
+	found = *pp != NULL;
+	if (found) {
+		*pp = w->next;
+		append(q, w);
+		spare(q);
+		pthread_cond_signal(&q->cv);
+	}
+	pthread_mutex_unlock(&q->mu);
+	return found;
 }
 
 unsigned workq_busy(struct workq *q)

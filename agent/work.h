@@ -10,6 +10,7 @@
 #ifndef CKPT_AGENT_WORK_H
 #define CKPT_AGENT_WORK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct work {
@@ -46,6 +47,12 @@ void workq_push(struct workq *q, struct work *w);
  * destroyed are dropped: their owner frees what they hold.
  */
 void workq_push_at(struct workq *q, struct work *w, int64_t when);
+/*
+ * w, waiting for its time in q (workq_push_at), runs now instead, after
+ * the jobs already due; false where it was not waiting (queued, running,
+ * or not in q). Any thread.
+ */
+bool workq_hurry(struct workq *q, struct work *w);
 /* Jobs queued, waiting for their time, or running. */
 unsigned workq_busy(struct workq *q);
 /* Runs what is queued, then stops the threads. NULL is fine. */

@@ -19,8 +19,9 @@
  *   - a save parked for its plan set is answered when the agent stops
  *   - with faults put in (CKPT_FAULTS): rank 0's node that cannot write the
  *     shares leaves the others to read the plans themselves after half the
- *     commit deadline; one that fails once to read a summary or to write a
- *     share looks again, and the replicas are still written once
+ *     commit deadline, and tries again after a back-off that grows; one that
+ *     fails once to read a summary, to write a share or to put its own
+ *     plans file tries again, and the replicas are still written once
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -314,11 +315,13 @@ END_TEST
  * Rank 0's node cannot write the shares (every rename onto a .share
  * fails): it says so and writes no set mark; the other node waits for
  * one half the commit deadline (3 s), says so, then reads every node's
- * plans itself and writes its own share of the assignment.
+ * plans itself and writes its own share of the assignment. n0 tries
+ * again, after a back-off that grows.
  */
 START_TEST(shares_not_written)
 {
 	const char *args = "--staging-mb 96 --plans-wait 1 --commit-deadline 6";
+	int tries, looks, whole;
 	char hold[320];
 	struct nodes c;
 	FILE *f;
@@ -342,6 +345,21 @@ START_TEST(shares_not_written)
 	              "n1 made no share of its own (%s)", c.a[1].log);
 	ck_assert(h_log_has(&c.a[1], "job rf: plans files of run 0 read whole (2 nodes)"));
 	ck_assert(!h_log_has(&c.a[1], "(its share from rank 0's node)"));
+	/*
+	 * n0 tries the shares again after a back-off that grows (2, 4, 8, 16 s),
+	 * not at each of its polls (every second): over 20 s, one to three tries,
+	 * each one look at the summaries and one whole read.
+	 */
+	tries = count_lines(&c.a[0], "nodes' shares not put");
+	looks = count_lines(&c.a[0], "job rf: plans summaries of run 0 read");
+	whole = count_lines(&c.a[0], "job rf: plans files of run 0 read whole");
+	sleep(20);
+	tries = count_lines(&c.a[0], "nodes' shares not put") - tries;
+	looks = count_lines(&c.a[0], "job rf: plans summaries of run 0 read") - looks;
+	whole = count_lines(&c.a[0], "job rf: plans files of run 0 read whole") - whole;
+	ck_assert_msg(tries >= 1 && tries <= 3 && looks <= 4 && whole <= 4,
+	              "in 20 s: %d tries of the shares, %d looks, %d whole reads (%s)", tries,
+	              looks, whole, c.a[0].log);
 	unlink(hold);
 	nodes_wait(&c);
 	nodes_cleanup(&c);
@@ -405,6 +423,22 @@ START_TEST(shares_written_again)
 	ck_assert(h_log_has(&c.a[0], "1 of 2 nodes' shares not put"));
 	ck_assert(h_log_has(&c.a[0], "job ra: shares of plan set"));
 	ck_assert(h_log_has(&c.a[0], "of run 0 written (2 nodes)"));
+	nodes_cleanup(&c);
+}
+END_TEST
+
+/*
+ * This node's plans file that cannot be put once (the link onto
+ * plans/n0.json fails): the put is tried again a second later, not only
+ * when the plans change next, and the plan set comes together.
+ */
+START_TEST(publish_failed_tried_again)
+{
+	struct nodes c;
+
+	two_nodes_once(&c, "rp", "CKPT_FAULTS=linkat:EIO:path=*/plans/n0.json");
+	ck_assert(h_log_has(&c.a[0], "job rp: cannot publish this node's plans (tried again)"));
+	ck_assert(h_log_has(&c.a[0], "job rp: plans of node n0 published"));
 	nodes_cleanup(&c);
 }
 END_TEST
@@ -513,6 +547,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, shares_not_written);
 	tcase_add_test(tc, read_error_looked_again);
 	tcase_add_test(tc, shares_written_again);
+	tcase_add_test(tc, publish_failed_tried_again);
 #endif
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
