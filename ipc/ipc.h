@@ -1,10 +1,11 @@
 /*
- * ipc: what the agent and its clients share.
+ * ipc: what the agent and its clients share, over the base (base/base.h:
+ * errors, limits, names, dtypes, clocks).
  *
- *   - limits and validation of names, shapes and extents (validate.c): the
- *     same checks run in libckpt before a request leaves and in the agent
- *     when it arrives, so a bad plan is refused with the same words on both
- *     sides;
+ *   - a save's states, and the validation of a plan's shapes and extents
+ *     (validate.c): the same checks run in libckpt before a request leaves
+ *     and in the agent when it arrives, so a bad plan is refused with the
+ *     same words on both sides;
  *   - host shared-memory regions (shm.c): created by the client, opened and
  *     checked by the agent;
  *   - the wire (wire.c): protobuf-c messages in gRPC byte buffers, the
@@ -21,20 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base.h"
 #include "ckpt.pb-c.h"
 
-#define IPC_ERRLEN 512
-
-/* Limits: every request is bounded. */
-#define IPC_MAX_NDIM 16
-#define IPC_MAX_JOB 64 /* also a node's and a run's name */
-#define IPC_DEFAULT_RUN "0"
-#define IPC_MAX_TENSOR_NAME 512
-#define IPC_MAX_TENSORS 262144
-#define IPC_MAX_WORLD 65536
-#define IPC_MAX_META 65536
 #define IPC_MAX_MESSAGE (32u << 20)
-#define IPC_MAX_STEP 999999999999LL /* 12 digits in step-<step> */
 #define IPC_DEFAULT_ENDPOINT "unix:/run/ckptd/ckptd.sock"
 /*
  * The protocol this build speaks (AttachRequest.protocol, SessionEvent.protocol):
@@ -43,42 +34,13 @@
  */
 #define IPC_PROTOCOL 1
 
-/* Formats into err (may be NULL) and returns rc: `return ipc_errf(...)`. */
-int ipc_errf(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* ---- dtypes and states (the numbers of enum ckpt_dtype / ckpt_state) --- */
-#define IPC_DTYPE_MAX 15
-/* Bytes per element, 0 for an unknown dtype. */
-unsigned ipc_dtype_size(int dtype);
-/* "F32", ...; NULL for an unknown dtype. */
-const char *ipc_dtype_name(int dtype);
-/* The dtype for a safetensors name, 0 if unknown. */
-int ipc_dtype_from_name(const char *name);
+/* ---- a save's states (the numbers of enum ckpt_state) ------------------ */
 /* "QUEUED", ...; "UNKNOWN" for anything else. */
 const char *ipc_state_name(int state);
 /* FAILED, SKIPPED and COMMITTED/UPLOADED end a save. */
 bool ipc_state_final(int state);
 
-/* ---- validation ------------------------------------------------------- */
-
-/* [A-Za-z0-9._-]{1,64}, not beginning with '.': a job, a node, a run (docs/DESIGN.md §2.2). */
-int ipc_check_job(const char *job, char *err);
-int ipc_check_node(const char *node, char *err);
-int ipc_check_run(const char *run, char *err);
-/* 1..512 bytes of UTF-8, no control characters, not "__metadata__". */
-int ipc_check_tensor_name(const char *name, char *err);
-int ipc_check_rank(int rank, int world, char *err);
-/* 0..IPC_MAX_STEP. */
-int ipc_check_step(int64_t step, char *err);
-/* A user meta string: empty, or one JSON value of at most IPC_MAX_META bytes. */
-int ipc_check_meta(const char *meta, char *err);
-
-/*
- * dtype size x product(shape) into *nbytes, refusing unknown dtypes, ndim
- * outside 0..16, negative dimensions and overflow. `what` names the tensor.
- */
-int ipc_tensor_nbytes(const char *what, int dtype, size_t ndim, const int64_t *shape,
-                      uint64_t *nbytes, char *err);
+/* ---- a plan's tensors ------------------------------------------------- */
 
 /* A tensor as both sides describe it before the shard is laid out. */
 struct ipc_tensor {
@@ -272,13 +234,5 @@ uint32_t ipc_protocol(void);
  * `agent`: whether this side is the agent.
  */
 int ipc_compatible(bool agent, const char *peer_version, uint32_t protocol, char *err);
-
-/* Random bytes from getrandom(2); a random non-zero id. */
-int ipc_random(void *buf, size_t len);
-uint64_t ipc_random_id(void);
-
-/* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
-int64_t ipc_now_ns(void);
-int64_t ipc_mono_ns(void);
 
 #endif /* CKPT_IPC_H */

@@ -337,47 +337,6 @@ int ipc_status_to_errno(int status)
 	return -EIO;
 }
 
-int ipc_random(void *buf, size_t len)
-{
-	for (size_t got = 0; got < len;) {
-		ssize_t n = getrandom((char *)buf + got, len - got, 0);
-
-		if (n < 0 && errno != EINTR)
-			return -errno;
-		if (n > 0)
-			got += (size_t)n;
-	}
-	return 0;
-}
-
-uint64_t ipc_random_id(void)
-{
-	uint64_t id = 0;
-
-	while (id == 0)
-		if (ipc_random(&id, sizeof(id)))
-			return 0;
-	return id;
-}
-
-static int64_t clock_ns(clockid_t c)
-{
-	struct timespec ts;
-
-	clock_gettime(c, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t ipc_now_ns(void)
-{
-	return clock_ns(CLOCK_REALTIME);
-}
-
-int64_t ipc_mono_ns(void)
-{
-	return clock_ns(CLOCK_MONOTONIC);
-}
-
 /* ---- versions ---------------------------------------------------------- */
 
 #ifndef CKPT_RELEASE

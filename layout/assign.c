@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "assign.h"
-#include "ipc.h"
+#include "base.h"
 
 /* One rank's tensor that is part of a box (it has a global offset). */
 struct entry {

@@ -77,7 +77,7 @@
 
 #include "fsops.h"
 #include "ioeng.h"
-#include "ipc.h"
+#include "base.h"
 
 #define FAULTS_ENV "CKPT_FAULTS"
 

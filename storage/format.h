@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ipc.h"
+#include "base.h"
 
 /* ---- safetensors ------------------------------------------------------ */
 

@@ -14,7 +14,7 @@
 #include <sys/uio.h>
 
 #include "fsops.h"
-#include "ipc.h"
+#include "base.h"
 
 enum io_op {
 	IO_WRITE,

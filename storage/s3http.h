@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ipc.h"
+#include "base.h"
 
 struct curl_slist;
 
