@@ -17,9 +17,10 @@
  * exclusively, objects appear whole (link or rename), and temporary names
  * carry the node.
  *
- * Map of the backend (local.h: what the three files share):
+ * Map of the backend (local_int.h: what its files share):
  *   local.c        the backend object (local_create, local_direct, the ops
  *                  table); helpers: names, paths, directories, small files;
+ *   local_file.c   a regular file opened safely; temporary names;
  *                  shards: create (exclusively, directories made as they
  *                  appear), write, finish (exact size, fsync of the file
  *                  and of the directories that name it), open, read, stat
@@ -48,7 +49,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "local.h"
+#include "local_int.h"
 
 struct storage_shard {
 	struct local *l;
@@ -101,27 +102,6 @@ const char *local_path_of(const struct local *l, char *buf, size_t len, const ch
 	snprintf(buf, len, "%s/%s%s%s%s%s", l->root, job, sn[0] ? "/" : "", sn, leaf ? "/" : "",
 	         leaf ? leaf : "");
 	return buf;
-}
-
-/*
- * ".<node>~<16 hex>~<leaf>.tmp": '~' is in no node's name nor in any key,
- * so whose a temporary file is reads back without doubt.
- */
-void local_tmp_name(const struct local *l, const char *leaf, char *buf, size_t len)
-{
-	snprintf(buf, len, ".%s~%016" PRIx64 "~%s" TMP_SUFFIX, l->node, ipc_random_id(), leaf);
-}
-
-bool local_is_tmp(const struct local *l, const char *name, bool *own)
-{
-	size_t n = strlen(name), k = strlen(l->node), t = strlen(TMP_SUFFIX);
-	const char *tilde = strchr(name, '~');
-
-	*own = false;
-	if (name[0] != '.' || !tilde || n < t + 3 || strcmp(name + n - t, TMP_SUFFIX) != 0)
-		return false;
-	*own = (size_t)(tilde - name) == k + 1 && strncmp(name + 1, l->node, k) == 0;
-	return true;
 }
 
 /* ---- directories ------------------------------------------------------ */
@@ -305,26 +285,6 @@ bool local_dir_at(int fd, const char *name)
 }
 
 /* ---- small files ------------------------------------------------------ */
-
-/*
- * Opens a regular file: O_NONBLOCK so that a FIFO planted under the name
- * cannot hang us, cleared again once fstat shows a regular file (io_uring
- * would answer -EAGAIN on a non-blocking file instead of waiting).
- */
-int local_open_regular(struct local *l, int dirfd, const char *name, int flags, mode_t mode,
-                       struct stat *st)
-{
-	int fd = l->ops->openat(dirfd, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
-
-	if (fd < 0)
-		return fd;
-	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode) ||
-	    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
-		close(fd);
-		return -EINVAL;
-	}
-	return fd;
-}
 
 int local_read_small(struct local *l, int dirfd, const char *name, size_t max, char **out,
                      size_t *len)

@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "local.h"
+#include "local_int.h"
 
 #define KEY_DEPTH 4 /* <job>/step-<12d>/parts/<node>.json */
 

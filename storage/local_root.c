@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "local.h"
+#include "local_int.h"
 
 /*
  * mkdir -p, each new directory made durable in its parent: a root that

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "local.h"
+#include "local_int.h"
 
 /* ---- walking ----------------------------------------------------------- */
 

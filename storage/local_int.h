@@ -1,8 +1,9 @@
 /*
- * local.h: private to the local backend (local.c, local_obj.c,
- * local_scan.c, local_root.c); nothing outside storage/ includes it. The
- * backend object, the on-disk names, and the helpers of local.c the others
- * use (local_obj.c and local_scan.c never call each other). The public
+ * local_int.h: private to the local backend (local.c, local_file.c,
+ * local_obj.c, local_scan.c, local_root.c); nothing outside storage/
+ * includes it. The backend object, the on-disk names, and the helpers of
+ * local.c and local_file.c the others use (local_obj.c and local_scan.c
+ * never call each other; local_root.c calls only local_file.c's). The public
  * calls (local_create, local_direct) are in storage.h; the layout, callers
  * and threads are described at the top of local.c.
  *
@@ -10,8 +11,8 @@
  * errno on failure; those taking `err` fill it in (ipc_errf) with what
  * failed and on which path.
  */
-#ifndef CKPT_STORAGE_LOCAL_H
-#define CKPT_STORAGE_LOCAL_H
+#ifndef CKPT_STORAGE_LOCAL_INT_H
+#define CKPT_STORAGE_LOCAL_INT_H
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -139,4 +140,4 @@ int local_step_tidy(struct storage *s, const char *job, int64_t step, char *err)
 int local_cleanup(struct storage *s, const char *job, int64_t latest,
                   const struct storage_cleanup *pol, struct storage_recovery *rec, char *err);
 
-#endif /* CKPT_STORAGE_LOCAL_H */
+#endif /* CKPT_STORAGE_LOCAL_INT_H */
