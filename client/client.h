@@ -76,6 +76,12 @@ struct ckpt_client {
 	 * agent is away (before c->mu, when both are taken).
 	 */
 	pthread_mutex_t reg_mu;
+	/*
+	 * Under mu (set once the trainer registers a region or a plan:
+	 * trainer.c's cl_register_again): the session thread, attached to a new
+	 * agent, hands it all again through this. NULL: nothing to hand.
+	 */
+	int (*register_again)(struct ckpt_client *c);
 	int reconnect_ms; /* $CKPT_RECONNECT_SECONDS; 0: never attach again */
 	unsigned reattached; /* how many times */
 	char agent_version[32]; /* the attached agent's release */

@@ -9,7 +9,7 @@
  * When the stream ends without our asking (the agent restarted, was
  * upgraded, crashed), the same thread fails the saves in flight, attaches
  * again with a bounded back-off, and hands the new agent every region and
- * plan (cl_register_again): the trainer's next save works as before. Calls
+ * plan (c->register_again, trainer.c's): the trainer's next save works as before. Calls
  * made meanwhile wait for it (cl_enter); a save is refused at once.
  */
 #include <errno.h>
@@ -261,6 +261,7 @@ static int attach(struct ckpt_client *c);
  */
 static int attach_again(struct ckpt_client *c)
 {
+	int (*again)(struct ckpt_client * c);
 	int rc;
 
 	cl_cred_close(c);
@@ -272,7 +273,10 @@ static int attach_again(struct ckpt_client *c)
 	rc = attach(c);
 	if (!rc) {
 		pthread_mutex_lock(&c->reg_mu);
-		rc = cl_register_again(c);
+		pthread_mutex_lock(&c->mu);
+		again = c->register_again;
+		pthread_mutex_unlock(&c->mu);
+		rc = again ? again(c) : 0; /* what the trainer registered (trainer.c) */
 		if (!rc) {
 			pthread_mutex_lock(&c->mu);
 			c->away = false;
@@ -391,8 +395,6 @@ static bool reattach(struct ckpt_client *c)
 		        nplans);
 	return rc == 0;
 }
-
-__thread struct ckpt_client *cl_session_thread;
 
 static void *session_thread(void *arg)
 {
@@ -805,4 +807,16 @@ const char *ckpt_strerror(int err)
 const char *ckpt_state_name(enum ckpt_state s)
 {
 	return ipc_state_name(s);
+}
+
+const char *ckpt_agent_version(struct ckpt_client *c)
+{
+	static __thread char v[sizeof(c->agent_version)];
+
+	if (!c)
+		return "";
+	pthread_mutex_lock(&c->mu);
+	snprintf(v, sizeof(v), "%s", c->agent_version);
+	pthread_mutex_unlock(&c->mu);
+	return v;
 }

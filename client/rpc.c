@@ -17,22 +17,6 @@
 
 #include "client.h"
 
-int cl_fail(struct ckpt_client *c, int err, const char *fmt, ...)
-{
-	va_list ap;
-
-	pthread_mutex_lock(&c->mu);
-	va_start(ap, fmt);
-	/* the session thread's failures are its own: the trainer's last error stays */
-	if (cl_session_thread == c)
-		vsnprintf(c->session_error, sizeof(c->session_error), fmt, ap);
-	else
-		vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-	va_end(ap);
-	pthread_mutex_unlock(&c->mu);
-	return err;
-}
-
 const char *cl_endpoint(const struct ckpt_client *c)
 {
 	return c->endpoint;

@@ -64,6 +64,7 @@ static int host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 	a->key = ++c->next_key;
 	a->next = c->allocs;
 	c->allocs = a;
+	c->register_again = cl_register_again;
 	pthread_mutex_unlock(&c->mu);
 	*ptr = a->shm.data;
 	return 0;
@@ -494,6 +495,7 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	pthread_mutex_lock(&c->mu);
 	p->next = c->plans;
 	c->plans = p;
+	c->register_again = cl_register_again;
 	pthread_mutex_unlock(&c->mu);
 	*out = p;
 	p = NULL;
@@ -1046,16 +1048,4 @@ int cl_register_again(struct ckpt_client *c)
 			return rc;
 	}
 	return 0;
-}
-
-const char *ckpt_agent_version(struct ckpt_client *c)
-{
-	static __thread char v[sizeof(c->agent_version)];
-
-	if (!c)
-		return "";
-	pthread_mutex_lock(&c->mu);
-	snprintf(v, sizeof(v), "%s", c->agent_version);
-	pthread_mutex_unlock(&c->mu);
-	return v;
 }
