@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "metrics.h"
 
 #define CAPTURE_MAX 64 /* capture workers in all, most of them waiting */
 #include "cred.h"
@@ -235,7 +236,7 @@ static void tick(void *ctx)
 
 	pthread_mutex_lock(&a->mu);
 	cp_expire(a, ipc_mono_ns());
-	layouts_unpark(a, false); /* saves that waited --plans-wait for their plan set */
+	park_release(a, false); /* saves that waited --plans-wait for their plan set */
 	watchers_progress(a);
 	pthread_mutex_unlock(&a->mu);
 	tell_systemd(a);
@@ -313,6 +314,30 @@ static int lock_socket(struct agent *a, char *err)
 	return 0;
 }
 
+/*
+ * Who hears what changes (hub.h), in the order they are told: a save made
+ * reaches the watchers; a save's state, the log, the metrics, its client's stream and the
+ * watchers; a commit, the upload tier and then retention; an upload, the
+ * saves; a plan made or dropped, the checkpoints in flight and the plans
+ * file; the root back, the plans files.
+ */
+static void wire(struct hub *h)
+{
+	hub_on_save_new(h, watchers_on_save);
+	hub_on_save(h, save_log);
+	hub_on_save(h, metrics_on_save);
+	hub_on_save(h, session_on_save);
+	hub_on_save(h, watchers_on_save);
+	hub_on_save_note(h, session_on_save);
+	hub_on_save_note(h, watchers_on_save);
+	hub_on_ckpt(h, upload_on_ckpt);
+	hub_on_ckpt(h, gc_on_ckpt);
+	hub_on_ckpt(h, save_on_ckpt);
+	hub_on_plan(h, plans_on_plan);
+	hub_on_plan(h, cp_on_plan);
+	hub_on_root_back(h, plans_on_root_back);
+}
+
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 {
 	struct server_opts so = {.listen = cfg->listen,
@@ -345,6 +370,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	list_init(&a->pubs);
 	list_init(&a->parked);
 	list_init(&a->rgroups);
+	wire(&a->hub);
 	rc = lock_socket(a, err);
 	if (rc)
 		goto fail;
@@ -518,7 +544,7 @@ static bool drained(void *ctx)
 		st->since = now;
 		st->next_report = now + STOP_REPORT_NS;
 		a->stopping = true;
-		layouts_unpark(a, true); /* saves waiting for their plan set: refused */
+		park_release(a, true); /* saves waiting for their plan set: refused */
 		log_msg(LOG_INFO, "stopping: %u saves in flight", a->inflight);
 		notify_stopping("stopping: %u save%s in flight", a->inflight,
 		                a->inflight == 1 ? "" : "s");

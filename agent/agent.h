@@ -2,14 +2,19 @@
  * ckptd's insides: the objects the agent keeps and the calls between its
  * modules. (Its outside is the protocol in ipc/ckpt.proto.)
  *
- *   session.c  clients (the Attach stream) and their host regions
- *   plan.c     plans: tensors checked, shard laid out, header built once
- *   save.c     saves: admission, states (told to observers), the capture job
+ *   hub.c      the events: a state changed is published, its listeners
+ *              subscribed at start (agent.c's wire)
+ *   session.c  clients (the Attach stream); region.c their host regions
+ *   plan.c     plans: shard laid out, header built once, the shard image;
+ *              plan_rpc.c: CreatePlan (tensors checked) and DropPlan
+ *   save.c     saves: states (published on the hub), the capture job;
+ *              save_rpc.c: Save (admission) and GetSave
  *   stream.c   a save's chunks: copy -> write || hash -> release; size + fsync
  *              (stream.h; capture_gpu.c: a CUDA plan's copies on its lane)
- *   commit.c   checkpoints in flight: this node's ranks durable -> its part ->
- *              the many-nodes commit (commit/) -> COMMITTED or FAILED; plans
- *              published; `ckptctl commit --finish`
+ *   checkpoint.c checkpoints in flight: this node's ranks durable -> its
+ *              part -> the many-nodes commit (commit/) -> COMMITTED or
+ *              FAILED; checkpoint_rpc.c `ckptctl commit --finish`;
+ *              publish.c each job's plans file
  *   restore.c  restore and verify: the RPCs and the extents to read, read by
  *              stream_read.c: shard -> staging -> checksum -> regions
  *   catalog.c  the committed checkpoints, as found on disk at start and since
@@ -59,6 +64,7 @@
 #include "storage.h"
 #include "store.h"
 #include "upload.h"
+#include "hub.h"
 #include "work.h"
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
@@ -157,6 +163,7 @@ struct agent {
 	int64_t started_mono;
 	struct storage_recovery recovered;
 	struct metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: none */
+	struct hub hub; /* who hears what changes (hub.h): wired at start, then read only */
 	int sock_lock; /* "<socket>.lock", held for the agent's life (-1: none) */
 	atomic_uint_fast64_t captured_bytes; /* copied from trainers into staging, since start */
 	/* restores since start: tensor bytes into trainers, and the bytes read for them */
@@ -182,7 +189,7 @@ struct agent {
 	/*
 	 * Steps whose trainers here were told FAILED though the manifest this
 	 * node put became visible (its directory's fsync failed): the catalog
-	 * does not take them from the root until a restart (commit.c, catalog.c).
+	 * does not take them from the root until a restart (checkpoint.c, catalog.c).
 	 * The last AGENT_UNLISTED, in a ring.
 	 */
 	struct {
@@ -267,9 +274,11 @@ void rpc_drop_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
 struct session *session_find(struct agent *a, uint64_t id);
 /* The caller's own session (another user's is refused): NULL with why in err. */
 struct session *session_of(struct agent *a, struct rpc *c, uint64_t id, char *err);
+/* Under mu (region.c): s's region of that id, or NULL. */
 struct region *region_find(struct session *s, uint64_t id);
+/* Under mu (region.c): a reference let go; the last unmaps it. */
 void region_put(struct region *r);
-/* Under mu (save_observer_fn): sends a save's new state to its client's Attach stream. */
+/* Under mu (a hub_save_fn): sends a save's new state to its client's Attach stream. */
 void session_on_save(struct agent *a, struct save *s, int state);
 
 /* ---- plans (plan.c) --------------------------------------------------- */
@@ -376,6 +385,7 @@ struct plan {
 	uid_t uid; /* its user's (limits) */
 };
 
+/* plan_rpc.c: a plan made from a request, or dropped. */
 void rpc_create_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_drop_plan(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu. */
@@ -385,6 +395,10 @@ struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id);
 void plan_drop(struct agent *a, struct plan *p);
 void plan_get(struct plan *p);
 void plan_put(struct agent *a, struct plan *p);
+/* Under mu: a plan never added (its creation failed) freed, whatever its references. */
+void plan_free(struct agent *a, struct plan *p);
+/* A CUDA plan's GPU side closed (its mappings, lane, fence). */
+void plan_gpu_close(struct agent *a, struct plan_gpu *g);
 /* Its regions are in use / no longer: once dropped and idle they are released. */
 void plan_busy(struct plan *p);
 void plan_idle(struct agent *a, struct plan *p);
@@ -402,6 +416,16 @@ int plan_queue_image(const struct plan *p, const struct shard_layout *l, const s
  * after the other (the shard of rank of job/run). No lock.
  */
 int shard_layout_header(struct shard_layout *l, const struct plan *p, char *err);
+
+/*
+ * Under mu: what plan p holds, as tensors of one chunk each of its rank
+ * (file order), into *v, *n (freed with them, as a plans_rank's). -ENOMEM.
+ */
+int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n);
+/* Under mu: a reference to l let go (a plan's whole layout is never freed here). */
+void layout_put(struct shard_layout *l);
+/* Tensor t of rank `rank`, as a manifest's entry of one chunk, whole (-ENOMEM, half made). */
+int plan_tensor_entry(struct manifest_tensor *mt, const struct plan_tensor *t, int rank);
 
 /* ---- replicas written once (layouts.c) ---------------------------------- */
 
@@ -428,15 +452,10 @@ bool layouts_waiting(struct agent *a, const char *job, const char *run);
  */
 bool layouts_rank0(struct agent *a, const char *job, const char *run);
 /*
- * Under mu, rpc_save's: a save of p's that waits for the run's plan set
- * (its first, where the set is not complete: at most --plans-wait) is
- * parked: true, and `c` is answered once it goes on (save_admit).
+ * Under mu: whether p's run has no complete plan set yet, and p holds a
+ * tensor that may have replicas: its run's first save waits (park.c).
  */
-bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m);
-/* Under mu: parked saves whose set is complete, plan gone, or wait over, go on (all: every one). */
-void layouts_unpark(struct agent *a, bool all);
-/* Under mu: a reference to l let go (a plan's whole layout is never freed here). */
-void layout_put(struct shard_layout *l);
+bool layouts_plan_waits(const struct plan *p);
 /*
  * Under mu: a CUDA plan's save is done with the trainer's memory and event
  * (captured, or ended with no capture job left); moves the trainer's fence.
@@ -445,7 +464,35 @@ void plan_fence_finish(struct plan *p, uint32_t seq);
 /* Where shard bytes [off, ...) of tensor i live in memory. No lock. */
 void *plan_tensor_addr(const struct plan *p, size_t i);
 
-/* ---- checkpoints in flight (commit.c) --------------------------------- */
+/* ---- a run's first save, parked for its plan set (park.c) --------------- */
+
+/* Under mu: a parked save that goes on (m, checked, is its request): admitted or refused. */
+typedef void (*park_admit_fn)(struct agent *a, struct rpc *c, ProtobufCMessage *m);
+/*
+ * Under mu, rpc_save's: a save of p's that waits for the run's plan set
+ * (its first, where the set is not complete: at most --plans-wait) is
+ * parked: true, and admit(c, m) is called once it goes on.
+ */
+bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m,
+               park_admit_fn admit);
+/*
+ * Under mu: parked saves whose set is complete, plan gone, or wait over, go
+ * on (all: every one). After each look at the plans, and at the tick.
+ */
+void park_release(struct agent *a, bool all);
+
+/* ---- each job's plans file (publish.c) ---------------------------------- */
+
+/* Under mu: plans of job (of run) changed: its plans file is written again (commit thread). */
+void plans_publish(struct agent *a, const char *job, const char *run);
+/* Commit thread: the plans file of (job, run), written if it changed. 0 or -errno (err). */
+int plans_put(struct agent *a, const char *job, const char *run, char *err);
+/* Under mu (a hub_plan_fn): a plan made: its job's plans file written again. */
+void plans_on_plan(struct agent *a, struct plan *p, bool dropped);
+/* Under mu (a hub_root_fn): the root is back: every live plan's plans file written again. */
+void plans_on_root_back(struct agent *a);
+
+/* ---- checkpoints in flight (checkpoint.c) ------------------------------ */
 
 struct checkpoint {
 	struct list link;
@@ -493,13 +540,15 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
            struct checkpoint **out, char *err);
 /* Under mu: a rank is DURABLE; once all of this node's are, the commit starts. */
 void cp_rank_durable(struct agent *a, struct checkpoint *cp);
-/* Under mu: plans of job (of run) changed: its plans file is written again (commit thread). */
-void plans_publish(struct agent *a, const char *job, const char *run);
+/* Under mu: s, just made, is its rank's save of cp; it tells cp what befalls it (save.tell). */
+void cp_join(struct agent *a, struct checkpoint *cp, struct save *s);
+
 /*
- * Under mu: what plan p holds, as tensors of one chunk each of its rank
- * (file order), into *v, *n (freed with them, as a plans_rank's). -ENOMEM.
+ * Under mu (a hub_plan_fn): a plan dropped: its saves not CAPTURED yet fail
+ * (they lose their source), and so do the steps in flight its rank had not
+ * saved.
  */
-int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n);
+void cp_on_plan(struct agent *a, struct plan *p, bool dropped);
 void rpc_commit(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* "n0 (ranks 0,1)" for each part m merged: malloc'd array of m->nparts (NULL: no memory). */
 char **parts_text(const struct manifest *m);
@@ -525,6 +574,14 @@ void cp_release(struct agent *a, struct checkpoint *cp);
 void cp_free(struct agent *a, struct checkpoint *cp);
 
 /* ---- saves (save.c) --------------------------------------------------- */
+
+/* What a save tells its checkpoint (save.tell). */
+enum save_news {
+	SAVE_NEWS_FAILED, /* it failed (why: "rank R: ..."): so does the checkpoint */
+	SAVE_NEWS_SKIPPED, /* no room in the pool under the skip policy: the checkpoint fails */
+	SAVE_NEWS_DURABLE, /* its shard is durable */
+	SAVE_NEWS_STOPPED, /* its pipeline stopped (after any of the above, or aborted) */
+};
 
 struct save {
 	struct list link; /* agent->saves */
@@ -567,22 +624,40 @@ struct save {
 	int64_t t_queued, t_captured, t_durable, t_committed; /* monotonic ns */
 	int64_t queued_unix_ns;
 	struct st_stamp stamp; /* its step and a random number: its header's, its part's */
+	/*
+	 * Under mu: its pipeline has stopped (stream.c): durable (the final
+	 * fsync done), or failure (why; NULL: aborted, and it says why already).
+	 * Set by whoever started it (save.c).
+	 */
+	void (*ended)(struct agent *a, struct save *s, bool durable, const char *failure);
+	/* Under mu: its checkpoint hears what befalls it (set as it joins: cp_join). */
+	void (*tell)(struct agent *a, struct save *s, enum save_news what, const char *why);
 };
 
 /*
- * Under mu: told of each state a save reaches, once it is there (its t_*
- * set). save_set_state walks a fixed table of them (save.c): the log,
- * metrics_on_save, session_on_save, watchers_on_save. Each one feeds its
- * own listeners and changes nothing of the save.
+ * Under mu: a save of plan p's rank for step, QUEUED, its capture job set
+ * (not queued), counted in flight; NULL without memory. It joins its
+ * checkpoint next (cp_join).
  */
-typedef void (*save_observer_fn)(struct agent *a, struct save *s, int state);
-
+struct save *save_new(struct agent *a, struct plan *p, int64_t step);
+/* save_rpc.c: a save admitted, or parked for its run's plan set; GetSave. */
 void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Under mu: a checked SaveRequest admitted (or refused) and answered; m freed. */
 void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m);
 void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Under mu: moves s to `state` (monotonic), then tells its observers (save_observer_fn). */
+/*
+ * Under mu: moves s to `state` (monotonic), then publishes it (hub_save:
+ * each subscriber hears it once s is there, its t_* set, and changes
+ * nothing of the save).
+ */
 void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
+/* Under mu (a hub_save_fn): the log hears of saves that end other than committed. */
+void save_log(struct agent *a, struct save *s, int state);
+/*
+ * Under mu (a hub_ckpt_fn): a step uploaded to the tier, or given up: this
+ * node's COMMITTED saves of it are UPLOADED, or say why not.
+ */
+void save_on_ckpt(struct agent *a, const struct hub_ckpt *c);
 /*
  * Under mu: a COMMITTED save will not be UPLOADED (upload.c gave it up): the
  * trainer (waiting for UPLOADED) and watchers hear why; its state stays.
@@ -702,7 +777,7 @@ void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_show_detail(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Under mu (save_observer_fn): sends a save's new state to the watchers of its job. */
+/* Under mu (a hub_save_fn): sends a save's new state to the watchers of its job. */
 void watchers_on_save(struct agent *a, struct save *s, int state);
 /* Under mu: sends watchers the bytes moved by every save in flight (progress = true). */
 void watchers_progress(struct agent *a);
@@ -724,6 +799,12 @@ int gc_remove(struct agent *a, const struct cat_entry *e, char *err);
 void gc_queue(struct agent *a, const char *job);
 /* Under mu: another node committed one: the catalog of job is brought up to date (maint). */
 void gc_queue_sync(struct agent *a, const char *job);
+/*
+ * Under mu (a hub_ckpt_fn): a step committed, retention applied (gc_queue)
+ * where this node put its manifest, else the catalog brought up to date
+ * (gc_queue_sync): the node that committed applies it, the others look.
+ */
+void gc_on_ckpt(struct agent *a, const struct hub_ckpt *c);
 void rpc_gc(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_pin(struct rpc *c, ProtobufCMessage *req, void *ctx);
 

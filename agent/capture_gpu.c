@@ -133,14 +133,12 @@ static void push_capture(struct agent *a, struct save *s)
 	workq_push(a->capture, &s->work);
 }
 
-/* Under mu: a CUDA plan's capture has returned; the next of the plan's may run. */
+/* Under mu: a CUDA plan's capture has returned (s, its fence moved); the next may run. */
 void capture_next(struct agent *a, struct save *s)
 {
 	struct plan_gpu *g = s->plan->gpu;
 	struct save *n = g->next_capture;
 
-	s->capturing = false;
-	save_fence_release(s);
 	if (!n) {
 		g->capturing = false;
 		return;

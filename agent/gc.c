@@ -310,6 +310,16 @@ out:
 	free(op);
 }
 
+void gc_on_ckpt(struct agent *a, const struct hub_ckpt *c)
+{
+	if (c->state != CKPT__V1__STATE__STATE_COMMITTED)
+		return;
+	if (c->wrote)
+		gc_queue(a, c->job);
+	else
+		gc_queue_sync(a, c->job);
+}
+
 void gc_queue(struct agent *a, const char *job)
 {
 	struct gc_op *op = gc_op_new(a, NULL, job, gc_run);

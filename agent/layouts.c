@@ -4,7 +4,7 @@
  *
  * On the commit thread, after this node's plans file is published, while
  * a run's plan set is not complete (a poll: every 200 ms, then every
- * second) and as a step of the job ends (commit.c says when), where the
+ * second) and as a step of the job ends (checkpoint.c says when), where the
  * job's plans generation (one small object every publisher renews after
  * its file) moved since the last look:
  *
@@ -36,12 +36,10 @@
  * per plan set and kept until the set changes; saves admitted from then on
  * use it.
  *
- * A run's first save waits for the set: where a plan that may hold
- * replicas has no complete set yet, rpc_save parks the save (nothing of it
- * is made; its trainer waits for the reply) until the set is complete, its
- * plan is gone or --plans-wait has passed; then it is admitted as if it
- * came then. A save that waited in vain writes every replica it holds,
- * says so, and the plan's next saves do not wait.
+ * A run's first save waits for the set (park.c: at most --plans-wait;
+ * layouts_plan_waits says which plans wait). A save that waited in vain
+ * writes every replica it holds, says so, and the plan's next saves do
+ * not wait.
  *
  * The plan set is named by its content (every rank's tensors signature,
  * and its node), so equal files on two nodes give equal assignments. Two
@@ -66,11 +64,6 @@
  *   generation its node read before the summaries, and is written after
  *   the shares of its set: a mark of the generation a reader just read
  *   says the set as it is, and the reader's share of it is there.
- * - A parked save is answered exactly once: admitted or refused by
- *   save_admit, at the latest --plans-wait on (the tick), or at a stop.
- *   --plans-wait is at most 30 s, half libckpt's call timeout; a call whose
- *   deadline passed meanwhile is refused, never admitted (its trainer went
- *   on, and its memory changes).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -84,15 +77,6 @@
 #include "agent.h"
 #include "assign.h"
 #include "shares.h"
-
-void layout_put(struct shard_layout *l)
-{
-	if (--l->refs)
-		return;
-	free(l->t);
-	free(l->header);
-	free(l);
-}
 
 /* Every node's plans of (job, run): the files read, their ranks as assign's input. */
 struct plan_set {
@@ -694,7 +678,6 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 	share_free(sh);
 	pthread_mutex_lock(&a->mu);
 	relook(a, job, run, true, 0);
-	layouts_unpark(a, false); /* saves waiting for this set */
 	pthread_mutex_unlock(&a->mu);
 	return true;
 }
@@ -820,34 +803,17 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 	ok = look(a, job, run, world, gen, r0) && gen;
 	pthread_mutex_lock(&a->mu);
 	relook(a, job, run, ok, ipc_mono_ns() - t0);
-	layouts_unpark(a, false); /* saves waiting for this set */
 	pthread_mutex_unlock(&a->mu);
 }
 
-/* ---- a run's first save, parked until its plan set is complete --------- */
-
-struct parked {
-	struct list link; /* agent->parked */
-	struct rpc *c;
-	ProtobufCMessage *m; /* the SaveRequest, checked */
-	uint64_t plan_id;
-	int64_t since, until; /* monotonic ns */
-};
-
-/* --plans-wait, at most half the commit deadline: the step must still fit in it. */
-static unsigned plans_wait_s(const struct agent *a)
-{
-	const unsigned half = a->cfg.commit_deadline_s / 2;
-
-	return a->cfg.plans_wait_s < half ? a->cfg.plans_wait_s : half;
-}
+/* ---- whether a plan waits for its set --------------------------------- */
 
 /*
  * Under mu: whether p's run has no complete plan set yet, and p holds a
  * tensor that may have replicas (one with a global offset: a tensor
  * without is its rank's alone).
  */
-static bool plan_waits(const struct plan *p)
+bool layouts_plan_waits(const struct plan *p)
 {
 	if (p->dropped || p->world < 2 || p->copies >= (unsigned)p->world || p->dedup_key)
 		return false;
@@ -874,98 +840,8 @@ bool layouts_waiting(struct agent *a, const char *job, const char *run)
 	{
 		const struct plan *p = container_of(pos, struct plan, link);
 
-		if (strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 && plan_waits(p))
+		if (strcmp(p->job, job) == 0 && strcmp(p->run, run) == 0 && layouts_plan_waits(p))
 			return true;
 	}
 	return false;
-}
-
-bool layouts_park(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m)
-{
-	const int64_t now = ipc_mono_ns();
-	const unsigned wait = plans_wait_s(a);
-	struct parked *pk;
-
-	if (!wait || p->set_waited || !plan_waits(p))
-		return false;
-	pk = calloc(1, sizeof(*pk));
-	if (!pk)
-		return false; /* then it writes all it holds */
-	pk->c = c;
-	pk->m = m;
-	pk->plan_id = p->id;
-	pk->since = now;
-	pk->until = now + (int64_t)wait * 1000000000;
-	list_add_tail(&a->parked, &pk->link);
-	if (p->set_ranks < 0)
-		log_msg(
-		    LOG_INFO,
-		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
-		    "%s (as rank 0's node finds them; at most %u s)",
-		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run, wait);
-	else
-		log_msg(
-		    LOG_INFO,
-		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
-		    "%s (%d of %d known; at most %u s)",
-		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run,
-		    p->set_ranks, p->world, wait);
-	plans_publish(a, p->job, p->run); /* and look at the root until they are there */
-	return true;
-}
-
-/* Under mu: what a parked save of p's did, said as it goes on. */
-static void unpark_say(struct agent *a, struct plan *p, const struct parked *pk, int64_t now)
-{
-	const long long step = (long long)((Ckpt__V1__SaveRequest *)pk->m)->step;
-	char known[64];
-
-	if (!plan_waits(p)) {
-		log_msg(LOG_INFO,
-		        "job %s rank %d: save of step %lld waited %.3f s for the plans of every "
-		        "rank of run %s",
-		        p->job, p->rank, step, (double)(now - pk->since) / 1e9, p->run);
-		return;
-	}
-	p->set_waited = true;
-	if (p->set_ranks < 0)
-		snprintf(known, sizeof(known), "rank 0's node has not said them yet");
-	else
-		snprintf(known, sizeof(known), "%d of the %d ranks are known", p->set_ranks,
-		         p->world);
-	log_msg(LOG_WARNING,
-	        "job %s rank %d: save of step %lld waited %u s (--plans-wait) for the plans of "
-	        "every rank of run %s, and %s: it writes every replica it holds, and the next "
-	        "saves do not wait (is a node of the job not started, or its trainers not yet "
-	        "planned?)",
-	        p->job, p->rank, step, plans_wait_s(a), p->run, known);
-}
-
-void layouts_unpark(struct agent *a, bool all)
-{
-	const int64_t now = ipc_mono_ns();
-	struct list *pos, *tmp;
-
-	list_for_each_safe(pos, tmp, &a->parked)
-	{
-		struct parked *pk = container_of(pos, struct parked, link);
-		struct plan *p = plan_find(a, pk->plan_id);
-		bool live = p && !p->dropped;
-
-		if (!all && live && plan_waits(p) && now < pk->until)
-			continue;
-		list_del(&pk->link);
-		if (live && !all) /* all: the agent stops, and refuses it */
-			unpark_say(a, p, pk, now);
-		if (rpc_deadline_passed(pk->c)) { /* its trainer went on: its memory changes */
-			rpc_fail(
-			    pk->c, -ETIMEDOUT,
-			    "save: the call's deadline passed while it waited for the plans of "
-			    "every rank (--plans-wait): not saved");
-			protobuf_c_message_free_unpacked(pk->m, NULL);
-		} else {
-			save_admit(a, pk->c, pk->m); /* a plan gone, a stop: refused there */
-		}
-		free(pk);
-	}
 }

@@ -1,6 +1,6 @@
 /*
  * GET /metrics (metrics.h): histograms of save durations, observed as saves
- * change state (metrics_on_save, one of save_set_state's observers, under
+ * change state (metrics_on_save, a subscriber of the hub's save event, under
  * agent.mu; the restore worker calls metrics_on_restore), and at scrape
  * time the agent's counters: the I/O engine's (atomics), the pool's (its
  * mutex) and, under agent.mu for a few loads, saves by final state, saves in

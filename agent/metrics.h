@@ -24,7 +24,7 @@ struct save;
 int metrics_create(struct agent *a, const char *listen, struct metrics **out, char *err);
 /* Stops serving (waits for a scrape in progress). NULL is fine. */
 void metrics_destroy(struct metrics *m);
-/* Under agent.mu (save_observer_fn): s has just reached `state` (its t_* are set). */
+/* Under agent.mu (a hub_save_fn): s has just reached `state` (its t_* are set). */
 void metrics_on_save(struct agent *a, struct save *s, int state);
 /*
  * A step's commit ended: latency_ns (>= 0) when this node wrote the

@@ -3,8 +3,8 @@
  * (show is show.c's). Status and watch answer from memory on the control
  * thread; list and delete touch the disk, on the maint thread (list: the
  * catalog following the root first; both in order with GC and pins). Watchers
- * get every state change (watchers_on_save, one of save_set_state's
- * observers) and, once a second (the agent's tick), the bytes moved by each
+ * get every state change (watchers_on_save, a subscriber of the hub's save
+ * and save note events) and, once a second (the agent's tick), the bytes moved by each
  * save in flight, for progress bars and rates.
  */
 #include <errno.h>

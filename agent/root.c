@@ -142,7 +142,6 @@ static void sync_run(struct work *wk)
 {
 	struct root_watch *w = container_of(wk, struct root_watch, sync);
 	struct agent *a = w->a;
-	struct list *pos;
 	char **jobs;
 	size_t n;
 
@@ -156,15 +155,9 @@ static void sync_run(struct work *wk)
 		free(jobs[i]);
 	}
 	free(jobs);
-	/* What a root made anew lacks: this node's plans files (written if they differ). */
+	/* what a root made anew lacks: this node's plans files (publish.c) */
 	pthread_mutex_lock(&a->mu);
-	list_for_each(pos, &a->plans)
-	{
-		struct plan *p = container_of(pos, struct plan, link);
-
-		if (!p->dropped)
-			plans_publish(a, p->job, p->run);
-	}
+	hub_root_back(&a->hub, a);
 	pthread_mutex_unlock(&a->mu);
 	owners_follow(a);
 }

@@ -34,20 +34,6 @@ struct session *session_find(struct agent *a, uint64_t id)
 	return NULL;
 }
 
-struct region *region_find(struct session *s, uint64_t id)
-{
-	struct list *pos;
-
-	list_for_each(pos, &s->regions)
-	{
-		struct region *r = container_of(pos, struct region, link);
-
-		if (r->id == id)
-			return r;
-	}
-	return NULL;
-}
-
 /* Under mu: a region leaves its session (plans using it keep it mapped). */
 static void region_unregister(struct agent *a, struct region *r)
 {
@@ -56,14 +42,6 @@ static void region_unregister(struct agent *a, struct region *r)
 	usage_release(a, r->uid, USE_REGIONS, 1);
 	usage_release(a, r->uid, USE_REGION_BYTES, r->shm.size);
 	region_put(r);
-}
-
-void region_put(struct region *r)
-{
-	if (--r->refs)
-		return;
-	ipc_shm_unmap(&r->shm);
-	free(r);
 }
 
 static unsigned count(const struct list *l)

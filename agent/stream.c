@@ -135,13 +135,7 @@ static void pipeline_end(struct save *s, bool durable, const char *failure)
 	XXH3_freeState(s->xs);
 	s->xs = NULL;
 	pthread_mutex_lock(&a->mu);
-	if (failure) {
-		save_fail(a, s, failure);
-	} else if (durable && s->state == CKPT__V1__STATE__STATE_CAPTURED) {
-		save_set_state(a, s, CKPT__V1__STATE__STATE_DURABLE, NULL);
-		cp_rank_durable(a, s->cp);
-	}
-	cp_rank_stopped(a, s->cp);
+	s->ended(a, s, durable, failure); /* whoever started it goes on from there */
 	pthread_mutex_unlock(&a->mu);
 }
 

@@ -56,7 +56,7 @@ void stream_stage_done(struct save *s);
 int capture_gpu(struct save *s, char *why, int64_t *t2);
 /* Under mu: queues s's capture job; a CUDA plan's waits for the plan's earlier ones. */
 void capture_queue(struct agent *a, struct save *s);
-/* Under mu: a CUDA plan's capture has returned; the plan's next one is queued. */
+/* Under mu: a CUDA plan's capture has returned, its fence moved; the plan's next one is queued. */
 void capture_next(struct agent *a, struct save *s);
 
 /* ---- the restore/verify reader (stream_read.c) ------------------------ */

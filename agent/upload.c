@@ -345,25 +345,14 @@ out:
 }
 
 /*
- * Under mu: this node's saves of (job, step) are UPLOADED, or (why) will
- * not be.
+ * Under mu: (job, step) is UPLOADED, or (why) will not be: said to whoever
+ * listens (this node's saves of it, save.c).
  */
 static void uploaded(struct agent *a, const char *job, int64_t step, const char *why)
 {
-	struct list *pos;
+	struct hub_ckpt c = {job, NULL, step, CKPT__V1__STATE__STATE_UPLOADED, false, why};
 
-	list_for_each(pos, &a->saves)
-	{
-		struct save *s = container_of(pos, struct save, link);
-
-		if (s->step != step || strcmp(s->job, job) != 0 ||
-		    s->state != CKPT__V1__STATE__STATE_COMMITTED)
-			continue;
-		if (why)
-			save_upload_failed(a, s, why);
-		else
-			save_set_state(a, s, CKPT__V1__STATE__STATE_UPLOADED, NULL);
-	}
+	hub_ckpt(&a->hub, a, &c);
 }
 
 /*
@@ -575,10 +564,10 @@ void up_run(struct work *w)
 		forget(u, job, step);
 }
 
-void upload_queue(struct uploader *u, const char *job, int64_t step)
+void upload_on_ckpt(struct agent *a, const struct hub_ckpt *c)
 {
-	if (u)
-		up_queue(u, job, step);
+	if (a->up && c->state == CKPT__V1__STATE__STATE_COMMITTED)
+		up_queue(a->up, c->job, c->step);
 }
 
 void upload_resume(struct uploader *u)

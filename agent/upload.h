@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 struct agent;
+struct hub_ckpt;
 struct storage;
 struct uploader;
 
@@ -56,8 +57,11 @@ int upload_create(struct agent *a, struct storage *tier, struct uploader **out, 
 void upload_stop(struct uploader *u);
 /* upload_stop, then the tier goes. NULL is fine. */
 void upload_destroy(struct uploader *u);
-/* Under agent.mu: (job, step) was committed on the root: upload this node's part of it. */
-void upload_queue(struct uploader *u, const char *job, int64_t step);
+/*
+ * Under agent.mu (a hub_ckpt_fn): a step committed on the root is queued,
+ * to upload this node's part of it.
+ */
+void upload_on_ckpt(struct agent *a, const struct hub_ckpt *c);
 /*
  * At start, after the catalog is loaded: queues the resume, which queues
  * (on the upload thread, newest first) each committed step of the root that

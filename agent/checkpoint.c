@@ -8,12 +8,12 @@
  * part was never written, its shard files go (nothing can name them), else
  * they stay for a commit that may still use them.
  *
- * Also here: each job's plans file (plans_publish, on the commit thread)
- * and `ckptctl commit --finish` (rpc_commit).
+ * Each job's plans file is publish.c's, `ckptctl commit --finish`
+ * checkpoint_rpc.c's.
  *
- * cp_* and plans_publish run under agent.mu on whatever thread;
- * commit_work, cleanup_run, publish_run and finish_run are the commit
- * thread's jobs, and only they touch the committer and cp->commit.
+ * cp_* run under agent.mu on whatever thread; commit_work and cleanup_run
+ * are the commit thread's jobs, and only the commit thread's jobs touch
+ * the committer and cp->commit.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -300,243 +300,58 @@ void cp_rank_stopped(struct agent *a, struct checkpoint *cp)
 		cp_release(a, cp);
 }
 
-/* ---- plans files -------------------------------------------------------- */
-
-/* A job whose plans file is to be written: at most one job queued per job. */
-struct plans_pub {
-	struct list link; /* agent->pubs */
-	struct agent *a;
-	struct work work;
-	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
-	bool again; /* changed since it was last written: written at the next run */
-	bool polled; /* it ran once: a run after is a look at the others' plans alone */
-	int64_t wait_since; /* waiting for the run's plan set to be complete since (0: not) */
-	int64_t retry_ns; /* its last put failed: tried again after this (0: it did not) */
-};
-
-/* While a run's plan set is not complete, the root is looked at this often (layouts.c). */
-#define PLANS_POLL_FAST_NS 200000000LL /* for its first PLANS_POLL_FAST_FOR_NS */
-#define PLANS_POLL_FAST_FOR_NS 10000000000LL
-#define PLANS_POLL_NS 1000000000LL /* then, up to --commit-deadline */
-
-static int cmp_rank(const void *x, const void *y)
+/* Under mu (save.tell): what a save of cp's tells it. */
+static void cp_on_rank(struct agent *a, struct save *s, enum save_news what, const char *why)
 {
-	return ((const struct plans_rank *)x)->rank - ((const struct plans_rank *)y)->rank;
+	switch (what) {
+	case SAVE_NEWS_FAILED:
+		cp_fail(a, s->cp, why);
+		break;
+	case SAVE_NEWS_SKIPPED:
+		cp_fail(a, s->cp, "a rank was SKIPPED (staging pool full)");
+		break;
+	case SAVE_NEWS_DURABLE:
+		cp_rank_durable(a, s->cp);
+		break;
+	case SAVE_NEWS_STOPPED:
+		cp_rank_stopped(a, s->cp);
+		break;
+	}
 }
 
-static int plans_tensor(struct manifest_tensor *mt, const struct plan_tensor *t, int rank)
+void cp_join(struct agent *a, struct checkpoint *cp, struct save *s)
 {
-	mt->name = strdup(t->name);
-	mt->chunks = calloc(1, sizeof(*mt->chunks));
-	if (!mt->name || !mt->chunks)
-		return -ENOMEM;
-	mt->dtype = t->dtype;
-	mt->ndim = t->ndim;
-	mt->sharded = t->sharded;
-	mt->nchunks = 1;
-	memcpy(mt->global_shape, t->global_shape, sizeof(mt->global_shape));
-	mt->chunks[0].rank = rank;
-	memcpy(mt->chunks[0].shape, t->shape, sizeof(mt->chunks[0].shape));
-	memcpy(mt->chunks[0].global_offset, t->global_offset, sizeof(mt->chunks[0].global_offset));
-	return 0;
+	(void)a;
+	s->cp = cp;
+	s->tell = cp_on_rank;
+	cp->rank[s->rank] = s;
+	cp->nsaved++;
 }
 
-int plan_holds(const struct plan *p, struct manifest_tensor **v, size_t *n)
+void cp_on_plan(struct agent *a, struct plan *p, bool dropped)
 {
-	*n = 0;
-	*v = calloc(p->n + 1, sizeof(**v));
-	if (!*v)
-		return -ENOMEM;
-	for (size_t i = 0; i < p->n; i++)
-		if (plans_tensor(&(*v)[(*n)++], &p->t[i], p->rank))
-			return -ENOMEM; /* freed with its owner, half made */
-	return 0;
-}
-
-/* Under mu: this node's live plans of (job, run), as its plans file. -ENOENT: none. */
-static int plans_snapshot(struct agent *a, const char *job, const char *run,
-                          struct plans_file **out)
-{
-	struct plans_file *f = calloc(1, sizeof(*f));
 	struct list *pos;
-	size_t n = 0;
-	int rc = 0;
+	bool aborted = false;
 
-	*out = NULL;
-	if (!f)
-		return -ENOMEM;
-	list_for_each(pos, &a->plans) n++;
-	f->version = PLANS_VERSION;
-	f->writes_once = true; /* layouts.c */
-	f->job = strdup(job);
-	f->node = strdup(a->cfg.node);
-	f->run = strdup(run);
-	f->ranks = calloc(n + 1, sizeof(*f->ranks));
-	if (!f->job || !f->node || !f->run || !f->ranks)
-		rc = -ENOMEM;
-	list_for_each(pos, &a->plans)
+	if (!dropped)
+		return;
+	/* Saves not yet CAPTURED lose their source: abort them. Later ones go on. */
+	list_for_each(pos, &a->saves)
 	{
-		const struct plan *p = container_of(pos, struct plan, link);
-		struct plans_rank *k;
+		struct save *s = container_of(pos, struct save, link);
 
-		if (rc || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
-			continue;
-		f->world = p->world;
-		k = &f->ranks[f->nranks++];
-		k->rank = p->rank;
-		k->copies = p->copies;
-		if ((rc = plan_holds(p, &k->tensors, &k->ntensors)))
-			break;
-	}
-	if (!rc && f->nranks == 0)
-		rc = -ENOENT;
-	if (rc) {
-		plans_free(f);
-		return rc;
-	}
-	qsort(f->ranks, f->nranks, sizeof(*f->ranks), cmp_rank);
-	*out = f;
-	return 0;
-}
-
-/*
- * Whether another node has published plans for job (a listing: discovery
- * only, for a warning). False when the listing fails.
- */
-static bool other_nodes(struct agent *a, const char *job)
-{
-	char **names = NULL, err[IPC_ERRLEN];
-	size_t n = 0;
-	bool other = false;
-
-	if (store_list_nodes(a->store, job, &names, &n, err))
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		other = other || strcmp(names[i], a->cfg.node) != 0;
-		free(names[i]);
-	}
-	free(names);
-	return other;
-}
-
-/* Commit thread: the plans file of (job, run), written if it changed. */
-static int publish(struct agent *a, const char *job, const char *run, char *err)
-{
-	struct plans_file *f = NULL;
-	bool written = false;
-	int rc;
-
-	pthread_mutex_lock(&a->mu);
-	rc = plans_snapshot(a, job, run, &f);
-	pthread_mutex_unlock(&a->mu);
-	if (rc == -ENOENT)
-		return 0; /* no plan of that run here any more */
-	if (rc)
-		return ipc_errf(err, rc, "out of memory");
-	rc = store_put_plans(a->store, f, &written, err);
-	if (!rc && written)
-		log_msg(LOG_INFO,
-		        "job %s: plans of node %s published (run %s, %zu ranks, digest %s)", job,
-		        a->cfg.node, run, f->nranks, f->digest);
-	/*
-	 * The default run on many nodes: a restart under it fences nothing out.
-	 * (Fewer ranks than the world alone may be ranks still arriving here.)
-	 */
-	if (!rc && written && strcmp(run, IPC_DEFAULT_RUN) == 0 && f->nranks < (size_t)f->world &&
-	    other_nodes(a, job))
-		log_msg(LOG_WARNING,
-		        "job %s spans several nodes under the default run '%s': parts of a "
-		        "restarted job's dead incarnation could join its checkpoints; give each "
-		        "start its own CKPT_RUN (torchrun: $TORCHELASTIC_RUN_ID-"
-		        "$TORCHELASTIC_RESTART_COUNT)",
-		        job, run);
-	plans_free(f);
-	return rc;
-}
-
-/* A plans file that could not be put is tried again after this, doubled up to the poll's. */
-#define PLANS_RETRY_NS 1000000000LL
-#define PLANS_RETRY_MAX_NS 30000000000LL
-
-static void publish_run(struct work *w)
-{
-	struct plans_pub *pub = container_of(w, struct plans_pub, work);
-	struct agent *a = pub->a;
-	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1], err[IPC_ERRLEN];
-	const int64_t deadline = (int64_t)a->cfg.commit_deadline_s * 1000000000;
-	int64_t now;
-	bool put, ok = true;
-
-	pthread_mutex_lock(&a->mu);
-	put = pub->again || pub->retry_ns || !pub->polled; /* else a look at the others' alone */
-	pub->again = false;
-	snprintf(job, sizeof(job), "%s", pub->job);
-	snprintf(run, sizeof(run), "%s", pub->run);
-	pthread_mutex_unlock(&a->mu);
-	if (put && (ok = publish(a, job, run, err) == 0) == false)
-		log_msg(LOG_WARNING, "job %s: cannot publish this node's plans (tried again): %s",
-		        job, err);
-	if (ok) /* who writes which replica, as the plans say now */
-		layouts_refresh(a, job, run, false);
-	pthread_mutex_lock(&a->mu);
-	now = ipc_mono_ns();
-	pub->polled = true;
-	pub->retry_ns = ok ? 0 : pub->retry_ns ? pub->retry_ns * 2 : PLANS_RETRY_NS;
-	pub->retry_ns = pub->retry_ns > PLANS_RETRY_MAX_NS ? PLANS_RETRY_MAX_NS : pub->retry_ns;
-	if (ok && !layouts_waiting(a, job, run))
-		pub->wait_since = 0;
-	if (pub->again) {
-		workq_push(a->commit, &pub->work);
-	} else if (a->stopping) {
-		list_del(&pub->link);
-		free(pub);
-	} else if (!ok) {
-		workq_push_at(a->commit, &pub->work, now + pub->retry_ns);
-	} else if (layouts_waiting(a, job, run) &&
-	           (!pub->wait_since || now - pub->wait_since < deadline)) {
-		/* the other nodes' plans are not all there: look again soon */
-		pub->wait_since = pub->wait_since ? pub->wait_since : now;
-		workq_push_at(a->commit, &pub->work,
-		              now + (now - pub->wait_since < PLANS_POLL_FAST_FOR_NS
-		                         ? PLANS_POLL_FAST_NS
-		                         : PLANS_POLL_NS));
-	} else if (layouts_rank0(a, job, run)) {
-		/* rank 0's node: the set mark follows the other nodes' plans as they change */
-		workq_push_at(a->commit, &pub->work, now + PLANS_POLL_NS);
-	} else {
-		list_del(&pub->link);
-		free(pub);
-	}
-	pthread_mutex_unlock(&a->mu);
-}
-
-void plans_publish(struct agent *a, const char *job, const char *run)
-{
-	struct plans_pub *pub;
-	struct list *pos;
-
-	list_for_each(pos, &a->pubs)
-	{
-		pub = container_of(pos, struct plans_pub, link);
-		if (strcmp(pub->job, job) == 0) {
-			snprintf(pub->run, sizeof(pub->run), "%s", run); /* the newest plan's */
-			pub->again = true;
-			/* a poll waiting for its time (or a failed put's back-off) runs now */
-			workq_hurry(a->commit, &pub->work);
-			return;
+		if (s->plan == p && s->state == CKPT__V1__STATE__STATE_QUEUED) {
+			atomic_store(&s->abort, true);
+			cp_fail(
+			    a, s->cp,
+			    "the plan was dropped (trainer gone?) before its save was CAPTURED");
+			aborted = true;
 		}
 	}
-	pub = calloc(1, sizeof(*pub));
-	if (!pub) {
-		log_msg(LOG_ERR, "job %s: out of memory publishing plans", job);
-		return;
-	}
-	pub->a = a;
-	snprintf(pub->job, sizeof(pub->job), "%s", job);
-	snprintf(pub->run, sizeof(pub->run), "%s", run);
-	pub->work.fn = publish_run;
-	list_add_tail(&a->pubs, &pub->link);
-	workq_push(a->commit, &pub->work);
+	if (aborted)
+		pool_wake(a->pool);
+	/* Steps other ranks saved that this one had not: they can never commit now. */
+	cp_rank_gone(a, p->job, p->run, p->rank);
 }
 
 /* ---- this node's part ---------------------------------------------------- */
@@ -568,7 +383,7 @@ static int part_rank_of(struct part_rank *k, const struct save *s)
 		struct manifest_tensor *mt =
 		    &k->tensors[k->ntensors++]; /* freed with k, half made */
 
-		if (plans_tensor(mt, &l->t[i], p->rank))
+		if (plan_tensor_entry(mt, &l->t[i], p->rank))
 			return -ENOMEM;
 		mt->chunks[0].begin = l->t[i].begin;
 		mt->chunks[0].end = l->t[i].end;
@@ -624,7 +439,7 @@ static int start_commit(struct agent *a, struct checkpoint *cp, struct save **v,
 	int rc;
 
 	/* Before the part: the other nodes learn from it which ranks to expect here. */
-	rc = publish(a, cp->job, cp->run, err);
+	rc = plans_put(a, cp->job, cp->run, err);
 	if (rc)
 		return ipc_errf(why, rc, "publishing this node's plans: %s", err);
 	/* A damaged step this save replaces: uncommitted first, or its manifest stands */
@@ -719,12 +534,10 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 		log_msg(LOG_WARNING, "job %s step %lld: %s", cp->job, (long long)cp->step,
 		        r->reason);
 	supersede(a, cp);
-	upload_queue(a->up, cp->job, cp->step); /* the upload tier's copy (upload.c) */
-	/* Retention: the node that committed applies it (maint thread); the others look. */
-	if (r->wrote)
-		gc_queue(a, cp->job);
-	else
-		gc_queue_sync(a, cp->job);
+	/* the upload tier's copy (upload.c), retention (gc.c) */
+	hub_ckpt(&a->hub, a,
+	         &(struct hub_ckpt){cp->job, cp->run, cp->step, CKPT__V1__STATE__STATE_COMMITTED,
+	                            r->wrote, NULL});
 }
 
 /* Under mu: what the last poll saw, for list, status and watch. */
@@ -876,8 +689,12 @@ static void step_end_layouts(struct agent *a, const char *job, const char *run, 
 	} else {
 		now = !*early;
 	}
-	if (now)
-		layouts_refresh(a, job, run, failed);
+	if (!now)
+		return;
+	layouts_refresh(a, job, run, failed);
+	pthread_mutex_lock(&a->mu);
+	park_release(a, false); /* saves waiting for this set */
+	pthread_mutex_unlock(&a->mu);
 }
 
 static void commit_work(struct work *w)
@@ -1000,97 +817,4 @@ static void cleanup_run(struct work *w)
 	cp->cleaned = true;
 	cp_release(a, cp);
 	pthread_mutex_unlock(&a->mu);
-}
-
-/* ---- by hand ------------------------------------------------------------ */
-
-struct finish_op {
-	struct work work;
-	struct agent *a;
-	struct rpc *call;
-	char job[IPC_MAX_JOB + 1];
-	int64_t step;
-};
-
-char **parts_text(const struct manifest *m)
-{
-	char **v = calloc(m->nparts + 1, sizeof(*v)), text[IPC_MAX_JOB + 160];
-
-	for (size_t i = 0; v && i < m->nparts; i++) {
-		part_node_text(m->parts[i].node, m->parts[i].ranks, m->parts[i].nranks, text,
-		               sizeof(text));
-		v[i] = strdup(text);
-	}
-	return v;
-}
-
-static void finish_run(struct work *w)
-{
-	struct finish_op *op = container_of(w, struct finish_op, work);
-	Ckpt__V1__CommitReply rep = CKPT__V1__COMMIT_REPLY__INIT;
-	struct agent *a = op->a;
-	struct commit_result r;
-	char err[IPC_ERRLEN], **parts;
-	struct cat_entry ce;
-	bool already;
-	int rc;
-
-	rc = commit_finish(a->cm, op->job, op->step, &r, &already, err);
-	if (rc) {
-		rpc_fail(op->call, rc, "commit --finish: %s", err);
-		goto out;
-	}
-	catalog_entry_from_manifest(r.manifest, &ce);
-	pthread_mutex_lock(&a->mu);
-	if (!catalog_find(a->cat, op->job, op->step))
-		catalog_add(a->cat, &ce);
-	pthread_mutex_unlock(&a->mu);
-	log_msg(LOG_NOTICE, "commit --finish of job %s step %lld: %s", op->job, (long long)op->step,
-	        already ? "already committed" : "committed");
-	parts = parts_text(r.manifest);
-	rep.already = already;
-	rep.run = r.manifest->run;
-	rep.world = r.manifest->world;
-	rep.bytes = r.manifest->bytes;
-	rep.n_parts = parts ? r.manifest->nparts : 0;
-	rep.parts = parts;
-	rpc_reply(op->call, &rep.base);
-	for (size_t i = 0; parts && i < r.manifest->nparts; i++)
-		free(parts[i]);
-	free(parts);
-out:
-	commit_result_free(&r);
-	free(op);
-}
-
-void rpc_commit(struct rpc *c, ProtobufCMessage *m, void *ctx)
-{
-	Ckpt__V1__CommitRequest *req = (Ckpt__V1__CommitRequest *)m;
-	struct agent *a = ctx;
-	struct finish_op *op;
-	char err[IPC_ERRLEN];
-	int rc;
-
-	rc = ipc_check_job(req->job, err);
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc) {
-		rpc_fail(c, rc, "commit: %s", err);
-		goto out;
-	}
-	if (!access_check(a, c, "commit", req->job, ACCESS_OWN))
-		goto out;
-	op = calloc(1, sizeof(*op));
-	if (!op) {
-		rpc_fail(c, -ENOMEM, "commit: out of memory");
-		goto out;
-	}
-	op->a = a;
-	op->call = c;
-	snprintf(op->job, sizeof(op->job), "%s", req->job);
-	op->step = req->step;
-	op->work.fn = finish_run;
-	workq_push(a->commit, &op->work); /* the committer is the commit thread's */
-out:
-	protobuf_c_message_free_unpacked(m, NULL);
 }
