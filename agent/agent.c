@@ -314,6 +314,41 @@ static int lock_socket(struct agent *a, char *err)
 	return 0;
 }
 
+/* The copier's helpers and the work queues. */
+static int start_workers(struct agent *a, char *err)
+{
+	const struct agent_config *cfg = &a->cfg;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned helpers = cfg->copy_threads >= 0 ? (unsigned)cfg->copy_threads
+	                                          : (unsigned)(cpus > 1 ? cpus - 1 : 0);
+	int rc = copier_create(helpers, &a->copier, err);
+
+	/*
+	 * A capture of GPU memory mostly waits for its copies: one worker per
+	 * GPU at least. capture_threads copy at once; a capture or restore
+	 * waiting for its chunks or the disk lets another start (several saves
+	 * stream side by side), up to CAPTURE_MAX workers.
+	 */
+	if (!rc)
+		rc = workq_create_elastic("ckpt-capture",
+		                          cfg->capture_threads > gpu_count(a->gpu)
+		                              ? cfg->capture_threads
+		                              : gpu_count(a->gpu),
+		                          CAPTURE_MAX, &a->capture, err);
+	if (!rc)
+		rc = workq_create("ckpt-commit", 1, &a->commit, err);
+	/* One thread for what changes the catalog: GC, deletes and pins keep their order. */
+	if (!rc)
+		rc = workq_create("ckpt-maint", 1, &a->maint, err);
+	/* Verifies and shows only read: a long verify holds up neither retention nor the others. */
+	if (!rc)
+		rc = workq_create("ckpt-read", AGENT_READERS, &a->readers, err);
+	/* Checksums at a lower priority: while a capture copies on every core, they wait. */
+	if (!rc)
+		rc = workq_create_nice("ckpt-hash", 1, 10, &a->hasher, err);
+	return rc;
+}
+
 /*
  * Who hears what changes (hub.h), in the order they are told: a save made
  * reaches the watchers; a save's state, the log, the metrics, its client's stream and the
@@ -384,36 +419,7 @@ int agent_start(const struct agent_config *cfg, struct agent **out, char *err)
 	rc = root_watch_start(a, err);
 	if (rc)
 		goto fail;
-	{
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-		unsigned helpers = cfg->copy_threads >= 0 ? (unsigned)cfg->copy_threads
-		                                          : (unsigned)(cpus > 1 ? cpus - 1 : 0);
-
-		rc = copier_create(helpers, &a->copier, err);
-		if (rc)
-			goto fail;
-	}
-	/* A capture of GPU memory mostly waits for its copies: one worker per GPU at least. */
-	/*
-	 * capture_threads copy at once; a capture or restore waiting for its
-	 * chunks or the disk lets another start (several saves stream side by
-	 * side), up to CAPTURE_MAX workers.
-	 */
-	rc = workq_create_elastic("ckpt-capture",
-	                          cfg->capture_threads > gpu_count(a->gpu) ? cfg->capture_threads
-	                                                                   : gpu_count(a->gpu),
-	                          CAPTURE_MAX, &a->capture, err);
-	if (!rc)
-		rc = workq_create("ckpt-commit", 1, &a->commit, err);
-	/* One thread for what changes the catalog: GC, deletes and pins keep their order. */
-	if (!rc)
-		rc = workq_create("ckpt-maint", 1, &a->maint, err);
-	/* Verifies and shows only read: a long verify holds up neither retention nor the others. */
-	if (!rc)
-		rc = workq_create("ckpt-read", AGENT_READERS, &a->readers, err);
-	/* Checksums at a lower priority: while a capture copies on every core, they wait. */
-	if (!rc)
-		rc = workq_create_nice("ckpt-hash", 1, 10, &a->hasher, err);
+	rc = start_workers(a, err);
 	if (rc)
 		goto fail;
 	memcpy(so.handlers, handlers, sizeof(handlers));

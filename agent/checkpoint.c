@@ -697,6 +697,91 @@ static void step_end_layouts(struct agent *a, const char *job, const char *run, 
 	pthread_mutex_unlock(&a->mu);
 }
 
+/*
+ * Commit thread: one turn of cp's commit: this node's part first, then a
+ * poll. False where it was rescheduled (restarted by a durable save).
+ */
+static bool commit_turn(struct agent *a, struct checkpoint *cp, struct commit_result *r,
+                        int64_t *next)
+{
+	struct save **v = NULL;
+	size_t n = 0;
+	int rc = 1;
+
+	pthread_mutex_lock(&a->mu);
+	if (cp->abort[0]) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "%s", cp->abort);
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (r->state == COMMIT_WAITING && !cp->commit)
+		rc = before_part(a, cp, &v, &n, r);
+	if (rc == 0) {
+		free(v);
+		return false;
+	}
+	if (r->state == COMMIT_WAITING) {
+		if (!cp->commit && start_commit(a, cp, v, n, r->reason))
+			r->state = COMMIT_FAILED;
+		else
+			commit_poll(cp->commit, ipc_mono_ns(), next, r);
+	}
+	free(v);
+	return true;
+}
+
+/* Under mu: a commit still waiting ends now where cp failed meanwhile or the agent stops. */
+static void stop_waiting(struct agent *a, const struct checkpoint *cp, struct commit_result *r)
+{
+	if (r->state == COMMIT_WAITING && cp->abort[0]) {
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason), "%s", cp->abort);
+	} else if (r->state == COMMIT_WAITING && a->stopping) {
+		/* waiting for other nodes is no reason to keep a stopping agent */
+		r->state = COMMIT_FAILED;
+		snprintf(r->reason, sizeof(r->reason),
+		         "the agent stopped before the step was committed (this node's part is in "
+		         "the root: another node may still commit it)");
+	}
+}
+
+/*
+ * Under mu: cp's commit ended (r): counted, its saves told, cp let go; this
+ * node's files no manifest names into *stale.
+ */
+static void commit_ended(struct agent *a, struct checkpoint *cp, const struct commit_result *r,
+                         char ***stale, size_t *nstale)
+{
+	cp->committing = false;
+	/* before the trainers are told: a scrape after COMMITTED counts this commit */
+	metrics_on_commit(a->metrics, r->wrote ? r->latency_ns : -1, r->missing_at_deadline);
+	if (r->state == COMMIT_COMMITTED && cp->state == CKPT__V1__STATE__STATE_QUEUED)
+		committed(a, cp, r, stale, nstale);
+	else if (r->state == COMMIT_FAILED)
+		cp_fail(a, cp, r->reason);
+	if (r->state == COMMIT_FAILED && r->visible) { /* not listed here as committed */
+		unsigned k = a->nunlisted++ % AGENT_UNLISTED;
+
+		snprintf(a->unlisted[k].job, sizeof(a->unlisted[k].job), "%s", cp->job);
+		a->unlisted[k].step = cp->step;
+	}
+	cp_release(a, cp);
+}
+
+/* Ours, and named by no manifest: the step is committed without them (freed). */
+static void unlink_stale(struct agent *a, const struct commit_result *r, char **stale, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char err[IPC_ERRLEN];
+
+		if (stale[i] && a->store->ops->shard_unlink(a->store, r->manifest->job,
+		                                            r->manifest->step, stale[i], err))
+			log_msg(LOG_WARNING, "%s", err);
+		free(stale[i]);
+	}
+	free(stale);
+}
+
 static void commit_work(struct work *w)
 {
 	struct checkpoint *cp = container_of(w, struct checkpoint, work);
@@ -704,31 +789,12 @@ static void commit_work(struct work *w)
 	struct commit_result r = {.state = COMMIT_WAITING};
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1];
 	bool early = false; /* the step's end looked at the plans before telling */
-	struct save **v = NULL;
 	char **stale = NULL;
-	size_t n = 0, nstale = 0;
+	size_t nstale = 0;
 	int64_t next = 0;
-	int rc = 1;
 
-	pthread_mutex_lock(&a->mu);
-	if (cp->abort[0]) {
-		r.state = COMMIT_FAILED;
-		snprintf(r.reason, sizeof(r.reason), "%s", cp->abort);
-	}
-	pthread_mutex_unlock(&a->mu);
-	if (r.state == COMMIT_WAITING && !cp->commit)
-		rc = before_part(a, cp, &v, &n, &r);
-	if (rc == 0) { /* rescheduled, or restarted by a durable save */
-		free(v);
+	if (!commit_turn(a, cp, &r, &next))
 		return;
-	}
-	if (r.state == COMMIT_WAITING) {
-		if (!cp->commit && start_commit(a, cp, v, n, r.reason))
-			r.state = COMMIT_FAILED;
-		else
-			commit_poll(cp->commit, ipc_mono_ns(), &next, &r);
-	}
-	free(v);
 	snprintf(job, sizeof(job), "%s", cp->job); /* cp may go before the layouts' look */
 	snprintf(run, sizeof(run), "%s", cp->run);
 	if (r.state != COMMIT_WAITING)
@@ -737,47 +803,16 @@ static void commit_work(struct work *w)
 	/* whether a manifest may name this node's files: then they stay */
 	cp->part_written = cp->commit && commit_part_written(cp->commit) && !r.superseded;
 	take_progress(cp, &r);
-	if (r.state == COMMIT_WAITING && cp->abort[0]) {
-		r.state = COMMIT_FAILED;
-		snprintf(r.reason, sizeof(r.reason), "%s", cp->abort);
-	} else if (r.state == COMMIT_WAITING && a->stopping) {
-		/* waiting for other nodes is no reason to keep a stopping agent */
-		r.state = COMMIT_FAILED;
-		snprintf(r.reason, sizeof(r.reason),
-		         "the agent stopped before the step was committed (this node's part is in "
-		         "the root: another node may still commit it)");
-	}
+	stop_waiting(a, cp, &r);
 	if (r.state == COMMIT_WAITING) {
 		workq_push_at(a->commit, &cp->work, next); /* still committing */
 		pthread_mutex_unlock(&a->mu);
 		commit_result_free(&r);
 		return;
 	}
-	cp->committing = false;
-	/* before the trainers are told: a scrape after COMMITTED counts this commit */
-	metrics_on_commit(a->metrics, r.wrote ? r.latency_ns : -1, r.missing_at_deadline);
-	if (r.state == COMMIT_COMMITTED && cp->state == CKPT__V1__STATE__STATE_QUEUED)
-		committed(a, cp, &r, &stale, &nstale);
-	else if (r.state == COMMIT_FAILED)
-		cp_fail(a, cp, r.reason);
-	if (r.state == COMMIT_FAILED && r.visible) { /* not listed here as committed */
-		unsigned k = a->nunlisted++ % AGENT_UNLISTED;
-
-		snprintf(a->unlisted[k].job, sizeof(a->unlisted[k].job), "%s", cp->job);
-		a->unlisted[k].step = cp->step;
-	}
-	cp_release(a, cp);
+	commit_ended(a, cp, &r, &stale, &nstale);
 	pthread_mutex_unlock(&a->mu);
-	/* Ours, and named by no manifest: the step is committed without them. */
-	for (size_t i = 0; i < nstale; i++) {
-		char err[IPC_ERRLEN];
-
-		if (stale[i] && a->store->ops->shard_unlink(a->store, r.manifest->job,
-		                                            r.manifest->step, stale[i], err))
-			log_msg(LOG_WARNING, "%s", err);
-		free(stale[i]);
-	}
-	free(stale);
+	unlink_stale(a, &r, stale, nstale);
 	step_end_layouts(a, job, run, r.state == COMMIT_FAILED, true, &early);
 	commit_result_free(&r);
 }

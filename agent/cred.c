@@ -136,6 +136,47 @@ static void drop_conn(struct cred *c, unsigned i)
 }
 
 /*
+ * A slot for a connection of p's, within the agent's and the user's
+ * limits: true with *slot; false once sock is refused (closed), said in
+ * the log and, on the credentials socket, to the client.
+ */
+static bool room_for(struct cred *c, int sock, const struct peer *p, bool grpc, unsigned *slot)
+{
+	unsigned same = 0;
+
+	*slot = CRED_MAX_CONNS;
+	pthread_mutex_lock(&c->mu);
+	for (unsigned i = 0; i < CRED_MAX_CONNS; i++) {
+		if (!c->conns[i]) {
+			if (*slot == CRED_MAX_CONNS)
+				*slot = i;
+		} else if (c->conns[i]->who.uid == p->uid) {
+			same++;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (same >= c->o.conns_per_user || *slot == CRED_MAX_CONNS) {
+		if (!grpc && *slot == CRED_MAX_CONNS)
+			refuse(sock, -EAGAIN, "the agent has %d connections, its limit",
+			       CRED_MAX_CONNS);
+		else if (!grpc)
+			refuse(sock, -EAGAIN,
+			       "uid %u has %u connections to this agent, its limit ([limits] "
+			       "connections_per_user)",
+			       (unsigned)p->uid, same);
+		else
+			close(sock); /* gRPC has no way to say why: the log does */
+		log_msg(LOG_NOTICE,
+		        "a %s connection of uid %u (pid %d) refused: %u held, limit %u "
+		        "([limits] connections_per_user)",
+		        grpc ? "gRPC" : "credentials", (unsigned)p->uid, (int)p->pid, same,
+		        c->o.conns_per_user);
+		return false;
+	}
+	return true;
+}
+
+/*
  * A new connection on the credentials socket (grpc false) or the gRPC one:
  * who it is, within the limits; then its hello, or gRPC has it.
  */
@@ -144,7 +185,7 @@ static void on_accept(struct cred *c, int lsock, bool grpc)
 	struct ipc_cred_msg m = {.op = IPC_CRED_HELLO};
 	struct conn *k;
 	struct peer p;
-	unsigned same = 0, slot = CRED_MAX_CONNS;
+	unsigned slot;
 	int sock = accept4(lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), watch = -1;
 
 	if (sock < 0) {
@@ -158,34 +199,8 @@ static void on_accept(struct cred *c, int lsock, bool grpc)
 		close(sock);
 		return;
 	}
-	pthread_mutex_lock(&c->mu);
-	for (unsigned i = 0; i < CRED_MAX_CONNS; i++) {
-		if (!c->conns[i]) {
-			if (slot == CRED_MAX_CONNS)
-				slot = i;
-		} else if (c->conns[i]->who.uid == p.uid) {
-			same++;
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (same >= c->o.conns_per_user || slot == CRED_MAX_CONNS) {
-		if (!grpc && slot == CRED_MAX_CONNS)
-			refuse(sock, -EAGAIN, "the agent has %d connections, its limit",
-			       CRED_MAX_CONNS);
-		else if (!grpc)
-			refuse(sock, -EAGAIN,
-			       "uid %u has %u connections to this agent, its limit ([limits] "
-			       "connections_per_user)",
-			       (unsigned)p.uid, same);
-		else
-			close(sock); /* gRPC has no way to say why: the log does */
-		log_msg(LOG_NOTICE,
-		        "a %s connection of uid %u (pid %d) refused: %u held, limit %u "
-		        "([limits] connections_per_user)",
-		        grpc ? "gRPC" : "credentials", (unsigned)p.uid, (int)p.pid, same,
-		        c->o.conns_per_user);
+	if (!room_for(c, sock, &p, grpc, &slot))
 		return;
-	}
 	if (grpc && (watch = fcntl(sock, F_DUPFD_CLOEXEC, 0)) < 0) {
 		close(sock);
 		return;

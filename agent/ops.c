@@ -54,43 +54,32 @@ static char *upload_detail(struct agent *a, char *buf, size_t len)
 	return buf;
 }
 
-void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
+/* What status says of the I/O: the engine, direct I/O, the pool, the bytes and errors. */
+static void status_io(struct agent *a, Ckpt__V1__StatusReply *rep, char *io, size_t len)
 {
-	Ckpt__V1__StatusReply rep = CKPT__V1__STATUS_REPLY__INIT;
-	Ckpt__V1__StateCount counts[8], *cp[8];
-	struct agent *a = ctx;
 	struct pool_stats ps;
 	struct ioeng_stats is;
-	Ckpt__V1__CheckpointSummary *flight = NULL, **pflight = NULL;
-	char last[512], io[512], up[768 + UPLOAD_NOTE_LEN], (*notes)[96] = NULL;
 	const char *why = NULL;
-	size_t n = 0;
 
 	pool_get_stats(a->pool, &ps);
 	ioeng_get_stats(a->io, &is);
-	log_last_error(last, sizeof(last));
-	rep.version = CKPTD_VERSION;
-	rep.pid = getpid();
-	rep.uptime_seconds = (double)(ipc_mono_ns() - a->started_mono) / 1e9;
-	rep.root = (char *)a->cfg.root;
-	rep.listen = (char *)a->cfg.listen;
-	rep.io_engine = (char *)ioeng_name(a->io);
+	rep->io_engine = (char *)ioeng_name(a->io);
 	/* Direct I/O is learnt on the first shard: say what is known now. */
 	if (a->store->ops->describe) {
-		rep.io_engine = (char *)a->store->ops->name;
-		a->store->ops->describe(a->store, io, sizeof(io));
+		rep->io_engine = (char *)a->store->ops->name;
+		a->store->ops->describe(a->store, io, len);
 	} else
-		snprintf(io, sizeof(io), "%s; %s", ioeng_detail(a->io),
+		snprintf(io, len, "%s; %s", ioeng_detail(a->io),
 		         local_direct(a->store, &why) ? "O_DIRECT"
 		         : why && *why                ? why
 		                                      : "buffered writes (--no-direct)");
-	rep.io_detail = io;
-	rep.pool_bytes = ps.bytes;
-	rep.pool_used_bytes = (uint64_t)ps.in_use * ps.chunk_bytes;
-	rep.chunk_bytes = ps.chunk_bytes;
-	rep.pool_locked = ps.locked;
-	rep.pool_registered = ioeng_registered(a->io);
-	rep.pool_detail = (char *)pool_detail(a->pool);
+	rep->io_detail = io;
+	rep->pool_bytes = ps.bytes;
+	rep->pool_used_bytes = (uint64_t)ps.in_use * ps.chunk_bytes;
+	rep->chunk_bytes = ps.chunk_bytes;
+	rep->pool_locked = ps.locked;
+	rep->pool_registered = ioeng_registered(a->io);
+	rep->pool_detail = (char *)pool_detail(a->pool);
 	if (a->store->ops->stats) {
 		struct storage_stats ss;
 
@@ -100,12 +89,30 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		is.errors = ss.errors;
 		is.retries = ss.retries;
 	}
-	rep.bytes_written = is.bytes_written;
-	rep.bytes_read = is.bytes_read;
-	rep.restored_bytes = atomic_load(&a->restored_bytes);
-	rep.restore_read_bytes = atomic_load(&a->restore_read_bytes);
-	rep.io_errors = is.errors;
-	rep.io_retries = is.retries;
+	rep->bytes_written = is.bytes_written;
+	rep->bytes_read = is.bytes_read;
+	rep->restored_bytes = atomic_load(&a->restored_bytes);
+	rep->restore_read_bytes = atomic_load(&a->restore_read_bytes);
+	rep->io_errors = is.errors;
+	rep->io_retries = is.retries;
+}
+
+void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
+{
+	Ckpt__V1__StatusReply rep = CKPT__V1__STATUS_REPLY__INIT;
+	Ckpt__V1__StateCount counts[8], *cp[8];
+	struct agent *a = ctx;
+	Ckpt__V1__CheckpointSummary *flight = NULL, **pflight = NULL;
+	char last[512], io[512], up[768 + UPLOAD_NOTE_LEN], (*notes)[96] = NULL;
+	size_t n = 0;
+
+	log_last_error(last, sizeof(last));
+	rep.version = CKPTD_VERSION;
+	rep.pid = getpid();
+	rep.uptime_seconds = (double)(ipc_mono_ns() - a->started_mono) / 1e9;
+	rep.root = (char *)a->cfg.root;
+	rep.listen = (char *)a->cfg.listen;
+	status_io(a, &rep, io, sizeof(io));
 	rep.last_error = last;
 	rep.gpu = (char *)gpu_status(a->gpu);
 	rep.removed_at_start = a->recovered.partial_removed;

@@ -75,24 +75,9 @@ static int committed_before(struct agent *a, const struct plan *p, int64_t step,
 }
 
 /* Under mu: the checks that need the agent's state; creates and queues the save. */
-static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
-                      struct save **out, char *err)
+/* Under mu: why p may not save now (0: it may). Before cp_get: a refusal leaves nothing behind. */
+static int plan_refuses(const struct plan *p, const Ckpt__V1__SaveRequest *req, char *err)
 {
-	struct checkpoint *cp;
-	struct plan *p;
-	struct save *s;
-	bool replaces;
-	int rc;
-
-	p = plan_of(a, c, req->plan_id);
-	if (!p)
-		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
-		                (unsigned long long)req->plan_id);
-	if (a->stopping)
-		return ipc_errf(err, -EAGAIN, "the agent is stopping");
-	if ((rc = committed_before(a, p, req->step, &replaces, err)))
-		return rc;
-	/* Before cp_get: a refusal must not leave an empty checkpoint behind. */
 	if (p->restoring)
 		return ipc_errf(err, -EBUSY,
 		                "job %s rank %d: a restore is writing this plan's memory: save "
@@ -110,17 +95,30 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		return ipc_errf(err, -EBUSY,
 		                "job %s rank %d: %d saves of this plan not yet captured", p->job,
 		                p->rank, FENCE_WINDOW);
-	rc = cp_get(a, p->job, req->step, p->world, p->run, &cp, err);
+	return 0;
+}
+
+/*
+ * Under mu: the checkpoint of the step p's rank saves (a failed attempt of
+ * it that this rank retries passed over for a new one), where it can take
+ * that rank's save.
+ */
+static int step_of(struct agent *a, const struct plan *p, int64_t step, struct checkpoint **out,
+                   char *err)
+{
+	struct checkpoint *cp;
+	int rc = cp_get(a, p->job, step, p->world, p->run, &cp, err);
+
 	if (!rc && retry_of_failed(cp, p->rank)) {
 		cp->retired = true; /* passed over from now on, let go once its files are gone */
 		cp_release(a, cp);
-		rc = cp_get(a, p->job, req->step, p->world, p->run, &cp, err);
+		rc = cp_get(a, p->job, step, p->world, p->run, &cp, err);
 	}
 	if (rc)
 		return rc;
 	if (cp->rank[p->rank])
 		return ipc_errf(err, -EEXIST, "job %s step %lld rank %d is already saved (%s)",
-		                p->job, (long long)req->step, p->rank,
+		                p->job, (long long)step, p->rank,
 		                ipc_state_name(cp->rank[p->rank]->state));
 	if (cp->part_built)
 		return ipc_errf(
@@ -128,7 +126,58 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 		    "job %s step %lld: node %s's part of it was written without rank %d "
 		    "(its plan came after the step's other saves here): this step "
 		    "cannot take it",
-		    p->job, (long long)req->step, a->cfg.node, p->rank);
+		    p->job, (long long)step, a->cfg.node, p->rank);
+	*out = cp;
+	return 0;
+}
+
+/*
+ * Under mu: s, QUEUED in its checkpoint cp, born FAILED (cp failed before),
+ * SKIPPED (no room under the skip policy), or running: its capture queued.
+ */
+static void save_go(struct agent *a, struct plan *p, struct checkpoint *cp, struct save *s)
+{
+	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+		char why[IPC_ERRLEN + 64];
+
+		snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
+		         (long long)cp->step, cp->reason);
+		atomic_store(&s->abort, true);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
+		return; /* the caller answers, then lets the checkpoint go */
+	}
+	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
+	    !pool_may_admit(a->pool, cp, s->want)) {
+		atomic_store(&s->abort, true);
+		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SAVE_SKIP_REASON);
+		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
+		return;
+	}
+	/* Running: the capture stage holds the plan's regions until CAPTURED. */
+	atomic_store(&s->stages, 1);
+	cp->nrunning++;
+	plan_busy(p);
+	capture_queue(a, s);
+}
+
+static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveRequest *req,
+                      struct save **out, char *err)
+{
+	struct checkpoint *cp = NULL;
+	struct plan *p;
+	struct save *s;
+	bool replaces;
+	int rc;
+
+	p = plan_of(a, c, req->plan_id);
+	if (!p)
+		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
+		                (unsigned long long)req->plan_id);
+	if (a->stopping)
+		return ipc_errf(err, -EAGAIN, "the agent is stopping");
+	if ((rc = committed_before(a, p, req->step, &replaces, err)) ||
+	    (rc = plan_refuses(p, req, err)) || (rc = step_of(a, p, req->step, &cp, err)))
+		return rc;
 	s = save_new(a, p, req->step);
 	if (!s) {
 		if (cp->nsaved == 0) /* new and empty: nobody else knows it */
@@ -153,27 +202,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	if (req->meta_json && *req->meta_json)
 		s->meta = strdup(req->meta_json);
 	*out = s;
-	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
-		char why[IPC_ERRLEN + 64];
-
-		snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
-		         (long long)cp->step, cp->reason);
-		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
-		return 0; /* the caller answers, then lets the checkpoint go */
-	}
-	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
-	    !pool_may_admit(a->pool, cp, s->want)) {
-		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SAVE_SKIP_REASON);
-		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
-		return 0;
-	}
-	/* Running: the capture stage holds the plan's regions until CAPTURED. */
-	atomic_store(&s->stages, 1);
-	cp->nrunning++;
-	plan_busy(p);
-	capture_queue(a, s);
+	save_go(a, p, cp, s);
 	return 0;
 }
 

@@ -424,6 +424,25 @@ static int plan_args(struct ckpt_client *c, const char *job, int rank, int world
 	return rc;
 }
 
+/* p, as the agent made it (rep, freed here): the client's, handed again to a new agent. */
+static void plan_made(struct ckpt_client *c, struct ckpt_plan *p, Ckpt__V1__CreatePlanReply *rep,
+                      const char *job, int rank, int world)
+{
+	p->c = c;
+	p->id = rep->plan_id;
+	snprintf(p->job, sizeof(p->job), "%s", job);
+	p->rank = rank;
+	p->world = world;
+	p->shard_bytes = rep->shard_bytes;
+	p->uploads = rep->uploads;
+	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	pthread_mutex_lock(&c->mu);
+	p->next = c->plans;
+	c->plans = p;
+	c->register_again = cl_register_again;
+	pthread_mutex_unlock(&c->mu);
+}
+
 int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
                           const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
                           struct ckpt_plan **out)
@@ -482,21 +501,9 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	             CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		goto out;
-	p->c = c;
 	p->keys = b.keys;
 	b.keys = NULL;
-	p->id = rep->plan_id;
-	snprintf(p->job, sizeof(p->job), "%s", job);
-	p->rank = rank;
-	p->world = world;
-	p->shard_bytes = rep->shard_bytes;
-	p->uploads = rep->uploads;
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
-	pthread_mutex_lock(&c->mu);
-	p->next = c->plans;
-	c->plans = p;
-	c->register_again = cl_register_again;
-	pthread_mutex_unlock(&c->mu);
+	plan_made(c, p, rep, job, rank, world);
 	*out = p;
 	p = NULL;
 out:

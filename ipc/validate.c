@@ -86,6 +86,66 @@ static int cmp_name(const void *a, const void *b)
 	return strcmp((*x)->name, (*y)->name);
 }
 
+/* One tensor alone: its name, dtype x shape = nbytes, global box, and extent in its region. */
+static int check_one(const struct ipc_tensor *t, ipc_region_size_fn region_size, void *ctx,
+                     char *err)
+{
+	uint64_t nbytes, size;
+	int rc = ipc_check_tensor_name(t->name, err);
+
+	if (!rc)
+		rc = ipc_tensor_nbytes(t->name, t->dtype, t->ndim, t->shape, &nbytes, err);
+	if (rc)
+		return rc;
+	if (nbytes != t->nbytes)
+		return ipc_errf(err, -EINVAL,
+		                "tensor '%s': %llu bytes given, but %s x shape is %llu bytes",
+		                t->name, (unsigned long long)t->nbytes, ipc_dtype_name(t->dtype),
+		                (unsigned long long)nbytes);
+	if ((rc = check_global(t, err)))
+		return rc;
+	if (t->kind != CKPT__V1__REGION_KIND__REGION_HOST &&
+	    t->kind != CKPT__V1__REGION_KIND__REGION_CUDA)
+		return ipc_errf(err, -EINVAL, "tensor '%s': unknown region kind %d", t->name,
+		                t->kind);
+	rc = region_size(ctx, t->kind, t->region, &size);
+	if (rc)
+		return ipc_errf(err, rc, "tensor '%s': no such %s region (%llu)", t->name,
+		                t->kind == CKPT__V1__REGION_KIND__REGION_HOST ? "host" : "CUDA",
+		                (unsigned long long)t->region);
+	if (t->offset > size || t->nbytes > size - t->offset)
+		return ipc_errf(err, -ERANGE,
+		                "tensor '%s': bytes [%llu, +%llu) are outside its region of "
+		                "%llu bytes",
+		                t->name, (unsigned long long)t->offset,
+		                (unsigned long long)t->nbytes, (unsigned long long)size);
+	return 0;
+}
+
+/* The tensors together: no name twice, no two extents overlapping in one region. */
+static int check_apart(const struct ipc_tensor *t, size_t n, const struct ipc_tensor **byname,
+                       struct extent *ext, size_t next, char *err)
+{
+	qsort(byname, n, sizeof(*byname), cmp_name);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(byname[i - 1]->name, byname[i]->name) == 0)
+			return ipc_errf(err, -EINVAL, "tensor name '%s' appears twice in the plan",
+			                byname[i]->name);
+	qsort(ext, next, sizeof(*ext), cmp_extent);
+	for (size_t i = 1; i < next; i++)
+		if (ext[i].kind == ext[i - 1].kind && ext[i].region == ext[i - 1].region &&
+		    ext[i].begin < ext[i - 1].end)
+			return ipc_errf(
+			    err, -EINVAL,
+			    "tensors '%s' and '%s' overlap in their region (bytes %llu..%llu "
+			    "and %llu..%llu)",
+			    t[ext[i - 1].idx].name, t[ext[i].idx].name,
+			    (unsigned long long)ext[i - 1].begin,
+			    (unsigned long long)ext[i - 1].end, (unsigned long long)ext[i].begin,
+			    (unsigned long long)ext[i].end);
+	return 0;
+}
+
 int ipc_check_tensors(const struct ipc_tensor *t, size_t n, ipc_region_size_fn region_size,
                       void *ctx, char *err)
 {
@@ -99,77 +159,17 @@ int ipc_check_tensors(const struct ipc_tensor *t, size_t n, ipc_region_size_fn r
 		                IPC_MAX_TENSORS);
 	ext = calloc(n ? n : 1, sizeof(*ext));
 	byname = calloc(n ? n : 1, sizeof(*byname));
-	if (!ext || !byname) {
+	if (!ext || !byname)
 		rc = ipc_errf(err, -ENOMEM, "out of memory checking %zu tensors", n);
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		uint64_t nbytes, size;
-
-		rc = ipc_check_tensor_name(t[i].name, err);
-		if (rc)
-			goto out;
-		rc = ipc_tensor_nbytes(t[i].name, t[i].dtype, t[i].ndim, t[i].shape, &nbytes, err);
-		if (rc)
-			goto out;
-		if (nbytes != t[i].nbytes) {
-			rc = ipc_errf(err, -EINVAL,
-			              "tensor '%s': %llu bytes given, but %s x shape is %llu bytes",
-			              t[i].name, (unsigned long long)t[i].nbytes,
-			              ipc_dtype_name(t[i].dtype), (unsigned long long)nbytes);
-			goto out;
-		}
-		rc = check_global(&t[i], err);
-		if (rc)
-			goto out;
-		if (t[i].kind != CKPT__V1__REGION_KIND__REGION_HOST &&
-		    t[i].kind != CKPT__V1__REGION_KIND__REGION_CUDA) {
-			rc = ipc_errf(err, -EINVAL, "tensor '%s': unknown region kind %d",
-			              t[i].name, t[i].kind);
-			goto out;
-		}
-		rc = region_size(ctx, t[i].kind, t[i].region, &size);
-		if (rc) {
-			ipc_errf(err, rc, "tensor '%s': no such %s region (%llu)", t[i].name,
-			         t[i].kind == CKPT__V1__REGION_KIND__REGION_HOST ? "host" : "CUDA",
-			         (unsigned long long)t[i].region);
-			goto out;
-		}
-		if (t[i].offset > size || t[i].nbytes > size - t[i].offset) {
-			rc = ipc_errf(err, -ERANGE,
-			              "tensor '%s': bytes [%llu, +%llu) are outside its region of "
-			              "%llu bytes",
-			              t[i].name, (unsigned long long)t[i].offset,
-			              (unsigned long long)t[i].nbytes, (unsigned long long)size);
-			goto out;
-		}
+	for (size_t i = 0; !rc && i < n; i++) {
+		rc = check_one(&t[i], region_size, ctx, err);
 		byname[i] = &t[i];
-		if (t[i].nbytes)
+		if (!rc && t[i].nbytes)
 			ext[next++] = (struct extent){t[i].kind, t[i].region, t[i].offset,
 			                              t[i].offset + t[i].nbytes, i};
 	}
-	qsort(byname, n, sizeof(*byname), cmp_name);
-	for (size_t i = 1; i < n; i++)
-		if (strcmp(byname[i - 1]->name, byname[i]->name) == 0) {
-			rc = ipc_errf(err, -EINVAL, "tensor name '%s' appears twice in the plan",
-			              byname[i]->name);
-			goto out;
-		}
-	qsort(ext, next, sizeof(*ext), cmp_extent);
-	for (size_t i = 1; i < next; i++)
-		if (ext[i].kind == ext[i - 1].kind && ext[i].region == ext[i - 1].region &&
-		    ext[i].begin < ext[i - 1].end) {
-			rc = ipc_errf(
-			    err, -EINVAL,
-			    "tensors '%s' and '%s' overlap in their region (bytes %llu..%llu "
-			    "and %llu..%llu)",
-			    t[ext[i - 1].idx].name, t[ext[i].idx].name,
-			    (unsigned long long)ext[i - 1].begin,
-			    (unsigned long long)ext[i - 1].end, (unsigned long long)ext[i].begin,
-			    (unsigned long long)ext[i].end);
-			goto out;
-		}
-out:
+	if (!rc)
+		rc = check_apart(t, n, byname, ext, next, err);
 	free(byname);
 	free(ext);
 	return rc;

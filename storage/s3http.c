@@ -162,12 +162,9 @@ static int add_header(struct s3req *r, const char *line)
 }
 
 /* An attempt: the easy handle set up for r, afresh (a retry starts over). */
-static int prepare(struct s3http *h, CURL *e, struct s3req *r)
+/* What an earlier attempt of r left: its headers, counts, reply. */
+static void attempt_reset(struct s3req *r)
 {
-	char line[96];
-	int rc = 0;
-
-	curl_easy_reset(e);
 	curl_slist_free_all(r->headers);
 	r->headers = NULL;
 	r->sent = r->got = 0;
@@ -179,10 +176,14 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 	free(r->reply);
 	r->reply = NULL;
 	r->reply_len = r->reply_cap = 0;
-	if ((rc = build_url(h, r)))
-		return rc;
+}
 
-	rc |= add_header(r, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+/* r's headers (the signature adds its own): 0, or -ENOMEM. */
+static int request_headers(struct s3req *r)
+{
+	char line[96];
+	int rc = add_header(r, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+
 	if (r->if_none_match)
 		rc |= add_header(r, "If-None-Match: *");
 	if (r->meta_zstd) {
@@ -200,9 +201,17 @@ static int prepare(struct s3http *h, CURL *e, struct s3req *r)
 		         (unsigned long long)(r->range_off + r->range_len - 1));
 		rc |= add_header(r, line);
 	}
-	if (rc)
-		return -ENOMEM;
+	return rc ? -ENOMEM : 0;
+}
 
+static int prepare(struct s3http *h, CURL *e, struct s3req *r)
+{
+	int rc;
+
+	curl_easy_reset(e);
+	attempt_reset(r);
+	if ((rc = build_url(h, r)) || (rc = request_headers(r)))
+		return rc;
 	if (curl_easy_setopt(e, CURLOPT_URL, r->url) ||
 	    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L) ||
 	    curl_easy_setopt(e, CURLOPT_PRIVATE, r) ||
