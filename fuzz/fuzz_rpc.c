@@ -16,6 +16,7 @@
 
 #include "format.h"
 #include "fuzz.h"
+#include "ipc.h"
 
 /* Host regions 1..4 exist, of 1 GiB; CUDA regions are the request's own. */
 #define HOST_REGIONS 4
