@@ -428,15 +428,17 @@ START_TEST(shares_written_again)
 END_TEST
 
 /*
- * This node's plans file that cannot be put once (the link onto
- * plans/n0.json fails): the put is tried again a second later, not only
- * when the plans change next, and the plan set comes together.
+ * This node's plans file that cannot be put twice (the link onto
+ * plans/n0.json fails: the put as the plan is made, and the one its parked
+ * save asks for): the put is tried again after a back-off, not only when
+ * the plans change next, and the plan set comes together before the save
+ * has waited in vain.
  */
 START_TEST(publish_failed_tried_again)
 {
 	struct nodes c;
 
-	two_nodes_once(&c, "rp", "CKPT_FAULTS=linkat:EIO:path=*/plans/n0.json");
+	two_nodes_once(&c, "rp", "CKPT_FAULTS=linkat:EIO:path=*/plans/n0.json:count=2");
 	ck_assert(h_log_has(&c.a[0], "job rp: cannot publish this node's plans (tried again)"));
 	ck_assert(h_log_has(&c.a[0], "job rp: plans of node n0 published"));
 	nodes_cleanup(&c);
