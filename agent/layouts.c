@@ -439,13 +439,12 @@ static void relook(struct agent *a, const char *job, const char *run, bool ok, i
 	list_for_each(pos, &a->plans)
 	{
 		struct plan *p = container_of(pos, struct plan, link);
-		int64_t ns = p->relook_ns * 2;
+		int64_t ns = ipc_backoff_next(p->relook_ns, RELOOK_MIN_NS, RELOOK_MAX_NS);
 
 		if (p->dropped || strcmp(p->job, job) != 0 || strcmp(p->run, run) != 0)
 			continue;
 		if (!ok && p->relook_at > now)
 			continue; /* a look made meanwhile (a new plan, a failed step): as it was */
-		ns = ns < RELOOK_MIN_NS ? RELOOK_MIN_NS : ns > RELOOK_MAX_NS ? RELOOK_MAX_NS : ns;
 		ns = ns < 2 * took ? 2 * took : ns;
 		p->relook_ns = ok ? 0 : ns;
 		p->relook_at = ok ? 0 : now + ns;

@@ -150,7 +150,7 @@ static void publish_run(struct work *w)
 	char job[IPC_MAX_JOB + 1], run[IPC_MAX_JOB + 1], err[IPC_ERRLEN];
 	const int64_t deadline = (int64_t)a->cfg.commit_deadline_s * 1000000000;
 	int64_t now;
-	bool put, ok = true;
+	bool put, ok = true, waiting;
 
 	pthread_mutex_lock(&a->mu);
 	put = pub->again || pub->retry_ns || !pub->polled; /* else a look at the others' alone */
@@ -167,9 +167,10 @@ static void publish_run(struct work *w)
 	park_release(a, false); /* saves waiting for this set */
 	now = ipc_mono_ns();
 	pub->polled = true;
-	pub->retry_ns = ok ? 0 : pub->retry_ns ? pub->retry_ns * 2 : PLANS_RETRY_NS;
-	pub->retry_ns = pub->retry_ns > PLANS_RETRY_MAX_NS ? PLANS_RETRY_MAX_NS : pub->retry_ns;
-	if (ok && !layouts_waiting(a, job, run))
+	pub->retry_ns =
+	    ok ? 0 : ipc_backoff_next(pub->retry_ns, PLANS_RETRY_NS, PLANS_RETRY_MAX_NS);
+	waiting = ok && layouts_waiting(a, job, run);
+	if (ok && !waiting)
 		pub->wait_since = 0;
 	if (pub->again) {
 		workq_push(a->commit, &pub->work);
@@ -178,8 +179,7 @@ static void publish_run(struct work *w)
 		free(pub);
 	} else if (!ok) {
 		workq_push_at(a->commit, &pub->work, now + pub->retry_ns);
-	} else if (layouts_waiting(a, job, run) &&
-	           (!pub->wait_since || now - pub->wait_since < deadline)) {
+	} else if (waiting && (!pub->wait_since || now - pub->wait_since < deadline)) {
 		/* the other nodes' plans are not all there: look again soon */
 		pub->wait_since = pub->wait_since ? pub->wait_since : now;
 		workq_push_at(a->commit, &pub->work,

@@ -414,7 +414,7 @@ static int64_t backoff(struct uploader *u, struct up_job *j, int rc, const char 
 	u->st.retried++;
 	log_msg(LOG_WARNING, "upload of job %s step %lld failed (try %u, again in %lld s): %s",
 	        j->job, (long long)j->step, j->tries, (long long)(delay / 1000000000), why);
-	j->backoff_ns = j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
+	j->backoff_ns = ipc_backoff_next(j->backoff_ns, RETRY_FIRST_NS, RETRY_MAX_NS);
 	up_job_note(j, rc, delay, why);
 	return delay;
 }
@@ -518,7 +518,7 @@ static void resume(struct uploader *u, struct up_job *j)
 		        "upload tier: the uploads to resume are looked for again in %lld s",
 		        (long long)(j->backoff_ns / 1000000000));
 		workq_push_at(u->q, &j->work, ipc_mono_ns() + j->backoff_ns);
-		j->backoff_ns = j->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : j->backoff_ns * 2;
+		j->backoff_ns = ipc_backoff_next(j->backoff_ns, RETRY_FIRST_NS, RETRY_MAX_NS);
 	} else {
 		up_job_free(j);
 	}

@@ -361,7 +361,7 @@ static bool reattach(struct ckpt_client *c)
 		    pause_ms(c, backoff) || mono_ms() >= deadline)
 			break;
 		pthread_mutex_unlock(&c->mu);
-		backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+		backoff = (unsigned)ipc_backoff_next(backoff, BACKOFF_FIRST_MS, BACKOFF_MAX_MS);
 	}
 	/* under c->mu */
 	closing = c->closing;

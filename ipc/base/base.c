@@ -261,6 +261,15 @@ int ipc_tensor_nbytes(const char *what, int dtype, size_t ndim, const int64_t *s
 	return 0;
 }
 
+/* ---- back-offs ---------------------------------------------------------- */
+
+int64_t ipc_backoff_next(int64_t prev, int64_t first, int64_t max)
+{
+	if (prev <= 0)
+		return first < max ? first : max;
+	return prev > max / 2 ? max : prev * 2;
+}
+
 /* ---- random ids and clocks ----------------------------------------- */
 
 int ipc_random(void *buf, size_t len)

@@ -64,6 +64,14 @@ int ipc_check_meta(const char *meta, char *err);
 int ipc_tensor_nbytes(const char *what, int dtype, size_t ndim, const int64_t *shape,
                       uint64_t *nbytes, char *err);
 
+/* ---- back-offs ---------------------------------------------------------- */
+
+/*
+ * The wait after a failure that follows one of `prev` (0: none before):
+ * `first`, then doubled each time, never past `max`. Any unit.
+ */
+int64_t ipc_backoff_next(int64_t prev, int64_t first, int64_t max);
+
 /* ---- random ids and clocks ------------------------------------------------ */
 
 /* Random bytes from getrandom(2); a random non-zero id. */

@@ -215,6 +215,19 @@ START_TEST(status_mapping)
 }
 END_TEST
 
+/* A back-off: the first wait, then doubled, never past its bound (ipc/base). */
+START_TEST(backoff_doubles_to_its_bound)
+{
+	ck_assert_int_eq(ipc_backoff_next(0, 2, 60), 2);
+	ck_assert_int_eq(ipc_backoff_next(2, 2, 60), 4);
+	ck_assert_int_eq(ipc_backoff_next(16, 2, 60), 32);
+	ck_assert_int_eq(ipc_backoff_next(32, 2, 60), 60);
+	ck_assert_int_eq(ipc_backoff_next(60, 2, 60), 60);
+	ck_assert_int_eq(ipc_backoff_next(0, 90, 60), 60);
+	ck_assert_int_eq(ipc_backoff_next(INT64_MAX / 2 + 1, 1, INT64_MAX), INT64_MAX);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("validate");
@@ -228,6 +241,7 @@ int main(void)
 	tcase_add_test(tc, nbytes);
 	tcase_add_test(tc, plan_extents);
 	tcase_add_test(tc, status_mapping);
+	tcase_add_test(tc, backoff_doubles_to_its_bound);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
