@@ -52,20 +52,20 @@
 #include <pthread.h>
 
 #include "commit.h"
-#include "copier.h"
-#include "fence.h"
-#include "gpu.h"
+#include "agent/pipe/copier.h"
+#include "agent/pipe/fence.h"
+#include "agent/pipe/gpu.h"
 #include "ipc.h"
-#include "list.h"
-#include "log.h"
-#include "metrics.h"
-#include "pool.h"
-#include "server.h"
+#include "ipc/base/list.h"
+#include "ipc/base/log.h"
+#include "agent/daemon/metrics.h"
+#include "agent/pipe/pool.h"
+#include "agent/rpc/server.h"
 #include "storage.h"
 #include "store.h"
-#include "upload.h"
-#include "hub.h"
-#include "work.h"
+#include "agent/node/upload.h"
+#include "agent/node/hub.h"
+#include "ipc/base/work.h"
 
 #define AGENT_KEEP_FINISHED 1024 /* finished saves kept for GetSave */
 #define AGENT_SCANS 32 /* jobs whose last clean-up time is remembered */

@@ -3,7 +3,7 @@
  * (scale_bench.h, run_shares), with the project's own pieces:
  *
  *   shares       as the node of rank 0 (n00000) does once per plan set
- *                (agent/layouts.c): the job's plans generation, every
+ *                (agent/node/layouts.c): the job's plans generation, every
  *                node's plans summary, then every file whole; the
  *                assignment (layout/assign.h, one copy); every node's share
  *                put (commit/shares.h); the run's set mark

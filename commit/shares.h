@@ -3,7 +3,7 @@
  * (docs/DESIGN.md §6.5, §7.4). The node of rank 0 computes it from every
  * node's plans file (layout/assign.h) and puts each node's share; every
  * other node takes its own share where the run's set mark says it is of
- * the plans as they are. The agent (agent/layouts.c) and the scale bench
+ * the plans as they are. The agent (agent/node/layouts.c) and the scale bench
  * use it. Synchronous, any thread.
  */
 #ifndef CKPT_COMMIT_SHARES_H

@@ -1,5 +1,5 @@
 /*
- * fuzz_config: agent/config.c, the agent's configuration as main() takes it
+ * fuzz_config: agent/daemon/config.c, the agent's configuration as main() takes it
  * at start-up: the INI file (config_read_file; inih under it), the flags
  * (config_parse_args, config_apply_args on top), then config_finish and
  * config_print (what --check-config shows).
@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "agent/daemon/config.h"
 #include "fuzz.h"
 
 #define MAX_ARGS 32

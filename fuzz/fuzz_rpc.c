@@ -4,7 +4,7 @@
  * unpack), then the checks each handler makes before it looks anything up
  * (ipc/validate.c: names, ranks, steps, meta; for CreatePlan the whole plan,
  * ipc_check_tensors, with regions of a made-up session, and the shard
- * header the plan lays out, as agent/plan.c does).
+ * header the plan lays out, as agent/node/plan.c does).
  *
  * Input: one byte choosing the method (modulo IPC_NMETHODS), then the
  * request's bytes. What decodes must hold no NUL or control character in a
@@ -72,7 +72,7 @@ static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
 	return 0;
 }
 
-/* The shard header agent/plan.c lays out for an accepted plan: it must parse. */
+/* The shard header agent/node/plan.c lays out for an accepted plan: it must parse. */
 static void lay_out(const Ckpt__V1__CreatePlanRequest *req, const struct ipc_tensor *v, size_t n)
 {
 	struct st_tensor *st = calloc(n + 1, sizeof(*st));
@@ -125,7 +125,7 @@ static void create_plan(const Ckpt__V1__CreatePlanRequest *req)
 	free(v);
 }
 
-/* Show, Verify, Delete, Pin, Commit: a job and a step (agent/ops.c, gc.c, commit.c). */
+/* Show, Verify, Delete, Pin, Commit: a job and a step (agent/rpc/ops.c, gc.c, commit.c). */
 static void job_step(const char *job, int64_t step)
 {
 	char err[IPC_ERRLEN];

@@ -518,7 +518,7 @@ struct share_rank {
 struct plans_share {
 	char *job, *node, *run;
 	int world;
-	uint64_t set; /* the plan set's key (agent/layouts.c), never 0 */
+	uint64_t set; /* the plan set's key (agent/node/layouts.c), never 0 */
 	size_t nranks; /* ascending */
 	struct share_rank *ranks;
 };

@@ -3,7 +3,7 @@
 # promtool (Debian's prometheus package) accepts: the scrape configuration
 # with its rule file, and the alert rules, each firing on synthetic series
 # when it should and not before (ckptd-alerts.test.yml). Every ckptd_ metric
-# the rules use is one the agent exports (agent/metrics.c).
+# the rules use is one the agent exports (agent/daemon/metrics.c).
 # promtool: $CKPT_PROMTOOL, else .tools/promtool (scripts/deps.sh --test
 # takes it out of the package), else the PATH's; skipped (77) without one.
 #   test_alerts.sh SOURCE_DIR

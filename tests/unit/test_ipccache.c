@@ -1,5 +1,5 @@
 /*
- * agent/ipccache.c without a GPU: a fake open/close records what the CUDA
+ * agent/pipe/ipccache.c without a GPU: a fake open/close records what the CUDA
  * calls would have been.
  */
 #include <errno.h>
@@ -9,8 +9,8 @@
 #include <check.h>
 
 #include "ipc.h"
-#include "fence.h"
-#include "ipccache.h"
+#include "agent/pipe/fence.h"
+#include "agent/pipe/ipccache.h"
 
 struct fake {
 	int opens, closes, fail_next;

@@ -1,5 +1,5 @@
 /*
- * The staging pool (agent/pool.c): its memory (layout, alignment, huge
+ * The staging pool (agent/pipe/pool.c): its memory (layout, alignment, huge
  * pages, locking and why not), option checks, and admission by windows:
  * a reservation holds at most `want` chunks, is sure of its window
  * (pool_floor), and shares what is beyond the windows oldest first; at most
@@ -33,8 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pool.h"
-#include "work.h"
+#include "agent/pipe/pool.h"
+#include "ipc/base/work.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)

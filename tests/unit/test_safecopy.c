@@ -1,5 +1,5 @@
 /*
- * agent/safecopy.c: a copy from (or into) memory that went away fails with
+ * agent/pipe/safecopy.c: a copy from (or into) memory that went away fails with
  * -EFAULT and the process lives on; a SIGBUS outside a guarded copy still
  * kills, as it would without the handler.
  */
@@ -14,7 +14,7 @@
 #include <check.h>
 
 #include "ipc.h"
-#include "safecopy.h"
+#include "agent/pipe/safecopy.h"
 
 /* A shared mapping of a file cut to nothing under it: every access faults. */
 static char *shrunk_mapping(size_t len)

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the upload tier's account (agent/upload_queue.c): when the
+ * Unit tests of the upload tier's account (agent/node/upload_queue.c): when the
  * store's refusals of a step count as "in a row", so that a step the store
  * refuses is given up after REFUSED_TRIES (3) tries and no sooner.
  */
@@ -7,7 +7,7 @@
 
 #include <check.h>
 
-#include "upload_int.h"
+#include "agent/node/upload_int.h"
 
 /* The count after each of n tries that ended in rc[i], from 0. */
 static unsigned after(const int *rc, unsigned n)
