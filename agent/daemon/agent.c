@@ -15,13 +15,30 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/session.h"
+#include "agent/node/plan.h"
+#include "agent/node/park.h"
+#include "agent/node/publish.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/save.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/node/gc.h"
+#include "agent/node/root.h"
+#include "agent/daemon/agent.h"
+#include "agent/rpc/handlers.h"
 #include "agent/daemon/metrics.h"
 
 #define CAPTURE_MAX 64 /* capture workers in all, most of them waiting */
 #include "agent/rpc/cred_server.h"
 #include "agent/pipe/safecopy.h"
 #include "agent/daemon/notify.h"
+#include "agent/pipe/copier.h"
+#include "agent/node/upload.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
 
 #define STOP_REPORT_NS (5LL * 1000000000) /* at stop, what is left is logged this often */
 #define STOP_REPORT_SAVES 4 /* naming at most this many saves */

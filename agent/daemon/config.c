@@ -23,6 +23,8 @@
 #include <ini.h>
 
 #include "agent/daemon/config.h"
+#include "ipc.h"
+#include "ipc/base/log.h"
 
 #ifndef CKPTD_VERSION
 #define CKPTD_VERSION "0.0.0"

@@ -33,7 +33,7 @@
 
 #include <stdio.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
 
 #define CONFIG_DEFAULT_PATH "/etc/ckptd/ckptd.conf"
 

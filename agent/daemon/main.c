@@ -19,9 +19,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/daemon/agent.h"
 #include "agent/daemon/config.h"
 #include "agent/daemon/probe.h"
+#include "ipc/base/log.h"
 
 static atomic_bool stop;
 

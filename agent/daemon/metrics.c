@@ -30,9 +30,15 @@
 
 #include <microhttpd.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/save.h"
+#include "agent/node/catalog.h"
 #include "agent/daemon/config.h"
 #include "agent/daemon/metrics.h"
+#include "agent/node/upload.h"
+#include "ipc/base/log.h"
 
 #ifndef CKPTD_VERSION
 #define CKPTD_VERSION "0.0.0"

@@ -13,7 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/catalog.h"
+#include "ipc.h"
+#include "ipc/base/log.h"
 
 struct catalog {
 	struct cat_entry *v;
@@ -264,7 +269,7 @@ static bool in_flight_here(struct agent *a, const char *job, int64_t step)
 
 	for (unsigned i = 0; i < a->nunlisted && i < AGENT_UNLISTED; i++)
 		if (a->unlisted[i].step == step && strcmp(a->unlisted[i].job, job) == 0)
-			return true; /* told FAILED here, its manifest visible (agent.h) */
+			return true; /* told FAILED here, its manifest visible (node.h: unlisted) */
 	list_for_each(pos, &a->ckpts)
 	{
 		const struct checkpoint *cp = container_of(pos, struct checkpoint, link);

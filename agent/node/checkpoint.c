@@ -20,7 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/layouts.h"
+#include "agent/node/park.h"
+#include "agent/node/publish.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/save.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/daemon/metrics.h"
+#include "ipc/base/log.h"
 
 static void commit_work(struct work *w);
 static void cleanup_run(struct work *w);

@@ -23,8 +23,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/node/gc.h"
+#include "agent/rpc/handlers.h"
 #include "agent/node/retention.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
 
 struct gc_op {
 	struct work work;
@@ -154,7 +162,7 @@ out:
 	free(why);
 }
 
-/* The GC's and delete's removal of a checkpoint out of the catalog (agent.h). */
+/* The GC's and delete's removal of a checkpoint out of the catalog (catalog.h). */
 int gc_remove(struct agent *a, const struct cat_entry *e, char *err)
 {
 	struct manifest *m = NULL;

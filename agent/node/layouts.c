@@ -74,7 +74,11 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/layouts.h"
+#include "commit.h"
+#include "ipc/base/log.h"
 #include "assign.h"
 #include "shares.h"
 

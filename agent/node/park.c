@@ -20,7 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/layouts.h"
+#include "agent/node/park.h"
+#include "agent/node/save.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
 
 struct parked {
 	struct list link; /* agent->parked */

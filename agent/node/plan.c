@@ -15,8 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/session.h"
+#include "agent/node/plan.h"
+#include "agent/node/layouts.h"
+#include "agent/node/save.h"
+#include "agent/rpc/ops.h"
 #include "agent/pipe/safecopy.h"
+#include "agent/rpc/server.h"
 
 struct plan *plan_find(struct agent *a, uint64_t id)
 {

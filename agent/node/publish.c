@@ -15,7 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/layouts.h"
+#include "agent/node/park.h"
+#include "agent/node/publish.h"
+#include "agent/rpc/ops.h"
+#include "store.h"
+#include "ipc/base/log.h"
 
 /* A job whose plans file is to be written: at most one job queued per job. */
 struct plans_pub {

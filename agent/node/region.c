@@ -7,7 +7,8 @@
  */
 #include <stdlib.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/session.h"
 
 struct region *region_find(struct session *s, uint64_t id)
 {

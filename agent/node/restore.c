@@ -20,6 +20,13 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/server.h"
+#include "agent/node/upload.h"
+#include "agent/daemon/metrics.h"
+#include "agent/rpc/handlers.h"
+#include "ipc/base/log.h"
+#include "store.h"
 
 /* ---- restore ---------------------------------------------------------- */
 /*
@@ -238,7 +245,7 @@ static int restore_one(struct restore *rs, struct storage *store, int64_t step, 
 	char line[IPC_ERRLEN + 128];
 	int rc;
 
-	if (p->gpu) { /* the lane is ours alone until the copies are in (agent.h) */
+	if (p->gpu) { /* the lane is ours alone until the copies are in (plan.h: plan_gpu) */
 		pthread_mutex_lock(&p->gpu->capture);
 		if (!p->gpu->lane) {
 			rc = ipc_errf(err, -EIO,

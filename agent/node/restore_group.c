@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "ipc/base/log.h"
 
 #define GATHER_NS 50000000LL /* 50 ms with nobody new */
 #define GATHER_MAX_NS 500000000LL /* 500 ms in all */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "agent/node/layouts.h"
 
 static bool is_bad(const struct bad_chunk *b, size_t n, const struct manifest_chunk *c)
 {

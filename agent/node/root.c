@@ -25,7 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/plan.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/node/root.h"
+#include "store.h"
+#include "ipc/base/log.h"
 
 #define CHECK_OK_NS (5LL * 1000000000) /* between checks of a root that is fine */
 #define CHECK_BAD_NS (1LL * 1000000000) /* of one that is not: saves resume soon after */

@@ -37,6 +37,9 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/layouts.h"
+#include "ipc/base/log.h"
 
 static double secs(int64_t from, int64_t to)
 {

@@ -13,8 +13,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/session.h"
+#include "agent/node/plan.h"
+#include "agent/node/save.h"
+#include "agent/rpc/handlers.h"
 #include "agent/rpc/cred_server.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
 
 #define MAX_SESSIONS 4096
 /* Each region is a mapping: well under vm.max_map_count (65530) for all users together. */

@@ -36,10 +36,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
 #include "agent/node/retention.h"
 #include "agent/node/upload.h"
 #include "agent/node/upload_int.h"
+#include "agent/pipe/pool.h"
+#include "store.h"
+#include "ipc.h"
+#include "ipc/base/log.h"
 
 #define UP_ALIGN 4096u
 #define RETRY_MAX_NS (300LL * 1000000000)

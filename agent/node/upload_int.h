@@ -16,8 +16,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
 #include "agent/node/retention.h"
+#include "agent/node/upload.h"
 
 #define UP_BUFFERS 4 /* chunks read ahead of the parts in flight */
 #define UP_NOTE_LEN UPLOAD_NOTE_LEN

@@ -28,9 +28,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
 #include "agent/node/upload.h"
 #include "agent/node/upload_int.h"
+#include "ipc/base/log.h"
 
 _Static_assert(sizeof(((struct upload_behind *)0)->job) == IPC_MAX_JOB + 1,
                "upload_behind.job holds a job's name");

@@ -24,6 +24,13 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/server.h"
+#include "agent/rpc/handlers.h"
+#include "agent/rpc/access.h"
+#include "agent/node/upload.h"
+#include "ipc/base/log.h"
+#include "store.h"
 
 struct verify {
 	struct work work;

@@ -11,6 +11,7 @@
 #include <errno.h>
 
 #include "agent/pipe/stream.h"
+#include "ipc/base/log.h"
 
 /*
  * Waits (on the plan's lane) for the trainer's event: its GPU work before

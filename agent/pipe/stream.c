@@ -68,6 +68,8 @@
 
 #include "fsops.h"
 #include "agent/pipe/stream.h"
+#include "agent/node/root.h"
+#include "agent/pipe/copier.h"
 
 #define ALIGN 4096u
 

@@ -12,14 +12,16 @@
  *   verify.c       builds the extents of a verify, and answers
  *   stream_read.c  the reader: READ -> HASH+COPY -> RELEASE, window by window
  *
- * Included by those files only: it includes agent.h, never the other way.
+ * Included by those files only: it includes the node's headers, never the other way.
  */
 #ifndef CKPT_AGENT_STREAM_H
 #define CKPT_AGENT_STREAM_H
 
 #include <stdint.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/node/plan.h"
+#include "agent/node/save.h"
 #include "box.h"
 
 /* A save refused a place in the pool under the skip policy: its reason. */

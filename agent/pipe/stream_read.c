@@ -51,6 +51,7 @@
 
 #include "agent/pipe/safecopy.h"
 #include "agent/pipe/stream.h"
+#include "agent/pipe/copier.h"
 
 #define ALIGN 4096u
 

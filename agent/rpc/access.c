@@ -26,7 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/plan.h"
+#include "agent/node/save.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
+#include "store.h"
 
 struct owner {
 	char job[IPC_MAX_JOB + 1];

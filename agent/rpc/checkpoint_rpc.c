@@ -8,7 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/rpc/handlers.h"
+#include "agent/rpc/server.h"
+#include "commit.h"
+#include "ipc/base/log.h"
 
 struct finish_op {
 	struct work work;

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "agent/rpc/peer.h"
+#include "agent/node/peer.h"
 
 struct cred;
 

@@ -13,7 +13,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/save.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/node/gc.h"
+#include "agent/node/root.h"
+#include "agent/rpc/handlers.h"
+#include "agent/node/upload.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
 
 #ifndef CKPTD_VERSION
 #define CKPTD_VERSION "0.0.0"

@@ -14,7 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/session.h"
+#include "agent/node/plan.h"
+#include "agent/rpc/ops.h"
+#include "agent/rpc/handlers.h"
+#include "agent/rpc/server.h"
+#include "ipc/base/log.h"
+#include "store.h"
 
 #define MAX_PLANS 65536
 

@@ -14,6 +14,14 @@
 #include <string.h>
 
 #include "agent/pipe/stream.h"
+#include "agent/node/checkpoint.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/handlers.h"
+#include "agent/rpc/server.h"
+#include "agent/node/park.h"
+#include "agent/node/publish.h"
+#include "agent/rpc/access.h"
+#include "ipc/base/log.h"
 
 /*
  * Under mu: a save of cp's step by this rank, whose earlier one ended in a
@@ -206,7 +214,8 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	return 0;
 }
 
-void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m)
+/* Under mu: a checked SaveRequest admitted (or refused) and answered; m freed. */
+static void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m)
 {
 	Ckpt__V1__SaveRequest *req = (Ckpt__V1__SaveRequest *)m;
 	Ckpt__V1__SaveReply rep = CKPT__V1__SAVE_REPLY__INIT;

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 
 #include "ipc.h"
-#include "agent/rpc/peer.h"
+#include "agent/node/peer.h"
 
 struct server;
 struct rpc;

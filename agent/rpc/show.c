@@ -19,7 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent.h"
+#include "agent/node/node.h"
+#include "agent/rpc/access.h"
+#include "agent/node/catalog.h"
+#include "agent/rpc/ops.h"
+#include "agent/rpc/handlers.h"
+#include "agent/rpc/server.h"
+#include "store.h"
 
 #define SHOW_PIECE (1u << 20) /* JSON bytes a ShowDetail message carries */
 #define SHOW_WINDOW (4u << 20) /* bytes queued for the client, at most (and a piece) */

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "agent/daemon/config.h"
+#include "ipc.h"
+#include "ipc/base/log.h"
 
 #define NOGROUP "ckptd-test-no-such-group"
 

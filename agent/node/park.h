@@ -1,0 +1,32 @@
+/*
+ * agent/node/park.h: a run's first save, parked until its plan set is
+ * complete (park.c).
+ *
+ * Locks: agent.mu, as each call says.
+ */
+#ifndef CKPT_AGENT_NODE_PARK_H
+#define CKPT_AGENT_NODE_PARK_H
+
+#include <stdbool.h>
+
+#include "agent/node/plan.h"
+#include "ipc.h"
+
+struct rpc;
+
+/* Under mu: a parked save that goes on (m, checked, is its request): admitted or refused. */
+typedef void (*park_admit_fn)(struct agent *a, struct rpc *c, ProtobufCMessage *m);
+/*
+ * Under mu, rpc_save's: a save of p's that waits for the run's plan set
+ * (its first, where the set is not complete: at most --plans-wait) is
+ * parked: true, and admit(c, m) is called once it goes on.
+ */
+bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m,
+               park_admit_fn admit);
+/*
+ * Under mu: parked saves whose set is complete, plan gone, or wait over, go
+ * on (all: every one). After each look at the plans, and at the tick.
+ */
+void park_release(struct agent *a, bool all);
+
+#endif /* CKPT_AGENT_NODE_PARK_H */
