@@ -26,9 +26,8 @@ const char *ipc_state_name(int state)
 
 bool ipc_state_final(int state)
 {
-	return state == CKPT__V1__STATE__STATE_COMMITTED ||
-	       state == CKPT__V1__STATE__STATE_UPLOADED || state == CKPT__V1__STATE__STATE_FAILED ||
-	       state == CKPT__V1__STATE__STATE_SKIPPED;
+	return state == SAVE_COMMITTED || state == SAVE_UPLOADED || state == SAVE_FAILED ||
+	       state == SAVE_SKIPPED;
 }
 
 static int check_global(const struct ipc_tensor *t, char *err)

@@ -20,6 +20,20 @@
 
 #include "ipc.h"
 
+/* The agent's own enums are the protocol's numbers: the edge passes them as they are. */
+#define SAME(a, b) _Static_assert((int)(a) == (int)(b), #a " is not " #b)
+SAME(SAVE_QUEUED, CKPT__V1__STATE__STATE_QUEUED);
+SAME(SAVE_CAPTURED, CKPT__V1__STATE__STATE_CAPTURED);
+SAME(SAVE_DURABLE, CKPT__V1__STATE__STATE_DURABLE);
+SAME(SAVE_COMMITTED, CKPT__V1__STATE__STATE_COMMITTED);
+SAME(SAVE_UPLOADED, CKPT__V1__STATE__STATE_UPLOADED);
+SAME(SAVE_FAILED, CKPT__V1__STATE__STATE_FAILED);
+SAME(SAVE_SKIPPED, CKPT__V1__STATE__STATE_SKIPPED);
+SAME(BACKPRESSURE_DEFAULT, CKPT__V1__BACKPRESSURE__BACKPRESSURE_DEFAULT);
+SAME(BACKPRESSURE_BLOCK, CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK);
+SAME(BACKPRESSURE_SKIP, CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP);
+#undef SAME
+
 #define M(name, req, rep, stream)                                                                  \
 	{                                                                                          \
 		"/ckpt.v1.Ckpt/" name, &ckpt__v1__##req##__descriptor,                             \

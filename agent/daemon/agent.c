@@ -206,8 +206,8 @@ static void tell_systemd(struct agent *a)
 	root = a->root.state;
 	clients = a->nsessions;
 	inflight = a->inflight;
-	committed = a->finals[CKPT__V1__STATE__STATE_COMMITTED];
-	failed = a->finals[CKPT__V1__STATE__STATE_FAILED];
+	committed = a->finals[SAVE_COMMITTED];
+	failed = a->finals[SAVE_FAILED];
 	stopping = a->stopping;
 	pthread_mutex_unlock(&a->mu);
 	if (stopping)
@@ -282,9 +282,9 @@ static void log_config(const struct agent_config *c)
 	    c->socket_group ? c->socket_group : "-", log_level_name(c->log_level), c->root,
 	    c->io_engine <= IOENG_PWRITE ? engines[c->io_engine] : "?", c->queue_depth,
 	    (unsigned long long)c->staging_mb,
-	    c->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP ? "skip" : "block",
-	    c->keep_last, (long long)c->keep_every, c->metrics_listen ? c->metrics_listen : "off",
-	    c->node, c->commit_deadline_s, c->plans_wait_s, c->abandon_after_s, c->stop_timeout_s,
+	    c->backpressure == BACKPRESSURE_SKIP ? "skip" : "block", c->keep_last,
+	    (long long)c->keep_every, c->metrics_listen ? c->metrics_listen : "off", c->node,
+	    c->commit_deadline_s, c->plans_wait_s, c->abandon_after_s, c->stop_timeout_s,
 	    (unsigned long long)c->chunk_mb, c->capture_threads, copy, c->direct ? "yes" : "no",
 	    c->lock_pool ? "yes" : "no");
 }

@@ -72,8 +72,8 @@ static const struct choice levels[] = {
 static const struct choice engines[] = {
     {"auto", IOENG_AUTO}, {"io_uring", IOENG_URING}, {"pwrite", IOENG_PWRITE}, {NULL, 0}};
 static const struct choice policies[] = {
-    {"block", CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK},
-    {"skip", CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP},
+    {"block", BACKPRESSURE_BLOCK},
+    {"skip", BACKPRESSURE_SKIP},
     {NULL, 0},
 };
 
@@ -111,8 +111,7 @@ static const struct setting settings[CONFIG_NSETTINGS] = {
                        .def = 1024},
     [CS_BACKPRESSURE] = {"jobs", "backpressure", "backpressure", "P",
                          "block or skip when the pool is full (default block)", K_CHOICE,
-                         .choices = policies, "block or skip",
-                         .def = CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK},
+                         .choices = policies, "block or skip", .def = BACKPRESSURE_BLOCK},
     [CS_KEEP_LAST] = {"jobs", "keep_last", "keep-last", "K",
                       "keep the last K committed checkpoints of a job (0: all)", K_NUMBER, 0,
                       1000000},

@@ -141,7 +141,7 @@ static double unix_now(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-void metrics_on_save(struct agent *a, struct save *s, int state)
+void metrics_on_save(struct agent *a, struct save *s, enum save_state state)
 {
 	struct metrics *m = a->metrics;
 	struct job_stat *j;
@@ -149,21 +149,20 @@ void metrics_on_save(struct agent *a, struct save *s, int state)
 	if (!m)
 		return;
 	pthread_mutex_lock(&m->mu);
-	if ((ipc_state_final(state) || state == CKPT__V1__STATE__STATE_UPLOADED) &&
-	    (j = job_of(m, s->job)) != NULL) {
+	if ((ipc_state_final(state) || state == SAVE_UPLOADED) && (j = job_of(m, s->job)) != NULL) {
 		j->finals[state]++;
-		if (state == CKPT__V1__STATE__STATE_COMMITTED) {
+		if (state == SAVE_COMMITTED) {
 			j->committed_bytes += s->bytes_total;
 			j->last_commit_unix = unix_now();
 			if (s->step > j->last_commit_step)
 				j->last_commit_step = s->step;
 		}
 	}
-	if (state == CKPT__V1__STATE__STATE_CAPTURED)
+	if (state == SAVE_CAPTURED)
 		observe(&m->h[H_STALL], s->t_queued, s->t_captured);
-	else if (state == CKPT__V1__STATE__STATE_DURABLE)
+	else if (state == SAVE_DURABLE)
 		observe(&m->h[H_PERSIST], s->t_queued, s->t_durable);
-	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
+	else if (state == SAVE_COMMITTED)
 		observe(&m->h[H_COMMIT], s->t_queued, s->t_committed);
 	pthread_mutex_unlock(&m->mu);
 }
@@ -318,10 +317,10 @@ static void put(FILE *f, const char *name, const char *type, const char *help, d
 static const struct {
 	int state;
 	const char *label;
-} final_states[] = {{CKPT__V1__STATE__STATE_COMMITTED, "committed"},
-                    {CKPT__V1__STATE__STATE_UPLOADED, "uploaded"},
-                    {CKPT__V1__STATE__STATE_FAILED, "failed"},
-                    {CKPT__V1__STATE__STATE_SKIPPED, "skipped"}};
+} final_states[] = {{SAVE_COMMITTED, "committed"},
+                    {SAVE_UPLOADED, "uploaded"},
+                    {SAVE_FAILED, "failed"},
+                    {SAVE_SKIPPED, "skipped"}};
 
 #define NFINALS (sizeof(final_states) / sizeof(final_states[0]))
 

@@ -25,7 +25,7 @@ int metrics_create(struct agent *a, const char *listen, struct metrics **out, ch
 /* Stops serving (waits for a scrape in progress). NULL is fine. */
 void metrics_destroy(struct metrics *m);
 /* Under agent.mu (a hub_save_fn): s has just reached `state` (its t_* are set). */
-void metrics_on_save(struct agent *a, struct save *s, int state);
+void metrics_on_save(struct agent *a, struct save *s, enum save_state state);
 /*
  * A step's commit ended: latency_ns (>= 0) when this node wrote the
  * manifest (the last part durable to the manifest durable), else -1;

@@ -274,8 +274,7 @@ static bool in_flight_here(struct agent *a, const char *job, int64_t step)
 	{
 		const struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->step == step && cp->state != CKPT__V1__STATE__STATE_COMMITTED &&
-		    strcmp(cp->job, job) == 0)
+		if (cp->step == step && cp->state != SAVE_COMMITTED && strcmp(cp->job, job) == 0)
 			return true;
 	}
 	return false;

@@ -70,7 +70,7 @@ int cp_get(struct agent *a, const char *job, int64_t step, int world, const char
 	snprintf(cp->run, sizeof(cp->run), "%s", run);
 	cp->step = step;
 	cp->world = world;
-	cp->state = CKPT__V1__STATE__STATE_QUEUED;
+	cp->state = SAVE_QUEUED;
 	cp->t_first = ipc_mono_ns();
 	list_add_tail(&a->ckpts, &cp->link);
 	a->nckpts++;
@@ -91,9 +91,9 @@ static bool local_all_saved(struct agent *a, const struct checkpoint *cp);
 
 void cp_release(struct agent *a, struct checkpoint *cp)
 {
-	if (cp->state == CKPT__V1__STATE__STATE_QUEUED || cp->nrunning || cp->committing)
+	if (cp->state == SAVE_QUEUED || cp->nrunning || cp->committing)
 		return;
-	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+	if (cp->state == SAVE_FAILED) {
 		/*
 		 * Kept while this node's ranks may still arrive, so they learn it
 		 * failed at once; not past its deadline (cp_expire): a rank that
@@ -132,7 +132,7 @@ static void fail_now(struct agent *a, struct checkpoint *cp, const char *reason)
 {
 	char why[IPC_ERRLEN + 64];
 
-	cp->state = CKPT__V1__STATE__STATE_FAILED;
+	cp->state = SAVE_FAILED;
 	snprintf(cp->reason, sizeof(cp->reason), "%s", reason);
 	snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
 	         (long long)cp->step, reason);
@@ -142,7 +142,7 @@ static void fail_now(struct agent *a, struct checkpoint *cp, const char *reason)
 		if (!s)
 			continue;
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
+		save_set_state(a, s, SAVE_FAILED, why);
 	}
 	pool_wake(a->pool);
 	if (cp->nrunning == 0 && !cp->cleaning && !cp->cleaned)
@@ -151,7 +151,7 @@ static void fail_now(struct agent *a, struct checkpoint *cp, const char *reason)
 
 void cp_fail(struct agent *a, struct checkpoint *cp, const char *reason)
 {
-	if (cp->state != CKPT__V1__STATE__STATE_QUEUED)
+	if (cp->state != SAVE_QUEUED)
 		return;
 	/* The commit is under way: it decides, and stops at its next poll. */
 	if (cp->committing) {
@@ -189,8 +189,7 @@ static bool local_complete(struct agent *a, const struct checkpoint *cp)
 void cp_rank_durable(struct agent *a, struct checkpoint *cp)
 {
 	cp->ndurable++;
-	if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->committing &&
-	    local_complete(a, cp)) {
+	if (cp->state == SAVE_QUEUED && !cp->committing && local_complete(a, cp)) {
 		cp->committing = true;
 		cp->work.fn = commit_work;
 		workq_push(a->commit, &cp->work);
@@ -209,12 +208,12 @@ void cp_rank_gone(struct agent *a, const char *job, const char *run, int rank)
 		if (strcmp(cp->job, job) != 0 || strcmp(cp->run, run) != 0)
 			continue;
 		/* failed, and waiting for this node's ranks: one fewer to wait for */
-		if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+		if (cp->state == SAVE_FAILED) {
 			cp_release(a, cp);
 			continue;
 		}
-		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || rank >= cp->world ||
-		    cp->rank[rank] || cp->part_built)
+		if (cp->state != SAVE_QUEUED || rank >= cp->world || cp->rank[rank] ||
+		    cp->part_built)
 			continue;
 		snprintf(why, sizeof(why),
 		         "rank %d left (its plan was dropped) before saving this "
@@ -262,7 +261,7 @@ void cp_expire(struct agent *a, int64_t now)
 		if (now - cp->t_first < limit)
 			continue;
 		/* Failed, and its ranks had their time: those still missing are not waited for. */
-		if (cp->state == CKPT__V1__STATE__STATE_FAILED && !cp->retired) {
+		if (cp->state == SAVE_FAILED && !cp->retired) {
 			cp->retired = true;
 			cp_release(a, cp);
 			continue;
@@ -272,7 +271,7 @@ void cp_expire(struct agent *a, int64_t now)
 		 * only slow are waited for; once committing, the commit's own
 		 * deadline for the other nodes' parts applies.)
 		 */
-		if (cp->state != CKPT__V1__STATE__STATE_QUEUED || cp->committing)
+		if (cp->state != SAVE_QUEUED || cp->committing)
 			continue;
 		unsaved(a, cp, ranks, sizeof(ranks));
 		if (!ranks[0])
@@ -304,7 +303,7 @@ void cp_rank_stopped(struct agent *a, struct checkpoint *cp)
 {
 	if (--cp->nrunning)
 		return;
-	if (cp->state == CKPT__V1__STATE__STATE_FAILED && !cp->cleaning && !cp->cleaned)
+	if (cp->state == SAVE_FAILED && !cp->cleaning && !cp->cleaned)
 		queue_cleanup(a, cp);
 	else
 		cp_release(a, cp);
@@ -350,7 +349,7 @@ void cp_on_plan(struct agent *a, struct plan *p, bool dropped)
 	{
 		struct save *s = container_of(pos, struct save, link);
 
-		if (s->plan == p && s->state == CKPT__V1__STATE__STATE_QUEUED) {
+		if (s->plan == p && s->state == SAVE_QUEUED) {
 			atomic_store(&s->abort, true);
 			cp_fail(
 			    a, s->cp,
@@ -488,14 +487,13 @@ static void supersede(struct agent *a, const struct checkpoint *done)
 
 		if (cp == done || strcmp(cp->job, done->job) != 0 || cp->step >= done->step)
 			continue;
-		if (cp->state == CKPT__V1__STATE__STATE_QUEUED && !cp->part_built &&
-		    !local_all_saved(a, cp)) {
+		if (cp->state == SAVE_QUEUED && !cp->part_built && !local_all_saved(a, cp)) {
 			snprintf(why, sizeof(why),
 			         "step %lld committed while this node's ranks had not all saved "
 			         "this one",
 			         (long long)done->step);
 			cp_fail(a, cp, why);
-		} else if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+		} else if (cp->state == SAVE_FAILED) {
 			cp->retired = true; /* nobody else is coming */
 			cp_release(a, cp);
 		}
@@ -511,7 +509,7 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 
 	catalog_entry_from_manifest(m, &ce);
 	catalog_add(a->cat, &ce);
-	cp->state = CKPT__V1__STATE__STATE_COMMITTED;
+	cp->state = SAVE_COMMITTED;
 	for (int k = 0; k < cp->world; k++) {
 		struct save *s = cp->rank[k];
 
@@ -525,7 +523,7 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 				v[(*nstale)++] = strdup(s->file);
 			}
 		}
-		save_set_state(a, s, CKPT__V1__STATE__STATE_COMMITTED, NULL);
+		save_set_state(a, s, SAVE_COMMITTED, NULL);
 	}
 	if (r->wrote)
 		log_msg(
@@ -546,8 +544,7 @@ static void committed(struct agent *a, struct checkpoint *cp, const struct commi
 	supersede(a, cp);
 	/* the upload tier's copy (upload.c), retention (gc.c) */
 	hub_ckpt(&a->hub, a,
-	         &(struct hub_ckpt){cp->job, cp->run, cp->step, CKPT__V1__STATE__STATE_COMMITTED,
-	                            r->wrote, NULL});
+	         &(struct hub_ckpt){cp->job, cp->run, cp->step, SAVE_COMMITTED, r->wrote, NULL});
 }
 
 /* Under mu: what the last poll saw, for list, status and watch. */
@@ -765,7 +762,7 @@ static void commit_ended(struct agent *a, struct checkpoint *cp, const struct co
 	cp->committing = false;
 	/* before the trainers are told: a scrape after COMMITTED counts this commit */
 	metrics_on_commit(a->metrics, r->wrote ? r->latency_ns : -1, r->missing_at_deadline);
-	if (r->state == COMMIT_COMMITTED && cp->state == CKPT__V1__STATE__STATE_QUEUED)
+	if (r->state == COMMIT_COMMITTED && cp->state == SAVE_QUEUED)
 		committed(a, cp, r, stale, nstale);
 	else if (r->state == COMMIT_FAILED)
 		cp_fail(a, cp, r->reason);

@@ -26,7 +26,7 @@ struct checkpoint {
 	int world;
 	struct save **rank; /* [world], NULL until that rank saves here */
 	unsigned nsaved, ndurable, nrunning; /* of this node's ranks */
-	int state; /* QUEUED (in flight), COMMITTED, FAILED */
+	enum save_state state; /* QUEUED (in flight), COMMITTED, FAILED */
 	char reason[IPC_ERRLEN];
 	struct work work; /* the commit thread's: part, polls, clean-up */
 	int64_t t_first; /* monotonic ns of the first rank's save here */

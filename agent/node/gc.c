@@ -320,7 +320,7 @@ out:
 
 void gc_on_ckpt(struct agent *a, const struct hub_ckpt *c)
 {
-	if (c->state != CKPT__V1__STATE__STATE_COMMITTED)
+	if (c->state != SAVE_COMMITTED)
 		return;
 	if (c->wrote)
 		gc_queue(a, c->job);

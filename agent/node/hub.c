@@ -47,19 +47,19 @@ void hub_on_root_back(struct hub *h, hub_root_fn fn)
 	h->root[next(&h->nroot, "the root back")] = fn;
 }
 
-void hub_save_new(const struct hub *h, struct agent *a, struct save *s, int state)
+void hub_save_new(const struct hub *h, struct agent *a, struct save *s, enum save_state state)
 {
 	for (unsigned i = 0; i < h->nmade; i++)
 		h->made[i](a, s, state);
 }
 
-void hub_save(const struct hub *h, struct agent *a, struct save *s, int state)
+void hub_save(const struct hub *h, struct agent *a, struct save *s, enum save_state state)
 {
 	for (unsigned i = 0; i < h->nsave; i++)
 		h->save[i](a, s, state);
 }
 
-void hub_save_note(const struct hub *h, struct agent *a, struct save *s, int state)
+void hub_save_note(const struct hub *h, struct agent *a, struct save *s, enum save_state state)
 {
 	for (unsigned i = 0; i < h->nnote; i++)
 		h->note[i](a, s, state);

@@ -31,6 +31,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ipc/base/base.h"
+
 struct agent;
 struct plan;
 struct save;
@@ -41,12 +43,12 @@ struct save;
 struct hub_ckpt {
 	const char *job, *run; /* run: NULL where not known (an upload's) */
 	int64_t step;
-	int state; /* COMMITTED or UPLOADED (why: not uploaded) */
+	enum save_state state; /* COMMITTED or UPLOADED (why: not uploaded) */
 	bool wrote; /* COMMITTED: this node put the manifest */
 	const char *why; /* UPLOADED: NULL, or why the step will not be uploaded */
 };
 
-typedef void (*hub_save_fn)(struct agent *a, struct save *s, int state);
+typedef void (*hub_save_fn)(struct agent *a, struct save *s, enum save_state state);
 typedef void (*hub_ckpt_fn)(struct agent *a, const struct hub_ckpt *c);
 typedef void (*hub_plan_fn)(struct agent *a, struct plan *p, bool dropped);
 typedef void (*hub_root_fn)(struct agent *a);
@@ -68,9 +70,9 @@ void hub_on_plan(struct hub *h, hub_plan_fn fn);
 void hub_on_root_back(struct hub *h, hub_root_fn fn);
 
 /* Under agent.mu: every subscriber of the event told, in order. */
-void hub_save_new(const struct hub *h, struct agent *a, struct save *s, int state);
-void hub_save(const struct hub *h, struct agent *a, struct save *s, int state);
-void hub_save_note(const struct hub *h, struct agent *a, struct save *s, int state);
+void hub_save_new(const struct hub *h, struct agent *a, struct save *s, enum save_state state);
+void hub_save(const struct hub *h, struct agent *a, struct save *s, enum save_state state);
+void hub_save_note(const struct hub *h, struct agent *a, struct save *s, enum save_state state);
 void hub_ckpt(const struct hub *h, struct agent *a, const struct hub_ckpt *c);
 void hub_plan(const struct hub *h, struct agent *a, struct plan *p, bool dropped);
 void hub_root_back(const struct hub *h, struct agent *a);

@@ -61,7 +61,7 @@ struct agent_config {
 	uint64_t chunk_mb;
 	unsigned queue_depth;
 	enum ioeng_kind io_engine;
-	int backpressure; /* CKPT__V1__BACKPRESSURE__* (not DEFAULT) */
+	enum backpressure backpressure; /* not DEFAULT */
 	unsigned capture_threads;
 	int copy_threads; /* helpers joining each copy; < 0: one per other CPU */
 	bool direct;

@@ -90,7 +90,7 @@ struct plan {
 	char job[IPC_MAX_JOB + 1];
 	char run[IPC_MAX_JOB + 1]; /* the trainer's run ("0" unless it said) */
 	int rank, world;
-	int backpressure;
+	enum backpressure backpressure; /* the plan's, or the agent's where it said DEFAULT */
 	unsigned copies; /* ranks writing each replicated box (>= 1; the plan option) */
 	size_t n;
 	struct plan_tensor *t; /* in file order */

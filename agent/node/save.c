@@ -55,7 +55,7 @@ void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 	info->step = s->step;
 	info->rank = s->rank;
 	info->world = s->world;
-	info->state = s->state;
+	info->state = (Ckpt__V1__State)s->state; /* the same numbers (ipc/wire.c) */
 	info->reason = s->reason;
 	info->upload_failed = s->upload_failed;
 	info->bytes_total = s->bytes_total;
@@ -76,13 +76,13 @@ void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
 }
 
 /* Under mu (a hub_save_fn): the log hears of saves that end other than committed. */
-void save_log(struct agent *a, struct save *s, int state)
+void save_log(struct agent *a, struct save *s, enum save_state state)
 {
 	(void)a;
-	if (state == CKPT__V1__STATE__STATE_FAILED)
+	if (state == SAVE_FAILED)
 		log_msg(LOG_WARNING, "save of job %s step %lld rank %d FAILED: %s", s->job,
 		        (long long)s->step, s->rank, s->reason);
-	else if (state == CKPT__V1__STATE__STATE_SKIPPED)
+	else if (state == SAVE_SKIPPED)
 		log_msg(LOG_NOTICE, "save of job %s step %lld rank %d SKIPPED: %s", s->job,
 		        (long long)s->step, s->rank, s->reason);
 }
@@ -95,30 +95,29 @@ void save_fence_release(struct save *s)
 	}
 }
 
-void save_set_state(struct agent *a, struct save *s, int state, const char *reason)
+void save_set_state(struct agent *a, struct save *s, enum save_state state, const char *reason)
 {
 	int64_t now = ipc_mono_ns();
 	/* COMMITTED is final, but for the upload tier's UPLOADED after it */
-	bool uploaded = s->state == CKPT__V1__STATE__STATE_COMMITTED &&
-	                state == CKPT__V1__STATE__STATE_UPLOADED;
+	bool uploaded = s->state == SAVE_COMMITTED && state == SAVE_UPLOADED;
 
 	if ((ipc_state_final(s->state) && !uploaded) || state <= s->state)
 		return;
 	s->state = state;
 	if (reason)
 		snprintf(s->reason, sizeof(s->reason), "%s", reason);
-	if (state == CKPT__V1__STATE__STATE_CAPTURED)
+	if (state == SAVE_CAPTURED)
 		s->t_captured = now;
-	else if (state == CKPT__V1__STATE__STATE_DURABLE)
+	else if (state == SAVE_DURABLE)
 		s->t_durable = now;
-	else if (state == CKPT__V1__STATE__STATE_COMMITTED)
+	else if (state == SAVE_COMMITTED)
 		s->t_committed = now;
 	/*
 	 * A CUDA plan's fence moves once this save's copies are done; for a save
 	 * that ends otherwise, once its capture job (which may still be about to
 	 * wait on the trainer's event) has returned: save_capture.
 	 */
-	if (state == CKPT__V1__STATE__STATE_CAPTURED || (ipc_state_final(state) && !s->capturing))
+	if (state == SAVE_CAPTURED || (ipc_state_final(state) && !s->capturing))
 		save_fence_release(s);
 	if (uploaded) {
 		a->finals[state]++;
@@ -132,7 +131,7 @@ void save_set_state(struct agent *a, struct save *s, int state, const char *reas
 
 void save_upload_failed(struct agent *a, struct save *s, const char *why)
 {
-	if (s->state != CKPT__V1__STATE__STATE_COMMITTED || s->upload_failed)
+	if (s->state != SAVE_COMMITTED || s->upload_failed)
 		return;
 	s->upload_failed = true;
 	snprintf(s->reason, sizeof(s->reason), "not uploaded: %s", why);
@@ -144,19 +143,18 @@ void save_on_ckpt(struct agent *a, const struct hub_ckpt *c)
 {
 	struct list *pos;
 
-	if (c->state != CKPT__V1__STATE__STATE_UPLOADED)
+	if (c->state != SAVE_UPLOADED)
 		return;
 	list_for_each(pos, &a->saves)
 	{
 		struct save *s = container_of(pos, struct save, link);
 
-		if (s->step != c->step || strcmp(s->job, c->job) != 0 ||
-		    s->state != CKPT__V1__STATE__STATE_COMMITTED)
+		if (s->step != c->step || strcmp(s->job, c->job) != 0 || s->state != SAVE_COMMITTED)
 			continue;
 		if (c->why)
 			save_upload_failed(a, s, c->why);
 		else
-			save_set_state(a, s, CKPT__V1__STATE__STATE_UPLOADED, NULL);
+			save_set_state(a, s, SAVE_UPLOADED, NULL);
 	}
 }
 
@@ -166,7 +164,7 @@ void save_fail(struct agent *a, struct save *s, const char *reason)
 	char why[IPC_ERRLEN + 32];
 
 	atomic_store(&s->abort, true);
-	save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, reason);
+	save_set_state(a, s, SAVE_FAILED, reason);
 	snprintf(why, sizeof(why), "rank %d: %s", s->rank, reason);
 	s->tell(a, s, SAVE_NEWS_FAILED, why);
 }
@@ -256,12 +254,12 @@ static void save_capture(struct work *w)
 	pthread_mutex_lock(&a->mu);
 	if (rc == -EAGAIN && !atomic_load(&s->abort)) {
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, why);
+		save_set_state(a, s, SAVE_SKIPPED, why);
 		s->tell(a, s, SAVE_NEWS_SKIPPED, why);
 	} else if (rc && rc != -ECANCELED) {
 		save_fail(a, s, why);
 	} else if (!rc) {
-		save_set_state(a, s, CKPT__V1__STATE__STATE_CAPTURED, NULL);
+		save_set_state(a, s, SAVE_CAPTURED, NULL);
 	}
 	s->capturing = false;
 	if (s->plan->gpu) { /* before plan_idle: the plan's GPU side lives while busy */
@@ -282,8 +280,8 @@ static void save_ended(struct agent *a, struct save *s, bool durable, const char
 {
 	if (failure) {
 		save_fail(a, s, failure);
-	} else if (durable && s->state == CKPT__V1__STATE__STATE_CAPTURED) {
-		save_set_state(a, s, CKPT__V1__STATE__STATE_DURABLE, NULL);
+	} else if (durable && s->state == SAVE_CAPTURED) {
+		save_set_state(a, s, SAVE_DURABLE, NULL);
 		s->tell(a, s, SAVE_NEWS_DURABLE, NULL);
 	}
 	s->tell(a, s, SAVE_NEWS_STOPPED, NULL);
@@ -317,7 +315,7 @@ struct save *save_new(struct agent *a, struct plan *p, int64_t step)
 	s->step = step;
 	/* its header's, its part's: a number no other save draws (0 means none) */
 	s->stamp = (struct st_stamp){step, ipc_random_id() ?: (uint64_t)ipc_mono_ns() | 1};
-	s->state = CKPT__V1__STATE__STATE_QUEUED;
+	s->state = SAVE_QUEUED;
 	s->t_queued = ipc_mono_ns();
 	s->queued_unix_ns = ipc_now_ns();
 	s->nchunks = (unsigned)((lay->shard_bytes + pool_chunk_bytes(a->pool) - 1) /

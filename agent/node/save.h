@@ -45,7 +45,7 @@ struct save {
 	struct checkpoint *cp;
 	struct session *sess; /* to tell; NULL once the client left */
 	int64_t step;
-	int state;
+	enum save_state state;
 	char reason[IPC_ERRLEN];
 	atomic_bool abort;
 	bool fenced; /* a CUDA plan's: it holds a number on the plan's fence */
@@ -94,9 +94,9 @@ struct save *save_new(struct agent *a, struct plan *p, int64_t step);
  * each subscriber hears it once s is there, its t_* set, and changes
  * nothing of the save).
  */
-void save_set_state(struct agent *a, struct save *s, int state, const char *reason);
+void save_set_state(struct agent *a, struct save *s, enum save_state state, const char *reason);
 /* Under mu (a hub_save_fn): the log hears of saves that end other than committed. */
-void save_log(struct agent *a, struct save *s, int state);
+void save_log(struct agent *a, struct save *s, enum save_state state);
 /*
  * Under mu (a hub_ckpt_fn): a step uploaded to the tier, or given up: this
  * node's COMMITTED saves of it are UPLOADED, or say why not.

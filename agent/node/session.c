@@ -151,7 +151,7 @@ out:
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
-void session_on_save(struct agent *a, struct save *s, int state)
+void session_on_save(struct agent *a, struct save *s, enum save_state state)
 {
 	Ckpt__V1__SaveInfo info = CKPT__V1__SAVE_INFO__INIT;
 	Ckpt__V1__SessionEvent ev = CKPT__V1__SESSION_EVENT__INIT;

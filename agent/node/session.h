@@ -47,6 +47,6 @@ struct region *region_find(struct session *s, uint64_t id);
 /* Under mu (region.c): a reference let go; the last unmaps it. */
 void region_put(struct region *r);
 /* Under mu (a hub_save_fn): sends a save's new state to its client's Attach stream. */
-void session_on_save(struct agent *a, struct save *s, int state);
+void session_on_save(struct agent *a, struct save *s, enum save_state state);
 
 #endif /* CKPT_AGENT_NODE_SESSION_H */

@@ -354,7 +354,7 @@ out:
  */
 static void uploaded(struct agent *a, const char *job, int64_t step, const char *why)
 {
-	struct hub_ckpt c = {job, NULL, step, CKPT__V1__STATE__STATE_UPLOADED, false, why};
+	struct hub_ckpt c = {job, NULL, step, SAVE_UPLOADED, false, why};
 
 	hub_ckpt(&a->hub, a, &c);
 }
@@ -570,7 +570,7 @@ void up_run(struct work *w)
 
 void upload_on_ckpt(struct agent *a, const struct hub_ckpt *c)
 {
-	if (a->up && c->state == CKPT__V1__STATE__STATE_COMMITTED)
+	if (a->up && c->state == SAVE_COMMITTED)
 		up_queue(a->up, c->job, c->step);
 }
 

@@ -90,7 +90,7 @@ int stream_setup(struct save *s, char *why)
 	struct agent *a = s->a;
 	const struct plan *p = s->plan;
 	char err[IPC_ERRLEN];
-	bool wait = p->backpressure != CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP;
+	bool wait = p->backpressure != BACKPRESSURE_SKIP;
 	int rc;
 
 	/* the ranks of one checkpoint (s->cp) share the pool; they never skip each other */

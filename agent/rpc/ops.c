@@ -142,7 +142,7 @@ void rpc_status(struct rpc *c, ProtobufCMessage *m, void *ctx)
 		rep.upload_root = (char *)a->cfg.upload.root;
 		rep.upload_detail = upload_detail(a, up, sizeof(up));
 	}
-	for (int s = CKPT__V1__STATE__STATE_QUEUED; s <= CKPT__V1__STATE__STATE_SKIPPED; s++) {
+	for (int s = SAVE_QUEUED; s <= SAVE_SKIPPED; s++) {
 		if (!ipc_state_final(s))
 			continue;
 		ckpt__v1__state_count__init(&counts[n]);
@@ -196,7 +196,7 @@ void ops_summary(const struct cat_entry *e, bool latest, Ckpt__V1__CheckpointSum
 static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *s, char *note,
                             size_t len)
 {
-	int slowest = CKPT__V1__STATE__STATE_COMMITTED;
+	enum save_state slowest = SAVE_COMMITTED;
 
 	ckpt__v1__checkpoint_summary__init(s);
 	s->job = cp->job;
@@ -213,12 +213,12 @@ static void summary_from_cp(struct checkpoint *cp, Ckpt__V1__CheckpointSummary *
 			if (cp->rank[r]->state < slowest)
 				slowest = cp->rank[r]->state;
 		}
-	if (cp->state != CKPT__V1__STATE__STATE_QUEUED) {
-		s->state = cp->state;
+	if (cp->state != SAVE_QUEUED) {
+		s->state = (Ckpt__V1__State)cp->state; /* the same numbers (ipc/wire.c) */
 		s->reason = cp->reason;
 		return;
 	}
-	s->state = cp->committing ? slowest : CKPT__V1__STATE__STATE_QUEUED;
+	s->state = (Ckpt__V1__State)(cp->committing ? slowest : SAVE_QUEUED);
 	if (cp->committing)
 		snprintf(note, len, "node %s: %u rank%s durable, part %s; %zu of %zu parts in",
 		         cp->a->cfg.node, cp->nsaved, cp->nsaved == 1 ? "" : "s",
@@ -248,8 +248,8 @@ static size_t in_flight(struct agent *a, const struct peer *who, const char *job
 	{
 		struct checkpoint *cp = container_of(pos, struct checkpoint, link);
 
-		if (cp->state == CKPT__V1__STATE__STATE_COMMITTED ||
-		    (job && strcmp(job, cp->job)) || !access_may_read(a, who, cp->job))
+		if (cp->state == SAVE_COMMITTED || (job && strcmp(job, cp->job)) ||
+		    !access_may_read(a, who, cp->job))
 			continue;
 		summary_from_cp(cp, &(*v)[k], (*notes)[k], sizeof((*notes)[k]));
 		(*pv)[k] = &(*v)[k];
@@ -587,7 +587,7 @@ static void watchers_publish(struct agent *a, const Ckpt__V1__SaveInfo *info)
 	}
 }
 
-void watchers_on_save(struct agent *a, struct save *s, int state)
+void watchers_on_save(struct agent *a, struct save *s, enum save_state state)
 {
 	(void)state; /* s->state */
 	watchers_tell(a, s, false);

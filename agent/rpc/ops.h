@@ -49,7 +49,7 @@ int ops_queue_job_step(struct rpc *c, struct agent *a, const char *what, const c
 char **parts_text(const struct manifest *m);
 
 /* Under mu (a hub_save_fn): sends a save's new state to the watchers of its job. */
-void watchers_on_save(struct agent *a, struct save *s, int state);
+void watchers_on_save(struct agent *a, struct save *s, enum save_state state);
 /* Under mu: sends watchers the bytes moved by every save in flight (progress = true). */
 void watchers_progress(struct agent *a);
 /* Under mu: tells only the watchers where s is (a new save's QUEUED: its client has the reply). */

@@ -308,7 +308,9 @@ static int plan_build(struct agent *a, struct rpc *c, const Ckpt__V1__CreatePlan
 	snprintf(p->run, sizeof(p->run), "%s", req->run && *req->run ? req->run : IPC_DEFAULT_RUN);
 	p->rank = req->rank;
 	p->world = req->world;
-	p->backpressure = req->backpressure ? (int)req->backpressure : a->cfg.backpressure;
+	p->backpressure = req->backpressure
+	                      ? (enum backpressure)req->backpressure /* checked: BLOCK or SKIP */
+	                      : a->cfg.backpressure;
 	p->copies = req->copies ? req->copies : 1;
 	p->sess = sess;
 	p->refs = 1;

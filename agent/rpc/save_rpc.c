@@ -33,9 +33,8 @@ static bool retry_of_failed(const struct checkpoint *cp, int rank)
 {
 	const struct save *s = cp->rank[rank];
 
-	return s && cp->state == CKPT__V1__STATE__STATE_FAILED && !cp->part_built &&
-	       (s->state == CKPT__V1__STATE__STATE_FAILED ||
-	        s->state == CKPT__V1__STATE__STATE_SKIPPED);
+	return s && cp->state == SAVE_FAILED && !cp->part_built &&
+	       (s->state == SAVE_FAILED || s->state == SAVE_SKIPPED);
 }
 
 /*
@@ -145,19 +144,18 @@ static int step_of(struct agent *a, const struct plan *p, int64_t step, struct c
  */
 static void save_go(struct agent *a, struct plan *p, struct checkpoint *cp, struct save *s)
 {
-	if (cp->state == CKPT__V1__STATE__STATE_FAILED) {
+	if (cp->state == SAVE_FAILED) {
 		char why[IPC_ERRLEN + 64];
 
 		snprintf(why, sizeof(why), "checkpoint %s step %lld failed: %s", cp->job,
 		         (long long)cp->step, cp->reason);
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_FAILED, why);
+		save_set_state(a, s, SAVE_FAILED, why);
 		return; /* the caller answers, then lets the checkpoint go */
 	}
-	if (p->backpressure == CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP &&
-	    !pool_may_admit(a->pool, cp, s->want)) {
+	if (p->backpressure == BACKPRESSURE_SKIP && !pool_may_admit(a->pool, cp, s->want)) {
 		atomic_store(&s->abort, true);
-		save_set_state(a, s, CKPT__V1__STATE__STATE_SKIPPED, SAVE_SKIP_REASON);
+		save_set_state(a, s, SAVE_SKIPPED, SAVE_SKIP_REASON);
 		cp_fail(a, cp, "a rank was SKIPPED (staging pool full)");
 		return;
 	}
@@ -226,13 +224,13 @@ static void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m)
 	rc = save_start(a, c, req, &s, err);
 	if (!rc) {
 		rep.save_id = s->id;
-		rep.state = s->state;
+		rep.state = (Ckpt__V1__State)s->state; /* the same numbers (ipc/wire.c) */
 		rep.reason = s->reason;
 		rep.fence_seq = s->fence_seq;
 		/* the reply is packed now, under the lock: s may change right after */
 		rpc_reply(c, &rep.base);
 		/* born failed (its checkpoint had failed): nothing will run for it */
-		if (s->state == CKPT__V1__STATE__STATE_FAILED && s->cp && !atomic_load(&s->stages))
+		if (s->state == SAVE_FAILED && s->cp && !atomic_load(&s->stages))
 			cp_release(a, s->cp);
 	} else {
 		rpc_fail(c, rc, "save: %s", err);

@@ -64,6 +64,30 @@ int ipc_check_meta(const char *meta, char *err);
 int ipc_tensor_nbytes(const char *what, int dtype, size_t ndim, const int64_t *shape,
                       uint64_t *nbytes, char *err);
 
+/* ---- a save's states, what a save does when the pool is taken ---------- */
+
+/*
+ * A save's states, only ever moving forward but to FAILED (the agent's own
+ * enum; numbered as ckpt.proto's State and client/ckpt.h's enum ckpt_state,
+ * which ipc/wire.c checks at build time: the edge passes them as they are).
+ */
+enum save_state {
+	SAVE_QUEUED = 1,
+	SAVE_CAPTURED = 2, /* out of trainer memory */
+	SAVE_DURABLE = 3, /* this rank's shard written and fsync'd */
+	SAVE_COMMITTED = 4, /* every rank durable, the manifest durable */
+	SAVE_UPLOADED = 5, /* also complete in the upload tier */
+	SAVE_FAILED = 6,
+	SAVE_SKIPPED = 7, /* the staging pool full, and the policy skip */
+};
+
+/* When the staging pool is taken: wait for room, or skip the save (as ckpt.proto's). */
+enum backpressure {
+	BACKPRESSURE_DEFAULT = 0, /* a plan's: the agent's configured policy */
+	BACKPRESSURE_BLOCK = 1,
+	BACKPRESSURE_SKIP = 2,
+};
+
 /* ---- back-offs ---------------------------------------------------------- */
 
 /*
