@@ -3,11 +3,11 @@
  * commit (gc_queue, from commit_run) and on request (the Gc RPC, `ckptctl gc
  * JOB`), and pinning (the Pin RPC, `ckptctl pin|unpin JOB STEP`).
  *
- * Threads: the RPC handlers run on the control thread and only check and
- * queue; the work runs on the maint thread, which also runs delete, so GC,
- * pins and deletes of a job never race each other. Verifies and shows run
- * beside them on the reader threads: a step being verified is marked as
- * read (cat_entry.readers), and a GC keeps it, a delete refuses it.
+ * Threads: the requests (gc_request, pin_request: rpc/gc_rpc.c's handlers)
+ * come on the control thread and only queue; the work runs on the maint thread, which also runs
+ * delete, so GC, pins and deletes of a job never race each other. Verifies and shows run beside
+ * them on the reader threads: a step being verified is marked as read (cat_entry.readers), and a GC
+ * keeps it, a delete refuses it.
  *
  * A GC decides (retention.c) and takes the checkpoints it removes out of the
  * catalog in one hold of agent.mu: a restore either marked its checkpoint as
@@ -19,25 +19,24 @@
 #define _GNU_SOURCE /* asprintf */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
 #include "agent/node/checkpoint.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/ops.h"
 #include "agent/node/gc.h"
-#include "agent/rpc/handlers.h"
 #include "agent/node/retention.h"
-#include "agent/rpc/server.h"
 #include "ipc/base/log.h"
 
 struct gc_op {
 	struct work work;
 	struct agent *a;
-	struct rpc *call; /* NULL: queued after a commit */
+	gc_done_fn done; /* whoever asked for a GC; NULL: queued after a commit */
+	pin_done_fn pin_done;
+	void *ctx;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step; /* pin */
 	bool pinned; /* pin */
@@ -57,15 +56,13 @@ struct gc_plan {
 	uint64_t bytes;
 };
 
-static struct gc_op *gc_op_new(struct agent *a, struct rpc *call, const char *job,
-                               void (*fn)(struct work *))
+static struct gc_op *gc_op_new(struct agent *a, const char *job, void (*fn)(struct work *))
 {
 	struct gc_op *op = calloc(1, sizeof(*op));
 
 	if (!op)
 		return NULL;
 	op->a = a;
-	op->call = call;
 	snprintf(op->job, sizeof(op->job), "%s", job);
 	op->work.fn = fn;
 	return op;
@@ -123,43 +120,35 @@ static void step_list(const struct gc_plan *g, char *buf, size_t len)
 		snprintf(buf + o, len - o, ", ...");
 }
 
-static void gc_reply(struct gc_op *op, const struct gc_plan *g)
+/* A GC asked for failed: its asker hears why. */
+__attribute__((format(printf, 3, 4))) static void gc_fail(const struct gc_op *op, int rc,
+                                                          const char *fmt, ...)
 {
-	Ckpt__V1__GcReply rep = CKPT__V1__GC_REPLY__INIT;
-	Ckpt__V1__GcKept *kept = calloc(g->n ? g->n : 1, sizeof(*kept));
-	Ckpt__V1__GcKept **pk = calloc(g->n ? g->n : 1, sizeof(*pk));
-	char(*why)[64] = calloc(g->n ? g->n : 1, sizeof(*why));
-	size_t k = 0;
+	char why[IPC_ERRLEN];
+	va_list ap;
 
-	if (!kept || !pk || !why) {
-		rpc_fail(op->call, -ENOMEM, "gc %s: out of memory for the reply (the GC ran)",
-		         op->job);
-		goto out;
-	}
-	for (size_t i = 0; i < g->n; i++) {
-		if (g->v[i].why == RET_REMOVE)
-			continue;
-		ckpt__v1__gc_kept__init(&kept[k]);
-		kept[k].step = g->v[i].step;
-		kept[k].reason =
-		    (char *)retention_why(g->v[i].why, &g->pol, why[k], sizeof(why[k]));
-		pk[k] = &kept[k];
-		k++;
-	}
-	rep.n_removed = g->nremoved;
-	rep.removed = g->removed;
-	rep.n_kept = k;
-	rep.kept = pk;
-	rep.bytes_removed = g->bytes;
-	rep.keep_last = g->pol.keep_last;
-	rep.keep_every = g->pol.keep_every;
-	rep.n_problems = g->nproblems;
-	rep.problems = g->problems;
-	rpc_reply(op->call, &rep.base);
-out:
-	free(kept);
-	free(pk);
-	free(why);
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	op->done(op->ctx, rc, why, NULL);
+}
+
+/* The outcome of a GC, as its asker hears it. */
+static void gc_tell(const struct gc_op *op, const struct gc_plan *g)
+{
+	struct gc_outcome o = {
+	    .job = op->job,
+	    .pol = &g->pol,
+	    .v = g->v,
+	    .n = g->n,
+	    .removed = g->removed,
+	    .nremoved = g->nremoved,
+	    .problems = g->problems,
+	    .nproblems = g->nproblems,
+	    .bytes = g->bytes,
+	};
+
+	op->done(op->ctx, 0, NULL, &o);
 }
 
 /* The GC's and delete's removal of a checkpoint out of the catalog (catalog.h). */
@@ -264,14 +253,14 @@ static void gc_run(struct work *w)
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
 		log_msg(LOG_ERR, "gc of job %s: out of memory", op->job);
-		if (op->call)
-			rpc_fail(op->call, rc, "gc %s: out of memory", op->job);
+		if (op->done)
+			gc_fail(op, rc, "gc %s: out of memory", op->job);
 		goto out;
 	}
-	if (g.n == 0 && op->call) { /* a typo in the job's name, most likely */
-		rpc_fail(op->call, -ENOENT,
-		         "gc: job %s has no committed checkpoint (ckptctl list shows every job)",
-		         op->job);
+	if (g.n == 0 && op->done) { /* a typo in the job's name, most likely */
+		gc_fail(op, -ENOENT,
+		        "gc: job %s has no committed checkpoint (ckptctl list shows every job)",
+		        op->job);
 		goto out;
 	}
 	for (size_t i = 0; i < g.nremove; i++) {
@@ -297,7 +286,7 @@ static void gc_run(struct work *w)
 	a->gc_removed += g.nremoved;
 	pthread_mutex_unlock(&a->mu);
 	step_list(&g, list, sizeof(list));
-	log_msg(g.nremoved || g.nproblems || op->call ? LOG_INFO : LOG_DEBUG,
+	log_msg(g.nremoved || g.nproblems || op->done ? LOG_INFO : LOG_DEBUG,
 	        "gc of job %s (keep_last %u, keep_every %" PRId64
 	        "): removed %zu checkpoint%s%s%s%s "
 	        "(%" PRIu64 " bytes), kept %zu%s",
@@ -306,8 +295,8 @@ static void gc_run(struct work *w)
 	        g.n - g.nremoved - g.nproblems,
 	        g.nproblems ? "; some removals failed (see above)" : "");
 	abandoned(a, op->job);
-	if (op->call)
-		gc_reply(op, &g);
+	if (op->done)
+		gc_tell(op, &g);
 out:
 	for (size_t i = 0; i < g.nproblems; i++)
 		free(g.problems[i]);
@@ -330,7 +319,7 @@ void gc_on_ckpt(struct agent *a, const struct hub_ckpt *c)
 
 void gc_queue(struct agent *a, const char *job)
 {
-	struct gc_op *op = gc_op_new(a, NULL, job, gc_run);
+	struct gc_op *op = gc_op_new(a, job, gc_run);
 
 	if (!op) {
 		log_msg(LOG_ERR, "gc of job %s not queued: out of memory (the next commit retries)",
@@ -350,34 +339,22 @@ static void sync_run(struct work *w)
 
 void gc_queue_sync(struct agent *a, const char *job)
 {
-	struct gc_op *op = gc_op_new(a, NULL, job, sync_run);
+	struct gc_op *op = gc_op_new(a, job, sync_run);
 
 	if (op)
 		workq_push(a->maint, &op->work);
 }
 
-void rpc_gc(struct rpc *c, ProtobufCMessage *m, void *ctx)
+int gc_request(struct agent *a, const char *job, gc_done_fn done, void *ctx)
 {
-	Ckpt__V1__GcRequest *req = (Ckpt__V1__GcRequest *)m;
-	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
-	struct gc_op *op;
-	int rc = ipc_check_job(req->job, err);
+	struct gc_op *op = gc_op_new(a, job, gc_run);
 
-	if (rc) {
-		rpc_fail(c, rc, "gc: %s", err);
-		goto out;
-	}
-	if (!access_check(a, c, "gc", req->job, ACCESS_MANAGE))
-		goto out;
-	op = gc_op_new(a, c, req->job, gc_run);
-	if (!op) {
-		rpc_fail(c, -ENOMEM, "gc: out of memory");
-		goto out;
-	}
+	if (!op)
+		return -ENOMEM;
+	op->done = done;
+	op->ctx = ctx;
 	workq_push(a->maint, &op->work);
-out:
-	protobuf_c_message_free_unpacked(m, NULL);
+	return 0;
 }
 
 /* ---- pins ------------------------------------------------------------- */
@@ -385,7 +362,6 @@ out:
 static void pin_run(struct work *w)
 {
 	struct gc_op *op = container_of(w, struct gc_op, work);
-	Ckpt__V1__Empty rep = CKPT__V1__EMPTY__INIT;
 	const char *what = op->pinned ? "pin" : "unpin";
 	struct agent *a = op->a;
 	struct cat_entry *e;
@@ -415,40 +391,30 @@ static void pin_run(struct work *w)
 			e->pinned = op->pinned;
 		pthread_mutex_unlock(&a->mu);
 	}
-	if (rc) {
-		rpc_fail(op->call, rc, "%s: %s", what, err);
-	} else {
+	if (!rc)
 		log_msg(LOG_INFO, "%sned job %s step %" PRId64, what, op->job, op->step);
-		rpc_reply(op->call, &rep.base);
+	if (rc) {
+		char why[IPC_ERRLEN + 8];
+
+		snprintf(why, sizeof(why), "%s: %s", what, err);
+		op->pin_done(op->ctx, rc, why);
+	} else {
+		op->pin_done(op->ctx, 0, NULL);
 	}
 	free(op);
 }
 
-void rpc_pin(struct rpc *c, ProtobufCMessage *m, void *ctx)
+int pin_request(struct agent *a, const char *job, int64_t step, bool pinned, pin_done_fn done,
+                void *ctx)
 {
-	Ckpt__V1__PinRequest *req = (Ckpt__V1__PinRequest *)m;
-	const char *what = req->pinned ? "pin" : "unpin";
-	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
-	struct gc_op *op;
-	int rc = ipc_check_job(req->job, err);
+	struct gc_op *op = gc_op_new(a, job, pin_run);
 
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc) {
-		rpc_fail(c, rc, "%s: %s", what, err);
-		goto out;
-	}
-	if (!access_check(a, c, what, req->job, ACCESS_MANAGE))
-		goto out;
-	op = gc_op_new(a, c, req->job, pin_run);
-	if (!op) {
-		rpc_fail(c, -ENOMEM, "%s: out of memory", what);
-		goto out;
-	}
-	op->step = req->step;
-	op->pinned = req->pinned;
+	if (!op)
+		return -ENOMEM;
+	op->step = step;
+	op->pinned = pinned;
+	op->pin_done = done;
+	op->ctx = ctx;
 	workq_push(a->maint, &op->work);
-out:
-	protobuf_c_message_free_unpacked(m, NULL);
+	return 0;
 }

@@ -35,7 +35,7 @@ void rpc_show(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_show_detail(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_delete(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_watch(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Retention on request and pins (node/gc.c). */
+/* Retention on request and pins (gc_rpc.c; the work in node/gc.c). */
 void rpc_gc(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_pin(struct rpc *c, ProtobufCMessage *req, void *ctx);
 
