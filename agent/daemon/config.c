@@ -1,69 +1,27 @@
 /*
  * ckptd's settings (config.h): one table of every setting (its key in the
  * file, its flag, its kind, range and default), one parser of values that
- * the file and the flags share, the INI file through inih, the command line
- * through getopt_long, and the --check-config printout. main() calls it once,
- * at start-up, on the main thread.
+ * the file (config_file.c, through inih) and the flags (config_args.c,
+ * through getopt_long, with the --check-config printout) share, the
+ * defaults, and the loading of all of it into the agent's configuration.
+ * main() calls it once, at start-up, on the main thread.
  *
- * Divisions: the table - values - the file - the command line - loading and
- * printing.
+ * Divisions: the table - values - defaults, and loading.
  */
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <getopt.h>
 #include <grp.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <ini.h>
-
 #include "agent/daemon/config.h"
+#include "agent/daemon/config_int.h"
 #include "ipc.h"
 #include "ipc/base/log.h"
 
-#ifndef CKPTD_VERSION
-#define CKPTD_VERSION "0.0.0"
-#endif
-
-#define FILE_MAX_BYTES (1u << 20)
-#define WHY_LEN 160
-
 /* ---- the table -------------------------------------------------------- */
-
-enum kind {
-	K_TEXT, /* any non-empty string */
-	K_LISTEN, /* unix:PATH */
-	K_HOSTPORT, /* HOST:PORT */
-	K_GROUP, /* a group name (resolved by config_finish) */
-	K_NODE, /* a node name, [A-Za-z0-9._-]{1,64} (unset: the host name) */
-	K_NUMBER, /* a whole number in min..max */
-	K_MODE, /* an octal mode, 0..0777 */
-	K_CHOICE, /* one of choices[] */
-	K_SWITCH, /* a flag without a value: turns the setting off */
-};
-
-struct choice {
-	const char *name;
-	int value;
-};
-
-struct setting {
-	const char *section, *key; /* its [section] and key in the file */
-	const char *flag; /* without the leading "--" */
-	const char *arg; /* the flag's value, for the usage */
-	const char *help;
-	enum kind kind;
-	long long min, max; /* K_NUMBER */
-	const struct choice *choices; /* K_CHOICE, and what they are in words: */
-	const char *expect;
-	long long def;
-	const char *def_str;
-};
 
 static const struct choice levels[] = {
     {"error", LOG_ERR}, {"warning", LOG_WARNING}, {"notice", LOG_NOTICE},
@@ -79,10 +37,10 @@ static const struct choice policies[] = {
 
 static const struct choice addressing[] = {{"path", 0}, {"virtual", 1}, {NULL, 0}};
 
-static const char *const sections[] = {"agent",   "storage", "staging", "jobs",   "metrics",
+const char *const config_sections[] = {"agent",   "storage", "staging", "jobs",   "metrics",
                                        "cluster", "limits",  "s3",      "upload", NULL};
 
-static const struct setting settings[CONFIG_NSETTINGS] = {
+const struct setting config_settings[CONFIG_NSETTINGS] = {
     [CS_LISTEN] = {"agent", "listen", "listen", "unix:PATH",
                    "the socket (default " IPC_DEFAULT_ENDPOINT ")", K_LISTEN,
                    .def_str = IPC_DEFAULT_ENDPOINT},
@@ -239,10 +197,10 @@ static int parse_number(const struct setting *st, const char *v, long long *out,
 	if (errno || end == v || *end || isspace((unsigned char)*v))
 		*out = LLONG_MIN; /* out of any range */
 	if (st->kind == K_MODE && (*out < 0 || *out > 0777))
-		return snprintf(why, WHY_LEN, "expected an octal mode in 0..0777"), -EINVAL;
+		return snprintf(why, CONFIG_WHY_LEN, "expected an octal mode in 0..0777"), -EINVAL;
 	if (st->kind == K_NUMBER && (*out < st->min || *out > st->max))
-		return snprintf(why, WHY_LEN, "expected a whole number in %lld..%lld", st->min,
-		                st->max),
+		return snprintf(why, CONFIG_WHY_LEN, "expected a whole number in %lld..%lld",
+		                st->min, st->max),
 		       -EINVAL;
 	return 0;
 }
@@ -255,20 +213,20 @@ static int check_text(const struct setting *st, const char *v, char *why)
 	switch (st->kind) {
 	case K_LISTEN:
 		if (strncmp(v, "unix:", 5) != 0 || !v[5])
-			return snprintf(why, WHY_LEN, "expected unix:PATH"), -EINVAL;
+			return snprintf(why, CONFIG_WHY_LEN, "expected unix:PATH"), -EINVAL;
 		return 0;
 	case K_HOSTPORT:
-		return config_split_hostport(v, host, sizeof(host), &port, why, WHY_LEN);
+		return config_split_hostport(v, host, sizeof(host), &port, why, CONFIG_WHY_LEN);
 	case K_NODE: {
 		char msg[IPC_ERRLEN];
 
 		if (ipc_check_node(v, msg))
-			return snprintf(why, WHY_LEN, "%s", msg), -EINVAL;
+			return snprintf(why, CONFIG_WHY_LEN, "%s", msg), -EINVAL;
 		return 0;
 	}
 	default:
 		if (!*v)
-			return snprintf(why, WHY_LEN, "expected %s",
+			return snprintf(why, CONFIG_WHY_LEN, "expected %s",
 			                st->kind == K_GROUP ? "a group name" : "a value"),
 			       -EINVAL;
 		return 0;
@@ -276,9 +234,9 @@ static int check_text(const struct setting *st, const char *v, char *why)
 }
 
 /* Checks v against the setting's rules and stores it; -EINVAL with a phrase in why. */
-static int set_value(struct config *c, int s, const char *v, char *why)
+int config_set_value(struct config *c, int s, const char *v, char *why)
 {
-	const struct setting *st = &settings[s];
+	const struct setting *st = &config_settings[s];
 	long long n = 0;
 	char *copy;
 	int rc;
@@ -300,7 +258,7 @@ static int set_value(struct config *c, int s, const char *v, char *why)
 			if (strcmp(v, st->choices[i].name) == 0)
 				n = st->choices[i].value, rc = 0;
 		if (rc)
-			snprintf(why, WHY_LEN, "expected %s", st->expect);
+			snprintf(why, CONFIG_WHY_LEN, "expected %s", st->expect);
 		break;
 	case K_SWITCH: /* "": the --no-... flag; from the file, yes or no */
 		rc = 0;
@@ -309,7 +267,7 @@ static int set_value(struct config *c, int s, const char *v, char *why)
 		else if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0)
 			n = 1;
 		else
-			rc = -EINVAL, snprintf(why, WHY_LEN, "expected yes or no");
+			rc = -EINVAL, snprintf(why, CONFIG_WHY_LEN, "expected yes or no");
 		break;
 	default:
 		rc = check_text(st, v, why);
@@ -317,7 +275,7 @@ static int set_value(struct config *c, int s, const char *v, char *why)
 			break;
 		copy = strdup(v);
 		if (!copy)
-			return snprintf(why, WHY_LEN, "out of memory"), -ENOMEM;
+			return snprintf(why, CONFIG_WHY_LEN, "out of memory"), -ENOMEM;
 		free(c->str[s]);
 		c->str[s] = copy;
 		return 0;
@@ -364,405 +322,14 @@ int config_split_hostport(const char *s, char *host, size_t hostlen, unsigned *p
 	return 0;
 }
 
-/* ---- the file --------------------------------------------------------- */
-
-struct ini_ctx {
-	struct config *c;
-	const char *path;
-	const char *buf; /* the whole file */
-	size_t len, pos;
-	unsigned line; /* lines handed to inih so far: the one it is on */
-	bool after_key; /* a key since the last section header: inih's continuation rule */
-	bool indented; /* the line starts with white space */
-	unsigned seen[CONFIG_NSETTINGS];
-	unsigned err_line; /* the first error's, 0: none */
-	char *err;
-};
-
-static void ini_error(struct ini_ctx *x, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void ini_error(struct ini_ctx *x, const char *fmt, ...)
-{
-	char msg[IPC_ERRLEN];
-	va_list ap;
-
-	if (x->err_line)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	x->err_line = x->line;
-	ipc_errf(x->err, -EINVAL, "%s:%u: %s", x->path, x->line, msg);
-}
-
-static bool section_known(const char *name)
-{
-	for (size_t i = 0; sections[i]; i++)
-		if (strcmp(name, sections[i]) == 0)
-			return true;
-	return false;
-}
-
-/* A "[name]" line inih will see as a section header: is it one we know? */
-static void check_header(struct ini_ctx *x, const char *line, size_t n)
-{
-	const char *p = line, *close;
-	char name[64];
-	size_t len;
-
-	while (p < line + n && isspace((unsigned char)*p))
-		p++;
-	if (p == line + n || *p != '[' || (p > line && x->after_key))
-		return; /* not a header, or an indented line inih takes as a continuation */
-	x->after_key = false;
-	close = memchr(p, ']', (size_t)(line + n - p));
-	if (!close)
-		return; /* inih says it is malformed */
-	len = (size_t)(close - p - 1);
-	snprintf(name, sizeof(name), "%.*s", (int)(len < sizeof(name) ? len : sizeof(name) - 1),
-	         p + 1);
-	if (!section_known(name))
-		ini_error(x,
-		          "[%s]: unknown section (known: [agent] [storage] [staging] [jobs] "
-		          "[metrics] [cluster] [limits] [s3] [upload])",
-		          name);
-}
-
-/* inih's line reader, over the file in memory: one whole line per call, counted. */
-static char *ini_next_line(char *str, int num, void *stream)
-{
-	struct ini_ctx *x = stream;
-	const char *p = x->buf + x->pos, *nl;
-	size_t n, left = x->len - x->pos;
-
-	if (!left || num < 3)
-		return NULL;
-	nl = memchr(p, '\n', left);
-	n = nl ? (size_t)(nl - p) : left;
-	x->pos += nl ? n + 1 : n;
-	x->line++;
-	x->indented = n && isspace((unsigned char)*p);
-	if (memchr(p, '\0', n))
-		ini_error(x, "a NUL byte: this is not a text file");
-	if (n > (size_t)num - 3) {
-		ini_error(x, "line longer than %d characters", num - 3);
-		n = (size_t)num - 3;
-	}
-	check_header(x, p, n);
-	memcpy(str, p, n);
-	str[n] = '\n';
-	str[n + 1] = '\0';
-	return str;
-}
-
-static int setting_by_key(const char *section, const char *key)
-{
-	for (int s = 0; s < CONFIG_NSETTINGS; s++)
-		if (settings[s].key && strcmp(settings[s].section, section) == 0 &&
-		    strcmp(settings[s].key, key) == 0)
-			return s;
-	return -1;
-}
-
-static void keys_of(const char *section, char *buf, size_t len)
-{
-	size_t o = 0;
-
-	buf[0] = '\0';
-	for (int s = 0; s < CONFIG_NSETTINGS && o < len; s++)
-		if (settings[s].key && strcmp(settings[s].section, section) == 0)
-			o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "",
-			                      settings[s].key);
-}
-
-/*
- * A comment after a value: '#' after white space, as inih takes ';' there
- * ("listen = unix:/a.sock  # note" is unix:/a.sock). A '#' inside a word
- * stays. The value without it, in buf (len bytes), or value as it is.
- */
-static const char *uncomment(const char *value, char *buf, size_t len)
-{
-	const char *h;
-	size_t n;
-
-	for (h = strchr(value, '#'); h; h = strchr(h + 1, '#'))
-		if (h > value && isspace((unsigned char)h[-1]))
-			break;
-	if (!h)
-		return value;
-	for (n = (size_t)(h - value); n && isspace((unsigned char)value[n - 1]); n--)
-		;
-	snprintf(buf, len, "%.*s", (int)n, value);
-	return buf;
-}
-
-/* inih's handler: one key = value of the line x->line. */
-static int ini_on_key(void *user, const char *section, const char *name, const char *value)
-{
-	struct ini_ctx *x = user;
-	char why[WHY_LEN], keys[256], bare[4096];
-	int s;
-
-	x->after_key = true;
-	if (x->err_line)
-		return 1; /* the first error is the one reported */
-	if (!*section)
-		return ini_error(x, "%s: a key before any [section]", name), 0;
-	if (!section_known(section))
-		return 1; /* said at its header */
-	s = setting_by_key(section, name);
-	if (s < 0) {
-		keys_of(section, keys, sizeof(keys));
-		return ini_error(x, "[%s] %s: unknown key (keys of [%s]: %s)", section, name,
-		                 section, keys),
-		       0;
-	}
-	if (x->seen[s] && !x->indented)
-		return ini_error(x, "[%s] %s: set twice (first on line %u)", section, name,
-		                 x->seen[s]),
-		       0;
-	if (x->seen[s])
-		return ini_error(
-		           x, "[%s] %s: an indented line continues its value; a value is one line",
-		           section, name),
-		       0;
-	x->seen[s] = x->line;
-	value = uncomment(value, bare, sizeof(bare));
-	if (settings[s].kind == K_SWITCH && !*value) /* "" is the flag's: a file says yes or no */
-		return ini_error(x, "[%s] %s = '': expected yes or no", section, name), 0;
-	if (set_value(x->c, s, value, why))
-		return ini_error(x, "[%s] %s = '%.200s': %s", section, name, value, why), 0;
-	x->c->from[s] = CONFIG_FILE;
-	x->c->line[s] = x->line;
-	return 1;
-}
-
-/* inih's own complaint about line `line`: which shape it has not. */
-static void malformed(struct ini_ctx *x, unsigned line)
-{
-	const char *p = x->buf, *end = x->buf + x->len, *nl;
-	int n;
-
-	for (unsigned i = 1; i < line && p < end; i++) {
-		nl = memchr(p, '\n', (size_t)(end - p));
-		p = nl ? nl + 1 : end;
-	}
-	nl = memchr(p, '\n', (size_t)(end - p));
-	n = (int)((nl ? nl : end) - p);
-	if (n > 0 && p[n - 1] == '\r')
-		n--;
-	while (n > 0 && isspace((unsigned char)*p))
-		p++, n--;
-	ipc_errf(x->err, -EINVAL, "%s:%u: '%.*s': %s", x->path, line, n > 200 ? 200 : n, p,
-	         *p == '[' ? "a section header without its ']'" : "expected key = value");
-}
-
-/*
- * The whole file, up to 1 MiB. Anything readable but a directory will do:
- * `--config /dev/null` runs on defaults and flags alone.
- */
-static int read_all(const char *path, char **out, size_t *len, char *err)
-{
-	const char *why = "larger than 1 MiB";
-	struct stat st;
-	ssize_t n = 1;
-	int fd, rc = -EFBIG;
-
-	*out = NULL;
-	*len = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st)) {
-		rc = -errno, why = strerror(errno);
-		goto fail;
-	}
-	if (S_ISDIR(st.st_mode)) {
-		rc = -EISDIR, why = "a directory, not a file";
-		goto fail;
-	}
-	*out = malloc(FILE_MAX_BYTES + 1);
-	if (!*out) {
-		rc = -ENOMEM, why = "out of memory";
-		goto fail;
-	}
-	while (*len <= FILE_MAX_BYTES && n > 0) {
-		n = read(fd, *out + *len, FILE_MAX_BYTES + 1 - *len);
-		if (n < 0 && errno == EINTR)
-			n = 1;
-		else if (n < 0) {
-			rc = -errno, why = strerror(errno);
-			goto fail;
-		} else
-			*len += (size_t)n;
-	}
-	if (*len <= FILE_MAX_BYTES) {
-		close(fd);
-		return 0;
-	}
-fail:
-	free(*out);
-	*out = NULL;
-	if (fd >= 0)
-		close(fd);
-	return ipc_errf(err, rc, "%s: cannot read the configuration: %s", path, why);
-}
-
-int config_read_file(struct config *c, const char *path, char *err)
-{
-	struct ini_ctx x = {.c = c, .path = path, .err = err};
-	char *buf = NULL, *copy;
-	int rc;
-
-	rc = read_all(path, &buf, &x.len, err);
-	if (rc)
-		return rc;
-	x.buf = buf;
-	rc = ini_parse_stream(ini_next_line, &x, ini_on_key, &x);
-	if (rc > 0 && (!x.err_line || (unsigned)rc < x.err_line)) {
-		malformed(&x, (unsigned)rc);
-		x.err_line = (unsigned)rc;
-	} else if (rc < 0 && !x.err_line) {
-		x.err_line = 1;
-		ipc_errf(err, -ENOMEM, "%s: parsing failed (inih error %d)", path, rc);
-	}
-	free(buf);
-	if (x.err_line)
-		return -EINVAL;
-	copy = strdup(path);
-	if (!copy)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	free(c->path);
-	c->path = copy;
-	return 0;
-}
-
-/* ---- the command line ------------------------------------------------- */
-
-enum { OPT_SETTING = 256, OPT_CONFIG = 512, OPT_CHECK, OPT_VERSION, OPT_HELP, OPT_COMMIT_TIMEOUT };
-
-void config_usage(FILE *f)
-{
-	char flag[48];
-
-	fprintf(f, "usage: ckptd [options]\n"
-	           "  --config FILE          the configuration file (default " CONFIG_DEFAULT_PATH
-	           " if it exists);\n"
-	           "                         flags override it\n"
-	           "  --check-config         check the configuration, print it and exit\n");
-	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
-		snprintf(flag, sizeof(flag), "--%s%s%s", settings[s].flag,
-		         settings[s].arg ? " " : "", settings[s].arg ? settings[s].arg : "");
-		fprintf(f, "  %-22s %s\n", flag, settings[s].help);
-	}
-	fprintf(f, "  --version, --help\n");
-}
-
-/* getopt_long's table, from ours. */
-static void long_options(struct option *o)
-{
-	static const struct option extra[] = {
-	    {"config", required_argument, NULL, OPT_CONFIG},
-	    {"check-config", no_argument, NULL, OPT_CHECK},
-	    {"version", no_argument, NULL, OPT_VERSION},
-	    {"help", no_argument, NULL, OPT_HELP},
-	    /* the single-node name of --commit-deadline, kept for old command lines */
-	    {"commit-timeout", required_argument, NULL, OPT_COMMIT_TIMEOUT},
-	    {NULL, 0, NULL, 0},
-	};
-	int s;
-
-	for (s = 0; s < CONFIG_NSETTINGS; s++)
-		o[s] =
-		    (struct option){settings[s].flag,
-		                    settings[s].kind == K_SWITCH ? no_argument : required_argument,
-		                    NULL, OPT_SETTING + s};
-	memcpy(o + s, extra, sizeof(extra));
-}
-
-/* One option getopt_long returned; 0 or -EINVAL with the message. */
-static int take_option(struct config_args *a, int opt, const char *v, struct config *scratch,
-                       char **argv, char *err)
-{
-	char why[WHY_LEN];
-	int s = opt - OPT_SETTING;
-
-	if (opt == OPT_COMMIT_TIMEOUT)
-		opt = OPT_SETTING + (s = CS_COMMIT_DEADLINE);
-	if (opt >= OPT_SETTING && opt < OPT_SETTING + CONFIG_NSETTINGS) {
-		if (set_value(scratch, s, v ? v : "", why))
-			return ipc_errf(err, -EINVAL, "--%s '%.200s': %s", settings[s].flag, v,
-			                why);
-		a->value[s] = v ? v : "";
-		return 0;
-	}
-	switch (opt) {
-	case OPT_CONFIG:
-		a->config_path = v;
-		return 0;
-	case OPT_CHECK:
-		a->action = a->action == CONFIG_RUN ? CONFIG_CHECK : a->action;
-		return 0;
-	case OPT_HELP:
-		a->action = CONFIG_HELP; /* help wins over anything */
-		return 0;
-	case OPT_VERSION:
-		if (a->action != CONFIG_HELP)
-			a->action = CONFIG_VERSION;
-		return 0;
-	case ':':
-		return ipc_errf(err, -EINVAL, "%s needs a value", argv[optind - 1]);
-	default:
-		if (optopt)
-			return ipc_errf(err, -EINVAL, "unknown option '-%c'", optopt);
-		return ipc_errf(err, -EINVAL, "unknown option '%s'", argv[optind - 1]);
-	}
-}
-
-int config_parse_args(int argc, char **argv, struct config_args *out, char *err)
-{
-	struct option opts[CONFIG_NSETTINGS + 6];
-	struct config scratch;
-	int opt, rc = 0;
-
-	memset(out, 0, sizeof(*out));
-	long_options(opts);
-	if (config_init(&scratch)) {
-		config_free(&scratch);
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	}
-	optind = 0; /* glibc: start afresh (tests parse several command lines) */
-	opterr = 0; /* our messages, not getopt's */
-	while (!rc && (opt = getopt_long(argc, argv, ":", opts, NULL)) != -1)
-		rc = take_option(out, opt, optarg, &scratch, argv, err);
-	if (!rc && optind < argc)
-		rc = ipc_errf(err, -EINVAL, "unexpected argument '%s'", argv[optind]);
-	config_free(&scratch);
-	return rc;
-}
-
-int config_apply_args(struct config *c, const struct config_args *a, char *err)
-{
-	char why[WHY_LEN];
-
-	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
-		if (!a->value[s])
-			continue;
-		if (set_value(c, s, a->value[s], why))
-			return ipc_errf(err, -EINVAL, "--%s '%.200s': %s", settings[s].flag,
-			                a->value[s], why);
-		c->from[s] = CONFIG_FLAG;
-	}
-	return 0;
-}
-
-/* ---- loading and printing --------------------------------------------- */
+/* ---- defaults, and loading ------------------------------------------- */
 
 int config_init(struct config *c)
 {
 	memset(c, 0, sizeof(*c));
 	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
-		c->num[s] = settings[s].def;
-		if (settings[s].def_str && !(c->str[s] = strdup(settings[s].def_str)))
+		c->num[s] = config_settings[s].def;
+		if (config_settings[s].def_str && !(c->str[s] = strdup(config_settings[s].def_str)))
 			return -ENOMEM;
 	}
 	return 0;
@@ -777,12 +344,12 @@ void config_free(struct config *c)
 }
 
 /* Where setting s came from: "default", "FILE:LINE" or "flag --x". */
-static void origin(const struct config *c, int s, char *buf, size_t len)
+void config_origin(const struct config *c, int s, char *buf, size_t len)
 {
 	if (c->from[s] == CONFIG_FILE)
 		snprintf(buf, len, "%s:%u", c->path ? c->path : "?", c->line[s]);
 	else if (c->from[s] == CONFIG_FLAG)
-		snprintf(buf, len, "flag --%s", settings[s].flag);
+		snprintf(buf, len, "flag --%s", config_settings[s].flag);
 	else
 		snprintf(buf, len, "default");
 }
@@ -812,11 +379,11 @@ static int resolve_group(struct config *c, enum config_setting cs, long *gid, ch
 	free(buf);
 	if (*gid >= 0)
 		return 0;
-	origin(c, cs, where, sizeof(where));
+	config_origin(c, cs, where, sizeof(where));
 	if (c->from[cs] == CONFIG_FILE)
-		return ipc_errf(err, -ENOENT, "%s: [agent] %s = '%s': %s", where, settings[cs].key,
-		                name, rc ? strerror(rc) : "no such group");
-	return ipc_errf(err, -ENOENT, "--%s '%s': %s", settings[cs].flag, name,
+		return ipc_errf(err, -ENOENT, "%s: [agent] %s = '%s': %s", where,
+		                config_settings[cs].key, name, rc ? strerror(rc) : "no such group");
+	return ipc_errf(err, -ENOENT, "--%s '%s': %s", config_settings[cs].flag, name,
 	                rc ? strerror(rc) : "no such group");
 }
 
@@ -863,7 +430,7 @@ static int compress_level(const struct config *c, int cs, int *level, char *err)
 			return *level = (int)l, 0;
 	}
 	return ipc_errf(err, -EINVAL, "[%s] %s = %s: expected off, zstd or zstd:LEVEL (1 to 19)",
-	                settings[cs].section, settings[cs].key, v);
+	                config_settings[cs].section, config_settings[cs].key, v);
 }
 
 /* An s3:// root: where the store is and how to reach it, checked before anything starts. */
@@ -927,6 +494,25 @@ static int s3_settings(struct config *c, char *err)
 	return 0;
 }
 
+/* [limits]: what each user may hold. */
+static void limit_settings(struct config *c)
+{
+	struct agent_config *a = &c->cfg;
+	const long long *n = c->num;
+
+	a->lim.connections = (unsigned)n[CS_LIM_CONNECTIONS];
+	a->lim.sessions = (unsigned)n[CS_LIM_SESSIONS];
+	a->lim.plans = (unsigned)n[CS_LIM_PLANS];
+	a->lim.tensors = (uint64_t)n[CS_LIM_TENSORS];
+	a->lim.regions = (unsigned)n[CS_LIM_REGIONS];
+	a->lim.region_bytes = (uint64_t)n[CS_LIM_REGION_MB] << 20;
+	if (!a->lim.region_bytes) /* the node's memory: more cannot be registered anyway */
+		a->lim.region_bytes =
+		    (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	a->lim.watchers = (unsigned)n[CS_LIM_WATCHERS];
+	a->lim.watch_bytes = (uint64_t)n[CS_LIM_WATCH_KB] << 10;
+}
+
 int config_finish(struct config *c, char *err)
 {
 	struct agent_config *a = &c->cfg;
@@ -976,17 +562,7 @@ int config_finish(struct config *c, char *err)
 	a->read_once = n[CS_READ_ONCE] != 0;
 	a->admin_group = c->str[CS_ADMIN_GROUP];
 	a->umask = (unsigned)n[CS_UMASK];
-	a->lim.connections = (unsigned)n[CS_LIM_CONNECTIONS];
-	a->lim.sessions = (unsigned)n[CS_LIM_SESSIONS];
-	a->lim.plans = (unsigned)n[CS_LIM_PLANS];
-	a->lim.tensors = (uint64_t)n[CS_LIM_TENSORS];
-	a->lim.regions = (unsigned)n[CS_LIM_REGIONS];
-	a->lim.region_bytes = (uint64_t)n[CS_LIM_REGION_MB] << 20;
-	if (!a->lim.region_bytes) /* the node's memory: more cannot be registered anyway */
-		a->lim.region_bytes =
-		    (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-	a->lim.watchers = (unsigned)n[CS_LIM_WATCHERS];
-	a->lim.watch_bytes = (uint64_t)n[CS_LIM_WATCH_KB] << 10;
+	limit_settings(c);
 	a->config_path = c->path;
 	return s3_settings(c, err);
 }
@@ -1007,99 +583,4 @@ int config_load(struct config *c, const struct config_args *a, const char *defau
 	if (!rc)
 		rc = config_finish(c, err);
 	return rc;
-}
-
-/* The value of s as the file would say it; false if unset. */
-static bool value_text(const struct config *c, int s, char *buf, size_t len)
-{
-	const struct setting *st = &settings[s];
-
-	switch (st->kind) {
-	case K_NUMBER:
-		if (c->num[s] < st->min)
-			return snprintf(buf, len, "auto"), true;
-		return snprintf(buf, len, "%lld", c->num[s]), true;
-	case K_MODE:
-		return snprintf(buf, len, "%04llo", c->num[s]), true;
-	case K_SWITCH:
-		return snprintf(buf, len, "%s", c->num[s] ? "yes" : "no"), true;
-	case K_CHOICE:
-		for (size_t i = 0; st->choices[i].name; i++)
-			if (st->choices[i].value == c->num[s])
-				return snprintf(buf, len, "%s", st->choices[i].name), true;
-		return snprintf(buf, len, "?"), true;
-	default:
-		snprintf(buf, len, "%s", c->str[s] ? c->str[s] : "");
-		return c->str[s] != NULL;
-	}
-}
-
-static void print_setting(const struct config *c, int s, FILE *f)
-{
-	char val[PATH_MAX], from[PATH_MAX + 32], line[2 * PATH_MAX];
-	bool set = value_text(c, s, val, sizeof(val));
-
-	origin(c, s, from, sizeof(from));
-	if (set)
-		snprintf(line, sizeof(line), "%s = %s", settings[s].key, val);
-	else
-		snprintf(line, sizeof(line), "; %s = (not set%s)", settings[s].key,
-		         s == CS_METRICS_LISTEN ? ": no metrics endpoint"
-		         : s == CS_ADMIN_GROUP  ? ": only root manages other users' jobs"
-		         : s == CS_SOCKET_GROUP ? ": the socket keeps the agent's group"
-		         : s == CS_UPLOAD_ROOT  ? ": no upload tier"
-		                                : ": only an s3:// root or upload tier needs it");
-	if (s == CS_NODE && c->from[s] == CONFIG_DEFAULT)
-		snprintf(from, sizeof(from), "default: the host name");
-	if (s == CS_SOCKET_GROUP && set)
-		fprintf(f, "%-40s ; %s (gid %ld)\n", line, from, c->cfg.socket_gid);
-	else
-		fprintf(f, "%-40s ; %s\n", line, from);
-}
-
-void config_print(const struct config *c, FILE *f)
-{
-	const char *section = NULL;
-
-	fprintf(f, "# ckptd: the effective configuration (defaults, then %s, then flags)\n",
-	        c->path ? c->path : "no file");
-	/* each section once, in the order it first comes, with all its keys */
-	for (int s = 0; s < CONFIG_NSETTINGS; s++) {
-		bool done = false;
-
-		for (int k = 0; k < s && !done; k++)
-			done = strcmp(settings[k].section, settings[s].section) == 0;
-		if (done)
-			continue;
-		section = settings[s].section;
-		fprintf(f, "\n[%s]\n", section);
-		for (int k = s; k < CONFIG_NSETTINGS; k++)
-			if (strcmp(settings[k].section, section) == 0)
-				print_setting(c, k, f);
-	}
-}
-
-int config_command_line(int argc, char **argv, const char *default_path, struct config *c,
-                        FILE *out, FILE *errs)
-{
-	struct config_args args;
-	char err[IPC_ERRLEN];
-
-	memset(c, 0, sizeof(*c));
-	if (config_parse_args(argc, argv, &args, err)) {
-		fprintf(errs, "ckptd: %s (ckptd --help lists the options)\n", err);
-		return 2;
-	}
-	if (args.action == CONFIG_HELP)
-		return config_usage(out), 0;
-	if (args.action == CONFIG_VERSION)
-		return fprintf(out, "ckptd %s\n", CKPTD_VERSION), 0;
-	if (config_init(c))
-		return fprintf(errs, "ckptd: out of memory\n"), 1;
-	if (config_load(c, &args, default_path, err))
-		return fprintf(errs, "ckptd: %s\n", err), 1;
-	c->action = args.action;
-	if (args.action == CONFIG_CHECK)
-		return config_print(c, out), 0;
-	return -1;
 }

@@ -64,6 +64,12 @@
  *   generation its node read before the summaries, and is written after
  *   the shares of its set: a mark of the generation a reader just read
  *   says the set as it is, and the reader's share of it is there.
+ *
+ * This file: the looks, and what they decide (when the plans are read
+ * again, by whom, what each plan follows and whether it waits), and the
+ * layouts installed. layouts_files.c: the mechanism they use (reading the
+ * plans files, making a layout from an assignment or a share, putting the
+ * shares and the set mark).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -71,234 +77,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "agent/node/node.h"
 #include "agent/node/plan.h"
 #include "agent/node/layouts.h"
-#include "commit.h"
+#include "agent/node/layouts_int.h"
 #include "ipc/base/log.h"
 #include "assign.h"
 #include "shares.h"
-
-/* Every node's plans of (job, run): the files read, their ranks as assign's input. */
-struct plan_set {
-	struct plans_file **files;
-	size_t nfiles;
-	struct assign_input *in;
-	size_t n;
-	unsigned copies; /* the largest any rank asks for, at most the world */
-	uint64_t key; /* 0: not a complete set */
-	bool older; /* a node's agent does not write replicas once: complete or not, no key */
-};
-
-static void set_free(struct plan_set *ps)
-{
-	for (size_t i = 0; i < ps->nfiles; i++)
-		plans_free(ps->files[i]);
-	free(ps->files);
-	free(ps->in);
-}
-
-/*
- * The plans of (job, run) of world ranks: every node's summary (its file
- * where it has none), or where whole every node's file, whose tensors an
- * assignment needs. The key is the same either way. 0 with key 0 where they
- * do not hold each rank once (a node not published yet, a rank gone);
- * -errno when they cannot be read (why in err).
- */
-static int set_read(struct agent *a, const char *job, const char *run, int world, bool whole,
-                    struct plan_set *ps, char *err)
-{
-	struct store_plans_read *rd = NULL;
-	char **names = NULL;
-	unsigned char *seen = calloc((size_t)world, 1);
-	size_t nnames = 0, total = 0;
-	XXH3_state_t st;
-	int rc;
-
-	memset(ps, 0, sizeof(*ps));
-	if (!seen)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	rc = store_list_nodes(a->store, job, &names, &nnames, err);
-	if (!rc && (!(ps->files = calloc(nnames + 1, sizeof(*ps->files))) ||
-	            !(rd = calloc(nnames + 1, sizeof(*rd)))))
-		rc = ipc_errf(err, -ENOMEM, "out of memory");
-	if (!rc)
-		store_read_plans_many(a->store, job, names, nnames, whole, rd);
-	for (size_t i = 0; !rc && i < nnames; i++) {
-		struct plans_file *f = rd[i].f;
-
-		rd[i].f = NULL;
-		/*
-		 * One gone since the listing, or that does not parse: its ranks are
-		 * missing. One that could not be read (an I/O error, a timeout): the
-		 * look fails, and the next reads it again (not a set without it).
-		 */
-		if (rd[i].rc && rd[i].rc != -ENOENT && rd[i].rc != -EINVAL)
-			rc = ipc_errf(err, rd[i].rc, "plans of node %s: %s", names[i], rd[i].msg);
-		else if (rd[i].rc)
-			log_msg(LOG_DEBUG, "job %s: plans of node %s not used: %s", job, names[i],
-			        rd[i].msg);
-		else if (strcmp(f->run, run) != 0 || f->world != world)
-			plans_free(f); /* another run's (a restart's, or one that ended) */
-		else {
-			ps->files[ps->nfiles++] = f;
-			total += f->nranks;
-			ps->older = ps->older || !f->writes_once;
-		}
-	}
-	for (size_t i = 0; i < nnames; i++) {
-		free(names[i]);
-		if (rd)
-			plans_free(rd[i].f);
-	}
-	free(names);
-	free(rd);
-	if (!rc && !(ps->in = calloc(total + 1, sizeof(*ps->in))))
-		rc = ipc_errf(err, -ENOMEM, "out of memory");
-	XXH3_64bits_reset(&st);
-	for (size_t i = 0; !rc && i < ps->nfiles; i++)
-		for (size_t j = 0; j < ps->files[i]->nranks; j++) {
-			const struct plans_rank *k = &ps->files[i]->ranks[j];
-			uint64_t sig;
-
-			if (k->rank < 0 || k->rank >= world || seen[k->rank]++) {
-				free(seen);
-				return 0; /* a rank twice: not a set (the commit says more) */
-			}
-			if (plans_rank_signature(k, &sig)) {
-				free(seen);
-				return ipc_errf(err, -ENOMEM, "out of memory");
-			}
-			ps->in[ps->n++] = (struct assign_input){ps->files[i]->node, k};
-			ps->copies = k->copies > ps->copies ? k->copies : ps->copies;
-			XXH3_64bits_update(&st, ps->files[i]->node, strlen(ps->files[i]->node) + 1);
-			XXH3_64bits_update(&st, &k->rank, sizeof(k->rank));
-			XXH3_64bits_update(&st, &sig, sizeof(sig));
-		}
-	ps->copies = ps->copies < (unsigned)world ? ps->copies : (unsigned)world;
-	XXH3_64bits_update(&st, &ps->copies, sizeof(ps->copies));
-	if (!rc && ps->n == (size_t)world && !ps->older) {
-		ps->key = XXH3_64bits_digest(&st);
-		ps->key += ps->key == 0; /* 0 says "none" */
-	}
-	free(seen);
-	return rc;
-}
-
-/*
- * The set of the summaries ps, as the files whole say it (their tensors,
- * which the assignment needs): read once per plan set. -ESTALE where the
- * files make another set (one changed since its summary was read: its
- * writer renews the generation after, and the next look reads again).
- */
-static int set_whole(struct agent *a, const char *job, const char *run, int world,
-                     struct plan_set *ps, char *err)
-{
-	struct plan_set w;
-	int rc = set_read(a, job, run, world, true, &w, err);
-
-	if (rc == 0 && w.key != ps->key)
-		rc = ipc_errf(err, -ESTALE,
-		              "the plans files of run %s are not the set their summaries say (one "
-		              "changed as they were read): every rank writes what it holds until "
-		              "the next look",
-		              run);
-	if (rc) {
-		log_msg(LOG_INFO, "job %s: %s", job, err);
-		set_free(&w);
-		return rc;
-	}
-	log_msg(LOG_DEBUG,
-	        "job %s: plans files of run %s read whole (%zu nodes) for the assignment", job, run,
-	        w.nfiles);
-	set_free(ps);
-	*ps = w;
-	return 0;
-}
-
-/* Whether this node's file says of p's rank what p holds, tensor by tensor in order. */
-static bool file_says(const struct plan_set *ps, const char *node, const struct plan *p)
-{
-	for (size_t i = 0; i < ps->n; i++) {
-		const struct plans_rank *k = ps->in[i].rank;
-
-		if (k->rank != p->rank)
-			continue;
-		if (strcmp(ps->in[i].node, node) != 0 || k->ntensors != p->n)
-			return false;
-		for (size_t j = 0; j < p->n; j++) {
-			const struct manifest_tensor *f = &k->tensors[j];
-			const struct plan_tensor *t = &p->t[j];
-
-			if (strcmp(f->name, t->name) || f->dtype != t->dtype ||
-			    f->ndim != t->ndim || f->sharded != t->sharded ||
-			    memcmp(f->chunks[0].shape, t->shape, t->ndim * sizeof(int64_t)) ||
-			    memcmp(f->global_shape, t->global_shape, t->ndim * sizeof(int64_t)) ||
-			    (t->sharded && memcmp(f->chunks[0].global_offset, t->global_offset,
-			                          t->ndim * sizeof(int64_t))))
-				return false;
-		}
-		return true;
-	}
-	return false;
-}
-
-/*
- * p's layout for what r writes; NULL in *out when r writes all it holds.
- * The plan's tensors are copied under mu (a drop lets their regions go
- * there); the rest needs no lock (p is held).
- */
-static int layout_make(struct agent *a, const struct plan *p, const struct assign_rank *r,
-                       uint64_t key, struct shard_layout **out, char *err)
-{
-	struct shard_layout *l;
-	int rc;
-
-	*out = NULL;
-	if (r->bytes == r->held_bytes)
-		return 0;
-	l = calloc(1, sizeof(*l));
-	if (!l || !(l->t = calloc(p->n + 1, sizeof(*l->t)))) {
-		free(l);
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	}
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < p->n && i < r->ntensors; i++)
-		if (r->piece[i].writes)
-			l->t[l->n++] = p->t[i];
-	pthread_mutex_unlock(&a->mu);
-	for (size_t i = 0, j = 0; i < p->n && i < r->ntensors; i++) {
-		const struct assign_piece *pc = &r->piece[i];
-		struct plan_tensor *t = &l->t[j];
-		uint64_t row;
-
-		if (!pc->writes)
-			continue;
-		j++;
-		if (t->ndim == 0 || (pc->row0 == 0 && pc->rows == t->shape[0]))
-			continue; /* all of it */
-		row = t->nbytes / (uint64_t)t->shape[0]; /* shape[0] > 0: it has rows to cut */
-		t->shape[0] = pc->rows;
-		t->global_offset[0] += pc->row0;
-		t->offset += (uint64_t)pc->row0 * row;
-		if (t->dptr)
-			t->dptr = (char *)t->dptr + (uint64_t)pc->row0 * row;
-		t->nbytes = (uint64_t)pc->rows * row;
-	}
-	l->held_bytes = p->whole.held_bytes;
-	l->key = key;
-	l->refs = 1;
-	rc = shard_layout_header(l, p, err);
-	if (rc) {
-		layout_put(l);
-		return rc;
-	}
-	*out = l;
-	return 0;
-}
 
 /* Under mu: p takes layout l (NULL: its whole plan) of plan set key (as: its assignment, if made
  * here). */
@@ -364,7 +149,7 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run, uin
 }
 
 /* Under mu: this node's live plan of rank 0 of (job, run), or NULL. */
-static struct plan *rank0_plan(struct agent *a, const char *job, const char *run)
+struct plan *lay_rank0_plan(struct agent *a, const char *job, const char *run)
 {
 	struct list *pos;
 
@@ -455,133 +240,7 @@ static void relook(struct agent *a, const char *job, const char *run, bool ok, i
 	}
 }
 
-/* ---- rank 0's node: every node's share, and the run's set mark --------- */
-
-/*
- * Every node's share of the assignment as of the files whole ps (set
- * ps->key), put before the set mark names that set. 0 where all were put.
- */
-static int shares_write(struct agent *a, const struct plan_set *ps, const char *run, int world,
-                        const struct assignment *as)
-{
-	const char *job = ps->files[0]->job;
-	char err[IPC_ERRLEN];
-	int rc = shares_put(a->store, ps->files, ps->nfiles, run, world, ps->key, as, err);
-
-	if (rc)
-		log_msg(LOG_WARNING,
-		        "job %s: shares of plan set %016llx of run %s not all written (tried again "
-		        "after a back-off): the other nodes read every plans file themselves once "
-		        "rank 0's node has said nothing for half the commit deadline: %s",
-		        job, (unsigned long long)ps->key, run, err);
-	else
-		log_msg(LOG_INFO,
-		        "job %s: shares of plan set %016llx of run %s written (%zu nodes)", job,
-		        (unsigned long long)ps->key, run, ps->nfiles);
-	return rc;
-}
-
-/*
- * Rank 0's node, the shares of set ps->key not written yet: written now
- * from the assignment as. False where they were not (tried again at a
- * later look, after the back-off).
- */
-static bool shares_done(struct agent *a, const char *job, const char *run, int world,
-                        const struct plan_set *ps, const struct assignment *as)
-{
-	const bool put = shares_write(a, ps, run, world, as) == 0;
-	struct plan *p0;
-
-	pthread_mutex_lock(&a->mu);
-	if ((p0 = rank0_plan(a, job, run)) && put)
-		p0->shares_key = ps->key;
-	pthread_mutex_unlock(&a->mu);
-	return put;
-}
-
-/*
- * The assignment made here, to this node's committer: a step's parts whose
- * ranks wrote what it gave them are checked by it, not read whole (the
- * commit thread's, as this is).
- */
-static void give_committer(struct agent *a, const struct plan_set *ps, const char *job,
-                           const char *run, int world, const struct assignment *as)
-{
-	struct assigned *x;
-	int rc = assigned_make(ps->in, ps->n, as, job, run, world, ps->key, &x);
-
-	if (rc)
-		log_msg(LOG_WARNING,
-		        "job %s: the assignment of run %s not kept for the commit (its parts are "
-		        "read whole): %s",
-		        job, run, strerror(-rc));
-	else
-		committer_assigned(a->cm, x);
-}
-
-/*
- * Rank 0's node, after a look at the summaries under generation gen: the
- * run's set mark says what that look found, once the shares of a complete
- * set are written (where they are not, it says nothing: the others wait).
- * `all`: no assignment (an older agent's node, copies as many as the
- * world, plans it could not assign): every rank writes all it holds.
- * True where the put failed.
- */
-static bool mark_write(struct agent *a, const char *job, const char *run, int world,
-                       const struct plan_set *ps, uint64_t gen, bool all)
-{
-	struct set_mark m = {(char *)job, (char *)run, world, ps->key, gen, all};
-	char err[IPC_ERRLEN];
-	struct plan *p;
-	bool put;
-
-	pthread_mutex_lock(&a->mu);
-	p = rank0_plan(a, job, run);
-	put = p && gen && (all || !ps->key || p->shares_key == ps->key);
-	pthread_mutex_unlock(&a->mu);
-	if (put && store_put_set_mark(a->store, &m, err)) {
-		log_msg(LOG_WARNING, "job %s: set mark of run %s not written: %s", job, run, err);
-		return true;
-	}
-	if (put)
-		log_msg(
-		    LOG_DEBUG,
-		    "job %s: set mark of run %s written (plan set %016llx, generation %016llx%s)",
-		    job, run, (unsigned long long)ps->key, (unsigned long long)gen,
-		    all ? ", every rank writes all it holds" : "");
-	return false;
-}
-
-/* ---- every other node: its share, as rank 0's node made it ------------- */
-
-/* p's layout from this node's share sh of set key (*l NULL: it writes all it holds). */
-static void from_share(struct agent *a, struct plan *p, const struct plans_share *sh, uint64_t key,
-                       struct shard_layout **l)
-{
-	const struct share_rank *sr = NULL;
-	struct plans_rank k = {.rank = p->rank};
-	struct assign_rank r = {0};
-	char err[IPC_ERRLEN];
-	int rc;
-
-	pthread_mutex_lock(&a->mu);
-	rc = plan_holds(p, &k.tensors, &k.ntensors);
-	pthread_mutex_unlock(&a->mu);
-	for (size_t i = 0; i < sh->nranks && !sr; i++)
-		if (sh->ranks[i].rank == p->rank)
-			sr = &sh->ranks[i];
-	if (rc)
-		rc = ipc_errf(err, -ENOMEM, "out of memory");
-	else if (!sr)
-		rc = ipc_errf(err, -EINVAL, "rank %d is not in this node's share", p->rank);
-	if (!rc && !(rc = assign_rank_of_share(sr, &k, &r, err)))
-		rc = layout_make(a, p, &r, key, l, err);
-	if (rc)
-		log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", p->job, p->rank,
-		        err);
-	free(r.piece);
-	plans_rank_clear(&k);
-}
+/* ---- every other node: the set as rank 0's node found it ------------- */
 
 /*
  * Rank 0's node has not said the set of the generation read (yet), or this
@@ -665,7 +324,7 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 		struct shard_layout *l = NULL;
 
 		if (sh)
-			from_share(a, v[i], sh, m->set, &l);
+			lay_from_share(a, v[i], sh, m->set, &l);
 		pthread_mutex_lock(&a->mu);
 		if (m->set)
 			v[i]->set_missing = false;
@@ -685,6 +344,8 @@ static bool from_rank0(struct agent *a, const char *job, const char *run, int wo
 	return true;
 }
 
+/* ---- the look at every node's plans ---------------------------------- */
+
 /*
  * p, a stale plan of this node after a look: its layout made from the
  * assignment as of set ps (where its rank writes less than it holds and
@@ -699,7 +360,7 @@ static void layout_follow(struct agent *a, struct plan *p, const struct plan_set
 	const struct assign_rank *r = as ? assign_rank(as, p->rank) : NULL;
 	char err[IPC_ERRLEN];
 
-	if (r && file_says(ps, a->cfg.node, p) && layout_make(a, p, r, ps->key, &l, err))
+	if (r && lay_file_says(ps, a->cfg.node, p) && lay_layout_make(a, p, r, ps->key, &l, err))
 		log_msg(LOG_WARNING, "job %s rank %d: writes all it holds: %s", p->job, p->rank,
 		        err);
 	pthread_mutex_lock(&a->mu);
@@ -730,11 +391,11 @@ static bool look(struct agent *a, const char *job, const char *run, int world, u
 	char err[IPC_ERRLEN];
 	bool again = false, shares, due, ok = true;
 	size_t n;
-	int rc = set_read(a, job, run, world, false, &ps, err);
+	int rc = lay_set_read(a, job, run, world, false, &ps, err);
 
 	if (rc) { /* nothing marked as seen: the next look reads them again */
 		log_msg(LOG_INFO, "job %s: plans of the other nodes not read: %s", job, err);
-		set_free(&ps);
+		lay_set_free(&ps);
 		return false;
 	}
 	log_msg(LOG_DEBUG,
@@ -743,31 +404,31 @@ static bool look(struct agent *a, const char *job, const char *run, int world, u
 	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
 	pthread_mutex_lock(&a->mu);
 	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
-	p0 = r0 ? rank0_plan(a, job, run) : NULL;
+	p0 = r0 ? lay_rank0_plan(a, job, run) : NULL;
 	/* rank 0's node: the shares of this set not written yet, and no back-off running */
 	shares = p0 && ps.key && ps.copies < (unsigned)world && p0->shares_key != ps.key;
 	due = shares && (!p0->relook_at || ipc_mono_ns() >= p0->relook_at);
 	pthread_mutex_unlock(&a->mu);
 	/* copies as many as the world: every replica writes its own, no assignment */
 	if ((n || due) && ps.key && ps.copies < (unsigned)world &&
-	    !(again = set_whole(a, job, run, world, &ps, err) != 0) &&
+	    !(again = lay_set_whole(a, job, run, world, &ps, err) != 0) &&
 	    (rc = assign_compute(ps.in, ps.n, ps.copies, &as, err)))
 		log_msg(LOG_WARNING, "job %s: replicas are written by every rank: %s", job, err);
 	if (as)
-		give_committer(a, &ps, job, run, world, as);
+		lay_give_committer(a, &ps, job, run, world, as);
 	/* plans that cannot be assigned: not tried again until they change */
-	if (shares && (as ? !shares_done(a, job, run, world, &ps, as) : again || !due))
+	if (shares && (as ? !lay_shares_done(a, job, run, world, &ps, as) : again || !due))
 		ok = false;
 	rc = rc || again;
 	for (size_t i = 0; i < n; i++)
 		layout_follow(a, v[i], &ps, as, rc, again);
 	if (r0 && !again &&
-	    mark_write(a, job, run, world, &ps, gen,
-	               ps.older || (ps.key && (ps.copies >= (unsigned)world || rc))))
+	    lay_mark_write(a, job, run, world, &ps, gen,
+	                   ps.older || (ps.key && (ps.copies >= (unsigned)world || rc))))
 		ok = false;
 	free(v);
 	assign_free(as);
-	set_free(&ps);
+	lay_set_free(&ps);
 	return ok && !again;
 }
 
@@ -790,7 +451,7 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		        err);
 	pthread_mutex_lock(&a->mu);
 	seen = !force && all_seen(a, job, run, gen);
-	r0 = rank0_plan(a, job, run) != NULL;
+	r0 = lay_rank0_plan(a, job, run) != NULL;
 	pthread_mutex_unlock(&a->mu);
 	if (seen) {
 		log_msg(LOG_DEBUG,
@@ -830,7 +491,7 @@ bool layouts_plan_waits(const struct plan *p)
 
 bool layouts_rank0(struct agent *a, const char *job, const char *run)
 {
-	const struct plan *p = rank0_plan(a, job, run);
+	const struct plan *p = lay_rank0_plan(a, job, run);
 
 	return p && p->world > 1;
 }
