@@ -24,7 +24,7 @@
 #include <xxhash.h>
 
 #include "commit.h"
-#include "fake_store.h"
+#include "support/fake_store.h"
 
 #define S 1000000000LL
 #define DEADLINE (10 * S)

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_store.h"
+#include "support/fake_store.h"
 #include "shares.h"
 
 #define ROWS 1024
