@@ -18,6 +18,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 /* A rank process: this program again with --rank (no gRPC state across fork). */
 static int rank_main(const char *endpoint, const char *job, int rank, int world, long step,
@@ -406,16 +407,19 @@ START_TEST(stop_mid_save)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atol(argv[6]),
 		                 argv[7]);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("concurrency");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -427,9 +431,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, save_during_restore_refused);
 	tcase_add_test(tc, stop_mid_save);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

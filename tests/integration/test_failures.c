@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static void commit(struct ckpt_plan *p, int64_t step)
 {
@@ -436,15 +437,18 @@ START_TEST(skip_when_pool_full)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
+		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
-		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
 	s = suite_create("failures");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -455,9 +459,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, trainer_killed_before_captured_aborts);
 	tcase_add_test(tc, skip_when_pool_full);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -21,6 +21,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define RANKS 8
 #define POOL "--staging-mb 32 --chunk-mb 1"
@@ -379,15 +380,18 @@ START_TEST(skip_only_when_it_must)
 END_TEST
 #endif
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	if (argc == 9 && strcmp(argv[1], "--rank") == 0)
+		return rank_process(argv + 1);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-	if (argc == 9 && strcmp(argv[1], "--rank") == 0)
-		return rank_process(argv + 1);
 	s = suite_create("node");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -407,9 +411,5 @@ int main(int argc, char **argv)
 #endif
 	tcase_add_test(tc, eight_ranks_skip);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -36,6 +36,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define ROWS 1024
 #define COLS 4096 /* "emb" [ROWS, COLS] F32, replicated on every rank: 16 MiB */
@@ -527,16 +528,19 @@ START_TEST(stop_answers_parked_save)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 7 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv + 2);
 	signal(SIGPIPE, SIG_IGN);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("replicas");
 	tc = tcase_create("replicas");
 	tcase_set_timeout(tc, 600);
@@ -552,9 +556,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, publish_failed_tried_again);
 #endif
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "support/check_main.h"
 
 #define NOGROUP "ckptd-test-no-such-group"
 
@@ -978,7 +979,7 @@ START_TEST(test_command_line_exits)
 }
 END_TEST
 
-static Suite *config_suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("config");
 	TCase *good = tcase_create("good"), *bad = tcase_create("bad"),
@@ -1010,15 +1011,4 @@ static Suite *config_suite(void)
 	tcase_add_test(cli, test_command_line_exits);
 	suite_add_tcase(s, cli);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(config_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
 }

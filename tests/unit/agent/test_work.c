@@ -11,6 +11,7 @@
 
 #include "ipc.h"
 #include "work.h"
+#include "support/check_main.h"
 
 struct job {
 	struct work work;
@@ -72,19 +73,13 @@ START_TEST(hurried_job_runs_now)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("work");
 	TCase *tc = tcase_create("queues");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, timed_job_waits_for_its_time);
 	tcase_add_test(tc, hurried_job_runs_now);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }
