@@ -124,24 +124,6 @@ static int trainer_main(const char *endpoint, const char *job, long step, long m
 	return 0;
 }
 
-static pid_t trainer(const struct agent_proc *a, const char *job, long step, long mb,
-                     const char *mode)
-{
-	char s[32], m[32];
-	pid_t pid;
-
-	snprintf(s, sizeof(s), "%ld", step);
-	snprintf(m, sizeof(m), "%ld", mb);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		execl("/proc/self/exe", "test_abort", "--trainer", a->endpoint, job, s, m, mode,
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
-}
-
 /* ---- the tests ------------------------------------------------------------ */
 
 /*
@@ -166,7 +148,9 @@ START_TEST(abort_stops_copies)
 	         "--queue-depth 1 --no-lock",
 	         BIG_MB + 64);
 	start_with_metrics(&a, &port, args);
-	ck_assert_int_eq(h_reap(trainer(&a, "doomed", 1, BIG_MB / 2, "two-die")), 128 + SIGKILL);
+	ck_assert_int_eq(
+	    h_reap(h_spawn_trainer("test_abort", &a, "doomed", 1, BIG_MB / 2, "two-die")),
+	    128 + SIGKILL);
 	ck_assert_msg(metric_reaches(port, "ckptd_saves_in_flight", 0, false, 120000),
 	              "the dead trainer's saves did not end");
 	ck_assert(h_metric(port, "ckptd_saves_total{state=\"failed\"}") >= 1);
@@ -187,7 +171,7 @@ START_TEST(abort_stops_copies)
 	              captured / MIB);
 	ck_assert(h_metric(port, "ckptd_pool_used_bytes") == 0);
 	/* the next trainer's save of the job commits */
-	ck_assert_int_eq(h_reap(trainer(&a, "doomed-b", 2, 8, "commit")), 0);
+	ck_assert_int_eq(h_reap(h_spawn_trainer("test_abort", &a, "doomed-b", 2, 8, "commit")), 0);
 	h_agent_cleanup(&a);
 }
 END_TEST

@@ -65,28 +65,13 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
                         const char *mode, int *out_fd)
 {
 	char r[8], w[8], st[24];
-	int fds[2];
-	pid_t pid;
 
-	ck_assert_int_eq(pipe(fds), 0);
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(w, sizeof(w), "%d", world);
 	snprintf(st, sizeof(st), "%ld", step);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dup2(fds[1], STDOUT_FILENO);
-		close(fds[0]);
-		execl("/proc/self/exe", "test_concurrency", "--rank", a->endpoint, job, r, w, st,
-		      mode, (char *)NULL);
-		_exit(127);
-	}
-	close(fds[1]);
-	if (out_fd)
-		*out_fd = fds[0];
-	else
-		close(fds[0]);
-	return pid;
+	return h_spawn(
+	    NULL, H_OUT_PIPE, out_fd,
+	    (const char *[]){"test_concurrency", "--rank", a->endpoint, job, r, w, st, mode, NULL});
 }
 
 /*

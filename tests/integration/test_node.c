@@ -235,13 +235,9 @@ static void run_ranks(struct rank *rk, const struct agent_proc *a, const char *j
 	for (int i = 0; i < RANKS; i++) {
 		snprintf(id[i], sizeof(id[i]), "%d", i);
 		snprintf(sh->r[i].err, sizeof(sh->r[i].err), "the rank process ended early");
-		pid[i] = fork();
-		ck_assert_int_ge(pid[i], 0);
-		if (pid[i] == 0) {
-			execl("/proc/self/exe", "test_node", "--rank", a->endpoint, a->root, job,
-			      id[i], bps, st, fds, (char *)NULL);
-			_exit(127);
-		}
+		pid[i] = h_spawn(NULL, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_node", "--rank", a->endpoint, a->root, job,
+		                                  id[i], bps, st, fds, NULL});
 	}
 	for (int i = 0; i < RANKS; i++) {
 		int code = h_reap(pid[i]);

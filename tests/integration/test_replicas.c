@@ -91,19 +91,13 @@ static int rank_main(char **v)
 static pid_t spawn(const struct agent_proc *a, const char *job, int rank, int world, int last)
 {
 	char r[8], w[8], l[8];
-	pid_t pid;
 
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(w, sizeof(w), "%d", world);
 	snprintf(l, sizeof(l), "%d", last);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		execl("/proc/self/exe", "test_replicas", "--rank", a->endpoint, job, r, w, l,
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
+	return h_spawn(
+	    NULL, H_OUT_KEEP, NULL,
+	    (const char *[]){"test_replicas", "--rank", a->endpoint, job, r, w, l, NULL});
 }
 
 /* ---- nodes on one root --------------------------------------------------- */

@@ -307,13 +307,9 @@ static void run_on(const struct agent_proc *a, int na, const char *job, int worl
 
 		snprintf(rank, sizeof(rank), "%d", r);
 		snprintf(w, sizeof(w), "%d", world);
-		pid[r] = fork();
-		ck_assert_int_ge(pid[r], 0);
-		if (pid[r] == 0) {
-			execl("/proc/self/exe", "test_reshard", "--rank", a[r % na].endpoint, job,
-			      rank, w, mode, expect ? expect : "", (char *)NULL);
-			_exit(127);
-		}
+		pid[r] = h_spawn(NULL, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_reshard", "--rank", a[r % na].endpoint, job,
+		                                  rank, w, mode, expect ? expect : "", NULL});
 	}
 	for (int r = from; r < to; r++) {
 		int st;

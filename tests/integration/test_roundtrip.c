@@ -266,13 +266,9 @@ static void run_ranks(const struct agent_proc *a, bool restore, const char *prog
 		char rank[8];
 
 		snprintf(rank, sizeof(rank), "%d", r);
-		pid[r] = fork();
-		ck_assert_int_ge(pid[r], 0);
-		if (pid[r] == 0) {
-			execl(prog ? prog : "/proc/self/exe", "test_roundtrip", "--rank", rank,
-			      a->endpoint, restore ? "restore" : "save", (char *)NULL);
-			_exit(127);
-		}
+		pid[r] = h_spawn(prog, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_roundtrip", "--rank", rank, a->endpoint,
+		                                  restore ? "restore" : "save", NULL});
 	}
 	for (int r = 0; r < 4; r++) {
 		int st;
