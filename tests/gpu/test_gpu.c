@@ -24,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 int gpu_test_fill(uint32_t *d, uint64_t n, uint32_t seed, cudaStream_t s);
 int gpu_test_spin(uint64_t ns, cudaStream_t s);
@@ -389,13 +390,10 @@ static cudaError_t probe(int *n)
 	return (cudaError_t)v[0];
 }
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int n = 0, failed;
 	cudaError_t e;
+	int n = 0;
 
 	if (argc == 5 && strcmp(argv[1], "--trainer") == 0)
 		return trainer_main(argv[2], atol(argv[3]), argv[4]);
@@ -404,10 +402,16 @@ int main(int argc, char **argv)
 	if (e != cudaSuccess || n < 1) {
 		printf("skipped: no usable GPU: %s (CUDA error %d)\n",
 		       e != cudaSuccess ? cudaGetErrorString(e) : "no devices", (int)e);
-		return 77;
+		return TEST_SKIP;
 	}
-	s = suite_create("gpu");
-	tc = tcase_create("cuda");
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s = suite_create("gpu");
+	TCase *tc = tcase_create("cuda");
+
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, fence_keeps_the_snapshot);
 	tcase_add_test(tc, two_streams);
@@ -416,9 +420,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, killed_before_captured_releases);
 	tcase_add_test(tc, agent_restart_under_fenced_saves);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

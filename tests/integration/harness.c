@@ -266,37 +266,60 @@ int h_run(char *out, size_t len, const char *cmd)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-pid_t h_spawn_rank(const char *bin, const struct agent_proc *a, const char *job, const char *run,
-                   int rank, int world, long first, long last, long mb, const char *mode,
-                   int *out_fd, bool with_stderr)
+pid_t h_spawn(const char *bin, enum h_out out, int *out_fd, const char *const *argv)
 {
-	char r[8], w[8], f[24], l[24], m[24];
-	int fds[2];
+	int fds[2] = {-1, -1};
 	pid_t pid;
 
-	ck_assert_int_eq(pipe(fds), 0);
-	snprintf(r, sizeof(r), "%d", rank);
-	snprintf(w, sizeof(w), "%d", world);
-	snprintf(f, sizeof(f), "%ld", first);
-	snprintf(l, sizeof(l), "%ld", last);
-	snprintf(m, sizeof(m), "%ld", mb);
+	if (out != H_OUT_KEEP)
+		ck_assert_int_eq(pipe(fds), 0);
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		dup2(fds[1], STDOUT_FILENO);
-		if (with_stderr)
-			dup2(fds[1], STDERR_FILENO);
-		close(fds[0]);
-		execl(bin, "test_cluster", "--rank", a->endpoint, job, run, r, w, f, l, m, mode,
-		      (char *)NULL);
+		if (out != H_OUT_KEEP) {
+			dup2(fds[1], STDOUT_FILENO);
+			if (out == H_OUT_PIPE_ALL)
+				dup2(fds[1], STDERR_FILENO);
+			close(fds[0]);
+		}
+		execv(bin ? bin : "/proc/self/exe", (char *const *)argv);
 		_exit(127);
 	}
+	if (out == H_OUT_KEEP)
+		return pid;
 	close(fds[1]);
 	if (out_fd)
 		*out_fd = fds[0];
 	else
 		close(fds[0]);
 	return pid;
+}
+
+pid_t h_spawn_trainer(const char *prog, const struct agent_proc *a, const char *job, long step,
+                      long mb, const char *mode)
+{
+	char s[32], m[32];
+
+	snprintf(s, sizeof(s), "%ld", step);
+	snprintf(m, sizeof(m), "%ld", mb);
+	return h_spawn(NULL, H_OUT_KEEP, NULL,
+	               (const char *[]){prog, "--trainer", a->endpoint, job, s, m, mode, NULL});
+}
+
+pid_t h_spawn_rank(const char *bin, const struct agent_proc *a, const char *job, const char *run,
+                   int rank, int world, long first, long last, long mb, const char *mode,
+                   int *out_fd, bool with_stderr)
+{
+	char r[8], w[8], f[24], l[24], m[24];
+
+	snprintf(r, sizeof(r), "%d", rank);
+	snprintf(w, sizeof(w), "%d", world);
+	snprintf(f, sizeof(f), "%ld", first);
+	snprintf(l, sizeof(l), "%ld", last);
+	snprintf(m, sizeof(m), "%ld", mb);
+	return h_spawn(bin, with_stderr ? H_OUT_PIPE_ALL : H_OUT_PIPE, out_fd,
+	               (const char *[]){"test_cluster", "--rank", a->endpoint, job, run, r, w, f, l,
+	                                m, mode, NULL});
 }
 
 void h_read_all(int fd, char *buf, size_t len)

@@ -95,6 +95,25 @@ bool h_wait_state(const struct agent_proc *a, const char *job, long long step, c
                   int timeout_ms);
 
 /* A path under the agent's root: "<root>/<rel>". */
+/* Where a spawned child's output goes (h_spawn). */
+enum h_out {
+	H_OUT_KEEP, /* this process's stdout and stderr */
+	H_OUT_PIPE, /* stdout into a pipe: its read end on *out_fd, or closed */
+	H_OUT_PIPE_ALL, /* stdout and stderr into that pipe */
+};
+/*
+ * A child of a test program in a role, in a process of its own: bin (NULL:
+ * this program itself, /proc/self/exe) run with argv (argv[0] the program's
+ * name, then the role as its test_before reads it: "--rank", "--trainer" and
+ * their arguments; NULL-ended).
+ */
+pid_t h_spawn(const char *bin, enum h_out out, int *out_fd, const char *const *argv);
+/*
+ * A trainer of this program (prog: its name) in a process of its own:
+ * `--trainer ENDPOINT JOB STEP MB MODE`, its output this process's.
+ */
+pid_t h_spawn_trainer(const char *prog, const struct agent_proc *a, const char *job, long step,
+                      long mb, const char *mode);
 /*
  * A trainer rank in a process of its own: `bin --rank ENDPOINT JOB RUN RANK
  * WORLD FIRST LAST MB MODE` (test_cluster's rank_main). Its stdout (and

@@ -15,6 +15,7 @@
 
 #include "client.h"
 #include "harness.h"
+#include "support/check_main.h"
 
 static struct agent_proc a;
 static struct ckpt_client *c;
@@ -436,12 +437,10 @@ START_TEST(ctl_usage_and_errors)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("badreq");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
@@ -454,9 +453,5 @@ int main(void)
 	tcase_add_test(tc, connect_to_nothing);
 	tcase_add_test(tc, cuda_plan_without_gpu);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

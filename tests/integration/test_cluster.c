@@ -31,6 +31,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define ROWS 1024 /* each rank's rows of "emb", a [world * ROWS, 16] F32 tensor */
 
@@ -905,16 +906,19 @@ START_TEST(replayed_part_refused)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 11 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv + 2);
 	signal(SIGPIPE, SIG_IGN);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("cluster");
 	tc = tcase_create("cluster");
 	tcase_set_timeout(tc, 600);
@@ -931,9 +935,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, hostile_files);
 	tcase_add_test(tc, replayed_part_refused);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

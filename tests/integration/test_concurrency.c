@@ -18,6 +18,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 /* A rank process: this program again with --rank (no gRPC state across fork). */
 static int rank_main(const char *endpoint, const char *job, int rank, int world, long step,
@@ -64,28 +65,13 @@ static pid_t spawn_rank(const struct agent_proc *a, const char *job, int rank, i
                         const char *mode, int *out_fd)
 {
 	char r[8], w[8], st[24];
-	int fds[2];
-	pid_t pid;
 
-	ck_assert_int_eq(pipe(fds), 0);
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(w, sizeof(w), "%d", world);
 	snprintf(st, sizeof(st), "%ld", step);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dup2(fds[1], STDOUT_FILENO);
-		close(fds[0]);
-		execl("/proc/self/exe", "test_concurrency", "--rank", a->endpoint, job, r, w, st,
-		      mode, (char *)NULL);
-		_exit(127);
-	}
-	close(fds[1]);
-	if (out_fd)
-		*out_fd = fds[0];
-	else
-		close(fds[0]);
-	return pid;
+	return h_spawn(
+	    NULL, H_OUT_PIPE, out_fd,
+	    (const char *[]){"test_concurrency", "--rank", a->endpoint, job, r, w, st, mode, NULL});
 }
 
 /*
@@ -406,16 +392,19 @@ START_TEST(stop_mid_save)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atol(argv[6]),
 		                 argv[7]);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("concurrency");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -427,9 +416,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, save_during_restore_refused);
 	tcase_add_test(tc, stop_mid_save);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define NODES 3
 #define WORLD 6
@@ -247,20 +248,21 @@ START_TEST(crash_loop)
 }
 END_TEST
 
-int main(void)
+int test_before(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	signal(SIGPIPE, SIG_IGN);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("crashloop");
 	TCase *tc = tcase_create("crashloop");
-	SRunner *sr;
-	int failed;
 
-	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 3000);
 	tcase_add_test(tc, crash_loop);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static struct agent_proc a;
 
@@ -223,12 +224,10 @@ START_TEST(socket_directory_tree_made)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("ctl");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
@@ -239,9 +238,5 @@ int main(void)
 	tcase_add_test(tc, agent_not_running);
 	tcase_add_test(tc, socket_directory_tree_made);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

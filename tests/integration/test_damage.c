@@ -54,6 +54,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static void commit(struct ckpt_plan *p, int64_t step)
 {
@@ -725,7 +726,7 @@ START_TEST(damaged_of_two_nodes_not_replaced)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("damage");
 	TCase *tc = tcase_create("damage");
@@ -743,15 +744,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, removed_as_latest_was_read);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? 1 : 0;
 }

@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static void commit(struct ckpt_plan *p, int64_t step)
 {
@@ -278,24 +279,6 @@ static int trainer_main(const char *endpoint, const char *job, long step, long m
 	return 0;
 }
 
-static pid_t trainer(const struct agent_proc *a, const char *job, long step, long mb,
-                     const char *mode)
-{
-	char s[32], m[32];
-	pid_t pid;
-
-	snprintf(s, sizeof(s), "%ld", step);
-	snprintf(m, sizeof(m), "%ld", mb);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		execl("/proc/self/exe", "test_failures", "--trainer", a->endpoint, job, s, m, mode,
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
-}
-
 START_TEST(trainer_killed_after_captured_commits)
 {
 	struct agent_proc a;
@@ -308,7 +291,9 @@ START_TEST(trainer_killed_after_captured_commits)
 #else
 	h_agent_start(&a, "--staging-mb 64 --chunk-mb 1 --queue-depth 1");
 #endif
-	ck_assert_int_eq(h_reap(trainer(&a, "orphan", 5, 40, "die-captured")), 128 + SIGKILL);
+	ck_assert_int_eq(
+	    h_reap(h_spawn_trainer("test_failures", &a, "orphan", 5, 40, "die-captured")),
+	    128 + SIGKILL);
 	ck_assert_msg(h_wait_state(&a, "orphan", 5, "COMMITTED", 60000),
 	              "the save of a dead trainer commits");
 	ck_assert_int_eq(h_ctl(&a, out, sizeof(out), "verify orphan 5"), 0);
@@ -325,7 +310,7 @@ END_TEST
  */
 static pid_t hog_in_flight(const struct agent_proc *a, long step, long mb)
 {
-	pid_t hog = trainer(a, "hog", step, mb, "commit");
+	pid_t hog = h_spawn_trainer("test_failures", a, "hog", step, mb, "commit");
 
 	for (int waited = 0; waited < 30000; waited += 10) {
 		if (h_wait_state(a, "hog", step, "IN_FLIGHT", 0))
@@ -356,7 +341,9 @@ START_TEST(trainer_killed_before_captured_aborts)
 	for (long mb = 256, step = 1; mb <= 2048 && !queued; mb *= 2, step++) {
 		if ((hog = hog_in_flight(&a, step, mb)) < 0)
 			continue;
-		ck_assert_int_eq(h_reap(trainer(&a, "victim", 7, 8, "die-queued")), 128 + SIGKILL);
+		ck_assert_int_eq(
+		    h_reap(h_spawn_trainer("test_failures", &a, "victim", 7, 8, "die-queued")),
+		    128 + SIGKILL);
 		ck_assert_int_eq(h_reap(hog), 0);
 		ck_assert(h_wait_state(&a, "hog", step, "COMMITTED", 10000));
 		/* the hog finished before the victim asked: the victim saved; again, larger */
@@ -436,15 +423,18 @@ START_TEST(skip_when_pool_full)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
+		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-	if (argc == 7 && strcmp(argv[1], "--trainer") == 0)
-		return trainer_main(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
 	s = suite_create("failures");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -455,9 +445,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, trainer_killed_before_captured_aborts);
 	tcase_add_test(tc, skip_when_pool_full);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

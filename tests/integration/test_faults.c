@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define DEADLINE_S 3 /* --commit-deadline: a commit that keeps failing ends after it */
 
@@ -1027,17 +1028,22 @@ START_TEST(bad_plans_refused)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+#ifndef CKPT_FAULT_INJECTION
+	printf("skipped: ckptd is built without fault injection (-DCKPT_FAULT_INJECTION=ON)\n");
+	return TEST_SKIP;
+#endif
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-#ifndef CKPT_FAULT_INJECTION
-	printf("skipped: ckptd is built without fault injection (-DCKPT_FAULT_INJECTION=ON)\n");
-	return 77;
-#endif
 	s = suite_create("faults");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 600);
@@ -1051,9 +1057,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, durability_sequence_observed);
 	tcase_add_test(tc, bad_plans_refused);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

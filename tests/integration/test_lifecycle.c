@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #ifndef CKPTD_BIN
 #error "CKPTD_BIN must name the agent binary"
@@ -323,7 +324,7 @@ START_TEST(root_removed_and_made_again)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("lifecycle");
 	TCase *tc = tcase_create("agent");
@@ -334,15 +335,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, root_removed_and_made_again);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -24,6 +24,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define MAX_SAMPLES 512
 
@@ -496,7 +497,7 @@ START_TEST(from_config_file)
 }
 END_TEST
 
-static Suite *metrics_suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("metrics");
 	TCase *tc = tcase_create("metrics");
@@ -508,15 +509,4 @@ static Suite *metrics_suite(void)
 	tcase_add_test(tc, from_config_file);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(metrics_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
 }

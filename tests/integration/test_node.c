@@ -21,6 +21,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define RANKS 8
 #define POOL "--staging-mb 32 --chunk-mb 1"
@@ -234,13 +235,9 @@ static void run_ranks(struct rank *rk, const struct agent_proc *a, const char *j
 	for (int i = 0; i < RANKS; i++) {
 		snprintf(id[i], sizeof(id[i]), "%d", i);
 		snprintf(sh->r[i].err, sizeof(sh->r[i].err), "the rank process ended early");
-		pid[i] = fork();
-		ck_assert_int_ge(pid[i], 0);
-		if (pid[i] == 0) {
-			execl("/proc/self/exe", "test_node", "--rank", a->endpoint, a->root, job,
-			      id[i], bps, st, fds, (char *)NULL);
-			_exit(127);
-		}
+		pid[i] = h_spawn(NULL, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_node", "--rank", a->endpoint, a->root, job,
+		                                  id[i], bps, st, fds, NULL});
 	}
 	for (int i = 0; i < RANKS; i++) {
 		int code = h_reap(pid[i]);
@@ -379,15 +376,18 @@ START_TEST(skip_only_when_it_must)
 END_TEST
 #endif
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	if (argc == 9 && strcmp(argv[1], "--rank") == 0)
+		return rank_process(argv + 1);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-	if (argc == 9 && strcmp(argv[1], "--rank") == 0)
-		return rank_process(argv + 1);
 	s = suite_create("node");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
@@ -407,9 +407,5 @@ int main(int argc, char **argv)
 #endif
 	tcase_add_test(tc, eight_ranks_skip);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

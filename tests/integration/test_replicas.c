@@ -36,6 +36,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define ROWS 1024
 #define COLS 4096 /* "emb" [ROWS, COLS] F32, replicated on every rank: 16 MiB */
@@ -90,19 +91,13 @@ static int rank_main(char **v)
 static pid_t spawn(const struct agent_proc *a, const char *job, int rank, int world, int last)
 {
 	char r[8], w[8], l[8];
-	pid_t pid;
 
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(w, sizeof(w), "%d", world);
 	snprintf(l, sizeof(l), "%d", last);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		execl("/proc/self/exe", "test_replicas", "--rank", a->endpoint, job, r, w, l,
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
+	return h_spawn(
+	    NULL, H_OUT_KEEP, NULL,
+	    (const char *[]){"test_replicas", "--rank", a->endpoint, job, r, w, l, NULL});
 }
 
 /* ---- nodes on one root --------------------------------------------------- */
@@ -527,16 +522,19 @@ START_TEST(stop_answers_parked_save)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 7 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv + 2);
 	signal(SIGPIPE, SIG_IGN);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("replicas");
 	tc = tcase_create("replicas");
 	tcase_set_timeout(tc, 600);
@@ -552,9 +550,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, publish_failed_tried_again);
 #endif
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -34,6 +34,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define R0 24
 #define C0 10
@@ -306,13 +307,9 @@ static void run_on(const struct agent_proc *a, int na, const char *job, int worl
 
 		snprintf(rank, sizeof(rank), "%d", r);
 		snprintf(w, sizeof(w), "%d", world);
-		pid[r] = fork();
-		ck_assert_int_ge(pid[r], 0);
-		if (pid[r] == 0) {
-			execl("/proc/self/exe", "test_reshard", "--rank", a[r % na].endpoint, job,
-			      rank, w, mode, expect ? expect : "", (char *)NULL);
-			_exit(127);
-		}
+		pid[r] = h_spawn(NULL, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_reshard", "--rank", a[r % na].endpoint, job,
+		                                  rank, w, mode, expect ? expect : "", NULL});
 	}
 	for (int r = from; r < to; r++) {
 		int st;
@@ -777,17 +774,20 @@ START_TEST(dp_tp_over_four_nodes)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0 && strncmp(argv[6], "tp", 2) == 0)
 		return tp_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
 	if (argc == 8 && strcmp(argv[1], "--rank") == 0)
 		return rank_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7]);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("reshard");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 240);
@@ -800,9 +800,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, replicas_written_once);
 	tcase_add_test(tc, dp_tp_over_four_nodes);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -19,6 +19,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define JOB "rs"
 
@@ -363,12 +364,10 @@ START_TEST(connections_while_stopping)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("restart");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, sigkill_under_a_saving_trainer);
@@ -380,9 +379,5 @@ int main(void)
 	tcase_add_test(tc, leaving_while_the_agent_is_away);
 	tcase_add_test(tc, connections_while_stopping);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -21,6 +21,7 @@
 
 #include "client.h"
 #include "harness.h"
+#include "support/check_main.h"
 
 static char out[1 << 20];
 
@@ -721,12 +722,10 @@ START_TEST(killed_during_gc)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("retention");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, keep_last);
@@ -744,9 +743,5 @@ int main(void)
 	tcase_add_test(tc, long_verify_does_not_hold_up_gc);
 	suite_add_tcase(s, tc);
 #endif
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -16,6 +16,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static void commit(struct ckpt_plan *p, int64_t step)
 {
@@ -222,21 +223,15 @@ START_TEST(waits_bounded_when_agent_stopped)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("retry");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, save_right_after_restore);
 	tcase_add_test(tc, failed_step_saved_again_at_once);
 	tcase_add_test(tc, waits_bounded_when_agent_stopped);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

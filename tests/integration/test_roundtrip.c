@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 static void save_and_wait(struct ckpt_plan *p, int64_t step, const char *meta,
                           enum ckpt_state until)
@@ -265,13 +266,9 @@ static void run_ranks(const struct agent_proc *a, bool restore, const char *prog
 		char rank[8];
 
 		snprintf(rank, sizeof(rank), "%d", r);
-		pid[r] = fork();
-		ck_assert_int_ge(pid[r], 0);
-		if (pid[r] == 0) {
-			execl(prog ? prog : "/proc/self/exe", "test_roundtrip", "--rank", rank,
-			      a->endpoint, restore ? "restore" : "save", (char *)NULL);
-			_exit(127);
-		}
+		pid[r] = h_spawn(prog, H_OUT_KEEP, NULL,
+		                 (const char *[]){"test_roundtrip", "--rank", rank, a->endpoint,
+		                                  restore ? "restore" : "save", NULL});
 	}
 	for (int r = 0; r < 4; r++) {
 		int st;
@@ -494,15 +491,18 @@ START_TEST(out_of_order_steps)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
+{
+	if (argc == 5 && strcmp(argv[1], "--rank") == 0)
+		return rank_main(argv[3], atoi(argv[2]), strcmp(argv[4], "restore") == 0);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s;
 	TCase *tc;
-	SRunner *sr;
-	int failed;
 
-	if (argc == 5 && strcmp(argv[1], "--rank") == 0)
-		return rank_main(argv[3], atoi(argv[2]), strcmp(argv[4], "restore") == 0);
 	s = suite_create("roundtrip");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 240);
@@ -514,9 +514,5 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, latest_after_restart);
 	tcase_add_test(tc, out_of_order_steps);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -27,6 +27,7 @@
 
 #include "client.h"
 #include "harness.h"
+#include "support/check_main.h"
 
 static void save_wait(struct ckpt_plan *p, int64_t step, enum ckpt_state until)
 {
@@ -459,12 +460,10 @@ START_TEST(limits_per_user)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("security");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, region_cannot_shrink);
@@ -476,9 +475,5 @@ int main(void)
 	tcase_add_test(tc, connection_flood);
 	tcase_add_test(tc, limits_per_user);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -25,6 +25,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #define JOB "stall"
 #define SAVE_MB 8
@@ -259,28 +260,27 @@ START_TEST(stopping_agent_is_not_gone)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int test_before(int argc, char **argv)
 {
-	Suite *s;
-	TCase *tc;
-	SRunner *sr;
-	int failed;
-
 	if (argc == 3 && strcmp(argv[1], "--trainer") == 0)
 		return trainer_main(argv[2]);
 #ifndef CKPT_FAULT_INJECTION
 	fprintf(stderr, "ckptd built without fault injection: no slow writes, nothing tested\n");
-	return 77;
+	return TEST_SKIP;
 #endif
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s;
+	TCase *tc;
+
 	s = suite_create("stall");
 	tc = tcase_create("agent");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, live_agent_under_load);
 	tcase_add_test(tc, stopping_agent_is_not_gone);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -42,6 +42,7 @@
 
 #include "harness.h"
 #include "s3_harness.h"
+#include "support/check_main.h"
 
 /* ---- agents with an upload tier -------------------------------------------- */
 
@@ -615,7 +616,7 @@ END_TEST
 
 /* ---- main ------------------------------------------------------------------ */
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("upload");
 	TCase *t = tcase_create("rgw");
@@ -637,16 +638,11 @@ static Suite *suite(void)
 	return s;
 }
 
-int main(void)
+int test_before(int argc, char **argv)
 {
-	SRunner *sr;
-	int failed;
-
+	(void)argc;
+	(void)argv;
 	if (!s3h_init())
-		return 77;
-	sr = srunner_create(suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+		return TEST_SKIP;
+	return TEST_RUN;
 }

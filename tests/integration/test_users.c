@@ -26,6 +26,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 /* ---- a second user ------------------------------------------------------ */
 
@@ -383,28 +384,29 @@ START_TEST(unwritable_root_refused)
 }
 END_TEST
 
-int main(void)
+int test_before(int argc, char **argv)
 {
-	Suite *s = suite_create("users");
-	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
-
+	(void)argc;
+	(void)argv;
 	if (!ensure_users()) {
 		fprintf(stderr, "skipped: cannot create test users (not root, or no useradd)\n");
-		return 77;
+		return TEST_SKIP;
 	}
 	/* Where every user can reach the agent's socket (the build tree may be private). */
 	setenv("CK_TMPDIR", "/tmp", 1);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
+{
+	Suite *s = suite_create("users");
+	TCase *tc = tcase_create("agent");
+
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, other_users_refused);
 	tcase_add_test(tc, admin_group_rights);
 	tcase_add_test(tc, outside_the_socket_group);
 	tcase_add_test(tc, unwritable_root_refused);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -25,6 +25,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "support/check_main.h"
 
 #ifndef CKPTCTL_BIN
 #error "CKPTCTL_BIN must name ckptctl"
@@ -631,14 +632,19 @@ START_TEST(status_fields)
 }
 END_TEST
 
-int main(void)
+int test_before(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	signal(SIGPIPE, SIG_IGN);
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("watch");
 	TCase *tc = tcase_create("agent");
-	SRunner *sr;
-	int failed;
 
-	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 180);
 	tcase_add_test(tc, watch_lines_on_a_pipe);
 	tcase_add_test(tc, watch_json_lines_parse);
@@ -650,9 +656,5 @@ int main(void)
 	tcase_add_test(tc, watch_ends_when_the_agent_goes);
 	tcase_add_test(tc, status_fields);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

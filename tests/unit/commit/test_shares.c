@@ -14,8 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_store.h"
+#include "support/fake_store.h"
 #include "shares.h"
+#include "support/check_main.h"
 
 #define ROWS 1024
 #define COLS 4096 /* "emb" [ROWS, COLS] F32 on every rank: 16 MiB, cut in pieces */
@@ -282,12 +283,10 @@ START_TEST(assigned_covers_the_parts)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("shares");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, put_then_taken);
@@ -295,9 +294,5 @@ int main(void)
 	tcase_add_test(tc, a_put_that_fails_is_said);
 	tcase_add_test(tc, assigned_covers_the_parts);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return s;
 }

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the retention decision (agent/node/retention.c): which steps of a
+ * Unit tests of the retention decision (agent/retention.c): which steps of a
  * job survive keep_last K, keep_every M, pins, readers, LATEST and the most
  * recently committed (a run that went back), and a randomised check of the
  * rules on many step sets.
@@ -12,6 +12,7 @@
 #include <check.h>
 
 #include "agent/node/retention.h"
+#include "support/check_main.h"
 
 #define MAXN 64
 
@@ -291,12 +292,10 @@ START_TEST(random_sets_follow_the_rules)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("retention");
 	TCase *tc = tcase_create("decide");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, off_keeps_everything);
 	tcase_add_test(tc, keep_last);
@@ -309,9 +308,5 @@ int main(void)
 	tcase_add_test(tc, damaged_steps_do_not_count);
 	tcase_add_test(tc, random_sets_follow_the_rules);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

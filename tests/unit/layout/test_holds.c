@@ -16,6 +16,7 @@
 
 #include "cover.h"
 #include "format.h"
+#include "support/check_main.h"
 
 static char err[IPC_ERRLEN];
 
@@ -204,20 +205,14 @@ START_TEST(test_refusals)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("holds");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, test_part_and_manifest_carry_holds);
 	tcase_add_test(tc, test_hole);
 	tcase_add_test(tc, test_refusals);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return s;
 }

@@ -15,6 +15,7 @@
 #include <check.h>
 
 #include "format.h"
+#include "support/check_main.h"
 
 /* dtype numbers, from ipc_dtype_from_name so the test follows the table */
 #define DT(name) ipc_dtype_from_name(name)
@@ -562,7 +563,7 @@ START_TEST(test_read_bad_fd)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("safetensors");
 	TCase *tc = tcase_create("core");
@@ -582,15 +583,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_read_bad_fd);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

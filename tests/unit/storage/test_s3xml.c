@@ -17,6 +17,7 @@
 #include <check.h>
 
 #include "s3http.h"
+#include "support/check_main.h"
 
 /* The reply in a buffer of its exact size: no NUL after it to hide an over-read. */
 static char *reply(const char *s, size_t *len)
@@ -430,7 +431,7 @@ START_TEST(test_linear_time)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("s3xml");
 	TCase *tc = tcase_create("core");
@@ -452,15 +453,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_linear_time);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -13,6 +13,7 @@
 #include <check.h>
 
 #include "ipc.h"
+#include "support/check_main.h"
 
 static char err[IPC_ERRLEN];
 
@@ -244,12 +245,10 @@ START_TEST(versions)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("wire");
 	TCase *tc = tcase_create("strings");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, nul_in_names);
 	tcase_add_test(tc, control_characters);
@@ -258,9 +257,5 @@ int main(void)
 	tcase_add_test(tc, malformed);
 	tcase_add_test(tc, versions);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the agent's work queues (ipc/base/work.c): a job waiting for
+ * Unit tests of the agent's work queues (agent/work.c): a job waiting for
  * its time runs then, or at once where it is hurried (workq_hurry: a plans
  * file to publish is not held behind its job's next poll).
  */
@@ -9,8 +9,9 @@
 
 #include <check.h>
 
-#include "ipc.h"
+#include "ipc/base/base.h"
 #include "ipc/base/work.h"
+#include "support/check_main.h"
 
 struct job {
 	struct work work;
@@ -72,19 +73,13 @@ START_TEST(hurried_job_runs_now)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("work");
 	TCase *tc = tcase_create("queues");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, timed_job_waits_for_its_time);
 	tcase_add_test(tc, hurried_job_runs_now);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -1,5 +1,5 @@
 /*
- * agent/pipe/safecopy.c: a copy from (or into) memory that went away fails with
+ * agent/safecopy.c: a copy from (or into) memory that went away fails with
  * -EFAULT and the process lives on; a SIGBUS outside a guarded copy still
  * kills, as it would without the handler.
  */
@@ -15,6 +15,7 @@
 
 #include "ipc.h"
 #include "agent/pipe/safecopy.h"
+#include "support/check_main.h"
 
 /* A shared mapping of a file cut to nothing under it: every access faults. */
 static char *shrunk_mapping(size_t len)
@@ -108,20 +109,14 @@ START_TEST(unguarded_fault_still_kills)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("safecopy");
 	TCase *tc = tcase_create("copies");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, fault_is_an_error);
 	tcase_add_test(tc, guarded_run_fault_is_an_error);
 	tcase_add_test(tc, unguarded_fault_still_kills);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -12,6 +12,7 @@
 
 #include "ipc.h"
 #include "cuda_ipc.h"
+#include "support/check_main.h"
 
 static uint32_t page[1024]; /* the fence page: word 0 is the fence */
 
@@ -92,24 +93,25 @@ START_TEST(numbers_wrap)
 }
 END_TEST
 
-int main(void)
+int test_before(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+#ifndef CKPT_HAVE_CUDA
+	printf("skipped: libckpt built without CUDA has no ring of events\n");
+	return TEST_SKIP;
+#endif
+	return TEST_RUN;
+}
+
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("gpu_ring");
 	TCase *tc = tcase_create("ring");
-	SRunner *sr;
-	int failed;
 
-#ifndef CKPT_HAVE_CUDA
-	printf("skipped: libckpt built without CUDA has no ring of events\n");
-	return 77;
-#endif
 	tcase_add_test(tc, reused_after_the_fence);
 	tcase_add_test(tc, refused_free_timed_out_retired);
 	tcase_add_test(tc, numbers_wrap);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

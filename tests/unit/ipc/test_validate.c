@@ -10,6 +10,7 @@
 #include <grpc/status.h>
 
 #include "ipc.h"
+#include "support/check_main.h"
 
 static char err[IPC_ERRLEN];
 
@@ -228,12 +229,10 @@ START_TEST(backoff_doubles_to_its_bound)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("validate");
 	TCase *tc = tcase_create("rules");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, job_names);
 	tcase_add_test(tc, tensor_names);
@@ -243,9 +242,5 @@ int main(void)
 	tcase_add_test(tc, status_mapping);
 	tcase_add_test(tc, backoff_doubles_to_its_bound);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

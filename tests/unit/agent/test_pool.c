@@ -1,5 +1,5 @@
 /*
- * The staging pool (agent/pipe/pool.c): its memory (layout, alignment, huge
+ * The staging pool (agent/pool.c): its memory (layout, alignment, huge
  * pages, locking and why not), option checks, and admission by windows:
  * a reservation holds at most `want` chunks, is sure of its window
  * (pool_floor), and shares what is beyond the windows oldest first; at most
@@ -35,6 +35,7 @@
 
 #include "agent/pipe/pool.h"
 #include "ipc/base/work.h"
+#include "support/check_main.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -1582,7 +1583,7 @@ START_TEST(test_stress)
 }
 END_TEST
 
-static Suite *pool_suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("pool");
 	TCase *mem = tcase_create("memory");
@@ -1615,15 +1616,4 @@ static Suite *pool_suite(void)
 	tcase_add_test(str, test_stress);
 	suite_add_tcase(s, str);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(pool_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

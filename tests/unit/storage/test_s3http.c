@@ -26,6 +26,7 @@
 #include <check.h>
 
 #include "s3http.h"
+#include "support/check_main.h"
 
 /* ---- the server -------------------------------------------------------- */
 
@@ -466,7 +467,7 @@ START_TEST(test_queue_moves)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("s3http");
 	TCase *tc = tcase_create("core");
@@ -481,15 +482,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_queue_moves);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

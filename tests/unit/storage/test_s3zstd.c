@@ -17,6 +17,7 @@
 #include <zstd.h>
 
 #include "s3.h"
+#include "support/check_main.h"
 
 #define FRAME (5u << 20) /* the writer's chunk */
 
@@ -314,12 +315,10 @@ START_TEST(corrupt_frame_refused)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("s3zstd");
 	TCase *t = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(t, 60);
 	tcase_add_test(t, ranges_read_back);
@@ -331,9 +330,5 @@ int main(void)
 	tcase_add_test(t, corrupt_frame_refused);
 	tcase_add_test(t, short_frame_refused);
 	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "format.h"
+#include "support/check_main.h"
 
 static char err[IPC_ERRLEN];
 
@@ -762,7 +763,7 @@ START_TEST(test_share_file)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("part");
 	TCase *tc = tcase_create("core");
@@ -778,15 +779,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_plans);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

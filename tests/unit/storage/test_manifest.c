@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "format.h"
+#include "support/check_main.h"
 
 #define META "{\"lr\":0.5,\"tags\":[\"a\",\"b\"],\"nested\":{\"z\":null,\"a\":true}}"
 #define T_NS 1795288380123456789LL /* 2026-11-21T19:13:00.123Z */
@@ -727,7 +728,7 @@ START_TEST(test_rank_file)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("manifest");
 	TCase *tc = tcase_create("core");
@@ -744,15 +745,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_shard_names);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

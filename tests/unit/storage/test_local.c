@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "store.h"
+#include "support/check_main.h"
 
 /* ---- a recording, failing fsops table ---------------------------------- */
 
@@ -1632,7 +1633,7 @@ START_TEST(test_list_ignores_junk)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("local");
 	TCase *tc = tcase_create("local");
@@ -1670,15 +1671,4 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, test_forged_manifest_not_latest, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

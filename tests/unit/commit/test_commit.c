@@ -24,7 +24,8 @@
 #include <xxhash.h>
 
 #include "commit.h"
-#include "fake_store.h"
+#include "support/fake_store.h"
+#include "support/check_main.h"
 
 #define S 1000000000LL
 #define DEADLINE (10 * S)
@@ -1920,7 +1921,7 @@ START_TEST(test_plans_change_roster_read_again)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("commit");
 	TCase *tc = tcase_create("commit");
@@ -1969,15 +1970,4 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, test_plans_change_roster_read_again, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? 1 : 0;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "box.h"
+#include "support/check_main.h"
 
 /* The flat index of global coordinates g in a box (off, shape). */
 static uint64_t flat(size_t nd, const int64_t *g, const int64_t *off, const int64_t *shape)
@@ -169,20 +170,14 @@ START_TEST(split_on_rows_is_one_run)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("box");
 	TCase *t = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(t, random_overlaps_copy_exactly);
 	tcase_add_test(t, split_on_rows_is_one_run);
 	tcase_add_test(t, subtract_leaves_the_rest);
 	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

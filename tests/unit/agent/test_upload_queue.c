@@ -1,5 +1,5 @@
 /*
- * Unit tests of the upload tier's account (agent/node/upload_queue.c): when the
+ * Unit tests of the upload tier's account (agent/upload_queue.c): when the
  * store's refusals of a step count as "in a row", so that a step the store
  * refuses is given up after REFUSED_TRIES (3) tries and no sooner.
  */
@@ -8,6 +8,7 @@
 #include <check.h>
 
 #include "agent/node/upload_int.h"
+#include "support/check_main.h"
 
 /* The count after each of n tries that ended in rc[i], from 0. */
 static unsigned after(const int *rc, unsigned n)
@@ -55,20 +56,14 @@ START_TEST(other_ends_start_again)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("upload_queue");
 	TCase *tc = tcase_create("refusals");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, refusals_count);
 	tcase_add_test(tc, no_answer_keeps_the_count);
 	tcase_add_test(tc, other_ends_start_again);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

@@ -1,5 +1,5 @@
 /*
- * agent/pipe/ipccache.c without a GPU: a fake open/close records what the CUDA
+ * agent/ipccache.c without a GPU: a fake open/close records what the CUDA
  * calls would have been.
  */
 #include <errno.h>
@@ -11,6 +11,7 @@
 #include "ipc.h"
 #include "agent/pipe/fence.h"
 #include "agent/pipe/ipccache.h"
+#include "support/check_main.h"
 
 struct fake {
 	int opens, closes, fail_next;
@@ -199,12 +200,10 @@ START_TEST(fence_wraps)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("ipccache");
 	TCase *tc = tcase_create("cache");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, opened_once_closed_with_the_last);
 	tcase_add_test(tc, keys_are_device_and_handle);
@@ -213,9 +212,5 @@ int main(void)
 	tcase_add_test(tc, fence_in_order);
 	tcase_add_test(tc, fence_wraps);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

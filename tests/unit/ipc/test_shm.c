@@ -14,6 +14,7 @@
 #include <check.h>
 
 #include "ipc.h"
+#include "support/check_main.h"
 
 static char err[IPC_ERRLEN];
 
@@ -107,20 +108,14 @@ START_TEST(tokens)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("shm");
 	TCase *tc = tcase_create("regions");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, create_map_share);
 	tcase_add_test(tc, map_refuses);
 	tcase_add_test(tc, tokens);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }

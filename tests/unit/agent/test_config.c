@@ -1,5 +1,5 @@
 /*
- * The agent's configuration (agent/daemon/config.c): a good file with every key,
+ * The agent's configuration (agent/config.c): a good file with every key,
  * each kind of bad file (the message must name the file, the line and the
  * key), unreadable files, groups, flags over the file in either order,
  * defaults with no file, and what `ckptd --check-config` prints and exits
@@ -17,6 +17,7 @@
 #include "agent/daemon/config.h"
 #include "ipc.h"
 #include "ipc/base/log.h"
+#include "support/check_main.h"
 
 #define NOGROUP "ckptd-test-no-such-group"
 
@@ -160,7 +161,7 @@ START_TEST(test_every_key)
 	ck_assert_int_eq(c.cfg.io_engine, IOENG_PWRITE);
 	ck_assert_uint_eq(c.cfg.queue_depth, 32);
 	ck_assert_uint_eq(c.cfg.staging_mb, 4096);
-	ck_assert_int_eq(c.cfg.backpressure, CKPT__V1__BACKPRESSURE__BACKPRESSURE_SKIP);
+	ck_assert_int_eq(c.cfg.backpressure, BACKPRESSURE_SKIP);
 	ck_assert_uint_eq(c.cfg.keep_last, 3);
 	ck_assert_int_eq(c.cfg.keep_every, 1000);
 	ck_assert_str_eq(c.cfg.metrics_listen, "127.0.0.1:9464");
@@ -227,7 +228,7 @@ static void assert_defaults(const struct config *c)
 	ck_assert_uint_eq(a->chunk_mb, 8);
 	ck_assert_uint_eq(a->queue_depth, 8);
 	ck_assert_int_eq(a->io_engine, IOENG_AUTO);
-	ck_assert_int_eq(a->backpressure, CKPT__V1__BACKPRESSURE__BACKPRESSURE_BLOCK);
+	ck_assert_int_eq(a->backpressure, BACKPRESSURE_BLOCK);
 	ck_assert_uint_eq(a->capture_threads, 2);
 	ck_assert_int_eq(a->copy_threads, -1);
 	ck_assert_uint_eq(a->commit_deadline_s, 600);
@@ -980,7 +981,7 @@ START_TEST(test_command_line_exits)
 }
 END_TEST
 
-static Suite *config_suite(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("config");
 	TCase *good = tcase_create("good"), *bad = tcase_create("bad"),
@@ -1012,15 +1013,4 @@ static Suite *config_suite(void)
 	tcase_add_test(cli, test_command_line_exits);
 	suite_add_tcase(s, cli);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(config_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
 }

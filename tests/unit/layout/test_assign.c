@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "assign.h"
+#include "support/check_main.h"
 
 #define F32 12
 #define BF16 9
@@ -595,12 +596,10 @@ START_TEST(private_and_single_boxes)
 }
 END_TEST
 
-int main(void)
+Suite *test_suite(void)
 {
 	Suite *s = suite_create("assign");
 	TCase *t = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(t, 60);
 	tcase_add_test(t, dp8_tp2_balanced);
@@ -611,9 +610,5 @@ int main(void)
 	tcase_add_test(t, private_and_single_boxes);
 	tcase_add_test(t, share_gives_the_entry);
 	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }
