@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "ckptctl.h"
+#include "client/ckptctl/ckptctl.h"
 
 #define SHOW_PARTS_NAMED 16 /* the summary names this many nodes' parts, then counts */
 

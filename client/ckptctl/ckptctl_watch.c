@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckptctl.h"
+#include "client/ckptctl/ckptctl.h"
 
 #define REDRAW_MS 250
 #define RECENT 6 /* finished checkpoints shown */
