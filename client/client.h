@@ -11,9 +11,9 @@
 
 #include <grpc/grpc.h>
 
-#include "ckpt.h"
-#include "cuda_ipc.h"
-#include "ipc.h"
+#include "client/ckpt.h"
+#include "client/cuda_ipc.h"
+#include "ipc/ipc.h"
 
 /*
  * A host region from ckpt_host_alloc. Its descriptor stays open: an agent
@@ -93,7 +93,7 @@ struct ckpt_client {
 	struct cl_alloc *allocs;
 	uint64_t next_key;
 	struct ckpt_plan *plans;
-	/* the credentials socket (cred.c) */
+	/* the credentials socket (cred_client.c) */
 	int cred_sock;
 	char token[IPC_TOKEN_HEX + 1]; /* "" until the hello */
 	grpc_metadata cred_md; /* the token, sent with every call */

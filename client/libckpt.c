@@ -25,7 +25,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
-#include "client.h"
+#include "client/client.h"
 
 #define ATTACH_TIMEOUT_MS 10000
 /* How long a client tries to attach again to an agent that went away. */

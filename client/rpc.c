@@ -15,7 +15,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
-#include "client.h"
+#include "client/client.h"
 
 const char *cl_endpoint(const struct ckpt_client *c)
 {

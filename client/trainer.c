@@ -12,7 +12,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* ---- host memory ------------------------------------------------------ */
 
