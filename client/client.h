@@ -78,7 +78,7 @@ struct ckpt_client {
 	pthread_mutex_t reg_mu;
 	/*
 	 * Under mu (set once the trainer registers a region or a plan:
-	 * trainer.c's cl_register_again): the session thread, attached to a new
+	 * trainer_register.c's cl_register_again): the session thread, attached to a new
 	 * agent, hands it all again through this. NULL: nothing to hand.
 	 */
 	int (*register_again)(struct ckpt_client *c);
@@ -220,6 +220,19 @@ void cl_leave(struct ckpt_client *c);
  */
 bool cl_enter_tidy(struct ckpt_client *c);
 void cl_leave_local(struct ckpt_client *c);
+/*
+ * Host memory inside a call that has entered (cl_enter) already
+ * (trainer_host.c): a region of `bytes`, registered; and its free (agent:
+ * whether the agent is to be told).
+ */
+int cl_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr);
+void cl_host_free(struct ckpt_client *c, void *ptr, bool agent);
+/*
+ * Hands a region to the agent (trainer_register.c): its descriptor on the
+ * credentials socket, then RegisterRegion with the ticket; the agent's id
+ * into a->region_id. Ours stays open, for an agent that comes back.
+ */
+int cl_register_region(struct ckpt_client *c, struct cl_alloc *a, int timeout_ms);
 /*
  * The session thread, attached to a new agent: hands it every region again
  * and re-creates every plan. 0; or a negative errno when the agent stopped

@@ -9,7 +9,7 @@
  * When the stream ends without our asking (the agent restarted, was
  * upgraded, crashed), the same thread fails the saves in flight, attaches
  * again with a bounded back-off, and hands the new agent every region and
- * plan (c->register_again, trainer.c's): the trainer's next save works as before. Calls
+ * plan (c->register_again, trainer_register.c's): the trainer's next save works as before. Calls
  * made meanwhile wait for it (cl_enter); a save is refused at once.
  */
 #include <errno.h>
@@ -276,7 +276,7 @@ static int attach_again(struct ckpt_client *c)
 		pthread_mutex_lock(&c->mu);
 		again = c->register_again;
 		pthread_mutex_unlock(&c->mu);
-		rc = again ? again(c) : 0; /* what the trainer registered (trainer.c) */
+		rc = again ? again(c) : 0; /* what the trainer registered (trainer_register.c) */
 		if (!rc) {
 			pthread_mutex_lock(&c->mu);
 			c->away = false;

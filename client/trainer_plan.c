@@ -1,7 +1,10 @@
 /*
- * libckpt: host memory, plans and saves (ckpt.h; restores: restore.c). Each call checks
- * its arguments with the same rules the agent applies (ipc/validate.c), so
- * a mistake is reported before anything is sent, in the same words.
+ * libckpt's plans (ckpt_plan_create*, ckpt_plan_destroy, ckpt_plan_bytes):
+ * each call checks its arguments with the same rules the agent applies
+ * (ipc/validate.c), so a mistake is reported before anything is sent, in the
+ * same words; the CreatePlan request is kept for an agent that comes back
+ * (trainer_register.c). The caller's thread. Host memory: trainer_host.c;
+ * saves: trainer_save.c; restores: restore.c.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -13,119 +16,6 @@
 #include <unistd.h>
 
 #include "client/client.h"
-
-/* ---- host memory ------------------------------------------------------ */
-
-/*
- * Hands a region to the agent: its descriptor on the credentials socket,
- * then RegisterRegion with the ticket; the agent's id into a->region_id.
- * Ours stays open, for an agent that comes back after a restart.
- */
-static int register_region(struct ckpt_client *c, struct cl_alloc *a, int timeout_ms)
-{
-	Ckpt__V1__RegisterRegionRequest req = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
-	Ckpt__V1__RegisterRegionReply *rep;
-	int rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &req.ticket);
-
-	if (rc)
-		return rc;
-	req.session_id = c->session_id;
-	req.size = a->shm.size;
-	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep, timeout_ms);
-	if (rc)
-		return rc;
-	a->region_id = rep->region_id;
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
-	return 0;
-}
-
-/* ckpt_host_alloc inside a call that has entered (cl_enter) already. */
-static int host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
-{
-	char err[IPC_ERRLEN];
-	struct cl_alloc *a;
-	int rc;
-
-	a = calloc(1, sizeof(*a));
-	if (!a)
-		return cl_fail(c, -ENOMEM, "out of memory");
-	rc = ipc_shm_create(bytes, &a->shm, err);
-	if (rc) {
-		free(a);
-		return cl_fail(c, rc, "ckpt_host_alloc(%zu): %s", bytes, err);
-	}
-	rc = register_region(c, a, CL_DEFAULT_TIMEOUT_MS);
-	if (rc) {
-		ipc_shm_unmap(&a->shm);
-		free(a);
-		return rc;
-	}
-	pthread_mutex_lock(&c->mu);
-	a->key = ++c->next_key;
-	a->next = c->allocs;
-	c->allocs = a;
-	c->register_again = cl_register_again;
-	pthread_mutex_unlock(&c->mu);
-	*ptr = a->shm.data;
-	return 0;
-}
-
-int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
-{
-	int rc;
-
-	if (!c || !ptr)
-		return -EINVAL;
-	*ptr = NULL;
-	if (!c->attached)
-		return cl_fail(c, -EINVAL, "ckpt_host_alloc needs a client from ckpt_connect");
-	rc = cl_enter(c);
-	if (rc)
-		return rc;
-	rc = host_alloc(c, bytes, ptr);
-	cl_leave(c);
-	return rc;
-}
-
-/* ckpt_host_free inside a call that has entered already (or with no agent). */
-static void host_free(struct ckpt_client *c, void *ptr, bool agent)
-{
-	Ckpt__V1__DropRegionRequest req = CKPT__V1__DROP_REGION_REQUEST__INIT;
-	ProtobufCMessage *rep;
-	struct cl_alloc **pa, *a = NULL;
-
-	pthread_mutex_lock(&c->mu);
-	for (pa = &c->allocs; *pa; pa = &(*pa)->next)
-		if ((*pa)->shm.data == ptr) {
-			a = *pa;
-			*pa = a->next;
-			break;
-		}
-	pthread_mutex_unlock(&c->mu);
-	if (!a)
-		return;
-	req.session_id = c->session_id;
-	req.region_id = a->region_id;
-	if (agent && a->region_id && cl_tidy_call(c, IPC_DROP_REGION, &req.base, &rep) == 0)
-		protobuf_c_message_free_unpacked(rep, NULL);
-	ipc_shm_unmap(&a->shm);
-	free(a);
-}
-
-void ckpt_host_free(struct ckpt_client *c, void *ptr)
-{
-	bool agent;
-
-	if (!c || !ptr)
-		return;
-	/* away or gone: the agent dropped it with the session */
-	agent = cl_enter_tidy(c);
-	host_free(c, ptr, agent);
-	if (agent)
-		cl_leave(c);
-	else
-		cl_leave_local(c);
-}
 
 /* Under c->mu: the region holding [p, p + n), and the offset of p in it. */
 static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint64_t n,
@@ -323,7 +213,7 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 		regs[i].device_uuid.len = CL_GPU_UUID;
 		pregs[i] = &regs[i];
 	}
-	rc = host_alloc(b->c, 4096, &p->fence_mem);
+	rc = cl_host_alloc(b->c, 4096, &p->fence_mem);
 	if (rc)
 		return ipc_errf(err, rc, "the fence page: %s", b->c->last_error);
 	rc = cl_gpu_plan_init(&p->gpu, b->gpu[0].dev, p->fence_mem, err);
@@ -347,7 +237,7 @@ static void plan_free_local(struct ckpt_client *c, struct ckpt_plan *p, bool age
 		return;
 	cl_gpu_plan_free(&p->gpu); /* unregisters the fence page before it goes */
 	if (p->fence_mem && c)
-		host_free(c, p->fence_mem, agent);
+		cl_host_free(c, p->fence_mem, agent);
 	free(p->req);
 	free(p->keys);
 	free(p);
@@ -443,6 +333,39 @@ static void plan_made(struct ckpt_client *c, struct ckpt_plan *p, Ckpt__V1__Crea
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* The CUDA side of the request (gpu_side), its region arrays allocated into *regs and *pregs. */
+static int gpu_request(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRequest *req,
+                       Ckpt__V1__CudaRegion **regs, Ckpt__V1__CudaRegion ***pregs, char *err)
+{
+	*regs = calloc(b->ngpu, sizeof(**regs));
+	*pregs = calloc(b->ngpu, sizeof(**pregs));
+	return *regs && *pregs ? gpu_side(b, p, req, *regs, *pregs, err)
+	                       : ipc_errf(err, -ENOMEM, "out of memory");
+}
+
+/*
+ * The request's plan-wide fields, then the request packed into p->req: kept
+ * for an agent that comes back (trainer_register.c). 0 or -ENOMEM (said).
+ */
+static int request_kept(struct ckpt_client *c, struct ckpt_plan *p,
+                        Ckpt__V1__CreatePlanRequest *req, const char *job, int rank, int world,
+                        const struct ckpt_plan_opts *o)
+{
+	req->session_id = c->session_id;
+	req->job = (char *)job;
+	req->rank = rank;
+	req->world = world;
+	req->backpressure = (Ckpt__V1__Backpressure)o->backpressure;
+	req->run = (char *)(o->run && *o->run ? o->run : "");
+	req->copies = o->copies;
+	p->req_len = protobuf_c_message_get_packed_size(&req->base);
+	p->req = malloc(p->req_len ? p->req_len : 1);
+	if (!p->req)
+		return cl_fail(c, -ENOMEM, "out of memory");
+	protobuf_c_message_pack(&req->base, p->req);
+	return 0;
+}
+
 int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
                           const struct ckpt_tensor *t, size_t n, const struct ckpt_plan_opts *opts,
                           struct ckpt_plan **out)
@@ -471,34 +394,18 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 		rc = plan_request(&b, t, n, &req, err);
 	if (!rc && !(p = calloc(1, sizeof(*p))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
-	if (!rc && b.ngpu) {
-		regs = calloc(b.ngpu, sizeof(*regs));
-		pregs = calloc(b.ngpu, sizeof(*pregs));
-		rc = regs && pregs ? gpu_side(&b, p, &req, regs, pregs, err)
-		                   : ipc_errf(err, -ENOMEM, "out of memory");
-	}
+	if (!rc && b.ngpu)
+		rc = gpu_request(&b, p, &req, &regs, &pregs, err);
 	if (rc) { /* the job is named only once it is known to be a name */
 		rc = ipc_check_job(job, NULL)
 		         ? cl_fail(c, rc, "plan: %s", err)
 		         : cl_fail(c, rc, "plan for job %s rank %d: %s", job, rank, err);
 		goto out;
 	}
-	req.session_id = c->session_id;
-	req.job = (char *)job;
-	req.rank = rank;
-	req.world = world;
-	req.backpressure = (Ckpt__V1__Backpressure)o.backpressure;
-	req.run = (char *)(o.run && *o.run ? o.run : "");
-	req.copies = o.copies;
-	p->req_len = protobuf_c_message_get_packed_size(&req.base);
-	p->req = malloc(p->req_len ? p->req_len : 1);
-	if (!p->req) {
-		rc = cl_fail(c, -ENOMEM, "out of memory");
-		goto out;
-	}
-	protobuf_c_message_pack(&req.base, p->req);
-	rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
-	             CL_DEFAULT_TIMEOUT_MS);
+	rc = request_kept(c, p, &req, job, rank, world, &o);
+	if (!rc)
+		rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
+		             CL_DEFAULT_TIMEOUT_MS);
 	if (rc)
 		goto out;
 	p->keys = b.keys;
@@ -608,451 +515,4 @@ void ckpt_plan_destroy(struct ckpt_plan *p)
 uint64_t ckpt_plan_bytes(const struct ckpt_plan *p)
 {
 	return p ? p->shard_bytes : 0;
-}
-
-/* ---- saves ------------------------------------------------------------ */
-
-/* The ring's event is free again at once, or (saved) once the fence passes seq. */
-static void event_done(struct ckpt_client *c, struct ckpt_plan *p, int slot, bool saved,
-                       uint32_t seq)
-{
-	pthread_mutex_lock(&c->mu);
-	cl_gpu_event_done(&p->gpu, slot, saved, seq);
-	pthread_mutex_unlock(&c->mu);
-}
-
-/*
- * A save the agent never saw, FAILED with `why`: what a trainer gets while
- * the agent is away, so that its loop goes on and its next save works.
- */
-static int save_not_taken(struct ckpt_client *c, struct ckpt_plan *p, const char *why,
-                          struct ckpt_save **out)
-{
-	struct ckpt_save *s = calloc(1, sizeof(*s));
-
-	if (!s)
-		return cl_fail(c, -ENOMEM, "out of memory");
-	s->c = c;
-	s->cuda = p->cuda; /* no fence to wait on (fence_dev 0): ckpt_save_fence passes */
-	s->state = CKPT_FAILED;
-	snprintf(s->reason, sizeof(s->reason), "%s", why);
-	pthread_mutex_lock(&c->mu); /* the session thread renumbers plans under it */
-	s->plan_id = p->id;
-	s->uploads = p->uploads;
-	s->next = c->saves;
-	c->saves = s;
-	pthread_mutex_unlock(&c->mu);
-	*out = s;
-	return 0;
-}
-
-static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
-                     struct ckpt_save **out);
-
-int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
-            struct ckpt_save **out)
-{
-	char err[IPC_ERRLEN];
-	struct ckpt_client *c;
-	int rc;
-
-	if (!p || !out)
-		return -EINVAL;
-	c = p->c;
-	*out = NULL;
-	if (!c)
-		return -ENOTCONN;
-	rc = ipc_check_step(step, err);
-	if (!rc)
-		rc = ipc_check_meta(meta_json, err);
-	if (rc)
-		return cl_fail(c, rc, "save of job %s step %lld: %s", p->job, (long long)step, err);
-	rc = cl_try_enter(c);
-	if (rc == -EAGAIN) { /* a training loop is not held while the agent restarts */
-		cl_away_reason(c, err, sizeof(err));
-		return save_not_taken(c, p, err, out);
-	}
-	if (rc)
-		return rc;
-	if (p->lost[0])
-		rc = cl_fail(c, -ESTALE, "save of job %s step %lld: %s", p->job, (long long)step,
-		             p->lost);
-	else
-		rc = save_call(p, step, meta_json, stream, out);
-	cl_leave(c);
-	/* The agent went away under the call: the session thread attaches again. */
-	if ((rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE) && c->reconnect_ms) {
-		pthread_mutex_lock(&c->mu);
-		snprintf(err, sizeof(err), "%s; libckpt attaches again when ckptd is back",
-		         c->last_error);
-		pthread_mutex_unlock(&c->mu);
-		return save_not_taken(c, p, err, out);
-	}
-	return rc;
-}
-
-/* The Save call itself, with the CUDA plan's event; inside cl_enter. */
-static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
-                     struct ckpt_save **out)
-{
-	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
-	Ckpt__V1__SaveReply *rep;
-	struct ckpt_client *c = p->c;
-	char err[IPC_ERRLEN];
-	struct ckpt_save *s;
-	int rc, slot = -1;
-
-	req.plan_id = p->id;
-	req.step = step;
-	req.meta_json = (char *)(meta_json ? meta_json : "");
-	if (p->cuda) {
-		/* The agent's copies start after everything queued on `stream` so far. */
-		pthread_mutex_lock(&c->mu);
-		slot = cl_gpu_event_take(&p->gpu, err);
-		pthread_mutex_unlock(&c->mu);
-		rc = slot < 0 ? slot : cl_gpu_record(&p->gpu, slot, stream, err);
-		if (rc) {
-			if (slot >= 0)
-				event_done(c, p, slot, false, 0);
-			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job,
-			               (long long)step, err);
-		}
-		req.cuda_event.data = p->gpu.ev[slot].handle;
-		req.cuda_event.len = CL_GPU_HANDLE;
-	}
-	rc = cl_call(c, IPC_SAVE, &req.base, (ProtobufCMessage **)&rep, CL_DEFAULT_TIMEOUT_MS);
-	if (rc) {
-		/* Timed out, the agent may have the save and wait on it yet: never again. */
-		if (slot >= 0 && rc != -ETIMEDOUT)
-			event_done(c, p, slot, false, 0);
-		return rc;
-	}
-	if (slot >= 0)
-		event_done(c, p, slot, true, rep->fence_seq);
-	s = calloc(1, sizeof(*s));
-	if (!s) {
-		protobuf_c_message_free_unpacked(&rep->base, NULL);
-		return cl_fail(c, -ENOMEM, "out of memory");
-	}
-	s->c = c;
-	s->id = rep->save_id;
-	s->plan_id = p->id;
-	s->uploads = p->uploads;
-	s->state = rep->state;
-	s->cuda = p->cuda;
-	s->fence_seq = rep->fence_seq;
-	s->fence_dev = p->gpu.fence_dev;
-	s->dev = p->gpu.dev;
-	snprintf(s->reason, sizeof(s->reason), "%s", rep->reason ? rep->reason : "");
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
-	pthread_mutex_lock(&c->mu);
-	/* The stream may have told us of this save before its reply arrived. */
-	for (unsigned i = 0; i < CL_EARLY; i++) {
-		struct cl_early *e = &c->early[i];
-
-		if (e->save_id == s->id && e->state > s->state) {
-			s->state = e->state;
-			snprintf(s->reason, sizeof(s->reason), "%s", e->reason);
-		}
-	}
-	s->next = c->saves;
-	c->saves = s;
-	if (s->cuda) { /* numbers come in order of the agent's replies: keep the newest */
-		if (!p->nsaved++ || !cl_gpu_passed(p->last_seq, s->fence_seq))
-			p->last_seq = s->fence_seq;
-		if (c->gone) /* no agent will move the fence: it opens here */
-			cl_gpu_release(&p->gpu, p->last_seq);
-	}
-	pthread_mutex_unlock(&c->mu);
-	*out = s;
-	return 0;
-}
-
-int ckpt_save(struct ckpt_plan *p, int64_t step, const char *meta_json, struct ckpt_save **out)
-{
-	return cl_save(p, step, meta_json, NULL, out);
-}
-
-#ifdef CKPT_HAVE_CUDA_API
-int ckpt_save_on(struct ckpt_plan *p, int64_t step, const char *meta_json, cudaStream_t stream,
-                 struct ckpt_save **out)
-{
-	return cl_save(p, step, meta_json, (void *)stream, out);
-}
-
-int ckpt_save_fence(struct ckpt_save *s, cudaStream_t stream)
-{
-	char err[IPC_ERRLEN];
-	int rc;
-
-	struct ckpt_client *c;
-	uintptr_t fence_dev;
-	bool gone;
-
-	if (!s)
-		return -EINVAL;
-	c = s->c;
-	if (!c) /* the fence page went with the client */
-		return -ENOTCONN;
-	if (!s->cuda)
-		return cl_fail(c, -EINVAL, "ckpt_save_fence: not a save of a CUDA plan");
-	pthread_mutex_lock(&c->mu);
-	fence_dev = s->fence_dev;
-	gone = c->gone;
-	pthread_mutex_unlock(&c->mu);
-	/* Its plan destroyed (which waited for the fence to pass it), or no agent: open. */
-	if (!fence_dev || gone)
-		return 0;
-	rc = cl_gpu_fence(s->dev, fence_dev, (void *)stream, s->fence_seq, err);
-	return rc ? cl_fail(c, rc, "ckpt_save_fence: %s", err) : 0;
-}
-#endif
-
-static struct timespec abs_deadline(int timeout_ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
-	return ts;
-}
-
-int ckpt_save_wait(struct ckpt_save *s, enum ckpt_state until, int timeout_ms)
-{
-	struct timespec deadline = abs_deadline(timeout_ms < 0 ? 0 : timeout_ms);
-	struct ckpt_client *c = s ? s->c : NULL;
-	int rc = 0;
-
-	if (!s || until < CKPT_QUEUED || until > CKPT_UPLOADED)
-		return -EINVAL;
-	if (!c)
-		return -ENOTCONN;
-	if (until > CKPT_COMMITTED && !s->uploads)
-		return cl_fail(
-		    c, -ENOTSUP,
-		    "this agent has no upload tier ([upload] root): nothing is UPLOADED");
-	pthread_mutex_lock(&c->mu);
-	c->waiters++;
-	for (;;) {
-		if (s->state == CKPT_FAILED) {
-			rc = -EIO;
-			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
-			break;
-		}
-		if (s->state == CKPT_SKIPPED) {
-			rc = -ECANCELED;
-			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
-			break;
-		}
-		if (s->state >= (int)until)
-			break;
-		if (until == CKPT_UPLOADED && s->upload_failed) {
-			rc = -EIO;
-			snprintf(c->last_error, sizeof(c->last_error), "%s", s->reason);
-			break;
-		}
-		if (c->gone) {
-			rc = -ENOTCONN;
-			snprintf(c->last_error, sizeof(c->last_error),
-			         "the connection to ckptd at %s was lost", c->endpoint);
-			break;
-		}
-		if (timeout_ms < 0)
-			pthread_cond_wait(&c->cv, &c->mu);
-		else if (pthread_cond_timedwait(&c->cv, &c->mu, &deadline) == ETIMEDOUT) {
-			rc = s->state >= (int)until ? 0 : -ETIMEDOUT;
-			break;
-		}
-	}
-	if (--c->waiters == 0)
-		pthread_cond_broadcast(&c->idle);
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-enum ckpt_state ckpt_save_state(struct ckpt_save *s)
-{
-	enum ckpt_state st;
-
-	if (!s || !s->c)
-		return s ? (enum ckpt_state)s->state : CKPT_FAILED;
-	pthread_mutex_lock(&s->c->mu);
-	st = (enum ckpt_state)s->state;
-	pthread_mutex_unlock(&s->c->mu);
-	return st;
-}
-
-const char *ckpt_save_reason(struct ckpt_save *s)
-{
-	return s ? s->reason : "";
-}
-
-void ckpt_save_release(struct ckpt_save *s)
-{
-	struct ckpt_client *c;
-
-	if (!s)
-		return;
-	c = s->c;
-	if (c) {
-		pthread_mutex_lock(&c->mu);
-		for (struct ckpt_save **ps = &c->saves; *ps; ps = &(*ps)->next)
-			if (*ps == s) {
-				*ps = s->next;
-				break;
-			}
-		pthread_mutex_unlock(&c->mu);
-	}
-	free(s);
-}
-
-/* ---- attaching again to an agent that came back ------------------------ */
-
-/*
- * Calls made while attaching again get this long: an agent that does not
- * answer costs a try, not a minute a region.
- */
-#define REATTACH_CALL_MS 10000
-
-static bool closing(struct ckpt_client *c)
-{
-	bool v;
-
-	pthread_mutex_lock(&c->mu);
-	v = c->closing;
-	pthread_mutex_unlock(&c->mu);
-	return v;
-}
-
-/* The agent did not answer (or went), or we are closing: attach again, not give a plan up. */
-static bool unreachable(int rc)
-{
-	return rc == -ECONNREFUSED || rc == -ENOTCONN || rc == -EPIPE || rc == -ECONNRESET ||
-	       rc == -ETIMEDOUT || rc == -ECANCELED;
-}
-
-/* Under c->mu: the new agent's id of the region with `key`; 0 if it has none. */
-static uint64_t region_of(struct ckpt_client *c, uint64_t key)
-{
-	for (const struct cl_alloc *a = c->allocs; a; a = a->next)
-		if (a->key == key)
-			return a->region_id;
-	return 0;
-}
-
-/*
- * The plan's request again, its region ids the new agent's. 0, or why not
- * (a region freed by the trainer, or one the agent refused) into `why`.
- */
-static int request_again(struct ckpt_client *c, const struct ckpt_plan *p,
-                         Ckpt__V1__CreatePlanRequest *req, char *why, size_t len)
-{
-	int rc = 0;
-
-	req->session_id = c->session_id;
-	pthread_mutex_lock(&c->mu);
-	for (size_t i = 0; i < req->n_tensors && !rc; i++) {
-		Ckpt__V1__TensorSpec *t = req->tensors[i];
-
-		if (t->kind != CKPT__V1__REGION_KIND__REGION_HOST)
-			continue;
-		t->region = region_of(c, p->keys[i]);
-		if (!t->region) {
-			snprintf(why, len,
-			         "tensor '%s': its memory (from ckpt_host_alloc) is freed, or the "
-			         "agent refused it",
-			         t->name);
-			rc = -ENOENT;
-		}
-	}
-	if (!rc && p->cuda) {
-		req->fence_region = region_of(c, p->fence_key);
-		if (!req->fence_region) {
-			snprintf(why, len, "its fence page is not registered");
-			rc = -ENOENT;
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-/* One plan created again; a refusal is kept in p->lost. 0, or the agent is unreachable. */
-static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
-{
-	Ckpt__V1__CreatePlanRequest *req =
-	    ckpt__v1__create_plan_request__unpack(NULL, p->req_len, p->req);
-	Ckpt__V1__CreatePlanReply *rep;
-	char why[IPC_ERRLEN];
-	int rc;
-
-	if (!req) {
-		snprintf(p->lost, sizeof(p->lost), "out of memory re-creating the plan");
-		return 0;
-	}
-	rc = request_again(c, p, req, why, sizeof(why));
-	if (!rc)
-		rc = cl_call(c, IPC_CREATE_PLAN, &req->base, (ProtobufCMessage **)&rep,
-		             REATTACH_CALL_MS);
-	else
-		cl_fail(c, rc, "%s", why);
-	ckpt__v1__create_plan_request__free_unpacked(req, NULL);
-	if (rc && unreachable(rc))
-		return rc;
-	pthread_mutex_lock(&c->mu);
-	if (rc) {
-		snprintf(p->lost, sizeof(p->lost),
-		         "the plan of job %s rank %d could not be created again after ckptd "
-		         "restarted: %s (destroy it and create it anew)",
-		         p->job, p->rank, c->session_error);
-	} else {
-		/* its saves follow it (ckpt_plan_destroy finds them by the id) */
-		for (struct ckpt_save *s = c->saves; s; s = s->next)
-			if (s->plan_id == p->id)
-				s->plan_id = rep->plan_id;
-		p->id = rep->plan_id;
-		p->shard_bytes = rep->shard_bytes;
-		p->uploads = rep->uploads;
-		p->lost[0] = '\0';
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (!rc)
-		protobuf_c_message_free_unpacked(&rep->base, NULL);
-	else
-		fprintf(stderr, "libckpt: %s\n", p->lost);
-	return 0;
-}
-
-int cl_register_again(struct ckpt_client *c)
-{
-	struct cl_alloc *a;
-	struct ckpt_plan *p;
-	int rc;
-
-	/* No call of the trainer runs now (cl_enter waits): the lists stay as they are. */
-	for (a = c->allocs; a; a = a->next) {
-		if (closing(c))
-			return -ECANCELED;
-		a->region_id = 0;
-		rc = register_region(c, a, REATTACH_CALL_MS);
-		if (rc && unreachable(rc))
-			return rc;
-		if (rc)
-			fprintf(stderr, "libckpt: a region of %zu bytes: %s\n", a->shm.size,
-			        c->session_error);
-	}
-	for (p = c->plans; p; p = p->next) {
-		if (p->lost[0])
-			continue; /* refused before: destroy and create it anew */
-		if (closing(c))
-			return -ECANCELED;
-		rc = create_again(c, p);
-		if (rc)
-			return rc;
-	}
-	return 0;
 }
