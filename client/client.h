@@ -243,6 +243,24 @@ int cl_register_again(struct ckpt_client *c);
 /* The reason saves and calls get while the agent is away or gone. */
 void cl_away_reason(struct ckpt_client *c, char *buf, size_t len);
 
+/*
+ * The Attach call (attach.c). cl_attach opens the stream on c->ch and reads
+ * the session id and the agent's version: 0, or a negative errno (said).
+ * cl_close_call ends the call and its queue, every batch completed first.
+ * cl_wait_flag waits on the session queue until *flag is set (or the
+ * deadline), noting every completion on the way (cl_note_tag).
+ */
+grpc_channel *cl_channel_new(const char *endpoint);
+int cl_attach(struct ckpt_client *c);
+void cl_close_call(struct ckpt_client *c);
+bool cl_wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag, gpr_timespec deadline);
+void cl_note_tag(struct attach_tags *t, void *tag);
+/*
+ * The session thread (session_thread.c), started by cl_open once attached:
+ * reads the stream, attaches again while the agent is away; arg is the client.
+ */
+void *cl_session_main(void *arg);
+
 /* On a client's session thread, that client (cl_fail keeps its messages apart). */
 extern __thread struct ckpt_client *cl_session_thread;
 
