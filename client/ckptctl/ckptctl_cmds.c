@@ -63,6 +63,22 @@ static json_t *status_json(const Ckpt__V1__StatusReply *r)
 	return j;
 }
 
+/* status's retention line: the policy, and what it removed since start. */
+static void retention_line(const Ckpt__V1__StatusReply *r)
+{
+	if (r->keep_last && r->keep_every)
+		printf("%-12s the last %u of each job, every step that is a multiple of %" PRId64
+		       ", LATEST and pinned ones; %" PRIu64 " removed since start\n",
+		       "retention", r->keep_last, r->keep_every, r->gc_removed);
+	else if (r->keep_last)
+		printf("%-12s the last %u of each job, LATEST and pinned ones; %" PRIu64
+		       " removed since start\n",
+		       "retention", r->keep_last, r->gc_removed);
+	else
+		printf("%-12s off: every checkpoint is kept (--keep-last K turns it on)\n",
+		       "retention");
+}
+
 static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 {
 	char a[32], b[32], c[32];
@@ -106,17 +122,7 @@ static void status_table(const Ckpt__V1__StatusReply *r, const char *endpoint)
 	if (r->removed_at_start || r->kept_at_start)
 		printf("%-12s %u uncommitted steps removed at start, %u left to their nodes\n",
 		       "recovery", r->removed_at_start, r->kept_at_start);
-	if (r->keep_last && r->keep_every)
-		printf("%-12s the last %u of each job, every step that is a multiple of %" PRId64
-		       ", LATEST and pinned ones; %" PRIu64 " removed since start\n",
-		       "retention", r->keep_last, r->keep_every, r->gc_removed);
-	else if (r->keep_last)
-		printf("%-12s the last %u of each job, LATEST and pinned ones; %" PRIu64
-		       " removed since start\n",
-		       "retention", r->keep_last, r->gc_removed);
-	else
-		printf("%-12s off: every checkpoint is kept (--keep-last K turns it on)\n",
-		       "retention");
+	retention_line(r);
 	printf("%-12s %s\n", "last error", *r->last_error ? r->last_error : "-");
 	if (r->n_in_flight) {
 		printf("\nin flight\n");
