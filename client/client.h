@@ -11,9 +11,9 @@
 
 #include <grpc/grpc.h>
 
-#include "ckpt.h"
-#include "cuda_ipc.h"
-#include "ipc.h"
+#include "client/ckpt.h"
+#include "client/cuda_ipc.h"
+#include "ipc/ipc.h"
 
 /*
  * A host region from ckpt_host_alloc. Its descriptor stays open: an agent
@@ -78,7 +78,7 @@ struct ckpt_client {
 	pthread_mutex_t reg_mu;
 	/*
 	 * Under mu (set once the trainer registers a region or a plan:
-	 * trainer.c's cl_register_again): the session thread, attached to a new
+	 * trainer_register.c's cl_register_again): the session thread, attached to a new
 	 * agent, hands it all again through this. NULL: nothing to hand.
 	 */
 	int (*register_again)(struct ckpt_client *c);
@@ -93,7 +93,7 @@ struct ckpt_client {
 	struct cl_alloc *allocs;
 	uint64_t next_key;
 	struct ckpt_plan *plans;
-	/* the credentials socket (cred.c) */
+	/* the credentials socket (cred_client.c) */
 	int cred_sock;
 	char token[IPC_TOKEN_HEX + 1]; /* "" until the hello */
 	grpc_metadata cred_md; /* the token, sent with every call */
@@ -221,6 +221,19 @@ void cl_leave(struct ckpt_client *c);
 bool cl_enter_tidy(struct ckpt_client *c);
 void cl_leave_local(struct ckpt_client *c);
 /*
+ * Host memory inside a call that has entered (cl_enter) already
+ * (trainer_host.c): a region of `bytes`, registered; and its free (agent:
+ * whether the agent is to be told).
+ */
+int cl_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr);
+void cl_host_free(struct ckpt_client *c, void *ptr, bool agent);
+/*
+ * Hands a region to the agent (trainer_register.c): its descriptor on the
+ * credentials socket, then RegisterRegion with the ticket; the agent's id
+ * into a->region_id. Ours stays open, for an agent that comes back.
+ */
+int cl_register_region(struct ckpt_client *c, struct cl_alloc *a, int timeout_ms);
+/*
  * The session thread, attached to a new agent: hands it every region again
  * and re-creates every plan. 0; or a negative errno when the agent stopped
  * answering on the way (attach again). A plan the agent refuses keeps the
@@ -229,6 +242,24 @@ void cl_leave_local(struct ckpt_client *c);
 int cl_register_again(struct ckpt_client *c);
 /* The reason saves and calls get while the agent is away or gone. */
 void cl_away_reason(struct ckpt_client *c, char *buf, size_t len);
+
+/*
+ * The Attach call (attach.c). cl_attach opens the stream on c->ch and reads
+ * the session id and the agent's version: 0, or a negative errno (said).
+ * cl_close_call ends the call and its queue, every batch completed first.
+ * cl_wait_flag waits on the session queue until *flag is set (or the
+ * deadline), noting every completion on the way (cl_note_tag).
+ */
+grpc_channel *cl_channel_new(const char *endpoint);
+int cl_attach(struct ckpt_client *c);
+void cl_close_call(struct ckpt_client *c);
+bool cl_wait_flag(struct ckpt_client *c, struct attach_tags *t, bool *flag, gpr_timespec deadline);
+void cl_note_tag(struct attach_tags *t, void *tag);
+/*
+ * The session thread (session_thread.c), started by cl_open once attached:
+ * reads the stream, attaches again while the agent is away; arg is the client.
+ */
+void *cl_session_main(void *arg);
 
 /* On a client's session thread, that client (cl_fail keeps its messages apart). */
 extern __thread struct ckpt_client *cl_session_thread;

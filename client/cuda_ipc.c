@@ -9,8 +9,8 @@
 #include <string.h>
 #include <pthread.h>
 
-#include "cuda_ipc.h"
-#include "ipc.h"
+#include "client/cuda_ipc.h"
+#include "ipc/ipc.h"
 
 #ifdef CKPT_HAVE_CUDA
 #include <cuda.h> /* types and enums only: nothing from libcuda is linked */

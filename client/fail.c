@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <pthread.h>
 
-#include "client.h"
+#include "client/client.h"
 
 __thread struct ckpt_client *cl_session_thread;
 

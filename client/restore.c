@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* The reply's notes as lines, malloc'd; NULL if none. */
 static char *notes_text(char **v, size_t n)

@@ -15,7 +15,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
-#include "client.h"
+#include "client/client.h"
 
 const char *cl_endpoint(const struct ckpt_client *c)
 {
@@ -60,77 +60,91 @@ int cl_status(struct ckpt_client *c, const char *method, grpc_status_code st, gr
 	return st == GRPC_STATUS_UNAVAILABLE ? -ECONNREFUSED : err;
 }
 
+/* One unary call's buffers: what gRPC writes into, and what is freed after. */
+struct unary {
+	grpc_byte_buffer *out, *in;
+	grpc_metadata_array init_md, trail_md;
+	grpc_status_code st;
+	grpc_slice details;
+	const char *errstr;
+	grpc_op ops[6];
+};
+
+/* The call's one batch: the token, the request sent and closed, the answer and status asked. */
+static void unary_ops(struct ckpt_client *c, struct unary *u)
+{
+	grpc_op *ops = u->ops;
+
+	memset(ops, 0, sizeof(u->ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	cl_metadata(c, &ops[0]);
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = u->out;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->init_md;
+	ops[4].op = GRPC_OP_RECV_MESSAGE;
+	ops[4].data.recv_message.recv_message = &u->in;
+	ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+	ops[5].data.recv_status_on_client.trailing_metadata = &u->trail_md;
+	ops[5].data.recv_status_on_client.status = &u->st;
+	ops[5].data.recv_status_on_client.status_details = &u->details;
+	ops[5].data.recv_status_on_client.error_string = &u->errstr;
+}
+
 int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
             ProtobufCMessage **reply, int timeout_ms)
 {
 	const struct ipc_method_desc *d = &ipc_methods[m];
-	grpc_metadata_array init_md, trail_md;
-	grpc_byte_buffer *out = ipc_pack(req), *in = NULL;
-	grpc_status_code st = GRPC_STATUS_UNKNOWN;
-	grpc_slice details = grpc_empty_slice();
-	const char *errstr = NULL;
+	struct unary u = {.out = ipc_pack(req), .in = NULL, .st = GRPC_STATUS_UNKNOWN};
 	grpc_completion_queue *cq;
-	grpc_op ops[6];
 	grpc_call *call;
 	grpc_event ev;
 	int rc = 0;
 
 	*reply = NULL;
-	if (!out)
+	if (!u.out)
 		return cl_fail(c, -ENOMEM, "out of memory");
+	u.details = grpc_empty_slice();
 	/*
 	 * A queue per call: gRPC allows only 6 threads to pluck one queue at
 	 * once, and the API promises any number of threads may call.
 	 */
 	cq = grpc_completion_queue_create_for_pluck(NULL);
-	grpc_metadata_array_init(&init_md);
-	grpc_metadata_array_init(&trail_md);
+	grpc_metadata_array_init(&u.init_md);
+	grpc_metadata_array_init(&u.trail_md);
 	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
 	                                grpc_slice_from_static_string(d->path), NULL,
 	                                cl_deadline(timeout_ms), NULL);
-	memset(ops, 0, sizeof(ops));
-	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-	cl_metadata(c, &ops[0]);
-	ops[1].op = GRPC_OP_SEND_MESSAGE;
-	ops[1].data.send_message.send_message = out;
-	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-	ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
-	ops[4].op = GRPC_OP_RECV_MESSAGE;
-	ops[4].data.recv_message.recv_message = &in;
-	ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-	ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
-	ops[5].data.recv_status_on_client.status = &st;
-	ops[5].data.recv_status_on_client.status_details = &details;
-	ops[5].data.recv_status_on_client.error_string = &errstr;
-	if (grpc_call_start_batch(call, ops, 6, &ops, NULL) != GRPC_CALL_OK) {
+	unary_ops(c, &u);
+	if (grpc_call_start_batch(call, u.ops, 6, &u.ops, NULL) != GRPC_CALL_OK) {
 		rc = cl_fail(c, -EIO, "%s: the call could not start", d->path);
 		goto out;
 	}
-	ev = grpc_completion_queue_pluck(cq, &ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+	ev = grpc_completion_queue_pluck(cq, &u.ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
 	if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
 		rc = cl_fail(c, -EIO, "%s: the call failed", d->path);
 		goto out;
 	}
 	pthread_mutex_lock(&c->mu);
-	c->unanswered = st == GRPC_STATUS_DEADLINE_EXCEEDED;
+	c->unanswered = u.st == GRPC_STATUS_DEADLINE_EXCEEDED;
 	pthread_mutex_unlock(&c->mu);
-	if (st != GRPC_STATUS_OK) {
-		rc = cl_status(c, d->path, st, details, errstr);
+	if (u.st != GRPC_STATUS_OK) {
+		rc = cl_status(c, d->path, u.st, u.details, u.errstr);
 		goto out;
 	}
-	*reply = ipc_unpack(d->reply, in);
+	*reply = ipc_unpack(d->reply, u.in);
 	if (!*reply)
 		rc = cl_fail(c, -EPROTO, "%s: the agent's reply is not a %s message", d->path,
 		             d->reply->name);
 out:
-	grpc_byte_buffer_destroy(out);
-	if (in)
-		grpc_byte_buffer_destroy(in);
-	grpc_slice_unref(details);
-	gpr_free((void *)errstr);
-	grpc_metadata_array_destroy(&init_md);
-	grpc_metadata_array_destroy(&trail_md);
+	grpc_byte_buffer_destroy(u.out);
+	if (u.in)
+		grpc_byte_buffer_destroy(u.in);
+	grpc_slice_unref(u.details);
+	gpr_free((void *)u.errstr);
+	grpc_metadata_array_destroy(&u.init_md);
+	grpc_metadata_array_destroy(&u.trail_md);
 	grpc_call_unref(call);
 	grpc_completion_queue_shutdown(cq);
 	grpc_completion_queue_destroy(cq);

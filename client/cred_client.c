@@ -18,7 +18,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "client/client.h"
 
 #define CRED_TIMEOUT_MS 10000
 

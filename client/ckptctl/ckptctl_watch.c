@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckptctl.h"
+#include "client/ckptctl/ckptctl.h"
 
 #define REDRAW_MS 250
 #define RECENT 6 /* finished checkpoints shown */
@@ -619,64 +619,80 @@ static void one_line(const char *in, char *out, size_t len)
 	out[i] = '\0';
 }
 
+/* An event as one JSON object on its line. 0 or -ENOMEM. */
+static int event_json(const Ckpt__V1__SaveInfo *s, const char *when, int64_t now, const char *event,
+                      double bps)
+{
+	json_t *j;
+	char *text;
+
+	j = json_pack("{s:s, s:I, s:s, s:I, s:s, s:I, s:i, s:i, s:s, s:I, s:I, s:I, s:f, s:s, s:I, "
+	              "s:f, s:f, s:f, s:b}",
+	              "time", when, "time_unix_ns", (json_int_t)now, "event", event, "save_id",
+	              (json_int_t)s->save_id, "job", s->job, "step", (json_int_t)s->step, "rank",
+	              s->rank, "world", s->world, "state", ipc_state_name(s->state), "bytes_total",
+	              (json_int_t)s->bytes_total, "bytes_captured", (json_int_t)s->bytes_captured,
+	              "bytes_written", (json_int_t)s->bytes_written, "bytes_per_second", bps,
+	              "reason", s->reason ? s->reason : "", "queued_unix_ns",
+	              (json_int_t)s->queued_unix_ns, "capture_seconds", s->capture_seconds,
+	              "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
+	              "pool_limited", s->pool_limited);
+	if (j && (s->n_parts_done || s->n_parts_missing)) {
+		json_object_set_new(j, "parts_done", ctl_strings(s->parts_done, s->n_parts_done));
+		json_object_set_new(j, "parts_missing",
+		                    ctl_strings(s->parts_missing, s->n_parts_missing));
+	}
+	text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+
+	json_decref(j);
+	if (!text)
+		return -ENOMEM;
+	printf("%s\n", text);
+	free(text);
+	return 0;
+}
+
+/* An event as one line for people: the state, bytes, rate, parts and reason. */
+static void event_line(const Ckpt__V1__SaveInfo *s, const char *when, const char *event, double bps)
+{
+	char reason[IPC_ERRLEN], rate[32];
+
+	one_line(s->reason, reason, sizeof(reason));
+	rate_text(bps, rate, sizeof(rate));
+	printf("%s %-8s job=%s step=%" PRId64 " rank=%d/%d state=%s bytes=%" PRIu64 "/%" PRIu64
+	       " captured=%" PRIu64 " rate=%s",
+	       when, event, s->job, s->step, s->rank, s->world, ipc_state_name(s->state),
+	       s->bytes_written, s->bytes_total, s->bytes_captured, rate);
+	if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
+		printf(" capture=%.3fs durable=%.3fs commit=%.3fs", s->capture_seconds,
+		       s->durable_seconds, s->commit_seconds);
+	if (s->n_parts_done || s->n_parts_missing) {
+		char parts[1024], safe[1024];
+
+		ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing, s->n_parts_missing,
+		               parts, sizeof(parts));
+		one_line(parts, safe, sizeof(safe));
+		printf(" %s", safe);
+	}
+	if (reason[0]) /* why, for a failure; else a note (e.g. LATEST not moved) */
+		printf(" %s: %s", is_failure((int)s->state) ? "reason" : "note", reason);
+	putchar('\n');
+}
+
 static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 {
 	int64_t now = unix_ns();
-	char when[40], reason[IPC_ERRLEN], rate[32];
+	char when[40];
 	const char *event = s->progress ? "progress" : "state";
 	double bps = save_rate(s->bytes_written, s->queued_unix_ns, s->durable_seconds, now);
+	int rc;
 
 	iso_time(now, when, sizeof(when));
 	if (x->json) {
-		json_t *j;
-		char *text;
-
-		j = json_pack(
-		    "{s:s, s:I, s:s, s:I, s:s, s:I, s:i, s:i, s:s, s:I, s:I, s:I, s:f, s:s, s:I, "
-		    "s:f, s:f, s:f, s:b}",
-		    "time", when, "time_unix_ns", (json_int_t)now, "event", event, "save_id",
-		    (json_int_t)s->save_id, "job", s->job, "step", (json_int_t)s->step, "rank",
-		    s->rank, "world", s->world, "state", ipc_state_name(s->state), "bytes_total",
-		    (json_int_t)s->bytes_total, "bytes_captured", (json_int_t)s->bytes_captured,
-		    "bytes_written", (json_int_t)s->bytes_written, "bytes_per_second", bps,
-		    "reason", s->reason ? s->reason : "", "queued_unix_ns",
-		    (json_int_t)s->queued_unix_ns, "capture_seconds", s->capture_seconds,
-		    "durable_seconds", s->durable_seconds, "commit_seconds", s->commit_seconds,
-		    "pool_limited", s->pool_limited);
-		if (j && (s->n_parts_done || s->n_parts_missing)) {
-			json_object_set_new(j, "parts_done",
-			                    ctl_strings(s->parts_done, s->n_parts_done));
-			json_object_set_new(j, "parts_missing",
-			                    ctl_strings(s->parts_missing, s->n_parts_missing));
-		}
-		text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-
-		json_decref(j);
-		if (!text)
-			return -ENOMEM;
-		printf("%s\n", text);
-		free(text);
+		if ((rc = event_json(s, when, now, event, bps)))
+			return rc;
 	} else {
-		one_line(s->reason, reason, sizeof(reason));
-		rate_text(bps, rate, sizeof(rate));
-		printf("%s %-8s job=%s step=%" PRId64 " rank=%d/%d state=%s bytes=%" PRIu64
-		       "/%" PRIu64 " captured=%" PRIu64 " rate=%s",
-		       when, event, s->job, s->step, s->rank, s->world, ipc_state_name(s->state),
-		       s->bytes_written, s->bytes_total, s->bytes_captured, rate);
-		if (s->state == CKPT__V1__STATE__STATE_COMMITTED)
-			printf(" capture=%.3fs durable=%.3fs commit=%.3fs", s->capture_seconds,
-			       s->durable_seconds, s->commit_seconds);
-		if (s->n_parts_done || s->n_parts_missing) {
-			char parts[1024], safe[1024];
-
-			ctl_parts_line(s->parts_done, s->n_parts_done, s->parts_missing,
-			               s->n_parts_missing, parts, sizeof(parts));
-			one_line(parts, safe, sizeof(safe));
-			printf(" %s", safe);
-		}
-		if (reason[0]) /* why, for a failure; else a note (e.g. LATEST not moved) */
-			printf(" %s: %s", is_failure((int)s->state) ? "reason" : "note", reason);
-		putchar('\n');
+		event_line(s, when, event, bps);
 	}
 	/* At once: whoever reads a pipe wants the event now, not a buffer later. */
 	return fflush(stdout) == 0 ? 0 : -errno;
@@ -684,16 +700,55 @@ static int print_event(const struct ctl *x, const Ckpt__V1__SaveInfo *s)
 
 /* ---- the command ------------------------------------------------------ */
 
+/*
+ * The events until a signal stops us, the stream ends or stdout fails: each
+ * drawn in the live view (redrawn every REDRAW_MS), or printed. The exit
+ * status; the stream's last answer in *rcp, the last print's in *outp.
+ */
+static int watch_events(const struct ctl *x, struct view *v, struct cl_stream *s, bool live,
+                        int *rcp, int *outp)
+{
+	ProtobufCMessage *m;
+	int64_t next_draw = 0;
+	int rc = 0, out = 0, status = 0;
+
+	while (!g_stop) {
+		if (live && mono_ns() >= next_draw) {
+			draw(v);
+			next_draw = mono_ns() + (int64_t)REDRAW_MS * 1000000;
+		}
+		rc = cl_stream_next(s, &m, REDRAW_MS);
+		if (rc == -ETIMEDOUT)
+			continue;
+		if (rc <= 0) {
+			if (g_stop)
+				break; /* the call was cut by our own signal: not an error */
+			status = 1;
+			break;
+		}
+		if (live)
+			view_event(v, (Ckpt__V1__SaveInfo *)m);
+		else
+			out = print_event(x, (Ckpt__V1__SaveInfo *)m);
+		protobuf_c_message_free_unpacked(m, NULL);
+		if (out < 0) {
+			status = 1; /* stdout is gone */
+			break;
+		}
+	}
+	*rcp = rc;
+	*outp = out;
+	return status;
+}
+
 int ctl_watch(struct ctl *x, int argc, char **argv)
 {
 	Ckpt__V1__WatchRequest req = CKPT__V1__WATCH_REQUEST__INIT;
 	struct view v = {0};
 	struct cl_stream *s = NULL;
-	ProtobufCMessage *m;
 	char err[IPC_ERRLEN];
 	bool live = !x->json && isatty(STDOUT_FILENO);
-	int64_t next_draw = 0;
-	int rc, out = 0, status = 0;
+	int rc, out = 0, status;
 
 	if (argc > 1)
 		return ctl_usage_error(x, "watch", "takes 1 argument: '%s' is one too many",
@@ -712,30 +767,7 @@ int ctl_watch(struct ctl *x, int argc, char **argv)
 		view_seed(x, &v);
 		term_setup();
 	}
-	while (!g_stop) {
-		if (live && mono_ns() >= next_draw) {
-			draw(&v);
-			next_draw = mono_ns() + (int64_t)REDRAW_MS * 1000000;
-		}
-		rc = cl_stream_next(s, &m, REDRAW_MS);
-		if (rc == -ETIMEDOUT)
-			continue;
-		if (rc <= 0) {
-			if (g_stop)
-				break; /* the call was cut by our own signal: not an error */
-			status = 1;
-			break;
-		}
-		if (live)
-			view_event(&v, (Ckpt__V1__SaveInfo *)m);
-		else
-			out = print_event(x, (Ckpt__V1__SaveInfo *)m);
-		protobuf_c_message_free_unpacked(m, NULL);
-		if (out < 0) {
-			status = 1; /* stdout is gone */
-			break;
-		}
-	}
+	status = watch_events(x, &v, s, live, &rc, &out);
 	if (live)
 		term_restore();
 	if (out < 0)

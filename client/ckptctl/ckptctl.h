@@ -1,6 +1,10 @@
 /*
- * ckptctl.h: what ckptctl's files share (ckptctl.c: the commands and main;
- * ckptctl_show.c: show; ckptctl_watch.c: the live view). Private to ckptctl.
+ * ckptctl.h: what ckptctl's files share (ckptctl.c: the commands table and
+ * main; ckptctl_util.c: errors, arguments and output shared by every
+ * command; ckptctl_cmds.c: status, list, verify, delete, pin, unpin, gc,
+ * commit; ckptctl_show.c: show; ckptctl_watch.c: the live view). Private to
+ * ckptctl. Calls go one way: main to the commands, the commands to the
+ * helpers (which learn a command's usage line through args_of).
  */
 #ifndef CKPT_CKPTCTL_H
 #define CKPT_CKPTCTL_H
@@ -12,13 +16,16 @@
 
 #include <jansson.h>
 
-#include "client.h"
+#include "client/client.h"
 
 #define EXIT_USAGE 2
 
 struct ctl {
 	struct ckpt_client *c;
 	bool json;
+	/* The argument line of command `name` ("" or NULL: none), for usage errors (main's table).
+	 */
+	const char *(*args_of)(const char *name);
 };
 
 /* "1.5 GiB" */
@@ -62,9 +69,33 @@ extern const char *const ctl_job_step_names[];
 int ctl_job_step(struct ctl *x, const char *name, char **argv, int64_t *step);
 /* A leading "--tier T" or "--tier=T" into *tier, taken off argv; false (said) if bad. */
 bool ctl_take_tier(const struct ctl *x, const char *name, int *argc, char ***argv, char **tier);
+/*
+ * A JOB argument, by the agent's own rules (ipc_check_job): false, and the
+ * message with the offending byte's offset, for one it would refuse.
+ */
+bool ctl_job_ok(const struct ctl *x, const char *job);
+/*
+ * Every checkpoint List gives of job ("": all), a page at a time: fn(ctx,
+ * reply) for each page, which stops the walk by returning non-zero. 0, fn's
+ * value, or the call's error (said).
+ */
+int ctl_list_pages(struct ctl *x, const char *job,
+                   int (*fn)(void *ctx, const Ckpt__V1__ListReply *r), void *ctx);
+/* The step List says is job's LATEST; 0, -ENOENT (not said) or the call's error (said). */
+int ctl_latest_of(struct ctl *x, const char *job, int64_t *step);
 /* A checkpoint's summary: as JSON, and as a row of the list's table. */
 json_t *ctl_summary_json(const Ckpt__V1__CheckpointSummary *s);
 void ctl_summary_row(const Ckpt__V1__CheckpointSummary *s);
+
+/* The commands of ckptctl_cmds.c: argc and argv are the command's arguments; the exit status. */
+int cmd_status(struct ctl *x, int argc, char **argv);
+int cmd_list(struct ctl *x, int argc, char **argv);
+int cmd_verify(struct ctl *x, int argc, char **argv);
+int cmd_delete(struct ctl *x, int argc, char **argv);
+int cmd_pin(struct ctl *x, int argc, char **argv);
+int cmd_unpin(struct ctl *x, int argc, char **argv);
+int cmd_gc(struct ctl *x, int argc, char **argv);
+int cmd_commit(struct ctl *x, int argc, char **argv);
 
 /* ckptctl show [--full] [--tier T] JOB STEP (ckptctl_show.c). */
 int ctl_show(struct ctl *x, int argc, char **argv);

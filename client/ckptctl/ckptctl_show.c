@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "ckptctl.h"
+#include "client/ckptctl/ckptctl.h"
 
 #define SHOW_PARTS_NAMED 16 /* the summary names this many nodes' parts, then counts */
 
@@ -57,24 +57,19 @@ static char *box_key(const char *name, json_t *c)
 }
 
 /*
- * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
- * the tensor bytes its file holds and its boxes (chunks written), and the
- * boxes it holds (more, where replicas were written once by others); the
- * balance (the largest ÷ the mean); and how many ranks wrote each box (its
- * copies). NULL if out of memory.
+ * Each chunk of the manifest m tallied: its bytes and boxes against its rank
+ * (one past world not), each box's copies in seen (by box_key), the bytes
+ * of every copy past a box's first into *extra. False when out of memory.
  */
-static json_t *layout_json(json_t *m)
+static bool tally_chunks(json_t *m, size_t world, uint64_t *bytes, size_t *boxes, json_t *seen,
+                         uint64_t *extra)
 {
-	json_t *ranks = json_array(), *seen = json_object(), *copies = json_object(), *t, *c;
-	json_t *out = NULL;
-	size_t world = json_array_size(json_object_get(m, "ranks")), i;
-	uint64_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
-	size_t *boxes = calloc(world ? world : 1, sizeof(*boxes));
-	uint64_t max = 0, sum = 0, extra = 0;
-	const char *name, *key;
-	bool ok = ranks && seen && copies && bytes && boxes;
+	const char *name;
+	json_t *t, *c;
+	bool ok = true;
+	size_t i;
 
-	json_object_foreach(ok ? json_object_get(m, "tensors") : NULL, name, t)
+	json_object_foreach(json_object_get(m, "tensors"), name, t)
 	{
 		json_array_foreach(json_object_get(t, "chunks"), i, c)
 		{
@@ -96,7 +91,7 @@ static json_t *layout_json(json_t *m)
 				continue;
 			}
 			if ((have = json_object_get(seen, k))) {
-				extra += n; /* another rank's copy of a box */
+				*extra += n; /* another rank's copy of a box */
 				json_integer_set(have, json_integer_value(have) + 1);
 			} else if (json_object_set_new(seen, k, json_integer(1))) {
 				ok = false;
@@ -104,6 +99,28 @@ static json_t *layout_json(json_t *m)
 			free(k);
 		}
 	}
+	return ok;
+}
+
+/*
+ * How the checkpoint's bytes fall on its ranks, from the manifest: per rank
+ * the tensor bytes its file holds and its boxes (chunks written), and the
+ * boxes it holds (more, where replicas were written once by others); the
+ * balance (the largest ÷ the mean); and how many ranks wrote each box (its
+ * copies). NULL if out of memory.
+ */
+static json_t *layout_json(json_t *m)
+{
+	json_t *ranks = json_array(), *seen = json_object(), *copies = json_object(), *t;
+	json_t *out = NULL;
+	size_t world = json_array_size(json_object_get(m, "ranks")), i;
+	uint64_t *bytes = calloc(world ? world : 1, sizeof(*bytes));
+	size_t *boxes = calloc(world ? world : 1, sizeof(*boxes));
+	uint64_t max = 0, sum = 0, extra = 0;
+	const char *key;
+	bool ok = ranks && seen && copies && bytes && boxes;
+
+	ok = ok && tally_chunks(m, world, bytes, boxes, seen, &extra);
 	for (i = 0; ok && i < world; i++) {
 		json_t *h =
 		    json_object_get(json_array_get(json_object_get(m, "ranks"), i), "holds");
