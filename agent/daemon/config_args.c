@@ -1,8 +1,9 @@
 /*
  * ckptd's command line (config.h): the flags through getopt_long, each
- * value checked by the table's rules (config.c) and applied on top of the
- * file; --help's usage, --version, and --check-config's printout of the
- * effective configuration. Main thread, at start-up.
+ * value checked by the table's rules (config_table.c) and applied on top
+ * of the file (config_apply_args, called by config.c); --help's usage,
+ * and --check-config's printout of the effective configuration. Main
+ * thread, at start-up.
  *
  * Divisions: the command line - --check-config's printout.
  */
@@ -210,29 +211,4 @@ void config_print(const struct config *c, FILE *f)
 			if (strcmp(config_settings[k].section, section) == 0)
 				print_setting(c, k, f);
 	}
-}
-
-int config_command_line(int argc, char **argv, const char *default_path, struct config *c,
-                        FILE *out, FILE *errs)
-{
-	struct config_args args;
-	char err[IPC_ERRLEN];
-
-	memset(c, 0, sizeof(*c));
-	if (config_parse_args(argc, argv, &args, err)) {
-		fprintf(errs, "ckptd: %s (ckptd --help lists the options)\n", err);
-		return 2;
-	}
-	if (args.action == CONFIG_HELP)
-		return config_usage(out), 0;
-	if (args.action == CONFIG_VERSION)
-		return fprintf(out, "ckptd %s\n", CKPTD_VERSION), 0;
-	if (config_init(c))
-		return fprintf(errs, "ckptd: out of memory\n"), 1;
-	if (config_load(c, &args, default_path, err))
-		return fprintf(errs, "ckptd: %s\n", err), 1;
-	c->action = args.action;
-	if (args.action == CONFIG_CHECK)
-		return config_print(c, out), 0;
-	return -1;
 }

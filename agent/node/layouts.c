@@ -149,21 +149,6 @@ static size_t stale_plans(struct agent *a, const char *job, const char *run, uin
 }
 
 /* Under mu: this node's live plan of rank 0 of (job, run), or NULL. */
-struct plan *lay_rank0_plan(struct agent *a, const char *job, const char *run)
-{
-	struct list *pos;
-
-	list_for_each(pos, &a->plans)
-	{
-		struct plan *p = container_of(pos, struct plan, link);
-
-		if (!p->dropped && p->rank == 0 && strcmp(p->job, job) == 0 &&
-		    strcmp(p->run, run) == 0)
-			return p;
-	}
-	return NULL;
-}
-
 static int world_of(struct agent *a, const char *job, const char *run)
 {
 	struct list *pos;
@@ -404,7 +389,7 @@ static bool look(struct agent *a, const char *job, const char *run, int world, u
 	        job, run, ps.nfiles, ps.n, world, (unsigned long long)gen);
 	pthread_mutex_lock(&a->mu);
 	n = stale_plans(a, job, run, ps.key, (int)ps.n, ps.key == 0 && !ps.older, gen, &v);
-	p0 = r0 ? lay_rank0_plan(a, job, run) : NULL;
+	p0 = r0 ? plan_rank0(a, job, run) : NULL;
 	/* rank 0's node: the shares of this set not written yet, and no back-off running */
 	shares = p0 && ps.key && ps.copies < (unsigned)world && p0->shares_key != ps.key;
 	due = shares && (!p0->relook_at || ipc_mono_ns() >= p0->relook_at);
@@ -451,7 +436,7 @@ void layouts_refresh(struct agent *a, const char *job, const char *run, bool for
 		        err);
 	pthread_mutex_lock(&a->mu);
 	seen = !force && all_seen(a, job, run, gen);
-	r0 = lay_rank0_plan(a, job, run) != NULL;
+	r0 = plan_rank0(a, job, run) != NULL;
 	pthread_mutex_unlock(&a->mu);
 	if (seen) {
 		log_msg(LOG_DEBUG,
@@ -491,7 +476,7 @@ bool layouts_plan_waits(const struct plan *p)
 
 bool layouts_rank0(struct agent *a, const char *job, const char *run)
 {
-	const struct plan *p = lay_rank0_plan(a, job, run);
+	const struct plan *p = plan_rank0(a, job, run);
 
 	return p && p->world > 1;
 }

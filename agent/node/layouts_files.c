@@ -294,7 +294,7 @@ bool lay_shares_done(struct agent *a, const char *job, const char *run, int worl
 	struct plan *p0;
 
 	pthread_mutex_lock(&a->mu);
-	if ((p0 = lay_rank0_plan(a, job, run)) && put)
+	if ((p0 = plan_rank0(a, job, run)) && put)
 		p0->shares_key = ps->key;
 	pthread_mutex_unlock(&a->mu);
 	return put;
@@ -337,7 +337,7 @@ bool lay_mark_write(struct agent *a, const char *job, const char *run, int world
 	bool put;
 
 	pthread_mutex_lock(&a->mu);
-	p = lay_rank0_plan(a, job, run);
+	p = plan_rank0(a, job, run);
 	put = p && gen && (all || !ps->key || p->shares_key == ps->key);
 	pthread_mutex_unlock(&a->mu);
 	if (put && store_put_set_mark(a->store, &m, err)) {

@@ -56,7 +56,4 @@ bool lay_mark_write(struct agent *a, const char *job, const char *run, int world
 void lay_from_share(struct agent *a, struct plan *p, const struct plans_share *sh, uint64_t key,
                     struct shard_layout **l);
 
-/* Under mu: this node's live plan of rank 0 of (job, run), or NULL. */
-struct plan *lay_rank0_plan(struct agent *a, const char *job, const char *run);
-
 #endif /* CKPT_AGENT_LAYOUTS_INT_H */

@@ -331,3 +331,18 @@ void plan_fence_finish(struct plan *p, uint32_t seq)
 	if ((int32_t)(word - __atomic_load_n(fw, __ATOMIC_ACQUIRE)) > 0)
 		__atomic_store_n(fw, word, __ATOMIC_RELEASE);
 }
+
+struct plan *plan_rank0(struct agent *a, const char *job, const char *run)
+{
+	struct list *pos;
+
+	list_for_each(pos, &a->plans)
+	{
+		struct plan *p = container_of(pos, struct plan, link);
+
+		if (!p->dropped && p->rank == 0 && strcmp(p->job, job) == 0 &&
+		    strcmp(p->run, run) == 0)
+			return p;
+	}
+	return NULL;
+}

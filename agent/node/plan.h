@@ -127,6 +127,8 @@ struct plan {
 
 /* Under mu. */
 struct plan *plan_find(struct agent *a, uint64_t id);
+/* Under mu: the live plan of rank 0 of (job, run) here, or NULL. */
+struct plan *plan_rank0(struct agent *a, const char *job, const char *run);
 /* The caller's own plan: another user's is as good as none. */
 struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id);
 void plan_drop(struct agent *a, struct plan *p);
