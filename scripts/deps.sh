@@ -8,9 +8,11 @@ pkgs=(build-essential cmake pkg-config liburing-dev libgrpc-dev protobuf-c-compi
 	libmicrohttpd-dev libsystemd-dev libcurl4-openssl-dev)
 if [[ ${1:-} == --test ]]; then
 	# clang and libclang-rt-14-dev (libFuzzer and the sanitizers' runtimes, only
-	# recommended by clang): the fuzz stage; clang-format: the format stage.
+	# recommended by clang): the fuzz stage; clang-format and universal-ctags
+	# (scripts/shape.py): the format stage.
 	pkgs+=(python3 python3-venv python3-grpcio python3-protobuf protobuf-compiler fio
-		gnuplot-nox systemd util-linux e2fsprogs clang libclang-rt-14-dev clang-format zstd)
+		gnuplot-nox systemd util-linux e2fsprogs clang libclang-rt-14-dev clang-format
+		universal-ctags zstd)
 	# The S3 tests' server, a RADOS Gateway (scripts/rgw.sh): where these
 	# cannot be installed, the rest still is and those tests skip.
 	optional=(ceph-mon ceph-osd radosgw)
