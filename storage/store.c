@@ -19,8 +19,8 @@
 
 #include <xxhash.h>
 
-#include "fanout.h"
-#include "store.h"
+#include "storage/io/fanout.h"
+#include "storage/store.h"
 
 #define LATEST_MAX 64 /* bytes of LATEST we read: "999999999999\n" is 13 */
 #define LATEST_TRIES 3
