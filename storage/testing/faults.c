@@ -1,9 +1,10 @@
 /*
  * faults: the fsops table with faults put in, for tests that drive a real
- * ckptd (tests/integration/test_faults.c). Built in only with
- * -DCKPT_FAULT_INJECTION=ON (scripts/test.sh turns it on; the default and an
- * install build leave it off, and their ckptd refuses to start with
- * CKPT_FAULTS set rather than run without the faults a test asked for).
+ * ckptd (tests/integration/test_faults.c). A library of its own
+ * (ckpt_faults), built and linked only with -DCKPT_FAULT_INJECTION=ON
+ * (scripts/test.sh turns it on); the default and an install build take
+ * storage/io/nofaults.c in its place, whose ckptd refuses to start with
+ * CKPT_FAULTS set rather than run without the faults a test asked for.
  *
  * The plan is read once, at start-up, from the environment:
  *
@@ -80,8 +81,6 @@
 #include "ipc/base/base.h"
 
 #define FAULTS_ENV "CKPT_FAULTS"
-
-#ifdef CKPT_FAULT_INJECTION
 
 #define MAX_RULES 32
 #define MAX_GLOB 256
@@ -675,25 +674,3 @@ void fsops_capture_wait(const char *job, int64_t step, int rank, unsigned chunk)
 	if (r && r->slow_ms)
 		usleep(r->slow_ms * 1000u); /* the capture worker only */
 }
-
-#else /* !CKPT_FAULT_INJECTION */
-
-void fsops_capture_wait(const char *job, int64_t step, int rank, unsigned chunk)
-{
-	(void)job, (void)step, (void)rank, (void)chunk;
-}
-
-int fsops_from_env(const struct fsops **sync, const struct fsops **async,
-                   void (*note)(const char *line), char *err)
-{
-	*sync = *async = &fsops_posix;
-	if (getenv(FAULTS_ENV) && getenv(FAULTS_ENV)[0])
-		return ipc_errf(
-		    err, -EINVAL,
-		    FAULTS_ENV " is set, but this ckptd was built without "
-		               "fault injection (cmake -DCKPT_FAULT_INJECTION=ON, for tests only): "
-		               "unset it");
-	return 0;
-}
-
-#endif
