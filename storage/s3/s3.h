@@ -1,7 +1,7 @@
 /*
- * storage/s3.h: private to the S3 backend (s3.c, s3_scan.c); nothing
- * outside storage/ includes it. The backend object and the helpers the two
- * files share. The public calls (s3_create, s3_root_parse) are in
+ * storage/s3/s3.h: private to the S3 backend (the files of storage/s3/;
+ * the unit tests and fuzz targets of s3zstd.c include it too). The backend
+ * object and the helpers its files share. The public calls (s3_create, s3_root_parse) are in
  * storage.h; the layout and threads are described at the top of s3.c.
  */
 #ifndef CKPT_STORAGE_S3_H
@@ -74,8 +74,10 @@ int s3_step_key(const struct s3 *s, const char *job, int64_t step, const char *l
  */
 int s3_call(struct s3 *s, enum s3_method m, const char *key, const char *query, uint64_t *length,
             char *err);
-/* Whether an upload of this key is open in this agent (its writes in flight). */
+/* Whether an upload of this key is open in this agent (its writes in flight; s3_shard.c). */
 bool s3_writing(struct s3 *s, const char *key);
+/* s3_conf.c: the credentials file's access_key and secret_key (len bytes each). */
+int s3_read_credentials(const char *path, char *access, char *secret, size_t len, char *err);
 
 /* ---- s3zstd.c: compressed shards ---------------------------------------- */
 

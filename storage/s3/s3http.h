@@ -1,5 +1,5 @@
 /*
- * storage/s3http.h: private to the S3 backend (s3.c, s3_scan.c). S3
+ * storage/s3/s3http.h: private to the S3 backend (storage/s3/). S3
  * requests over HTTP (s3http.c), signed by libcurl's SigV4, driven by one
  * curl multi handle on a thread of their own: a bounded set of keep-alive
  * connections, requests queued from any thread, retried with back-off and
