@@ -118,9 +118,9 @@ int fmt_header(const json_t *root, const char *format, int max, int *version, co
 int fmt_dump(json_t *root, bool indent, size_t max, char **out, size_t *len, const char *what,
              char *err);
 
-/* part.c: the parts agree on job, step, run and world, and hold every rank once. */
+/* part_merge.c: the parts agree on job, step, run and world, and hold every rank once. */
 int merge_check_set(struct part *const *v, size_t n, char *err);
-/* part.c: bytes, time, durations and rank 0's meta of parts v[0..n), into m. */
+/* part_merge.c: bytes, time, durations and rank 0's meta of parts v[0..n), into m. */
 int merge_summary(struct manifest *m, struct part *const *v, size_t n, char *err);
 
 /* head_json.c: "parts", [{node, ranks}] (format 4: with each part's bytes and xxh3). */
