@@ -19,6 +19,9 @@
 
 #include "storage/s3/s3.h"
 
+#define LIST_TOKEN 1024 /* a continuation token's bytes */
+#define UPLOAD_MARK 512 /* an upload id marker's bytes */
+
 int64_t s3_parse_time(const char *iso)
 {
 	struct tm tm = {0};
@@ -132,14 +135,62 @@ static int list_page(struct listing *l, const struct s3req *q, bool delim)
 	return 0;
 }
 
+/* The query of a listing's page: after `token` ("": the first page). */
+static int list_query(struct s3req *q, const char *token, bool delim, const char *enc,
+                      const char *prefix, char *err)
+{
+	char etoken[3072];
+	int k;
+
+	/* sorted, encoded: signed as written (s3http.c) */
+	if (s3_encode(token, etoken, sizeof(etoken)) ||
+	    (k = snprintf(q->query, sizeof(q->query), "%s%s%s%slist-type=2&prefix=%s",
+	                  *token ? "continuation-token=" : "", etoken, *token ? "&" : "",
+	                  delim ? "delimiter=%2F&" : "", enc)) < 0 ||
+	    (size_t)k >= sizeof(q->query))
+		return ipc_errf(err, -EPROTO,
+		                "listing %s: the store's continuation token is "
+		                "too long",
+		                prefix);
+	return 0;
+}
+
+/*
+ * After the page q, listed after token (LIST_TOKEN bytes): the next page's
+ * token in its place, "" when q was the last; -EPROTO for a token missing,
+ * one that does not move, or one page too many.
+ */
+static int next_token(const struct s3req *q, const char *prefix, char *token, unsigned *pages,
+                      char *err)
+{
+	char last[LIST_TOKEN], more[8];
+
+	more[0] = '\0';
+	s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
+	snprintf(last, sizeof(last), "%s", token);
+	token[0] = '\0';
+	if (strcmp(more, "true") == 0 &&
+	    (s3xml_text(q->reply, q->reply_len, "NextContinuationToken", token, LIST_TOKEN) ||
+	     !token[0]))
+		return ipc_errf(err, -EPROTO, "listing %s: truncated without a usable token",
+		                prefix);
+	/* a token that does not move would list the same page for ever */
+	if (token[0] && (strcmp(token, last) == 0 || ++*pages >= S3_LIST_PAGES))
+		return ipc_errf(err, -EPROTO, "listing %s: %s", prefix,
+		                strcmp(token, last) == 0
+		                    ? "the store gives the same continuation token again"
+		                    : "more pages than a listing looks at");
+	return 0;
+}
+
 int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, size_t *n,
             int64_t *date, char *err)
 {
 	struct listing l = {prefix, strlen(prefix), NULL, 0, 0, 0};
-	char enc[S3_KEY_MAX * 3], token[1024] = "", last[1024] = "", etoken[3072], more[8];
+	char enc[S3_KEY_MAX * 3], token[LIST_TOKEN] = "";
 	struct s3req *q = malloc(sizeof(*q));
 	unsigned pages = 0;
-	int rc = 0, k;
+	int rc = 0;
 
 	*out = NULL;
 	*n = 0;
@@ -149,18 +200,8 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 		return free(q), ipc_errf(err, -ENAMETOOLONG, "prefix %s: too long", prefix);
 	do {
 		s3req_init(q, S3_GET, "");
-		/* sorted, encoded: signed as written (s3http.c) */
-		if (s3_encode(token, etoken, sizeof(etoken)) ||
-		    (k = snprintf(q->query, sizeof(q->query), "%s%s%s%slist-type=2&prefix=%s",
-		                  *token ? "continuation-token=" : "", etoken, *token ? "&" : "",
-		                  delim ? "delimiter=%2F&" : "", enc)) < 0 ||
-		    (size_t)k >= sizeof(q->query)) {
-			rc = ipc_errf(err, -EPROTO,
-			              "listing %s: the store's continuation token is "
-			              "too long",
-			              prefix);
+		if ((rc = list_query(q, token, delim, enc, prefix, err)))
 			break;
-		}
 		rc = s3http_do(s->http, q);
 		if (rc) {
 			ipc_errf(err, rc, "listing %s: %s", prefix, q->err);
@@ -176,26 +217,8 @@ int s3_list(struct s3 *s, const char *prefix, bool delim, struct s3_obj **out, s
 			                         : "the store's reply is not a listing of it");
 			break;
 		}
-		more[0] = '\0';
-		s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
-		snprintf(last, sizeof(last), "%s", token);
-		token[0] = '\0';
-		if (strcmp(more, "true") == 0 &&
-		    (s3xml_text(q->reply, q->reply_len, "NextContinuationToken", token,
-		                sizeof(token)) ||
-		     !token[0])) {
-			rc = ipc_errf(err, -EPROTO, "listing %s: truncated without a usable token",
-			              prefix);
+		if ((rc = next_token(q, prefix, token, &pages, err)))
 			break;
-		}
-		/* a token that does not move would list the same page for ever */
-		if (token[0] && (strcmp(token, last) == 0 || ++pages >= S3_LIST_PAGES)) {
-			rc = ipc_errf(err, -EPROTO, "listing %s: %s", prefix,
-			              strcmp(token, last) == 0
-			                  ? "the store gives the same continuation token again"
-			                  : "more pages than a listing looks at");
-			break;
-		}
 		s3req_clear(q);
 	} while (token[0]);
 	s3req_clear(q);
@@ -246,16 +269,60 @@ static int on_upload(void *ctx, const char *in, size_t n)
 	return 0;
 }
 
+/* The query of a page of uploads: after the markers kmark and umark ("": the first page). */
+static int uploads_query(struct s3req *q, const char *kmark, const char *umark, const char *enc,
+                         const char *prefix, char *err)
+{
+	char ek[S3_KEY_MAX * 3], eu[1536];
+	int k;
+
+	if (s3_encode(kmark, ek, sizeof(ek)) || s3_encode(umark, eu, sizeof(eu)) ||
+	    (k = snprintf(q->query, sizeof(q->query), "%s%s%sprefix=%s%s%s%suploads=",
+	                  *kmark ? "key-marker=" : "", ek, *kmark ? "&" : "", enc,
+	                  *umark ? "&upload-id-marker=" : "", eu, "&")) < 0 ||
+	    (size_t)k >= sizeof(q->query))
+		return ipc_errf(err, -EPROTO, "uploads under %s: markers too long", prefix);
+	return 0;
+}
+
+/*
+ * After the page q of uploads, listed after kmark (S3_KEY_MAX bytes) and
+ * umark (UPLOAD_MARK bytes): 1 when q was the last, else 0 and the next
+ * page's markers in their place; -EPROTO for markers missing, markers that
+ * do not move, or one page too many.
+ */
+static int next_markers(const struct s3req *q, const char *prefix, char *kmark, char *umark,
+                        unsigned *pages, char *err)
+{
+	char more[8], klast[S3_KEY_MAX], ulast[UPLOAD_MARK];
+
+	more[0] = '\0';
+	s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
+	if (strcmp(more, "true") != 0)
+		return 1;
+	snprintf(klast, sizeof(klast), "%s", kmark);
+	snprintf(ulast, sizeof(ulast), "%s", umark);
+	if (s3xml_text(q->reply, q->reply_len, "NextKeyMarker", kmark, S3_KEY_MAX) ||
+	    s3xml_text(q->reply, q->reply_len, "NextUploadIdMarker", umark, UPLOAD_MARK))
+		return ipc_errf(err, -EPROTO, "uploads under %s: truncated without markers",
+		                prefix);
+	/* markers that do not move would list the same page for ever */
+	if ((strcmp(kmark, klast) == 0 && strcmp(umark, ulast) == 0) || ++*pages >= S3_LIST_PAGES)
+		return ipc_errf(err, -EPROTO, "uploads under %s: %s", prefix,
+		                *pages >= S3_LIST_PAGES ? "more pages than a listing looks at"
+		                                        : "the store gives the same markers again");
+	return 0;
+}
+
 int s3_abort_uploads(struct s3 *s, const char *prefix,
                      bool (*go)(void *ctx, const char *key, int64_t initiated), void *ctx,
                      unsigned *aborted, char *err)
 {
 	struct uploads u = {s, prefix, go, ctx, 0, 0, ""};
-	char enc[S3_KEY_MAX * 3], kmark[S3_KEY_MAX] = "", umark[512] = "", ek[S3_KEY_MAX * 3],
-	                          eu[1536], more[8], klast[S3_KEY_MAX], ulast[512];
+	char enc[S3_KEY_MAX * 3], kmark[S3_KEY_MAX] = "", umark[UPLOAD_MARK] = "";
 	struct s3req *q = malloc(sizeof(*q));
 	unsigned pages = 0;
-	int rc = 0, k;
+	int rc = 0;
 
 	if (!q)
 		return ipc_errf(err, -ENOMEM, "out of memory");
@@ -263,14 +330,8 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 		return free(q), ipc_errf(err, -ENAMETOOLONG, "prefix %s: too long", prefix);
 	for (;;) {
 		s3req_init(q, S3_GET, "");
-		if (s3_encode(kmark, ek, sizeof(ek)) || s3_encode(umark, eu, sizeof(eu)) ||
-		    (k = snprintf(q->query, sizeof(q->query), "%s%s%sprefix=%s%s%s%suploads=",
-		                  *kmark ? "key-marker=" : "", ek, *kmark ? "&" : "", enc,
-		                  *umark ? "&upload-id-marker=" : "", eu, "&")) < 0 ||
-		    (size_t)k >= sizeof(q->query)) {
-			rc = ipc_errf(err, -EPROTO, "uploads under %s: markers too long", prefix);
+		if ((rc = uploads_query(q, kmark, umark, enc, prefix, err)))
 			break;
-		}
 		rc = s3http_do(s->http, q);
 		if (rc) {
 			ipc_errf(err, rc, "listing the uploads under %s: %s", prefix, q->err);
@@ -284,26 +345,8 @@ int s3_abort_uploads(struct s3 *s, const char *prefix,
 			                  : "the store's reply is not a listing of them");
 			break;
 		}
-		more[0] = '\0';
-		s3xml_text(q->reply, q->reply_len, "IsTruncated", more, sizeof(more));
-		if (strcmp(more, "true") != 0)
-			break;
-		snprintf(klast, sizeof(klast), "%s", kmark);
-		snprintf(ulast, sizeof(ulast), "%s", umark);
-		if (s3xml_text(q->reply, q->reply_len, "NextKeyMarker", kmark, sizeof(kmark)) ||
-		    s3xml_text(q->reply, q->reply_len, "NextUploadIdMarker", umark,
-		               sizeof(umark))) {
-			rc = ipc_errf(err, -EPROTO, "uploads under %s: truncated without markers",
-			              prefix);
-			break;
-		}
-		/* markers that do not move would list the same page for ever */
-		if ((strcmp(kmark, klast) == 0 && strcmp(umark, ulast) == 0) ||
-		    ++pages >= S3_LIST_PAGES) {
-			rc = ipc_errf(err, -EPROTO, "uploads under %s: %s", prefix,
-			              pages >= S3_LIST_PAGES
-			                  ? "more pages than a listing looks at"
-			                  : "the store gives the same markers again");
+		if ((rc = next_markers(q, prefix, kmark, umark, &pages, err))) {
+			rc = rc > 0 ? 0 : rc; /* 1: the last page */
 			break;
 		}
 		s3req_clear(q);
