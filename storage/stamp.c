@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store.h"
+#include "storage/store.h"
 
 #define HEAD_READ (64u << 10) /* the first read: headers of a few hundred tensors */
 #define HEAD_ALIGN 4096u /* O_DIRECT's */

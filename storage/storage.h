@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"
-#include "ioeng.h"
+#include "storage/format/format.h"
+#include "storage/io/ioeng.h"
 
 /* ---- backends --------------------------------------------------------- */
 

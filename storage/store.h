@@ -22,7 +22,7 @@
 #ifndef CKPT_STORAGE_STORE_H
 #define CKPT_STORAGE_STORE_H
 
-#include "storage.h"
+#include "storage/storage.h"
 
 #define STORE_KEY_MAX 256
 
