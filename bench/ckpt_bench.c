@@ -50,7 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "client/client.h"
 
 #define NTENSORS 16
 

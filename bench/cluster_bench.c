@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ckpt.h"
+#include "client/ckpt.h"
 
 #define MAXR 64
 

@@ -30,8 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "fanout.h"
+#include "client/ckpt.h"
+#include "bench/fanout.h"
 
 #define NT 4
 #define COLS 1024

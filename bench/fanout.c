@@ -3,7 +3,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
-#include "fanout.h"
+#include "bench/fanout.h"
 
 int fanout(int world, fanout_rank_fn fn, void *arg, fanout_line_fn line, void *acc)
 {

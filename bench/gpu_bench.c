@@ -24,7 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "ckpt.h"
+#include "client/ckpt.h"
 
 static double now(void)
 {

@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "fanout.h"
+#include "client/ckpt.h"
+#include "bench/fanout.h"
 
 static const char *endpoint, *job = "reshard", *job_of_run;
 static int64_t rows_g, cols_g; /* each tensor [rows_g, cols_g] */

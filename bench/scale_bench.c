@@ -30,8 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commit.h"
-#include "scale_bench.h"
+#include "commit/commit.h"
+#include "bench/scale_bench.h"
 
 /* ---- commit and watch --------------------------------------------------- */
 

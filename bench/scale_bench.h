@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "scale_store.h"
+#include "bench/scale_store.h"
 
 #define DTYPE_F32 12
 #define COLS 4 /* each tensor: [world, COLS] F32, one row per rank */

@@ -20,8 +20,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "scale_bench.h"
-#include "store.h"
+#include "bench/scale_bench.h"
+#include "storage/store.h"
 
 struct gen {
 	const struct opts *o;

@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scale_bench.h"
-#include "shares.h"
+#include "bench/scale_bench.h"
+#include "commit/shares.h"
 
 /* Every node's plans of the job: summaries (whole: false) or files, as the agent reads them. */
 static int read_all(struct storage *s, const struct opts *o, bool whole, struct plans_file ***files,

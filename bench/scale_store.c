@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "scale_store.h"
+#include "bench/scale_store.h"
 
 struct cs {
 	struct storage base; /* first: a struct storage * is a struct cs * */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "storage.h"
+#include "storage/storage.h"
 
 enum cs_kind {
 	CS_OBJ_GET,

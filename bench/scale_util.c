@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commit.h"
+#include "commit/commit.h"
 
-#include "scale_bench.h"
+#include "bench/scale_bench.h"
 
 int64_t mono_ns(void)
 {

@@ -30,7 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "store.h"
+#include "storage/store.h"
 
 #define COMMIT_BACKOFF_FIRST_NS (20LL * 1000000)
 #define COMMIT_BACKOFF_MAX_NS (500LL * 1000000)

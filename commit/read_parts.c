@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "commit/commit_int.h"
-#include "fanout.h"
+#include "storage/io/fanout.h"
 
 /* What the step looked at under its roster (the others' parts read, seen, bad): gone. */
 void forget_parts(struct commit *c)

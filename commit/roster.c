@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fanout.h"
-#include "roster.h"
+#include "storage/io/fanout.h"
+#include "commit/roster.h"
 
 static void roster_free(struct roster *r)
 {

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store.h"
+#include "storage/store.h"
 
 struct rnode {
 	char *name;

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shares.h"
+#include "commit/shares.h"
 
 /* What the ranks of node file f write of the assignment as, as its share of set. */
 static int share_make(const struct plans_file *f, const char *run, int world, uint64_t set,

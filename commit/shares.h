@@ -9,8 +9,8 @@
 #ifndef CKPT_COMMIT_SHARES_H
 #define CKPT_COMMIT_SHARES_H
 
-#include "assign.h"
-#include "store.h"
+#include "layout/assign.h"
+#include "storage/store.h"
 
 /* Nodes' shares made and put at once, at most: their memory is bounded at any size. */
 #define SHARES_AT_ONCE 256

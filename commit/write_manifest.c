@@ -14,7 +14,7 @@
 
 #include "commit/commit_int.h"
 #include "commit/shares.h"
-#include "cover.h"
+#include "layout/cover.h"
 
 /* Whether this node's assignment of the parts' run tells that they cover every box. */
 static bool by_assignment(const struct committer *cm, struct part *const *v, size_t n)

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "agent/daemon/config.h"
-#include "fuzz.h"
+#include "fuzz/fuzz.h"
 
 #define MAX_ARGS 32
 

@@ -7,8 +7,8 @@
  */
 #include <string.h>
 
-#include "format.h"
-#include "fuzz.h"
+#include "storage/format/format.h"
+#include "fuzz/fuzz.h"
 
 static void lookups(const struct manifest *m)
 {

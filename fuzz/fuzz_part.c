@@ -15,9 +15,9 @@
  */
 #include <string.h>
 
-#include "cover.h"
-#include "format.h"
-#include "fuzz.h"
+#include "layout/cover.h"
+#include "storage/format/format.h"
+#include "fuzz/fuzz.h"
 
 #define MAX_PARTS 4
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "assign.h"
-#include "format.h"
-#include "fuzz.h"
+#include "layout/assign.h"
+#include "storage/format/format.h"
+#include "fuzz/fuzz.h"
 
 static void assigned(const struct plans_file *f, unsigned copies)
 {

@@ -14,9 +14,9 @@
 #include <errno.h>
 #include <string.h>
 
-#include "format.h"
-#include "fuzz.h"
-#include "ipc.h"
+#include "storage/format/format.h"
+#include "fuzz/fuzz.h"
+#include "ipc/ipc.h"
 
 /* Host regions 1..4 exist, of 1 GiB; CUDA regions are the request's own. */
 #define HOST_REGIONS 4

@@ -16,8 +16,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "s3http.h"
+#include "fuzz/fuzz.h"
+#include "storage/s3/s3http.h"
 
 #define TEXT_MAX 1024
 

@@ -11,8 +11,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "s3.h"
+#include "fuzz/fuzz.h"
+#include "storage/s3/s3.h"
 
 /* Shard bytes [off, off + len) from the object, as s3.c's zread and unzip do. */
 static void read_range(const struct s3z_table *t, const uint8_t *obj, uint64_t off, uint64_t len)

@@ -18,8 +18,8 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "format.h"
-#include "fuzz.h"
+#include "storage/format/format.h"
+#include "fuzz/fuzz.h"
 
 static void same_entries(const struct st_header *a, const struct st_header *b)
 {

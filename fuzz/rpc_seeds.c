@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 static int put(const char *dir, const char *name, enum ipc_method meth, const ProtobufCMessage *m)
 {

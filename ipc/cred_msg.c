@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 int ipc_cred_path(const char *endpoint, char *buf, size_t len)
 {

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base.h"
+#include "ipc/base/base.h"
 #include "ckpt.pb-c.h"
 
 #define IPC_MAX_MESSAGE (32u << 20)

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 #define SHM_MAX_BYTES (1ull << 42) /* 4 TiB: beyond any one trainer's host memory */
 #define SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 /* ---- states ------------------------------------------------------------ */
 

@@ -18,7 +18,7 @@
 #include <grpc/slice.h>
 #include <grpc/status.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 /* The agent's own enums are the protocol's numbers: the edge passes them as they are. */
 #define SAME(a, b) _Static_assert((int)(a) == (int)(b), #a " is not " #b)

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "assign.h"
-#include "base.h"
+#include "layout/assign.h"
+#include "ipc/base/base.h"
 
 /* One rank's tensor that is part of a box (it has a global offset). */
 struct entry {

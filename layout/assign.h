@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"
+#include "storage/format/format.h"
 
 /* A replicated box of B bytes is cut into B / ASSIGN_MIN_PIECE pieces at most. */
 #define ASSIGN_MIN_PIECE (4ull << 20)

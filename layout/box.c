@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "box.h"
+#include "layout/box.h"
 
 void box_text(const int64_t *v, size_t n, char *buf, size_t len)
 {

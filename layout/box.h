@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base.h"
+#include "ipc/base/base.h"
 
 /*
  * The overlap of a chunk of the saved tensor with a box of the rank's, as

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
-#include "cover.h"
+#include "layout/box.h"
+#include "layout/cover.h"
 
 #define COVER_MAX_WORK 50000000ull /* box overlaps tried, all boxes together */
 

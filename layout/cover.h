@@ -8,7 +8,7 @@
 #ifndef CKPT_LAYOUT_COVER_H
 #define CKPT_LAYOUT_COVER_H
 
-#include "format.h"
+#include "storage/format/format.h"
 
 /* Pieces of one held box still uncovered that the check follows at once, at most. */
 #define COVER_MAX_PIECES 4096u

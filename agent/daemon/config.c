@@ -15,7 +15,7 @@
 
 #include "agent/daemon/config.h"
 #include "agent/daemon/config_int.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 
 static int resolve_group(struct config *c, enum config_setting cs, long *gid, char *err)

@@ -14,7 +14,7 @@
 
 #include "agent/daemon/config.h"
 #include "agent/daemon/config_int.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 
 /* ---- the table -------------------------------------------------------- */

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 /*
  * Looks at root (a directory; an s3:// root is left to the agent's start)

@@ -17,7 +17,7 @@
 #include "agent/rpc/access.h"
 #include "agent/node/checkpoint.h"
 #include "agent/node/catalog.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 
 struct catalog {

@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 #include "agent/node/node.h"
-#include "format.h"
+#include "storage/format/format.h"
 
 struct cat_entry {
 	char job[IPC_MAX_JOB + 1];

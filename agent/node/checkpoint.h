@@ -13,7 +13,7 @@
 
 #include "agent/node/node.h"
 #include "agent/node/plan.h"
-#include "commit.h"
+#include "commit/commit.h"
 
 struct save;
 

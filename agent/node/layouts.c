@@ -82,8 +82,8 @@
 #include "agent/node/layouts.h"
 #include "agent/node/layouts_int.h"
 #include "ipc/base/log.h"
-#include "assign.h"
-#include "shares.h"
+#include "layout/assign.h"
+#include "commit/shares.h"
 
 /* Under mu: p takes layout l (NULL: its whole plan) of plan set key (as: its assignment, if made
  * here). */

@@ -23,7 +23,7 @@
 #include "agent/node/plan.h"
 #include "agent/node/layouts_int.h"
 #include "ipc/base/log.h"
-#include "commit.h"
+#include "commit/commit.h"
 #include "layout/assign.h"
 #include "commit/shares.h"
 

@@ -20,11 +20,11 @@
 #include <pthread.h>
 
 #include "agent/node/hub.h"
-#include "ioeng.h"
+#include "storage/io/ioeng.h"
 #include "ipc/base/base.h"
 #include "ipc/base/list.h"
 #include "ipc/base/work.h"
-#include "storage.h"
+#include "storage/storage.h"
 
 struct pool;
 struct server;

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 
 #include "agent/node/plan.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 struct rpc;
 

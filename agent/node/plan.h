@@ -17,7 +17,7 @@
 #include "agent/node/node.h"
 #include "agent/pipe/fence.h"
 #include "agent/pipe/gpu.h"
-#include "format.h"
+#include "storage/format/format.h"
 
 struct region;
 struct session;

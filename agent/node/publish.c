@@ -21,7 +21,7 @@
 #include "agent/node/park.h"
 #include "agent/node/publish.h"
 #include "agent/rpc/ops.h"
-#include "store.h"
+#include "storage/store.h"
 #include "ipc/base/log.h"
 
 /* A job whose plans file is to be written: at most one job queued per job. */

@@ -26,7 +26,7 @@
 #include "agent/daemon/metrics.h"
 #include "agent/rpc/handlers.h"
 #include "ipc/base/log.h"
-#include "store.h"
+#include "storage/store.h"
 
 /* ---- restore ---------------------------------------------------------- */
 /*

@@ -31,7 +31,7 @@
 #include "agent/node/catalog.h"
 #include "agent/rpc/ops.h"
 #include "agent/node/root.h"
-#include "store.h"
+#include "storage/store.h"
 #include "ipc/base/log.h"
 
 #define CHECK_OK_NS (5LL * 1000000000) /* between checks of a root that is fine */

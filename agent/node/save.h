@@ -17,8 +17,8 @@
 #include "agent/node/plan.h"
 #include "agent/pipe/gpu.h"
 #include "agent/pipe/pool.h"
-#include "ipc.h"
-#include "storage.h"
+#include "ipc/ipc.h"
+#include "storage/storage.h"
 
 struct checkpoint;
 struct session;

@@ -13,7 +13,7 @@
 
 #include "agent/node/node.h"
 #include "agent/node/peer.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 struct rpc;
 

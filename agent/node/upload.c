@@ -41,8 +41,8 @@
 #include "agent/node/upload.h"
 #include "agent/node/upload_int.h"
 #include "agent/pipe/pool.h"
-#include "store.h"
-#include "ipc.h"
+#include "storage/store.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 
 #define UP_ALIGN 4096u

@@ -30,7 +30,7 @@
 #include "agent/rpc/access.h"
 #include "agent/node/upload.h"
 #include "ipc/base/log.h"
-#include "store.h"
+#include "storage/store.h"
 
 struct verify {
 	struct work work;

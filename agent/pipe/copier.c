@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #include "agent/pipe/copier.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 struct job {
 	copier_fn fn;

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "agent/pipe/gpu.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/pipe/ipccache.h"
 #include "ipc/base/log.h"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/pipe/ipccache.h"
 
 struct entry {

@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "ioeng.h"
+#include "storage/io/ioeng.h"
 #include "ipc/base/work.h"
 
 struct pool;

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/pipe/safecopy.h"
 
 /*

@@ -66,7 +66,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "fsops.h"
+#include "storage/io/fsops.h"
 #include "agent/pipe/stream.h"
 #include "agent/node/root.h"
 #include "agent/pipe/copier.h"

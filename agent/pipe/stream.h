@@ -22,7 +22,7 @@
 #include "agent/node/node.h"
 #include "agent/node/plan.h"
 #include "agent/node/save.h"
-#include "box.h"
+#include "layout/box.h"
 
 /* A save refused a place in the pool under the skip policy: its reason. */
 #define SAVE_SKIP_REASON                                                                           \

@@ -32,7 +32,7 @@
 #include "agent/node/save.h"
 #include "agent/rpc/server.h"
 #include "ipc/base/log.h"
-#include "store.h"
+#include "storage/store.h"
 
 struct owner {
 	char job[IPC_MAX_JOB + 1];

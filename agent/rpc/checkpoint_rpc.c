@@ -14,7 +14,7 @@
 #include "agent/rpc/ops.h"
 #include "agent/rpc/handlers.h"
 #include "agent/rpc/server.h"
-#include "commit.h"
+#include "commit/commit.h"
 #include "ipc/base/log.h"
 
 struct finish_op {

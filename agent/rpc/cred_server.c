@@ -32,7 +32,7 @@
 #include <stdarg.h>
 
 #include "agent/rpc/cred_server.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 
 #define CRED_MAX_CONNS 4096

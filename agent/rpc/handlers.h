@@ -9,7 +9,7 @@
 #ifndef CKPT_AGENT_RPC_HANDLERS_H
 #define CKPT_AGENT_RPC_HANDLERS_H
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 struct rpc;
 

@@ -14,7 +14,7 @@
 #include "agent/node/catalog.h"
 #include "agent/node/save.h"
 #include "agent/rpc/access.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 
 struct rpc;
 

@@ -22,7 +22,7 @@
 #include "agent/rpc/handlers.h"
 #include "agent/rpc/server.h"
 #include "ipc/base/log.h"
-#include "store.h"
+#include "storage/store.h"
 
 #define MAX_PLANS 65536
 

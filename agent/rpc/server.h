@@ -19,7 +19,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/node/peer.h"
 
 struct server;

@@ -25,7 +25,7 @@
 #include "agent/rpc/ops.h"
 #include "agent/rpc/handlers.h"
 #include "agent/rpc/server.h"
-#include "store.h"
+#include "storage/store.h"
 
 #define SHOW_PIECE (1u << 20) /* JSON bytes a ShowDetail message carries */
 #define SHOW_WINDOW (4u << 20) /* bytes queued for the client, at most (and a piece) */

@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "base.h"
+#include "ipc/base/base.h"
 
 int ipc_errf(char *err, int rc, const char *fmt, ...)
 {

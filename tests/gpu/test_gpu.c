@@ -23,7 +23,7 @@
 #include <check.h>
 #include <cuda_runtime_api.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 int gpu_test_fill(uint32_t *d, uint64_t n, uint32_t seed, cudaStream_t s);

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
+#include "ckpt.h" /* the installed header, as a user includes it */
 
 #define FX_MAX_TENSORS 24
 #define FX_SLOT_ALIGN 64u

@@ -25,8 +25,8 @@
 #include <grpc/support/alloc.h>
 #include <jansson.h>
 
-#include "client.h"
-#include "harness.h"
+#include "client/client.h"
+#include "tests/integration/harness.h"
 
 #ifndef CKPTD_BIN
 #error "CKPTD_BIN must name the agent binary"

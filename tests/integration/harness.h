@@ -12,7 +12,7 @@
 #include <sys/types.h>
 #include <jansson.h>
 
-#include "ckpt.h"
+#include "client/ckpt.h"
 
 struct agent_proc {
 	pid_t pid;

@@ -12,7 +12,7 @@
 
 #include <check.h>
 
-#include "s3_harness.h"
+#include "tests/integration/s3_harness.h"
 
 const char *s3h_endpoint, *s3h_creds, *s3h_region, *s3h_dir;
 static unsigned bucket_seq;

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 
 /* The gateway's endpoint, credentials file, region and directory ($CKPT_TEST_S3_*). */
 extern const char *s3h_endpoint, *s3h_creds, *s3h_region, *s3h_dir;

@@ -20,7 +20,7 @@
 
 #include <check.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 #define MIB (1024.0 * 1024.0)

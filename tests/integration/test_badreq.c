@@ -13,8 +13,8 @@
 #include <check.h>
 #include <grpc/status.h>
 
-#include "client.h"
-#include "harness.h"
+#include "client/client.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 static struct agent_proc a;

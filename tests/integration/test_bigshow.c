@@ -32,8 +32,8 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "client.h"
-#include "harness.h"
+#include "client/client.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 /*

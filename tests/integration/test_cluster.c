@@ -30,7 +30,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 #define ROWS 1024 /* each rank's rows of "emb", a [world * ROWS, 16] F32 tensor */

@@ -17,7 +17,7 @@
 
 #include <check.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 /* A rank process: this program again with --rank (no gRPC state across fork). */

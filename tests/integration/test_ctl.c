@@ -14,7 +14,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 static struct agent_proc a;

@@ -53,7 +53,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 static void commit(struct ckpt_plan *p, int64_t step)

@@ -29,7 +29,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 #define DEADLINE_S 3 /* --commit-deadline: a commit that keeps failing ends after it */

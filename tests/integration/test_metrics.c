@@ -23,7 +23,7 @@
 
 #include <check.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 #define MAX_SAMPLES 512

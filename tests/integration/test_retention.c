@@ -19,8 +19,8 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "client.h"
-#include "harness.h"
+#include "client/client.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 static char out[1 << 20];

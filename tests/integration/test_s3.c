@@ -40,8 +40,8 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
-#include "s3_harness.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/s3_harness.h"
 #include "support/check_main.h"
 
 static void start_on(struct agent_proc *a, const char *bucket, const char *node, const char *extra)

@@ -25,8 +25,8 @@
 #include <check.h>
 #include <grpc/grpc.h>
 
-#include "client.h"
-#include "harness.h"
+#include "client/client.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 static void save_wait(struct ckpt_plan *p, int64_t step, enum ckpt_state until)

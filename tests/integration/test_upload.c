@@ -40,8 +40,8 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
-#include "s3_harness.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/s3_harness.h"
 #include "support/check_main.h"
 
 /* ---- agents with an upload tier -------------------------------------------- */

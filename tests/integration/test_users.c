@@ -25,7 +25,7 @@
 
 #include <check.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 /* ---- a second user ------------------------------------------------------ */

@@ -24,7 +24,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "harness.h"
+#include "tests/integration/harness.h"
 #include "support/check_main.h"
 
 #ifndef CKPTCTL_BIN

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_store.h"
+#include "tests/support/fake_store.h"
 
 struct obj {
 	struct obj *next;

@@ -7,7 +7,7 @@
 #ifndef CKPT_TEST_FAKE_STORE_H
 #define CKPT_TEST_FAKE_STORE_H
 
-#include "storage.h"
+#include "storage/storage.h"
 
 struct fake_store;
 

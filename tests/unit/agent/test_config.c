@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "agent/daemon/config.h"
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "ipc/base/log.h"
 #include "support/check_main.h"
 

@@ -8,7 +8,7 @@
 
 #include <check.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/pipe/fence.h"
 #include "agent/pipe/ipccache.h"
 #include "support/check_main.h"

@@ -13,7 +13,7 @@
 
 #include <check.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "agent/pipe/safecopy.h"
 #include "support/check_main.h"
 

@@ -10,8 +10,8 @@
 
 #include <check.h>
 
-#include "ipc.h"
-#include "cuda_ipc.h"
+#include "ipc/ipc.h"
+#include "client/cuda_ipc.h"
 #include "support/check_main.h"
 
 static uint32_t page[1024]; /* the fence page: word 0 is the fence */

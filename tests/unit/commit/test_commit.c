@@ -23,7 +23,7 @@
 
 #include <xxhash.h>
 
-#include "commit.h"
+#include "commit/commit.h"
 #include "support/fake_store.h"
 #include "support/check_main.h"
 

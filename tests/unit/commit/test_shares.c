@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "support/fake_store.h"
-#include "shares.h"
+#include "commit/shares.h"
 #include "support/check_main.h"
 
 #define ROWS 1024

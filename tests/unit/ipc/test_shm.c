@@ -13,7 +13,7 @@
 
 #include <check.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "support/check_main.h"
 
 static char err[IPC_ERRLEN];

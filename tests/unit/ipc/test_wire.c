@@ -12,7 +12,7 @@
 
 #include <check.h>
 
-#include "ipc.h"
+#include "ipc/ipc.h"
 #include "support/check_main.h"
 
 static char err[IPC_ERRLEN];

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "assign.h"
+#include "layout/assign.h"
 #include "support/check_main.h"
 
 #define F32 12

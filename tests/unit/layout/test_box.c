@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "layout/box.h"
 #include "support/check_main.h"
 
 /* The flat index of global coordinates g in a box (off, shape). */

@@ -14,8 +14,8 @@
 
 #include <check.h>
 
-#include "cover.h"
-#include "format.h"
+#include "layout/cover.h"
+#include "storage/format/format.h"
 #include "support/check_main.h"
 
 static char err[IPC_ERRLEN];

@@ -26,7 +26,7 @@
 
 #include <check.h>
 
-#include "ioeng.h"
+#include "storage/io/ioeng.h"
 #include "support/check_main.h"
 
 #define BLK 4096u

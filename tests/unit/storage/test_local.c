@@ -29,7 +29,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "store.h"
+#include "storage/store.h"
 #include "support/check_main.h"
 
 /* ---- a recording, failing fsops table ---------------------------------- */

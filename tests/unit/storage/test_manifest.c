@@ -12,7 +12,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "format.h"
+#include "storage/format/format.h"
 #include "support/check_main.h"
 
 #define META "{\"lr\":0.5,\"tags\":[\"a\",\"b\"],\"nested\":{\"z\":null,\"a\":true}}"

@@ -14,7 +14,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "format.h"
+#include "storage/format/format.h"
 #include "support/check_main.h"
 
 static char err[IPC_ERRLEN];

@@ -25,7 +25,7 @@
 
 #include <check.h>
 
-#include "s3http.h"
+#include "storage/s3/s3http.h"
 #include "support/check_main.h"
 
 /* ---- the server -------------------------------------------------------- */

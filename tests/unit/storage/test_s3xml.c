@@ -16,7 +16,7 @@
 
 #include <check.h>
 
-#include "s3http.h"
+#include "storage/s3/s3http.h"
 #include "support/check_main.h"
 
 /* The reply in a buffer of its exact size: no NUL after it to hide an over-read. */

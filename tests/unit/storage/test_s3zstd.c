@@ -16,7 +16,7 @@
 #include <check.h>
 #include <zstd.h>
 
-#include "s3.h"
+#include "storage/s3/s3.h"
 #include "support/check_main.h"
 
 #define FRAME (5u << 20) /* the writer's chunk */

@@ -14,7 +14,7 @@
 
 #include <check.h>
 
-#include "format.h"
+#include "storage/format/format.h"
 #include "support/check_main.h"
 
 /* dtype numbers, from ipc_dtype_from_name so the test follows the table */
