@@ -1,5 +1,5 @@
 /*
- * fuzz_manifest: storage/manifest.c's parser, manifest_from_json, on bytes
+ * fuzz_manifest: storage/format/manifest.c's parser, manifest_from_json, on bytes
  * as another node (or a damaged disk) may leave them in
  * <root>/<job>/step-<step>/manifest.json. What it accepts must also serve
  * the lookups restore and verify make, write back (manifest_to_json), and

@@ -1,5 +1,5 @@
 /*
- * fuzz_part: storage/part.c's parser, part_from_json, on what other nodes
+ * fuzz_part: storage/format/part.c's parser, part_from_json, on what other nodes
  * write to <root>/<job>/step-<step>/parts/<node>.json, and the merge of
  * parts into a manifest (manifest_merge) that any agent of the job may run.
  *

@@ -1,5 +1,5 @@
 /*
- * fuzz_plans: storage/plans.c's parser, plans_from_json, on the plans files
+ * fuzz_plans: storage/format/plans.c's parser, plans_from_json, on the plans files
  * other nodes write to <root>/<job>/plans/<node>.json. What it accepts must
  * give each rank's tensors a signature (the agent compares it with the
  * parts'), write back (plans_to_json) and read back the same; and its

@@ -1,5 +1,5 @@
 /*
- * fuzz_s3xml: storage/s3xml.c, the reader of the XML an S3 store answers,
+ * fuzz_s3xml: storage/s3/s3xml.c, the reader of the XML an S3 store answers,
  * on any bytes, as s3http.c and s3_scan.c call it: an error's Code and
  * Message, an upload's UploadId, a listing's IsTruncated and tokens, each
  * Contents, CommonPrefixes and Upload of a listing with the texts read

@@ -1,5 +1,5 @@
 /*
- * fuzz_s3zstd: storage/s3zstd.c, the reader of a compressed shard's seek
+ * fuzz_s3zstd: storage/s3/s3zstd.c, the reader of a compressed shard's seek
  * table and frames, on any bytes, as s3.c reads an object: the input is
  * the shard's size (8 bytes, little endian, as its metadata says it) and
  * then the object. The footer names the frames; the table is parsed

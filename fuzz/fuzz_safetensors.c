@@ -1,5 +1,5 @@
 /*
- * fuzz_safetensors: storage/safetensors.c's parser, st_header_parse, on the
+ * fuzz_safetensors: storage/format/safetensors.c's parser, st_header_parse, on the
  * first bytes of a shard, as restore and verify read them from any file a
  * manifest names.
  *

@@ -4,7 +4,7 @@
 # use (safetensors, numpy, torch), then builds three ways (plain,
 # ASan+UBSan, TSan) and runs ctest in each, and once more without CUDA (as where no toolkit exists: it must build,
 # and the unit tests and a round trip must pass). The first three are built
-# with fault injection (CKPT_FAULTS, storage/faults.c) for test_faults; the
+# with fault injection (CKPT_FAULTS, storage/testing/faults.c) for test_faults; the
 # nocuda one, like an install, without. Tests that cannot run here (no GPU,
 # no io_uring) report skipped. Last, the fuzz stage: every parser's
 # libFuzzer target (fuzz/README.md), built with clang in build-fuzz, runs

@@ -64,7 +64,7 @@ static const rpc_handler_fn handlers[IPC_NMETHODS] = {
     [IPC_SHOW_DETAIL] = rpc_show_detail,
 };
 
-/* A fault put in by a test build's CKPT_FAULTS (storage/faults.c): said in the log. */
+/* A fault put in by a test build's CKPT_FAULTS (storage/testing/faults.c): said in the log. */
 static void fault_note(const char *line)
 {
 	log_msg(LOG_WARNING, "%s", line);

@@ -247,7 +247,7 @@ static void chunk_hash(struct work *w)
 /*
  * The I/O thread, as the write is about to go out: a save aborted since its
  * chunk was queued writes nothing more. A length of 0 makes the engine end
- * the request at once with 0 bytes, without I/O (storage/ioeng.c, begin).
+ * the request at once with 0 bytes, without I/O (storage/io/ioeng.c, begin).
  */
 static void chunk_prep(struct io_req *r)
 {

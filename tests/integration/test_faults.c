@@ -1,6 +1,6 @@
 /*
  * Faults put into a real ckptd's storage calls through CKPT_FAULTS
- * (storage/faults.c): ENOSPC, EIO, short transfers and failed fsyncs at
+ * (storage/testing/faults.c): ENOSPC, EIO, short transfers and failed fsyncs at
  * each step of a save (shard create, write, size, fsync of the file and of
  * its directory), of the commit (this node's part, the manifest: temporary
  * write, fsync, link, directory fsync; LATEST), of a removal (rename out of

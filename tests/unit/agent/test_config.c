@@ -1,5 +1,5 @@
 /*
- * The agent's configuration (agent/config.c): a good file with every key,
+ * The agent's configuration (agent/daemon/config.c): a good file with every key,
  * each kind of bad file (the message must name the file, the line and the
  * key), unreadable files, groups, flags over the file in either order,
  * defaults with no file, and what `ckptd --check-config` prints and exits

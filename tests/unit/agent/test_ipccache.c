@@ -1,5 +1,5 @@
 /*
- * agent/ipccache.c without a GPU: a fake open/close records what the CUDA
+ * agent/pipe/ipccache.c without a GPU: a fake open/close records what the CUDA
  * calls would have been.
  */
 #include <errno.h>

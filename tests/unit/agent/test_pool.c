@@ -1,5 +1,5 @@
 /*
- * The staging pool (agent/pool.c): its memory (layout, alignment, huge
+ * The staging pool (agent/pipe/pool.c): its memory (layout, alignment, huge
  * pages, locking and why not), option checks, and admission by windows:
  * a reservation holds at most `want` chunks, is sure of its window
  * (pool_floor), and shares what is beyond the windows oldest first; at most

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the retention decision (agent/retention.c): which steps of a
+ * Unit tests of the retention decision (agent/node/retention.c): which steps of a
  * job survive keep_last K, keep_every M, pins, readers, LATEST and the most
  * recently committed (a run that went back), and a randomised check of the
  * rules on many step sets.

@@ -1,5 +1,5 @@
 /*
- * agent/safecopy.c: a copy from (or into) memory that went away fails with
+ * agent/pipe/safecopy.c: a copy from (or into) memory that went away fails with
  * -EFAULT and the process lives on; a SIGBUS outside a guarded copy still
  * kills, as it would without the handler.
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the upload tier's account (agent/upload_queue.c): when the
+ * Unit tests of the upload tier's account (agent/node/upload_queue.c): when the
  * store's refusals of a step count as "in a row", so that a step the store
  * refuses is given up after REFUSED_TRIES (3) tries and no sooner.
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the agent's work queues (agent/work.c): a job waiting for
+ * Unit tests of the agent's work queues (ipc/base/work.c): a job waiting for
  * its time runs then, or at once where it is hurried (workq_hurry: a plans
  * file to publish is not held behind its job's next poll).
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/ioeng.c, each run on both engines (pwrite, then
+ * Unit tests of storage/io/ioeng.c, each run on both engines (pwrite, then
  * io_uring): write and read back with registered and unregistered buffers
  * through an O_DIRECT file, FIFO prep order with more requests than slots,
  * injected short transfers, -EAGAIN, -EIO/-ENOSPC and 0-byte writes, EOF,

@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/manifest.c: a 2-rank, 2-node manifest (sharded and
+ * Unit tests of storage/format/manifest.c: a 2-rank, 2-node manifest (sharded and
  * unsharded tensors, user meta per rank) written and read back, every
  * refusal of a hostile manifest.json, format 1 still read, shard names,
  * and the lookups restore uses.

@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/part.c and storage/plans.c: a part written and read
+ * Unit tests of storage/format/part.c and storage/format/plans.c: a part written and read
  * back; every refusal of a hostile part another node wrote; the merge of
  * parts, the same bytes whatever their order, refusing another run, a rank
  * twice, a rank missing, a name on two ranks that is not one sharded

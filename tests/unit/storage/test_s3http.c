@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/s3http.c against a scripted HTTP server on a
+ * Unit tests of storage/s3/s3http.c against a scripted HTTP server on a
  * 127.0.0.1 port the kernel picks (a thread here; one more per
  * connection): the stop is bounded (a body trickled a byte at a time is
  * cut short timeout_s after it, a retry waiting for its delay fails at

@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/s3xml.c, the reader of S3's XML replies: the shapes
+ * Unit tests of storage/s3/s3xml.c, the reader of S3's XML replies: the shapes
  * real stores send (InitiateMultipartUploadResult, ListBucketResult with
  * Contents and CommonPrefixes, ListMultipartUploadsResult, Error), read the
  * way s3http.c and s3_scan.c read them; entities; a name that begins

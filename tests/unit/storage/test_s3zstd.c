@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/s3zstd.c, compressed shards on an object store:
+ * Unit tests of storage/s3/s3zstd.c, compressed shards on an object store:
  * frames and seek tables written as an object is, then read back the way a
  * restore reads them (ranges within a frame, across frames, to the end);
  * small frames padded to S3's smallest part still decompress; `zstd`'s own

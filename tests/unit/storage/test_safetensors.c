@@ -1,5 +1,5 @@
 /*
- * Unit tests of storage/safetensors.c: the shard header built, parsed back,
+ * Unit tests of storage/format/safetensors.c: the shard header built, parsed back,
  * refused when crafted wrong (each check the safetensors library makes),
  * and read from a real file.
  */
