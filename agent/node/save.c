@@ -39,6 +39,7 @@
 #include "agent/pipe/stream.h"
 #include "agent/node/checkpoint.h"
 #include "agent/node/layouts.h"
+#include "agent/node/root.h"
 #include "ipc/base/log.h"
 
 static double secs(int64_t from, int64_t to)
@@ -271,6 +272,12 @@ static void save_capture(struct work *w)
 	stream_stage_done(s);
 }
 
+/* save.image: its shard's bytes from its plan's memory, stamped as its own. */
+static int save_image(const struct save *s, uint64_t off, void *dst, uint64_t len, char *err)
+{
+	return plan_queue_image(s->plan, s->lay, &s->stamp, off, dst, len, err);
+}
+
 /*
  * Under mu (save.ended): its pipeline has stopped. A failure fails its
  * checkpoint; durable, the save is DURABLE; its checkpoint hears either,
@@ -305,6 +312,8 @@ struct save *save_new(struct agent *a, struct plan *p, int64_t step)
 	s->id = ipc_random_id();
 	s->a = a;
 	s->ended = save_ended;
+	s->image = save_image;
+	s->root_again = root_after_failure;
 	s->plan = p;
 	plan_get(p);
 	snprintf(s->job, sizeof(s->job), "%s", p->job);

@@ -81,6 +81,18 @@ struct save {
 	void (*ended)(struct agent *a, struct save *s, bool durable, const char *failure);
 	/* Under mu: its checkpoint hears what befalls it (set as it joins: cp_join). */
 	void (*tell)(struct agent *a, struct save *s, enum save_news what, const char *why);
+	/*
+	 * No lock: bytes [off, off + len) of its shard, its header stamped, into
+	 * dst from its plan's memory (a CUDA plan's queued on its lane), for the
+	 * pipeline's copies (plan_queue_image). Set by save.c.
+	 */
+	int (*image)(const struct save *s, uint64_t off, void *dst, uint64_t len, char *err);
+	/*
+	 * No lock: its shard could not be created (rc): true where the root has
+	 * been made usable again and the create is worth one more try, else err
+	 * says what is wrong with the root (root_after_failure). Set by save.c.
+	 */
+	bool (*root_again)(struct agent *a, int rc, char *err);
 };
 
 /*

@@ -75,8 +75,7 @@ static int capture_chunks_gpu(struct save *s, char *why)
 			rc = -ECANCELED;
 			break;
 		}
-		rc = plan_queue_image(s->plan, s->lay, &s->stamp, (uint64_t)k * cb, c->buf,
-		                      stream_chunk_fill(s, k, cb), why);
+		rc = s->image(s, (uint64_t)k * cb, c->buf, stream_chunk_fill(s, k, cb), why);
 		if (!rc)
 			rc = gpu_lane_mark(g->lane, (int)k, why);
 		if (!rc && atomic_load(&s->abort)) /* nothing more is written */

@@ -68,7 +68,6 @@
 
 #include "storage/io/fsops.h"
 #include "agent/pipe/stream.h"
-#include "agent/node/root.h"
 #include "agent/pipe/copier.h"
 
 #define ALIGN 4096u
@@ -109,7 +108,7 @@ int stream_setup(struct save *s, char *why)
 	rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank, s->lay->shard_bytes,
 	                                 s->file, &s->shard, err);
 	/* The root made anew since it was last looked at: open again now; once more. */
-	if (rc && root_after_failure(a, rc, err))
+	if (rc && s->root_again(a, rc, err))
 		rc = a->store->ops->shard_create(a->store, p->job, s->step, p->rank,
 		                                 s->lay->shard_bytes, s->file, &s->shard, err);
 	if (rc)
@@ -287,8 +286,7 @@ static int image_part(const void *save, uint64_t off, void *dst, uint64_t len)
 {
 	const struct save *s = save;
 
-	return plan_queue_image(s->plan, s->lay, &s->stamp, off, dst, len,
-	                        NULL); /* host: only a fault */
+	return s->image(s, off, dst, len, NULL); /* host: only a fault */
 }
 
 /* A chunk holding shard bytes [off, off + fill) goes to its write and its checksums. */
