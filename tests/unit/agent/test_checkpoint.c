@@ -11,7 +11,8 @@
  * waiting for its rank, not a step it captured; the deadline names the
  * ranks that never saved, and a failed step is let go only once its files
  * are gone and no rank may still come; one world per step, one checkpoint
- * per run; a store that refuses the part fails the step with its reason.
+ * per run; a store that refuses the part fails the step with its reason;
+ * a save never moves back, nor fails once committed.
  */
 #include <check.h>
 #include <errno.h>
@@ -369,6 +370,36 @@ START_TEST(store_refuses_the_part)
 }
 END_TEST
 
+/*
+ * A save's states only move forward: nothing moves a committed save back or
+ * fails it; the upload tier's UPLOADED, heard on the hub, comes after.
+ */
+START_TEST(save_states_only_forward)
+{
+	struct plan *p0 = fn_plan(n, JOB, RUN, 0, 2), *p1 = fn_plan(n, JOB, RUN, 1, 2);
+	struct save *s0 = save_of(p0, 10, true, true), *s1 = save_of(p1, 10, true, true);
+	struct agent *a = &n->a;
+
+	fn_lock(n);
+	save_set_state(a, s0, SAVE_QUEUED, "back"); /* not published: it is CAPTURED */
+	fn_unlock(n);
+	fn_durable(n, s0);
+	fn_durable(n, s1);
+	ck_assert(fn_settle(n));
+	fn_lock(n);
+	save_set_state(a, s0, SAVE_DURABLE, NULL);
+	save_set_state(a, s0, SAVE_FAILED, "too late");
+	hub_ckpt(&a->hub, a, &(struct hub_ckpt){JOB, NULL, 10, SAVE_UPLOADED, false, NULL});
+	fn_unlock(n);
+	assert_states(s0, "QUEUED CAPTURED DURABLE COMMITTED UPLOADED");
+	assert_states(s1, "QUEUED CAPTURED DURABLE COMMITTED UPLOADED");
+	ck_assert_str_eq(s0->reason, "");
+	ck_assert_int_eq(state_of(s0), SAVE_UPLOADED);
+	ck_assert_uint_eq(a->finals[SAVE_FAILED], 0);
+	ck_assert_uint_eq(a->inflight, 0);
+}
+END_TEST
+
 Suite *test_suite(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -385,6 +416,7 @@ Suite *test_suite(void)
 	tcase_add_test(tc, failed_kept_until_cleaned);
 	tcase_add_test(tc, one_world_per_step_one_checkpoint_per_run);
 	tcase_add_test(tc, store_refuses_the_part);
+	tcase_add_test(tc, save_states_only_forward);
 	suite_add_tcase(s, tc);
 	return s;
 }
