@@ -14,6 +14,9 @@
 
 #include "tests/support/fake_store.h"
 
+/* Every call of the backend, and the test's own calls (a commit thread may run meanwhile). */
+static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
 struct obj {
 	struct obj *next;
 	char *key;
@@ -52,8 +55,10 @@ static struct obj *find(struct fake_store *f, const char *key)
 
 void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len)
 {
-	struct obj *o = find(f, key);
+	struct obj *o;
 
+	pthread_mutex_lock(&mu);
+	o = find(f, key);
 	if (!o) {
 		o = calloc(1, sizeof(*o));
 		o->key = strdup(key);
@@ -66,19 +71,24 @@ void fake_put(struct fake_store *f, const char *key, const void *buf, size_t len
 	o->buf[len] = '\0';
 	o->len = len;
 	o->shard = false;
+	pthread_mutex_unlock(&mu);
 }
 
 const char *fake_get(struct fake_store *f, const char *key, size_t *len)
 {
-	struct obj *o = find(f, key);
+	struct obj *o;
 
+	pthread_mutex_lock(&mu);
+	o = find(f, key);
 	if (o && len)
 		*len = o->len;
+	pthread_mutex_unlock(&mu);
 	return o ? o->buf : NULL;
 }
 
 void fake_delete(struct fake_store *f, const char *key)
 {
+	pthread_mutex_lock(&mu);
 	for (struct obj **pp = &f->objs; *pp; pp = &(*pp)->next)
 		if (strcmp((*pp)->key, key) == 0) {
 			struct obj *o = *pp;
@@ -87,19 +97,24 @@ void fake_delete(struct fake_store *f, const char *key)
 			free(o->key);
 			free(o->buf);
 			free(o);
-			return;
+			break;
 		}
+	pthread_mutex_unlock(&mu);
 }
 
 void fake_fail_put(struct fake_store *f, const char *needle, int err)
 {
+	pthread_mutex_lock(&mu);
 	snprintf(f->fail_needle, sizeof(f->fail_needle), "%s", needle);
 	f->fail_err = err;
+	pthread_mutex_unlock(&mu);
 }
 
 void fake_counts(struct fake_store *f, struct fake_counts *out)
 {
+	pthread_mutex_lock(&mu);
 	*out = f->n;
+	pthread_mutex_unlock(&mu);
 }
 
 static void shard_key(char *buf, size_t len, const char *job, int64_t step, const char *file)
@@ -114,10 +129,12 @@ void fake_add_shard_bytes(struct fake_store *f, const char *job, int64_t step, c
 	struct obj *o;
 
 	shard_key(key, sizeof(key), job, step, file);
+	pthread_mutex_lock(&mu);
 	fake_put(f, key, head, len);
 	o = find(f, key);
 	o->shard = true;
 	o->size = size;
+	pthread_mutex_unlock(&mu);
 }
 
 void fake_add_shard(struct fake_store *f, const char *job, int64_t step, const char *file,
@@ -271,6 +288,29 @@ static void shard_read(struct storage_shard *sh, struct io_req *r)
 	r->done(r);
 }
 
+static int shard_unlink(struct storage *s, const char *job, int64_t step, const char *file,
+                        char *err)
+{
+	char key[512];
+
+	F(s)->n.shard_unlinks++;
+	shard_key(key, sizeof(key), job, step, file);
+	if (!find(F(s), key))
+		return ipc_errf(err, -ENOENT, "%s does not exist", key);
+	fake_delete(F(s), key);
+	return 0;
+}
+
+/* Counted only: the fake keeps no directories to remove. */
+static int step_tidy(struct storage *s, const char *job, int64_t step, char *err)
+{
+	(void)job;
+	(void)step;
+	(void)err;
+	F(s)->n.step_tidies++;
+	return 0;
+}
+
 static void shard_close(struct storage_shard *sh)
 {
 	free(sh);
@@ -329,8 +369,6 @@ static void destroy(struct storage *s)
 	fake_destroy(F(s));
 }
 
-static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
-
 #define LOCKED(ret, name, params, args)                                                            \
 	static ret locked_##name params                                                            \
 	{                                                                                          \
@@ -350,6 +388,11 @@ LOCKED(int, shard_stat,
        (struct storage * s, const char *job, int64_t step, const char *file, uint64_t *size,
         char *err),
        (s, job, step, file, size, err))
+LOCKED(int, shard_unlink,
+       (struct storage * s, const char *job, int64_t step, const char *file, char *err),
+       (s, job, step, file, err))
+LOCKED(int, step_tidy, (struct storage * s, const char *job, int64_t step, char *err),
+       (s, job, step, err))
 LOCKED(int, obj_put,
        (struct storage * s, const char *key, const void *buf, size_t len, enum obj_put_mode flags,
         char *err),
@@ -379,6 +422,7 @@ static const struct storage_ops fake_ops = {
     .shard_read = locked_shard_read,
     .shard_close = shard_close,
     .shard_stat = locked_shard_stat,
+    .shard_unlink = locked_shard_unlink,
     .shard_path = shard_path,
     .obj_put = locked_obj_put,
     .obj_get = locked_obj_get,
@@ -386,6 +430,7 @@ static const struct storage_ops fake_ops = {
     .obj_delete = locked_obj_delete,
     .obj_list = locked_obj_list,
     .list_steps = locked_list_steps,
+    .step_tidy = locked_step_tidy,
     .destroy = destroy,
 };
 

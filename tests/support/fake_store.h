@@ -2,7 +2,7 @@
  * A storage backend in memory, for the commit's unit tests: objects by key,
  * shards as (key, size) only, the calls counted and faults injected by key.
  * Several committers (one per "node") may share one: that is the shared
- * root. Single-threaded.
+ * root. Every call takes one lock: a commit thread may run beside the test.
  */
 #ifndef CKPT_TEST_FAKE_STORE_H
 #define CKPT_TEST_FAKE_STORE_H
@@ -36,6 +36,7 @@ struct fake_counts {
 	unsigned part_gets, summary_gets; /* of those gets: parts/<node>.json, parts/<node>.sum */
 	unsigned plans_gets, plans_summary_gets; /* and plans/<node>.json, plans/<node>.sum */
 	uint64_t shard_read_bytes; /* asked for by the shard reads */
+	unsigned shard_unlinks, step_tidies; /* a failed save's file removed, its step tidied */
 };
 void fake_counts(struct fake_store *f, struct fake_counts *out);
 
