@@ -14,8 +14,8 @@
 
 #include "agent/node/catalog.h"
 #include "agent/pipe/pool.h"
-#include "commit.h"
-#include "ipc.h"
+#include "commit/commit.h"
+#include "ipc/ipc.h"
 #include "support/fake_node.h"
 
 static struct fake_node *node_of(struct agent *a)
