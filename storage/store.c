@@ -2,11 +2,13 @@
  * store.c: the layout and the commit's files over any backend (store.h).
  * Each function reads or writes by exact key through the backend's object
  * calls and parses what it reads as hostile input; none knows whether the
- * keys are files or objects. This file: the keys and the manifests (a head
- * read alone, or whole with the parts it names); store_part.c: parts and
- * the copies of the upload tier; store_plans.c: a run's plans files,
- * roster and shares; store_step.c: owners, LATEST, pins, removal,
- * clean-up; stamp.c: a file's header checked against what is claimed of
+ * keys are files or objects. This file: the manifests (whether a step has
+ * one; a head read alone, or whole with the parts it names; copied to the
+ * upload tier); store_key.c: the keys, under all the others;
+ * store_part.c: parts, and their copies to the upload tier;
+ * store_plans.c: a run's plans files, roster and shares; store_step.c:
+ * owners, LATEST, pins, removal, clean-up (it asks this file, never the
+ * other way); stamp.c: a file's header checked against what is claimed of
  * it. Their shared helpers: store_int.h.
  *
  * Callers: the agent's workers (commit, maint), ckptd's start-up; any
@@ -27,51 +29,16 @@
 #include "storage/io/fanout.h"
 #include "storage/store_int.h"
 
-/* ---- keys -------------------------------------------------------------- */
-
-void store_key(char *buf, size_t len, const char *job, int64_t step, const char *leaf)
-{
-	char sn[32] = "";
-
-	if (step >= 0)
-		snprintf(sn, sizeof(sn), "/step-%012" PRId64, step);
-	snprintf(buf, len, "%s%s%s%s", job, sn, leaf ? "/" : "", leaf ? leaf : "");
-}
-
-void store_part_key(char *buf, size_t len, const char *job, int64_t step, const char *node)
-{
-	char leaf[IPC_MAX_JOB + 16];
-
-	snprintf(leaf, sizeof(leaf), "parts/%s.json", node);
-	store_key(buf, len, job, step, leaf);
-}
-
-void store_part_summary_key(char *buf, size_t len, const char *job, int64_t step, const char *node)
-{
-	char leaf[IPC_MAX_JOB + 16];
-
-	snprintf(leaf, sizeof(leaf), "parts/%s.sum", node);
-	store_key(buf, len, job, step, leaf);
-}
-
-void store_plans_key(char *buf, size_t len, const char *job, const char *node)
-{
-	snprintf(buf, len, "%s/plans/%s.json", job, node);
-}
-
-void store_plans_summary_key(char *buf, size_t len, const char *job, const char *node)
-{
-	snprintf(buf, len, "%s/plans/%s.sum", job, node);
-}
-
-int store_check_job_step(const char *job, int64_t step, char *err)
-{
-	int rc = ipc_check_job(job, err);
-
-	return rc ? rc : ipc_check_step(step, err);
-}
-
 /* ---- manifests --------------------------------------------------------- */
+
+bool store_committed(struct storage *s, const char *job, int64_t step)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
+	uint64_t size;
+
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	return s->ops->obj_stat(s, key, &size, why) == 0;
+}
 
 int store_read_manifest_head(struct storage *s, const char *job, int64_t step,
                              struct manifest **out, char *err)
@@ -288,4 +255,24 @@ int store_sync_manifest(struct storage *s, const char *job, int64_t step, char *
 		return 0; /* durable once visible */
 	store_key(key, sizeof(key), job, step, "manifest.json");
 	return s->ops->obj_sync(s, key, err);
+}
+
+int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
+                        char *err)
+{
+	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
+	struct manifest *m = NULL;
+	size_t len = 0;
+	int rc = store_read_manifest_head(from, job, step, &m, err); /* checked */
+
+	manifest_free(m);
+	if (rc)
+		return rc;
+	store_key(key, sizeof(key), job, step, "manifest.json");
+	rc = from->ops->obj_get(from, key, MANIFEST_MAX_BYTES, &buf, &len, why);
+	if (rc)
+		return ipc_errf(err, rc, "%s", why);
+	rc = to->ops->obj_put(to, key, buf, len, OBJ_CREATE | OBJ_IN_PLACE, err);
+	free(buf);
+	return rc;
 }

@@ -12,7 +12,7 @@
 
 #include "storage/store.h"
 
-/* store.c: the job's name checked, and a step >= 0; -EINVAL and err. */
+/* store_key.c: the job's name checked, and a step >= 0; -EINVAL and err. */
 int store_check_job_step(const char *job, int64_t step, char *err);
 
 /*

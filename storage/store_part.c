@@ -214,23 +214,3 @@ int store_copy_part(struct storage *from, struct storage *to, const char *job, i
 	store_key(guard, sizeof(guard), job, step, "manifest.json");
 	return store_put_own(to, key, buf, len, guard, &written, err); /* takes buf */
 }
-
-int store_copy_manifest(struct storage *from, struct storage *to, const char *job, int64_t step,
-                        char *err)
-{
-	char key[STORE_KEY_MAX], why[IPC_ERRLEN], *buf = NULL;
-	struct manifest *m = NULL;
-	size_t len = 0;
-	int rc = store_read_manifest_head(from, job, step, &m, err); /* checked */
-
-	manifest_free(m);
-	if (rc)
-		return rc;
-	store_key(key, sizeof(key), job, step, "manifest.json");
-	rc = from->ops->obj_get(from, key, MANIFEST_MAX_BYTES, &buf, &len, why);
-	if (rc)
-		return ipc_errf(err, rc, "%s", why);
-	rc = to->ops->obj_put(to, key, buf, len, OBJ_CREATE | OBJ_IN_PLACE, err);
-	free(buf);
-	return rc;
-}

@@ -178,15 +178,6 @@ int store_newest_committed(struct storage *s, const char *job, int64_t *step, ch
 	return rc == -ENOENT ? ipc_errf(err, rc, "job '%s' has no committed step", job) : rc;
 }
 
-bool store_committed(struct storage *s, const char *job, int64_t step)
-{
-	char key[STORE_KEY_MAX], why[IPC_ERRLEN];
-	uint64_t size;
-
-	store_key(key, sizeof(key), job, step, "manifest.json");
-	return s->ops->obj_stat(s, key, &size, why) == 0;
-}
-
 /*
  * Under s->latest_mu: LATEST := the newest committed step other than `except`
  * whose files are there as its manifest says (or none), unless it names a

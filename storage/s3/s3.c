@@ -1,8 +1,9 @@
 /*
  * The S3 backend (storage.h, docs/DESIGN.md §8.1): the layout of §6.1 as keys under
  * s3://BUCKET/PREFIX of any S3-compatible store, behind struct storage_ops.
- * This file: the backend (keys, its small objects, the root check, its
- * start: s3_create and the create-once probe, the storage_ops table);
+ * This file: the backend (its small objects, the root check, its start:
+ * s3_create and the create-once probe, the storage_ops table); s3_call.c:
+ * the keys and one request, under all the others;
  * s3_shard.c, s3_upload.c, s3_read.c: its shards (s3_shard.h);
  * s3_conf.c: the root's URL and the credentials; s3_scan.c: listings,
  * removal, clean-up; s3http.c: the requests.
@@ -44,52 +45,6 @@
 #include <unistd.h>
 
 #include "storage/s3/s3_shard.h"
-
-/* ---- names ------------------------------------------------------------- */
-
-int s3_key(const struct s3 *s, const char *rel, char *buf, size_t len, char *err)
-{
-	int n = snprintf(buf, len, "%s%s%s", s->prefix, *s->prefix ? "/" : "", rel);
-
-	if (n < 0 || (size_t)n >= len)
-		return ipc_errf(err, -ENAMETOOLONG, "key %s/%s: longer than %zu bytes", s->prefix,
-		                rel, len - 1);
-	return 0;
-}
-
-int s3_step_key(const struct s3 *s, const char *job, int64_t step, const char *leaf, char *buf,
-                size_t len, char *err)
-{
-	char rel[S3_KEY_MAX];
-	int rc;
-
-	if ((rc = ipc_check_job(job, err)))
-		return rc;
-	snprintf(rel, sizeof(rel), "%s/step-%012lld/%s", job, (long long)step, leaf);
-	return s3_key(s, rel, buf, len, err);
-}
-
-/* ---- requests ------------------------------------------------------------ */
-
-int s3_call(struct s3 *s, enum s3_method m, const char *key, const char *query, uint64_t *length,
-            char *err)
-{
-	struct s3req *q = malloc(sizeof(*q));
-	int rc;
-
-	if (!q)
-		return ipc_errf(err, -ENOMEM, "out of memory");
-	s3req_init(q, m, key);
-	snprintf(q->query, sizeof(q->query), "%s", query ? query : "");
-	rc = s3http_do(s->http, q);
-	if (rc)
-		ipc_errf(err, rc, "%s", q->err);
-	else if (length)
-		*length = q->length;
-	s3req_clear(q);
-	free(q);
-	return rc;
-}
 
 /* HEAD of a key: its size; -ENOENT if not there. */
 static int head(struct s3 *s, const char *key, uint64_t *size, char *err)
