@@ -38,6 +38,7 @@
 #include "agent/pipe/copier.h"
 #include "agent/node/upload.h"
 #include "agent/rpc/server.h"
+#include "agent/rpc/session_rpc.h"
 #include "ipc/base/log.h"
 
 #define STOP_REPORT_NS (5LL * 1000000000) /* at stop, what is left is logged this often */

@@ -23,7 +23,6 @@
 #include "agent/node/save.h"
 #include "agent/rpc/ops.h"
 #include "agent/pipe/safecopy.h"
-#include "agent/rpc/server.h"
 
 struct plan *plan_find(struct agent *a, uint64_t id)
 {
@@ -39,11 +38,11 @@ struct plan *plan_find(struct agent *a, uint64_t id)
 	return NULL;
 }
 
-struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id)
+struct plan *plan_of(struct agent *a, uid_t uid, uint64_t id)
 {
 	struct plan *p = plan_find(a, id);
 
-	return p && p->uid == rpc_peer(c)->uid ? p : NULL;
+	return p && p->uid == uid ? p : NULL;
 }
 
 void plan_get(struct plan *p)

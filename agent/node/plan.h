@@ -21,7 +21,6 @@
 
 struct region;
 struct session;
-struct rpc;
 
 struct plan_tensor {
 	char *name;
@@ -127,8 +126,8 @@ struct plan {
 
 /* Under mu. */
 struct plan *plan_find(struct agent *a, uint64_t id);
-/* The caller's own plan: another user's is as good as none. */
-struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id);
+/* Under mu: uid's own plan: another user's is as good as none. */
+struct plan *plan_of(struct agent *a, uid_t uid, uint64_t id);
 void plan_drop(struct agent *a, struct plan *p);
 void plan_get(struct plan *p);
 void plan_put(struct agent *a, struct plan *p);

@@ -643,7 +643,7 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	struct cat_entry *e;
 	struct plan *p;
 
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 		                (unsigned long long)req->plan_id);

@@ -13,7 +13,7 @@
 
 struct rpc;
 
-/* Sessions and their host regions (node/session.c). */
+/* Sessions and their host regions (session_rpc.c; the objects in node/session.c). */
 void rpc_attach(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_register_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_drop_region(struct rpc *c, ProtobufCMessage *req, void *ctx);

@@ -175,7 +175,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	bool replaces;
 	int rc;
 
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 		                (unsigned long long)req->plan_id);
@@ -256,7 +256,7 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	pthread_mutex_lock(&a->mu);
 	/* a run's first save may wait for every rank's plan (layouts.c) */
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
 	if (!p || a->stopping || !park_save(a, p, c, m, save_admit))
 		save_admit(a, c, m);
 	else /* and the root looked at until its plan set is there */
