@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/plan.h"
 #include "agent/node/catalog.h"
 #include "agent/rpc/ops.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/session.h"
 #include "agent/node/plan.h"
 #include "agent/node/save.h"
