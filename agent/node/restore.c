@@ -25,7 +25,6 @@
 #include "agent/node/catalog.h"
 #include "agent/node/restore.h"
 #include "agent/node/upload.h"
-#include "agent/daemon/metrics.h"
 #include "ipc/base/log.h"
 #include "store.h"
 
@@ -305,9 +304,17 @@ static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, 
 	    .skipped = rs->skipped,
 	    .nskipped = rs->nskipped,
 	};
+	struct hub_restore h = {
+	    .rc = rc,
+	    .bytes = rc ? 0 : o.bytes,
+	    .read = rs->read,
+	    .start_ns = rs->t_start,
+	    .passed_over = rs->passed_over,
+	};
 
-	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : o.bytes, rs->read, rs->t_start,
-	                   rs->passed_over);
+	pthread_mutex_lock(&rs->a->mu); /* the metrics hear it before the trainer does */
+	hub_restore_end(&rs->a->hub, rs->a, &h);
+	pthread_mutex_unlock(&rs->a->mu);
 	atomic_fetch_add(&rs->a->restore_read_bytes, rs->read);
 	rs->done(rs->ctx, rc, err, &o);
 	if (rc)
