@@ -21,7 +21,6 @@
 #include "agent/node/plan.h"
 #include "agent/node/layouts.h"
 #include "agent/node/save.h"
-#include "agent/rpc/ops.h"
 #include "agent/pipe/safecopy.h"
 
 struct plan *plan_find(struct agent *a, uint64_t id)

@@ -29,7 +29,6 @@
 #include "agent/node/owners.h"
 #include "agent/node/plan.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/ops.h"
 #include "agent/node/root.h"
 #include "store.h"
 #include "ipc/base/log.h"
