@@ -144,7 +144,6 @@ int session_add_region(struct agent *a, struct session *s, struct region *r, cha
 	if (rc)
 		return rc;
 	r->id = ipc_random_id();
-	r->kind = CKPT__V1__REGION_KIND__REGION_HOST;
 	r->refs = 1;
 	r->uid = uid;
 	a->nregions++;

@@ -51,8 +51,8 @@ struct session *session_new(struct agent *a, const struct peer *who, uint32_t pi
 /* Under mu: the client is gone; releases what it held (plans, saves, regions) and frees s. */
 void session_end(struct agent *a, struct session *s);
 /*
- * Under mu: r (mapped, its shm set) joins s, charged to its user: 0 (r's id
- * set), or -EAGAIN with why in err (a limit; r left as it was).
+ * Under mu: r (mapped, its shm and kind set) joins s, charged to its user:
+ * 0 (r's id set), or -EAGAIN with why in err (a limit; r left as it was).
  */
 int session_add_region(struct agent *a, struct session *s, struct region *r, char *err);
 /* Under mu: uid's region of that id leaves its session: 0, or -ENOENT. */

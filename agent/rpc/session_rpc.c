@@ -116,6 +116,7 @@ static int region_map(struct agent *a, struct rpc *c, const Ckpt__V1__RegisterRe
 		rpc_fail(c, rc, "%s", err);
 		return rc;
 	}
+	r->kind = CKPT__V1__REGION_KIND__REGION_HOST;
 	*out = r;
 	return 0;
 }
