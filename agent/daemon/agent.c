@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/session.h"
 #include "agent/node/plan.h"
 #include "agent/node/park.h"
@@ -38,6 +38,7 @@
 #include "agent/pipe/copier.h"
 #include "agent/node/upload.h"
 #include "agent/rpc/server.h"
+#include "agent/rpc/session_rpc.h"
 #include "ipc/base/log.h"
 
 #define STOP_REPORT_NS (5LL * 1000000000) /* at stop, what is left is logged this often */
@@ -366,12 +367,24 @@ static int start_workers(struct agent *a, char *err)
 	return rc;
 }
 
+/* The metrics hear a commit's and a restore's end (hub.h). */
+static void metrics_on_commit_end(struct agent *a, const struct hub_commit *c)
+{
+	metrics_on_commit(a->metrics, c->latency_ns, c->parts_missing);
+}
+
+static void metrics_on_restore_end(struct agent *a, const struct hub_restore *r)
+{
+	metrics_on_restore(a->metrics, r->rc, r->bytes, r->read, r->start_ns, r->passed_over);
+}
+
 /*
  * Who hears what changes (hub.h), in the order they are told: a save made
  * reaches the watchers; a save's state, the log, the metrics, its client's stream and the
  * watchers; a commit, the upload tier and then retention; an upload, the
  * saves; a plan made or dropped, the checkpoints in flight and the plans
- * file; the root back, the plans files.
+ * file; the root back, the plans files; a commit's or a restore's end, the
+ * metrics.
  */
 static void wire(struct hub *h)
 {
@@ -388,6 +401,8 @@ static void wire(struct hub *h)
 	hub_on_plan(h, plans_on_plan);
 	hub_on_plan(h, cp_on_plan);
 	hub_on_root_back(h, plans_on_root_back);
+	hub_on_commit_end(h, metrics_on_commit_end);
+	hub_on_restore_end(h, metrics_on_restore_end);
 }
 
 int agent_start(const struct agent_config *cfg, struct agent **out, char *err)

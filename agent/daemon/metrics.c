@@ -1,7 +1,8 @@
 /*
  * GET /metrics (metrics.h): histograms of save durations, observed as saves
  * change state (metrics_on_save, a subscriber of the hub's save event, under
- * agent.mu; the restore worker calls metrics_on_restore), and at scrape
+ * agent.mu; metrics_on_commit and metrics_on_restore, told the hub's commit
+ * and restore ends by agent.c, under agent.mu too), and at scrape
  * time the agent's counters: the I/O engine's (atomics), the pool's (its
  * mutex) and, under agent.mu for a few loads, saves by final state, saves in
  * flight, sessions, plans and the storage root's state. Per job (a `job`

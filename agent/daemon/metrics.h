@@ -33,7 +33,7 @@ void metrics_on_save(struct agent *a, struct save *s, enum save_state state);
  */
 void metrics_on_commit(struct metrics *m, int64_t latency_ns, unsigned parts_missing);
 /*
- * A restore has been answered: rc 0 (and bytes restored) or its error; read:
+ * A restore ended (before its trainer is told): rc 0 (and bytes restored) or its error; read:
  * the bytes read for it (a group's, for one of its ranks); passed_over:
  * damaged newer steps it passed over. NULL m: nothing.
  */

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/checkpoint.h"
 #include "agent/node/catalog.h"
 #include "ipc/ipc.h"

@@ -31,7 +31,6 @@
 #include "agent/node/plan.h"
 #include "agent/node/checkpoint.h"
 #include "agent/node/save.h"
-#include "agent/rpc/ops.h"
 #include "agent/node/checkpoint_int.h"
 
 int cp_get(struct agent *a, const char *job, int64_t step, int world, const char *run,

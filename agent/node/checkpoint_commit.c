@@ -26,7 +26,6 @@
 #include "agent/node/save.h"
 #include "agent/node/catalog.h"
 #include "agent/node/checkpoint_int.h"
-#include "agent/daemon/metrics.h"
 #include "ipc/base/log.h"
 
 /* ---- this node's part ---------------------------------------------------- */
@@ -454,7 +453,9 @@ static void commit_ended(struct agent *a, struct checkpoint *cp, const struct co
 {
 	cp->committing = false;
 	/* before the trainers are told: a scrape after COMMITTED counts this commit */
-	metrics_on_commit(a->metrics, r->wrote ? r->latency_ns : -1, r->missing_at_deadline);
+	hub_commit_end(&a->hub, a,
+	               &(struct hub_commit){.latency_ns = r->wrote ? r->latency_ns : -1,
+	                                    .parts_missing = r->missing_at_deadline});
 	if (r->state == COMMIT_COMMITTED && cp->state == SAVE_QUEUED)
 		committed(a, cp, r, stale, nstale);
 	else if (r->state == COMMIT_FAILED)

@@ -47,6 +47,16 @@ void hub_on_root_back(struct hub *h, hub_root_fn fn)
 	h->root[next(&h->nroot, "the root back")] = fn;
 }
 
+void hub_on_commit_end(struct hub *h, hub_commit_fn fn)
+{
+	h->commit[next(&h->ncommit, "a commit's end")] = fn;
+}
+
+void hub_on_restore_end(struct hub *h, hub_restore_fn fn)
+{
+	h->restore[next(&h->nrestore, "a restore's end")] = fn;
+}
+
 void hub_save_new(const struct hub *h, struct agent *a, struct save *s, enum save_state state)
 {
 	for (unsigned i = 0; i < h->nmade; i++)
@@ -81,4 +91,16 @@ void hub_root_back(const struct hub *h, struct agent *a)
 {
 	for (unsigned i = 0; i < h->nroot; i++)
 		h->root[i](a);
+}
+
+void hub_commit_end(const struct hub *h, struct agent *a, const struct hub_commit *c)
+{
+	for (unsigned i = 0; i < h->ncommit; i++)
+		h->commit[i](a, c);
+}
+
+void hub_restore_end(const struct hub *h, struct agent *a, const struct hub_restore *r)
+{
+	for (unsigned i = 0; i < h->nrestore; i++)
+		h->restore[i](a, r);
 }

@@ -17,7 +17,11 @@
  *              dropped plan's rank fail;
  *   root back  the storage root is usable again, or new, and the catalog
  *              follows it (root.c): every live plan's plans file is
- *              written again (a root made anew lacks them).
+ *              written again (a root made anew lacks them);
+ *   commit end a checkpoint's commit ended here, before its trainers are
+ *              told (checkpoint_commit.c): the metrics;
+ *   restore end a restore ended, before its trainer is told (restore.c):
+ *              the metrics.
  *
  * Subscribers are told in the order they subscribed (agent.c wires them,
  * once, before any other thread runs). A publisher calls hub_* under
@@ -48,17 +52,37 @@ struct hub_ckpt {
 	const char *why; /* UPLOADED: NULL, or why the step will not be uploaded */
 };
 
+/* A commit that ended on this node (the metrics). */
+struct hub_commit {
+	int64_t
+	    latency_ns; /* this node put the manifest: last part durable to it durable; else -1 */
+	unsigned parts_missing; /* other nodes' parts missing at the deadline */
+};
+
+/* A restore that ended (the metrics). */
+struct hub_restore {
+	int rc; /* 0, or its error */
+	uint64_t bytes; /* restored (rc 0) */
+	uint64_t read; /* read for it (a group's, for one of its ranks) */
+	int64_t start_ns; /* monotonic, at the request */
+	unsigned passed_over; /* damaged newer steps passed over */
+};
+
 typedef void (*hub_save_fn)(struct agent *a, struct save *s, enum save_state state);
 typedef void (*hub_ckpt_fn)(struct agent *a, const struct hub_ckpt *c);
 typedef void (*hub_plan_fn)(struct agent *a, struct plan *p, bool dropped);
 typedef void (*hub_root_fn)(struct agent *a);
+typedef void (*hub_commit_fn)(struct agent *a, const struct hub_commit *c);
+typedef void (*hub_restore_fn)(struct agent *a, const struct hub_restore *r);
 
 struct hub {
 	hub_save_fn made[HUB_MAX], save[HUB_MAX], note[HUB_MAX];
 	hub_ckpt_fn ckpt[HUB_MAX];
 	hub_plan_fn plan[HUB_MAX];
 	hub_root_fn root[HUB_MAX];
-	unsigned nmade, nsave, nnote, nckpt, nplan, nroot;
+	hub_commit_fn commit[HUB_MAX];
+	hub_restore_fn restore[HUB_MAX];
+	unsigned nmade, nsave, nnote, nckpt, nplan, nroot, ncommit, nrestore;
 };
 
 /* At start, before any other thread: fn hears the event from then on. */
@@ -68,6 +92,8 @@ void hub_on_save_note(struct hub *h, hub_save_fn fn);
 void hub_on_ckpt(struct hub *h, hub_ckpt_fn fn);
 void hub_on_plan(struct hub *h, hub_plan_fn fn);
 void hub_on_root_back(struct hub *h, hub_root_fn fn);
+void hub_on_commit_end(struct hub *h, hub_commit_fn fn);
+void hub_on_restore_end(struct hub *h, hub_restore_fn fn);
 
 /* Under agent.mu: every subscriber of the event told, in order. */
 void hub_save_new(const struct hub *h, struct agent *a, struct save *s, enum save_state state);
@@ -76,5 +102,7 @@ void hub_save_note(const struct hub *h, struct agent *a, struct save *s, enum sa
 void hub_ckpt(const struct hub *h, struct agent *a, const struct hub_ckpt *c);
 void hub_plan(const struct hub *h, struct agent *a, struct plan *p, bool dropped);
 void hub_root_back(const struct hub *h, struct agent *a);
+void hub_commit_end(const struct hub *h, struct agent *a, const struct hub_commit *c);
+void hub_restore_end(const struct hub *h, struct agent *a, const struct hub_restore *r);
 
 #endif /* CKPT_AGENT_HUB_H */

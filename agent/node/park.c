@@ -4,13 +4,14 @@
  * complete set yet, rpc_save parks the save (nothing of it is made; its
  * trainer waits for the reply) until the set is complete, its plan is gone
  * or --plans-wait has passed; then the function it was parked with admits
- * it (or refuses it) as if it came then.
+ * it (or refuses it) as if it came then. The call and its request are the
+ * edge's (rpc/save_rpc.c), opaque here.
  *
- * Invariant: a parked save is answered exactly once: admitted or refused,
- * at the latest --plans-wait on (the tick), or at a stop. --plans-wait is
- * at most 30 s, half libckpt's call timeout; a call whose deadline passed
- * meanwhile is refused, never admitted (its trainer went on, and its
- * memory changes).
+ * Invariant: a parked save goes on exactly once (its function called once):
+ * admitted or refused, at the latest --plans-wait on (the tick), or at a
+ * stop. --plans-wait is at most 30 s, half libckpt's call timeout; the
+ * function refuses a call whose deadline passed meanwhile, never admits it
+ * (its trainer went on, and its memory changes).
  *
  * Under agent.mu, on the control thread (a save parked), the commit thread
  * (after a look at the plans) and the tick.
@@ -25,15 +26,14 @@
 #include "agent/node/layouts.h"
 #include "agent/node/park.h"
 #include "agent/node/save.h"
-#include "agent/rpc/server.h"
 #include "ipc/base/log.h"
 
 struct parked {
 	struct list link; /* agent->parked */
-	struct rpc *c;
-	ProtobufCMessage *m; /* the SaveRequest, checked */
+	void *call, *req; /* the edge's call and its request, checked */
 	park_admit_fn admit; /* what goes on with it */
 	uint64_t plan_id;
+	int64_t step;
 	int64_t since, until; /* monotonic ns */
 };
 
@@ -45,7 +45,7 @@ static unsigned plans_wait_s(const struct agent *a)
 	return a->cfg.plans_wait_s < half ? a->cfg.plans_wait_s : half;
 }
 
-bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m,
+bool park_save(struct agent *a, struct plan *p, int64_t step, void *call, void *req,
                park_admit_fn admit)
 {
 	const int64_t now = ipc_mono_ns();
@@ -57,10 +57,11 @@ bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage 
 	pk = calloc(1, sizeof(*pk));
 	if (!pk)
 		return false; /* then it writes all it holds */
-	pk->c = c;
-	pk->m = m;
+	pk->call = call;
+	pk->req = req;
 	pk->admit = admit;
 	pk->plan_id = p->id;
+	pk->step = step;
 	pk->since = now;
 	pk->until = now + (int64_t)wait * 1000000000;
 	list_add_tail(&a->parked, &pk->link);
@@ -69,21 +70,20 @@ bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage 
 		    LOG_INFO,
 		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
 		    "%s (as rank 0's node finds them; at most %u s)",
-		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run, wait);
+		    p->job, p->rank, (long long)step, p->run, wait);
 	else
 		log_msg(
 		    LOG_INFO,
 		    "job %s rank %d: save of step %lld waits for the plans of every rank of run "
 		    "%s (%d of %d known; at most %u s)",
-		    p->job, p->rank, (long long)((Ckpt__V1__SaveRequest *)m)->step, p->run,
-		    p->set_ranks, p->world, wait);
+		    p->job, p->rank, (long long)step, p->run, p->set_ranks, p->world, wait);
 	return true;
 }
 
 /* Under mu: what a parked save of p's did, said as it goes on. */
 static void unpark_say(struct agent *a, struct plan *p, const struct parked *pk, int64_t now)
 {
-	const long long step = (long long)((Ckpt__V1__SaveRequest *)pk->m)->step;
+	const long long step = (long long)pk->step;
 	char known[64];
 
 	if (!layouts_plan_waits(p)) {
@@ -123,15 +123,8 @@ void park_release(struct agent *a, bool all)
 		list_del(&pk->link);
 		if (live && !all) /* all: the agent stops, and refuses it */
 			unpark_say(a, p, pk, now);
-		if (rpc_deadline_passed(pk->c)) { /* its trainer went on: its memory changes */
-			rpc_fail(
-			    pk->c, -ETIMEDOUT,
-			    "save: the call's deadline passed while it waited for the plans of "
-			    "every rank (--plans-wait): not saved");
-			protobuf_c_message_free_unpacked(pk->m, NULL);
-		} else {
-			pk->admit(a, pk->c, pk->m); /* a plan gone, a stop: refused there */
-		}
+		pk->admit(a, pk->call,
+		          pk->req); /* a deadline passed, a plan gone, a stop: refused */
 		free(pk);
 	}
 }

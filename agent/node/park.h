@@ -9,19 +9,22 @@
 
 #include <stdbool.h>
 
+#include <stdint.h>
+
 #include "agent/node/plan.h"
-#include "ipc/ipc.h"
 
-struct rpc;
-
-/* Under mu: a parked save that goes on (m, checked, is its request): admitted or refused. */
-typedef void (*park_admit_fn)(struct agent *a, struct rpc *c, ProtobufCMessage *m);
 /*
- * Under mu, rpc_save's: a save of p's that waits for the run's plan set
- * (its first, where the set is not complete: at most --plans-wait) is
- * parked: true, and admit(c, m) is called once it goes on.
+ * Under mu: a parked save that goes on (the edge's call and its checked
+ * request, as parked): admitted, or refused (its call's deadline passed, its
+ * plan gone, the agent stopping). Called exactly once per save parked.
  */
-bool park_save(struct agent *a, struct plan *p, struct rpc *c, ProtobufCMessage *m,
+typedef void (*park_admit_fn)(struct agent *a, void *call, void *req);
+/*
+ * Under mu, rpc_save's: a save of p's (of step) that waits for the run's
+ * plan set (its first, where the set is not complete: at most --plans-wait)
+ * is parked: true, and admit(a, call, req) is called once it goes on.
+ */
+bool park_save(struct agent *a, struct plan *p, int64_t step, void *call, void *req,
                park_admit_fn admit);
 /*
  * Under mu: parked saves whose set is complete, plan gone, or wait over, go

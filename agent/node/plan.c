@@ -16,14 +16,12 @@
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/session.h"
 #include "agent/node/plan.h"
 #include "agent/node/layouts.h"
 #include "agent/node/save.h"
-#include "agent/rpc/ops.h"
 #include "agent/pipe/safecopy.h"
-#include "agent/rpc/server.h"
 
 struct plan *plan_find(struct agent *a, uint64_t id)
 {
@@ -39,11 +37,11 @@ struct plan *plan_find(struct agent *a, uint64_t id)
 	return NULL;
 }
 
-struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id)
+struct plan *plan_of(struct agent *a, uid_t uid, uint64_t id)
 {
 	struct plan *p = plan_find(a, id);
 
-	return p && p->uid == rpc_peer(c)->uid ? p : NULL;
+	return p && p->uid == uid ? p : NULL;
 }
 
 void plan_get(struct plan *p)

@@ -21,7 +21,6 @@
 
 struct region;
 struct session;
-struct rpc;
 
 struct plan_tensor {
 	char *name;
@@ -129,8 +128,8 @@ struct plan {
 struct plan *plan_find(struct agent *a, uint64_t id);
 /* Under mu: the live plan of rank 0 of (job, run) here, or NULL. */
 struct plan *plan_rank0(struct agent *a, const char *job, const char *run);
-/* The caller's own plan: another user's is as good as none. */
-struct plan *plan_of(struct agent *a, struct rpc *c, uint64_t id);
+/* Under mu: uid's own plan: another user's is as good as none. */
+struct plan *plan_of(struct agent *a, uid_t uid, uint64_t id);
 void plan_drop(struct agent *a, struct plan *p);
 void plan_get(struct plan *p);
 void plan_put(struct agent *a, struct plan *p);

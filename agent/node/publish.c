@@ -20,7 +20,6 @@
 #include "agent/node/layouts.h"
 #include "agent/node/park.h"
 #include "agent/node/publish.h"
-#include "agent/rpc/ops.h"
 #include "storage/store.h"
 #include "ipc/base/log.h"
 

@@ -12,7 +12,9 @@
  *
  * A restore runs on a capture worker (it moves the same bytes the other
  * way). Bytes read back are input like any other: sizes, headers and
- * checksums are all checked against the manifest.
+ * checksums are all checked against the manifest. The call is the edge's
+ * (rpc/restore_rpc.c): restore_request, and the end told to the function
+ * it gave.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,10 +23,8 @@
 
 #include "agent/pipe/stream.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/server.h"
+#include "agent/node/restore.h"
 #include "agent/node/upload.h"
-#include "agent/daemon/metrics.h"
-#include "agent/rpc/handlers.h"
 #include "ipc/base/log.h"
 #include "storage/store.h"
 
@@ -42,7 +42,8 @@ enum restore_fallback {
 struct restore {
 	struct work work;
 	struct agent *a;
-	struct rpc *call;
+	restore_done_fn done; /* told the end, with ctx */
+	void *ctx;
 	int64_t t_start; /* monotonic ns of the request */
 	struct plan *plan;
 	int64_t step;
@@ -293,34 +294,42 @@ out:
 
 static void restore_reply(struct restore *rs, int rc, int64_t step, char *meta, const char *err)
 {
-	Ckpt__V1__RestoreReply rep = CKPT__V1__RESTORE_REPLY__INIT;
 	const struct plan *p = rs->plan;
+	struct restore_outcome o = {
+	    .job = p->job,
+	    .rank = p->rank,
+	    .step = step,
+	    .meta = meta ? meta : "",
+	    .bytes = p->whole.shard_bytes - p->whole.header_len,
+	    .skipped = rs->skipped,
+	    .nskipped = rs->nskipped,
+	};
+	struct hub_restore h = {
+	    .rc = rc,
+	    .bytes = rc ? 0 : o.bytes,
+	    .read = rs->read,
+	    .start_ns = rs->t_start,
+	    .passed_over = rs->passed_over,
+	};
 
-	metrics_on_restore(rs->a->metrics, rc, rc ? 0 : p->whole.shard_bytes - p->whole.header_len,
-	                   rs->read, rs->t_start, rs->passed_over);
+	pthread_mutex_lock(&rs->a->mu); /* the metrics hear it before the trainer does */
+	hub_restore_end(&rs->a->hub, rs->a, &h);
+	pthread_mutex_unlock(&rs->a->mu);
 	atomic_fetch_add(&rs->a->restore_read_bytes, rs->read);
-	if (rc) {
-		rpc_fail(rs->call, rc, "restore of job %s step %lld rank %d: %s", p->job,
-		         (long long)step, p->rank, err);
+	rs->done(rs->ctx, rc, err, &o);
+	if (rc)
 		return;
-	}
-	rep.step = step;
-	rep.meta_json = meta ? meta : "";
-	rep.bytes = p->whole.shard_bytes - p->whole.header_len;
-	rep.n_skipped = rs->nskipped;
-	rep.skipped = rs->skipped;
-	rpc_reply(rs->call, &rep.base);
-	atomic_fetch_add(&rs->a->restored_bytes, rep.bytes);
+	atomic_fetch_add(&rs->a->restored_bytes, o.bytes);
 	if (rs->together > 1)
 		log_msg(LOG_INFO,
 		        "restored job %s step %lld rank %d: %llu bytes (read once with %zu other "
 		        "ranks of this node: %llu of the %llu chunk bytes it needed read for it)",
-		        p->job, (long long)step, p->rank, (unsigned long long)rep.bytes,
+		        p->job, (long long)step, p->rank, (unsigned long long)o.bytes,
 		        rs->together - 1, (unsigned long long)rs->read,
 		        (unsigned long long)rs->delivered);
 	else
 		log_msg(LOG_INFO, "restored job %s step %lld rank %d: %llu bytes (%llu read)",
-		        p->job, (long long)step, p->rank, (unsigned long long)rep.bytes,
+		        p->job, (long long)step, p->rank, (unsigned long long)o.bytes,
 		        (unsigned long long)rs->read);
 }
 
@@ -637,13 +646,13 @@ reply:
 }
 
 /* Under mu: which step, marked as being read so nobody deletes it meanwhile. */
-static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__RestoreRequest *req,
-                           struct restore *rs, char *err)
+static int restore_prepare(struct agent *a, const struct restore_req *req, struct restore *rs,
+                           char *err)
 {
 	struct cat_entry *e;
 	struct plan *p;
 
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, req->uid, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 		                (unsigned long long)req->plan_id);
@@ -678,29 +687,24 @@ static int restore_prepare(struct agent *a, struct rpc *c, const Ckpt__V1__Resto
 	return 0;
 }
 
-void rpc_restore(struct rpc *c, ProtobufCMessage *m, void *ctx)
+int restore_request(struct agent *a, const struct restore_req *req, restore_done_fn done, void *ctx,
+                    char *err)
 {
-	Ckpt__V1__RestoreRequest *req = (Ckpt__V1__RestoreRequest *)m;
-	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
 	struct restore *rs = calloc(1, sizeof(*rs));
 	int rc;
 
-	if (!rs) {
-		rpc_fail(c, -ENOMEM, "out of memory");
-		goto out;
-	}
-	rs->call = c;
+	if (!rs)
+		return ipc_errf(err, -ENOMEM, "out of memory");
+	rs->done = done;
+	rs->ctx = ctx;
 	rs->t_start = ipc_mono_ns();
 	pthread_mutex_lock(&a->mu);
-	rc = restore_prepare(a, c, req, rs, err);
+	rc = restore_prepare(a, req, rs, err);
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
 		free(rs);
-		rpc_fail(c, rc, "restore: %s", err);
-		goto out;
+		return rc;
 	}
 	workq_push(a->capture, &rs->work);
-out:
-	protobuf_c_message_free_unpacked(m, NULL);
+	return 0;
 }

@@ -26,10 +26,9 @@
 #include <string.h>
 
 #include "agent/node/node.h"
-#include "agent/rpc/access.h"
+#include "agent/node/owners.h"
 #include "agent/node/plan.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/ops.h"
 #include "agent/node/root.h"
 #include "storage/store.h"
 #include "ipc/base/log.h"

@@ -30,7 +30,6 @@
 
 #include "agent/node/node.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/ops.h"
 #include "agent/node/upload.h"
 #include "agent/node/upload_int.h"
 #include "ipc/base/log.h"

@@ -10,8 +10,9 @@
  * against the manifest, and for a box several ranks saved, how many of its
  * copies are good (a restore reads one of them).
  *
- * Threads: the RPC on the control thread only checks and queues; a verify
- * runs on a reader thread (readers queue: several at once, none holding up
+ * Threads: the call (rpc/verify_rpc.c) on the control thread only checks and
+ * queues (verify_request), and hears the end through the function it gave;
+ * a verify runs on a reader thread (readers queue: several at once, none holding up
  * the maint thread's GC); one of a step not listed looks at the root on
  * the maint thread first. The step read is marked (cat_entry.readers): GC
  * keeps it and delete refuses it until the verify ends.
@@ -25,17 +26,16 @@
 
 #include "agent/pipe/stream.h"
 #include "agent/node/catalog.h"
-#include "agent/rpc/server.h"
-#include "agent/rpc/handlers.h"
-#include "agent/rpc/access.h"
 #include "agent/node/upload.h"
+#include "agent/node/verify.h"
 #include "ipc/base/log.h"
 #include "storage/store.h"
 
 struct verify {
 	struct work work;
 	struct agent *a;
-	struct rpc *call;
+	verify_done_fn done; /* told the end, with ctx */
+	void *ctx;
 	char job[IPC_MAX_JOB + 1];
 	int64_t step;
 	struct storage *store; /* the root, or the upload tier */
@@ -244,29 +244,32 @@ static int verify_extents(struct reader *r, const struct manifest *m, char **hdr
  */
 static void verify_reply(struct verify *v, struct reader *r, const struct manifest *m)
 {
-	Ckpt__V1__VerifyReply rep = CKPT__V1__VERIFY_REPLY__INIT;
+	struct verify_outcome o = {.ok = r->nproblems == 0 && r->err == 0};
 	struct agent *a = v->a;
+	char why[IPC_ERRLEN];
 
-	rep.ok = r->nproblems == 0 && r->err == 0;
-	if (!rep.ok && !store_committed(v->store, v->job, v->step)) {
-		rpc_fail(v->call, -ENOENT,
-		         "job %s step %lld was removed (retention, perhaps on another node, or a "
-		         "delete) while it was being verified: nothing can be said of it",
-		         v->job, (long long)v->step);
+	if (!o.ok && !store_committed(v->store, v->job, v->step)) {
+		v->done(
+		    v->ctx,
+		    ipc_errf(why, -ENOENT,
+		             "job %s step %lld was removed (retention, perhaps on another node, "
+		             "or a delete) while it was being verified: nothing can be said of it",
+		             v->job, (long long)v->step),
+		    why, NULL);
 		log_msg(LOG_INFO, "verify of job %s step %lld: removed while it was read", v->job,
 		        (long long)v->step);
 		return;
 	}
-	rep.bytes_checked = r->bytes;
-	rep.tensors_checked = m ? (uint32_t)m->ntensors : 0;
-	rep.n_problems = r->nproblems; /* at most READER_MAX_PROBLEMS: the reply stays small */
-	rep.problems = r->problems;
-	rep.more_problems = r->nmore;
-	rpc_reply(v->call, &rep.base);
-	log_msg(rep.ok ? LOG_INFO : LOG_WARNING, "verify of job %s step %lld: %s (%zu problems)",
-	        v->job, (long long)v->step, rep.ok ? "ok" : "CORRUPT",
+	o.bytes = r->bytes;
+	o.tensors = m ? (uint32_t)m->ntensors : 0;
+	o.nproblems = r->nproblems; /* at most READER_MAX_PROBLEMS: the reply stays small */
+	o.problems = r->problems;
+	o.nmore = r->nmore;
+	v->done(v->ctx, 0, NULL, &o);
+	log_msg(o.ok ? LOG_INFO : LOG_WARNING, "verify of job %s step %lld: %s (%zu problems)",
+	        v->job, (long long)v->step, o.ok ? "ok" : "CORRUPT",
 	        r->nproblems + (size_t)r->nmore);
-	if (v->tier || !rep.ok || !m)
+	if (v->tier || !o.ok || !m)
 		return; /* a bad copy of a replica may still restore: a restore says */
 	pthread_mutex_lock(&a->mu);
 	catalog_set_damage(a->cat, v->job, v->step, NULL); /* whole again, whatever was found */
@@ -292,9 +295,10 @@ static void verify_run(struct work *w)
 	memset(&r, 0, sizeof(r));
 	rc = store_read_manifest(v->store, v->job, v->step, &m, err);
 	if (rc == -ENOENT) { /* listed when asked: gone since */
-		rpc_fail(v->call, rc, "job %s has no committed step %lld %s", v->job,
+		ipc_errf(err, rc, "job %s has no committed step %lld %s", v->job,
 		         (long long)v->step,
 		         v->tier ? "on the upload tier" : "(removed: retention or a delete)");
+		v->done(v->ctx, rc, err, NULL);
 		goto out;
 	}
 	if (rc == 0) {
@@ -306,7 +310,7 @@ static void verify_run(struct work *w)
 	}
 	if (reader_init(&r, a, v->job, v->step, n + (m ? m->nranks : 0)) ||
 	    (m && (!hdr || !whole || !good))) {
-		rpc_fail(v->call, -ENOMEM, "verify: out of memory");
+		v->done(v->ctx, ipc_errf(err, -ENOMEM, "verify: out of memory"), err, NULL);
 		goto out;
 	}
 	r.collect = true;
@@ -356,8 +360,11 @@ static void verify_find(struct work *w)
 		e->readers++;
 	pthread_mutex_unlock(&a->mu);
 	if (!e) {
-		rpc_fail(v->call, -ENOENT, "job %s has no committed step %lld", v->job,
+		char why[IPC_ERRLEN];
+
+		ipc_errf(why, -ENOENT, "job %s has no committed step %lld", v->job,
 		         (long long)v->step);
+		v->done(v->ctx, -ENOENT, why, NULL);
 		free(v);
 		return;
 	}
@@ -365,44 +372,30 @@ static void verify_find(struct work *w)
 	workq_push(a->readers, &v->work);
 }
 
-void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
+int verify_request(struct agent *a, const char *job, int64_t step, const char *tier,
+                   verify_done_fn done, void *ctx, char *err)
 {
-	Ckpt__V1__VerifyRequest *req = (Ckpt__V1__VerifyRequest *)m;
-	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
-	struct verify *v;
+	struct verify *v = calloc(1, sizeof(*v));
 	struct cat_entry *e = NULL;
 	int rc;
 
-	rc = ipc_check_job(req->job, err);
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc) {
-		rpc_fail(c, rc, "verify: %s", err);
-		goto out;
-	}
-	if (!access_check(a, c, "verify", req->job, ACCESS_READ))
-		goto out;
-	v = calloc(1, sizeof(*v));
-	if (!v) {
-		rpc_fail(c, -ENOMEM, "out of memory");
-		goto out;
-	}
+	if (!v)
+		return ipc_errf(err, -ENOMEM, "out of memory");
 	pthread_mutex_lock(&a->mu);
-	rc = upload_pick_tier(a, req->tier, &v->store, &v->tier, err);
-	e = rc || v->tier ? NULL : catalog_find(a->cat, req->job, req->step);
+	rc = upload_pick_tier(a, tier, &v->store, &v->tier, err);
+	e = rc || v->tier ? NULL : catalog_find(a->cat, job, step);
 	if (e)
 		e->readers++;
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
-		rpc_fail(c, rc, "verify: %s", err);
 		free(v);
-		goto out;
+		return rc;
 	}
 	v->a = a;
-	v->call = c;
-	snprintf(v->job, sizeof(v->job), "%s", req->job);
-	v->step = req->step;
+	v->done = done;
+	v->ctx = ctx;
+	snprintf(v->job, sizeof(v->job), "%s", job);
+	v->step = step;
 	/*
 	 * Listed: marked as read, straight to a reader. Not: the maint thread
 	 * looks first. The upload tier: a reader reads its manifest, or says
@@ -410,6 +403,5 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	 */
 	v->work.fn = e || v->tier ? verify_run : verify_find;
 	workq_push(e || v->tier ? a->readers : a->maint, &v->work);
-out:
-	protobuf_c_message_free_unpacked(m, NULL);
+	return 0;
 }

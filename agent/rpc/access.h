@@ -1,18 +1,17 @@
 /*
  * agent/rpc/access.h: who may do what (access.c): a job's owner, the
- * agent's admins, and what each user (uid) holds against [limits].
+ * agent's admins. The owners and what each user holds are the node's
+ * (node/owners.h, included here for the handlers that charge a user).
  *
- * Locks: the owners and usage tables are the node's (agent.mu), as each
- * call says.
+ * Locks: as each call says; the tables they read are under agent.mu.
  */
 #ifndef CKPT_AGENT_RPC_ACCESS_H
 #define CKPT_AGENT_RPC_ACCESS_H
 
 #include <stdbool.h>
-#include <stdint.h>
-#include <sys/types.h>
 
 #include "agent/node/node.h"
+#include "agent/node/owners.h"
 #include "agent/node/peer.h"
 
 struct rpc;
@@ -23,16 +22,6 @@ enum access_want {
 	ACCESS_OWN, /* plans, saves, restores, commits */
 };
 
-enum use_kind {
-	USE_SESSIONS,
-	USE_PLANS,
-	USE_TENSORS,
-	USE_REGIONS,
-	USE_REGION_BYTES,
-	USE_WATCHERS,
-	USE_NKINDS
-};
-
 /* Under mu: 0, or -EACCES with why in err. */
 int access_job(struct agent *a, const struct peer *p, const char *job, enum access_want w,
                char *err);
@@ -40,17 +29,5 @@ bool access_may_read(struct agent *a, const struct peer *p, const char *job);
 /* Not under mu: whether the caller may; if not, the call is failed (PERMISSION_DENIED). */
 bool access_check(struct agent *a, struct rpc *c, const char *what, const char *job,
                   enum access_want w);
-/* Under mu: the owner known in memory: 0; -ENOENT: none; -EAGAIN: not looked up yet. */
-int owner_lookup(struct agent *a, const char *job, uint32_t *uid);
-void owner_note(struct agent *a, const char *job, bool found, uint32_t uid);
-/* Not under mu (reads the root): the job's owner into memory. */
-int owner_load(struct agent *a, const char *job, char *err);
-/* At start: the owners of every job in the root. */
-int owners_load_all(struct agent *a, char *err);
-void owners_free(struct agent *a);
-/* Under mu: -EAGAIN naming the limit and its key when uid would hold too much. */
-int usage_charge(struct agent *a, uid_t uid, enum use_kind k, uint64_t n, char *err);
-void usage_release(struct agent *a, uid_t uid, enum use_kind k, uint64_t n);
-uint64_t usage_held(struct agent *a, uid_t uid, enum use_kind k);
 
 #endif /* CKPT_AGENT_RPC_ACCESS_H */

@@ -13,7 +13,7 @@
 
 struct rpc;
 
-/* Sessions and their host regions (node/session.c). */
+/* Sessions and their host regions (session_rpc.c; the objects in node/session.c). */
 void rpc_attach(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_register_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_drop_region(struct rpc *c, ProtobufCMessage *req, void *ctx);
@@ -25,7 +25,7 @@ void rpc_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_get_save(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* `ckptctl commit --finish` (checkpoint_rpc.c). */
 void rpc_commit(struct rpc *c, ProtobufCMessage *req, void *ctx);
-/* Restore and verify (node/restore.c, node/verify.c). */
+/* Restore and verify (restore_rpc.c, verify_rpc.c; the work in node/restore.c, node/verify.c). */
 void rpc_restore(struct rpc *c, ProtobufCMessage *req, void *ctx);
 void rpc_verify(struct rpc *c, ProtobufCMessage *req, void *ctx);
 /* Status and list (ops.c); show, delete and watch (show.c). */

@@ -274,7 +274,7 @@ static int request_check(struct agent *a, struct rpc *c, const Ckpt__V1__CreateP
 	int rc;
 
 	*v = NULL;
-	*sess = session_of(a, c, req->session_id, err);
+	*sess = session_of(a, rpc_peer(c)->uid, req->session_id, err);
 	if (!*sess)
 		return -ENOENT;
 	if (a->nplans >= MAX_PLANS)
@@ -575,7 +575,7 @@ void rpc_drop_plan(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	struct plan *p;
 
 	pthread_mutex_lock(&a->mu);
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
 	if (p)
 		plan_drop(a, p);
 	pthread_mutex_unlock(&a->mu);

@@ -2,8 +2,10 @@
  * The save RPCs: Save (checks, the step's checkpoint found or made, the
  * save admitted under the skip policy or refused, then QUEUED and its
  * capture queued; a run's first save may be parked until every rank's plan
- * is known: layouts.c, at most --plans-wait) and GetSave. The save itself,
- * once made, is save.c's; its checkpoint, checkpoint.c's.
+ * is known: layouts.c, at most --plans-wait; node/park.c holds it, and
+ * save_unpark refuses it if its call's deadline passed meanwhile, else
+ * admits it) and GetSave. The save itself, once made, is save.c's; its
+ * checkpoint, checkpoint.c's.
  *
  * Control thread; a parked save is admitted on the commit thread or the
  * tick's, under agent.mu.
@@ -175,7 +177,7 @@ static int save_start(struct agent *a, struct rpc *c, const Ckpt__V1__SaveReques
 	bool replaces;
 	int rc;
 
-	p = plan_of(a, c, req->plan_id);
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
 	if (!p)
 		return ipc_errf(err, -ENOENT, "no plan %llu (destroyed, or the agent restarted)",
 		                (unsigned long long)req->plan_id);
@@ -238,6 +240,24 @@ static void save_admit(struct agent *a, struct rpc *c, ProtobufCMessage *m)
 	protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/*
+ * Under mu: a parked save goes on (park.c): refused where its call's deadline
+ * passed meanwhile (its trainer went on: its memory changes), else admitted.
+ */
+static void save_unpark(struct agent *a, void *call, void *req)
+{
+	struct rpc *c = call;
+
+	if (rpc_deadline_passed(c)) {
+		rpc_fail(c, -ETIMEDOUT,
+		         "save: the call's deadline passed while it waited for the plans of "
+		         "every rank (--plans-wait): not saved");
+		protobuf_c_message_free_unpacked(req, NULL);
+	} else {
+		save_admit(a, c, req); /* a plan gone, a stop: refused there */
+	}
+}
+
 void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__SaveRequest *req = (Ckpt__V1__SaveRequest *)m;
@@ -256,8 +276,8 @@ void rpc_save(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	}
 	pthread_mutex_lock(&a->mu);
 	/* a run's first save may wait for every rank's plan (layouts.c) */
-	p = plan_of(a, c, req->plan_id);
-	if (!p || a->stopping || !park_save(a, p, c, m, save_admit))
+	p = plan_of(a, rpc_peer(c)->uid, req->plan_id);
+	if (!p || a->stopping || !park_save(a, p, req->step, c, m, save_unpark))
 		save_admit(a, c, m);
 	else /* and the root looked at until its plan set is there */
 		plans_publish(a, p->job, p->run);
