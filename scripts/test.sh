@@ -16,7 +16,9 @@
 # in the sanitizer builds). In the TSan build one test at a time: timing-
 # bound tests such as a skip behind a hog need the cores to themselves there.
 # First of all, the format stage: every C file in the house format
-# (scripts/format.sh --check). Each stage prints its time as it ends
+# (scripts/format.sh --check), and in the house's shape (scripts/shape.py
+# --check: no two files calling each other, no call running back up the
+# folders' order, no file over 800 lines, no function over 80). Each stage prints its time as it ends
 # ("== plain tests: 160 s"), and the end the whole command's.
 # The S3 tests talk to a real S3 server: for the stages that run ctest, a
 # RADOS Gateway (scripts/rgw.sh) in build-rgw, on RGW_PORT or else the first
@@ -88,6 +90,11 @@ for b in "${builds[@]}"; do
 	case $b in
 	format)
 		scripts/format.sh --check
+		if ! shape=$(scripts/shape.py --check); then
+			echo "$shape" >&2
+			exit 1
+		fi
+		echo "shape: no two files calling each other, no call running back up, no file over 800 lines"
 		took format
 		continue
 		;;
