@@ -119,8 +119,6 @@ void save_on_ckpt(struct agent *a, const struct hub_ckpt *c);
  * trainer (waiting for UPLOADED) and watchers hear why; its state stays.
  */
 void save_upload_failed(struct agent *a, struct save *s, const char *why);
-/* Under mu: fills `info` (strings point into s). */
-void save_info(struct save *s, Ckpt__V1__SaveInfo *info);
 /* Under mu: the client left; its saves tell nobody. */
 void save_forget_session(struct agent *a, struct session *sess);
 /* Under mu: frees finished saves beyond AGENT_KEEP_FINISHED. */

@@ -26,6 +26,38 @@
 #include "agent/rpc/server.h"
 #include "ipc/base/log.h"
 
+static double secs(int64_t from, int64_t to)
+{
+	return from && to ? (double)(to - from) / 1e9 : 0;
+}
+
+void save_info(struct save *s, Ckpt__V1__SaveInfo *info)
+{
+	info->save_id = s->id;
+	info->job = s->job;
+	info->step = s->step;
+	info->rank = s->rank;
+	info->world = s->world;
+	info->state = (Ckpt__V1__State)s->state; /* the same numbers (ipc/wire.c) */
+	info->reason = s->reason;
+	info->upload_failed = s->upload_failed;
+	info->bytes_total = s->bytes_total;
+	info->bytes_captured = atomic_load(&s->bytes_captured);
+	info->bytes_written = atomic_load(&s->bytes_written);
+	info->queued_unix_ns = s->queued_unix_ns;
+	info->capture_seconds = secs(s->t_queued, s->t_captured);
+	info->durable_seconds = secs(s->t_queued, s->t_durable);
+	info->commit_seconds = secs(s->t_queued, s->t_committed);
+	info->pool_limited = s->pool_limited;
+	info->run = s->plan ? s->plan->run : "";
+	if (s->cp) {
+		info->n_parts_done = s->cp->nparts_done;
+		info->parts_done = s->cp->parts_done;
+		info->n_parts_missing = s->cp->nparts_missing;
+		info->parts_missing = s->cp->parts_missing;
+	}
+}
+
 #ifndef CKPTD_VERSION
 #define CKPTD_VERSION "0.0.0"
 #endif

@@ -18,6 +18,8 @@
 
 struct rpc;
 
+/* Under mu: a save as the protocol gives it (strings point into s). */
+void save_info(struct save *s, Ckpt__V1__SaveInfo *info);
 /* A committed step's summary, as list and show give it (pointers into e). */
 void ops_summary(const struct cat_entry *e, bool latest, Ckpt__V1__CheckpointSummary *s);
 

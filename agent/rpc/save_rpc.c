@@ -19,6 +19,7 @@
 #include "agent/node/checkpoint.h"
 #include "agent/node/catalog.h"
 #include "agent/rpc/handlers.h"
+#include "agent/rpc/ops.h"
 #include "agent/rpc/server.h"
 #include "agent/node/park.h"
 #include "agent/node/publish.h"

@@ -17,6 +17,7 @@
 #include "agent/node/session.h"
 #include "agent/rpc/cred_server.h"
 #include "agent/rpc/handlers.h"
+#include "agent/rpc/ops.h"
 #include "agent/rpc/server.h"
 #include "agent/rpc/session_rpc.h"
 #include "ipc/base/log.h"
