@@ -21,7 +21,7 @@ dir=$src/systemd/prometheus
 "$promtool" check rules "$dir/ckptd-alerts.yml" || fail "promtool check rules"
 (cd "$src/tests/system" && "$promtool" test rules ckptd-alerts.test.yml) || fail "promtool test rules"
 while read -r m; do
-	grep -q -e "\"$m\"" -e "$m{" -e "# HELP $m " "$src/agent/metrics.c" ||
+	grep -q -e "\"$m\"" -e "$m{" -e "# HELP $m " "$src/agent/daemon/metrics.c" ||
 		fail "the rules use $m, which the agent does not export"
 done < <(grep -o 'ckptd_[A-Za-z0-9_]*' "$dir/ckptd-alerts.yml" | sort -u)
 ((fails == 0)) && echo "ok: promtool accepts the scrape configuration and the rules; each alert fires as its test says"
