@@ -50,7 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 
 #define NTENSORS 16
 

@@ -31,6 +31,12 @@ struct attach_tags {
 	bool start, status, recv;
 };
 
+/* A host region or a CUDA allocation: the protocol's RegionKind (rpc_plan.c checks). */
+enum cl_region_kind {
+	CL_REGION_HOST = 1,
+	CL_REGION_CUDA = 2,
+};
+
 /* A state change the session stream brought before ckpt_save knew the save. */
 struct cl_early {
 	uint64_t save_id;
@@ -165,24 +171,6 @@ int cl_open(const char *endpoint, bool session, struct ckpt_client **out);
 /* The endpoint actually used ($CKPT_ENDPOINT or the default when NULL). */
 const char *cl_endpoint(const struct ckpt_client *c);
 
-/*
- * One unary call. 0 and *reply (free with protobuf_c_message_free_unpacked),
- * or a negative errno with the agent's message in ckpt_last_error(c).
- */
-int cl_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-            ProtobufCMessage **reply, int timeout_ms);
-/* A call that only tidies up (CL_TIDY_TIMEOUT_MS); -ETIMEDOUT at once while unanswered. */
-int cl_tidy_call(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-                 ProtobufCMessage **reply);
-
-/* A server stream (Watch). */
-struct cl_stream;
-int cl_stream_open(struct ckpt_client *c, enum ipc_method m, const ProtobufCMessage *req,
-                   struct cl_stream **out);
-/* 1 and *msg; 0 at the end of the stream; -ETIMEDOUT; other negative errno. */
-int cl_stream_next(struct cl_stream *s, ProtobufCMessage **msg, int timeout_ms);
-void cl_stream_close(struct cl_stream *s);
-
 /* A deadline timeout_ms from now (negative: none). */
 gpr_timespec cl_deadline(int timeout_ms);
 /* A call's failed status as negative errno, its message kept for ckpt_last_error. */
@@ -244,7 +232,7 @@ int cl_register_again(struct ckpt_client *c);
 void cl_away_reason(struct ckpt_client *c, char *buf, size_t len);
 
 /*
- * The Attach call (attach.c). cl_attach opens the stream on c->ch and reads
+ * The Attach call (rpc_attach.c). cl_attach opens the stream on c->ch and reads
  * the session id and the agent's version: 0, or a negative errno (said).
  * cl_close_call ends the call and its queue, every batch completed first.
  * cl_wait_flag waits on the session queue until *flag is set (or the

@@ -1,5 +1,6 @@
 /*
- * libckpt: the API of ckpt.h over the connection in rpc.c.
+ * libckpt: the API of ckpt.h over the connection in rpc.c (the calls in
+ * rpc.h, typed in the library's own types: rpc_*.c).
  *
  * A connected client holds the Attach stream open; a thread of its own reads
  * the stream and records each save's state changes, so ckpt_save_wait only
@@ -14,7 +15,7 @@
  * refused at once.
  *
  * This file: connect and disconnect (cl_open starts the session thread of
- * session_thread.c after attach.c's Attach), the gate every API call passes
+ * session_thread.c after rpc_attach.c's Attach), the gate every API call passes
  * while the agent is away (cl_enter and friends), and the calls of ckpt.h
  * that talk to no agent (errors, state names).
  */
@@ -39,15 +40,6 @@
 
 /* Why the last connect of this thread failed: ckpt_last_error(NULL). */
 static __thread char open_error[1024];
-
-_Static_assert((int)CKPT_BOOL == (int)CKPT__V1__DTYPE__DTYPE_BOOL &&
-                   (int)CKPT_F32 == (int)CKPT__V1__DTYPE__DTYPE_F32 &&
-                   (int)CKPT_U64 == (int)CKPT__V1__DTYPE__DTYPE_U64,
-               "dtype numbers match the protocol");
-_Static_assert((int)CKPT_QUEUED == (int)CKPT__V1__STATE__STATE_QUEUED &&
-                   (int)CKPT_CAPTURED == (int)CKPT__V1__STATE__STATE_CAPTURED &&
-                   (int)CKPT_SKIPPED == (int)CKPT__V1__STATE__STATE_SKIPPED,
-               "state numbers match the protocol");
 
 /* Under c->mu: -ENOTCONN with why, recorded for ckpt_last_error. */
 static int not_connected(struct ckpt_client *c)

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 /* The reply's notes as lines, malloc'd; NULL if none. */
 static char *notes_text(char **v, size_t n)
@@ -43,8 +43,8 @@ static char *notes_text(char **v, size_t n)
 static int restore(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opts *o, bool say,
                    int64_t *restored_step, char **meta_json)
 {
-	Ckpt__V1__RestoreRequest req = CKPT__V1__RESTORE_REQUEST__INIT;
-	Ckpt__V1__RestoreReply *rep;
+	struct restore_spec req = {.step = step};
+	struct restore_done rep;
 	char err[IPC_ERRLEN];
 	int rc;
 
@@ -55,30 +55,28 @@ static int restore(struct ckpt_plan *p, int64_t step, struct ckpt_restore_opts *
 		               o->fallback);
 	req.fallback = o->fallback == CKPT_FALLBACK_ANY;
 	req.strict = o->fallback == CKPT_FALLBACK_NEVER;
-	req.step = step;
 	rc = cl_enter(p->c);
 	if (rc)
 		return rc;
 	req.plan_id = p->id;
 	/* No deadline: a restore moves as many bytes as the shard has. */
-	rc = p->lost[0]
-	         ? cl_fail(p->c, -ESTALE, "restore of job %s: %s", p->job, p->lost)
-	         : cl_call(p->c, IPC_RESTORE, &req.base, (ProtobufCMessage **)&rep, CL_NO_TIMEOUT);
+	rc = p->lost[0] ? cl_fail(p->c, -ESTALE, "restore of job %s: %s", p->job, p->lost)
+	                : cl_rpc_restore(p->c, &req, &rep, CL_NO_TIMEOUT);
 	cl_leave(p->c);
 	if (rc)
 		return rc;
 	if (restored_step)
-		*restored_step = rep->step;
-	o->skipped = notes_text(rep->skipped, rep->n_skipped);
-	for (size_t i = 0; say && i < rep->n_skipped; i++)
+		*restored_step = rep.step;
+	o->skipped = notes_text(rep.skipped, rep.n_skipped);
+	for (size_t i = 0; say && i < rep.n_skipped; i++)
 		fprintf(stderr, "libckpt: restore of job %s rank %d, step %lld restored: %s\n",
-		        p->job, p->rank, (long long)rep->step, rep->skipped[i]);
-	if (meta_json && rep->meta_json && *rep->meta_json) {
-		*meta_json = strdup(rep->meta_json);
+		        p->job, p->rank, (long long)rep.step, rep.skipped[i]);
+	if (meta_json && rep.meta_json && *rep.meta_json) {
+		*meta_json = strdup(rep.meta_json);
 		if (!*meta_json)
 			rc = cl_fail(p->c, -ENOMEM, "out of memory");
 	}
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
+	cl_rpc_restore_free(&rep);
 	return rc;
 }
 

@@ -15,7 +15,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 
 const char *cl_endpoint(const struct ckpt_client *c)
 {

@@ -4,7 +4,7 @@
  * changes, so ckpt_save_wait only waits on a condition variable. When the
  * stream ends without our asking (the agent restarted, was upgraded,
  * crashed), it fails the saves in flight, opens the CUDA fences, attaches
- * again with a bounded back-off (attach.c), and hands the new agent every
+ * again with a bounded back-off (rpc_attach.c), and hands the new agent every
  * region and plan through c->register_again (trainer_register.c's, set by
  * the trainer's first region or plan: a pointer, so this file calls no
  * trainer file by name). Calls made meanwhile wait for it (cl_enter).
@@ -22,7 +22,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 1000
@@ -33,67 +33,40 @@
 /* ---- the session stream ----------------------------------------------- */
 
 /* Under c->mu: a state change for a save, known or not yet. */
-static void apply_event(struct ckpt_client *c, const Ckpt__V1__SaveInfo *info)
+static void apply_event(struct ckpt_client *c, const struct cl_event *info)
 {
 	struct ckpt_save *s;
 	struct cl_early *e;
 
 	for (s = c->saves; s; s = s->next)
 		if (s->id == info->save_id) {
-			if ((int)info->state > s->state) {
+			if (info->state > s->state) {
 				s->state = info->state;
-				snprintf(s->reason, sizeof(s->reason), "%s",
-				         info->reason ? info->reason : "");
+				snprintf(s->reason, sizeof(s->reason), "%s", info->reason);
 			}
 			if (info->upload_failed && !s->upload_failed) {
 				s->upload_failed = true; /* a waiter for UPLOADED wakes to it */
-				snprintf(s->reason, sizeof(s->reason), "%s",
-				         info->reason ? info->reason : "");
+				snprintf(s->reason, sizeof(s->reason), "%s", info->reason);
 			}
 			return;
 		}
 	e = &c->early[c->nearly++ % CL_EARLY];
 	e->save_id = info->save_id;
 	e->state = info->state;
-	snprintf(e->reason, sizeof(e->reason), "%s", info->reason ? info->reason : "");
+	snprintf(e->reason, sizeof(e->reason), "%s", info->reason);
 }
 
-/* Reads the session's events until the stream ends. */
+/* Reads the session's events (rpc_attach.c's) until the stream ends. */
 static void read_events(struct ckpt_client *c)
 {
-	grpc_byte_buffer *in = NULL;
-	int tag_recv;
-	grpc_op op;
+	struct cl_event ev;
 
-	for (;;) {
-		grpc_event ev;
-
-		memset(&op, 0, sizeof(op));
-		op.op = GRPC_OP_RECV_MESSAGE;
-		op.data.recv_message.recv_message = &in;
-		if (grpc_call_start_batch(c->scall, &op, 1, &tag_recv, NULL) != GRPC_CALL_OK)
-			return;
-		do {
-			ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-			                                NULL);
-			if (ev.type == GRPC_OP_COMPLETE)
-				cl_note_tag(&c->atags, ev.tag);
-		} while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
-		if (ev.type != GRPC_OP_COMPLETE || !in)
-			return; /* the stream ended: cancelled by us, or the agent went */
-		Ckpt__V1__SessionEvent *m =
-		    (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
-
-		grpc_byte_buffer_destroy(in);
-		in = NULL;
-		if (!m)
-			continue;
+	while (cl_rpc_next_event(c, &ev) > 0) {
 		pthread_mutex_lock(&c->mu);
-		if (m->save)
-			apply_event(c, m->save);
+		if (ev.save)
+			apply_event(c, &ev);
 		pthread_cond_broadcast(&c->cv);
 		pthread_mutex_unlock(&c->mu);
-		protobuf_c_message_free_unpacked(&m->base, NULL);
 	}
 }
 

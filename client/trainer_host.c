@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 /* ---- host memory ------------------------------------------------------ */
 
@@ -68,8 +68,6 @@ int ckpt_host_alloc(struct ckpt_client *c, size_t bytes, void **ptr)
 /* ckpt_host_free inside a call that has entered already (or with no agent). */
 void cl_host_free(struct ckpt_client *c, void *ptr, bool agent)
 {
-	Ckpt__V1__DropRegionRequest req = CKPT__V1__DROP_REGION_REQUEST__INIT;
-	ProtobufCMessage *rep;
 	struct cl_alloc **pa, *a = NULL;
 
 	pthread_mutex_lock(&c->mu);
@@ -82,10 +80,8 @@ void cl_host_free(struct ckpt_client *c, void *ptr, bool agent)
 	pthread_mutex_unlock(&c->mu);
 	if (!a)
 		return;
-	req.session_id = c->session_id;
-	req.region_id = a->region_id;
-	if (agent && a->region_id && cl_tidy_call(c, IPC_DROP_REGION, &req.base, &rep) == 0)
-		protobuf_c_message_free_unpacked(rep, NULL);
+	if (agent && a->region_id)
+		cl_rpc_drop_region(c, a->region_id);
 	ipc_shm_unmap(&a->shm);
 	free(a);
 }

@@ -2,9 +2,9 @@
  * libckpt's plans (ckpt_plan_create*, ckpt_plan_destroy, ckpt_plan_bytes):
  * each call checks its arguments with the same rules the agent applies
  * (ipc/validate.c), so a mistake is reported before anything is sent, in the
- * same words; the CreatePlan request is kept for an agent that comes back
- * (trainer_register.c). The caller's thread. Host memory: trainer_host.c;
- * saves: trainer_save.c; restores: restore.c.
+ * same words; the request is built and sent in rpc_plan.c, which keeps it
+ * for an agent that comes back (trainer_register.c). The caller's thread.
+ * Host memory: trainer_host.c; saves: trainer_save.c; restores: restore.c.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 /* Under c->mu: the region holding [p, p + n), and the offset of p in it. */
 static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint64_t n,
@@ -42,23 +42,25 @@ static const struct cl_alloc *locate(struct ckpt_client *c, const void *p, uint6
 /* What a plan request is built from: the client, and the CUDA allocations met. */
 struct build {
 	struct ckpt_client *c;
+	struct ipc_tensor *v; /* the tensors, as the request names them */
 	struct cl_gpu_alloc *gpu; /* each allocation once, in first-seen order */
 	size_t ngpu;
 	uint64_t *keys; /* each tensor's host region (its key), 0 for CUDA memory */
+	uint64_t fence_region; /* a CUDA plan's fence page */
 };
 
 static int region_size(void *ctx, int kind, uint64_t region, uint64_t *size)
 {
 	struct build *b = ctx;
 
-	if (kind == CKPT__V1__REGION_KIND__REGION_CUDA) {
+	if (kind == CL_REGION_CUDA) {
 		if (region >= b->ngpu)
 			return -ENOENT;
 		*size = b->gpu[region].size;
 		return 0;
 	}
 	for (const struct cl_alloc *a = b->c->allocs; a; a = a->next)
-		if (kind == CKPT__V1__REGION_KIND__REGION_HOST && a->region_id == region) {
+		if (kind == CL_REGION_HOST && a->region_id == region) {
 			*size = a->shm.size;
 			return 0;
 		}
@@ -85,14 +87,14 @@ static int gpu_region(struct build *b, const struct cl_gpu_alloc *a, char *err)
 
 /* Where a tensor's bytes are: a host region, or a CUDA allocation. */
 static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
-                 Ckpt__V1__TensorSpec *s, uint64_t *key, char *err)
+                 struct ipc_tensor *s, uint64_t *key, char *err)
 {
 	const struct cl_alloc *a = locate(b->c, t->data, nbytes, &s->offset);
 	struct cl_gpu_alloc g;
 	int rc, idx;
 
 	if (a) {
-		s->kind = CKPT__V1__REGION_KIND__REGION_HOST;
+		s->kind = CL_REGION_HOST;
 		s->region = a->region_id;
 		*key = a->key;
 		return 0;
@@ -109,15 +111,15 @@ static int place(struct build *b, const struct ckpt_tensor *t, uint64_t nbytes,
 	idx = gpu_region(b, &g, err);
 	if (idx < 0)
 		return idx;
-	s->kind = CKPT__V1__REGION_KIND__REGION_CUDA;
+	s->kind = CL_REGION_CUDA;
 	s->region = (uint64_t)idx;
 	s->offset = (uint64_t)((uintptr_t)t->data - g.base);
 	return 0;
 }
 
 /* Under c->mu: one tensor into the request, with its region found. */
-static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__TensorSpec *s,
-                       struct ipc_tensor *v, uint64_t *key, char *err)
+static int spec_tensor(struct build *b, const struct ckpt_tensor *t, struct ipc_tensor *s,
+                       uint64_t *key, char *err)
 {
 	uint64_t nbytes;
 	int rc;
@@ -130,89 +132,60 @@ static int spec_tensor(struct build *b, const struct ckpt_tensor *t, Ckpt__V1__T
 	rc = ipc_tensor_nbytes(t->name, t->dtype, (size_t)t->ndim, t->shape, &nbytes, err);
 	if (rc)
 		return rc;
-	ckpt__v1__tensor_spec__init(s);
+	*s = (struct ipc_tensor){0};
 	rc = place(b, t, nbytes, s, key, err);
 	if (rc)
 		return rc;
-	s->name = (char *)t->name;
-	s->dtype = (Ckpt__V1__DType)t->dtype;
-	s->n_shape = (size_t)t->ndim;
-	s->shape = (int64_t *)t->shape;
+	s->name = t->name;
+	s->dtype = (int)t->dtype;
+	s->ndim = (size_t)t->ndim;
+	s->shape = t->shape;
 	s->nbytes = nbytes;
 	if (t->global_shape) {
 		if (!t->global_offset)
 			return ipc_errf(err, -EINVAL,
 			                "tensor '%s': global_shape without global_offset", t->name);
-		s->n_global_shape = s->n_global_offset = (size_t)t->ndim;
-		s->global_shape = (int64_t *)t->global_shape;
-		s->global_offset = (int64_t *)t->global_offset;
+		s->global_ndim = (size_t)t->ndim;
+		s->global_shape = t->global_shape;
+		s->global_offset = t->global_offset;
 	}
-	*v = (struct ipc_tensor){s->name,           s->dtype,        s->n_shape,      s->shape,
-	                         s->kind,           s->region,       s->offset,       s->nbytes,
-	                         s->n_global_shape, s->global_shape, s->global_offset};
 	return 0;
 }
 
-static int plan_request(struct build *b, const struct ckpt_tensor *t, size_t n,
-                        Ckpt__V1__CreatePlanRequest *req, char *err)
+static int plan_request(struct build *b, const struct ckpt_tensor *t, size_t n, char *err)
 {
-	Ckpt__V1__TensorSpec *specs = calloc(n ? n : 1, sizeof(*specs));
-	Ckpt__V1__TensorSpec **pv = calloc(n ? n : 1, sizeof(*pv));
-	struct ipc_tensor *v = calloc(n ? n : 1, sizeof(*v));
 	int rc = 0;
 
+	b->v = calloc(n ? n : 1, sizeof(*b->v));
 	b->keys = calloc(n ? n : 1, sizeof(*b->keys));
-	if (!specs || !pv || !v || !b->keys) {
-		rc = ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
-		goto out;
-	}
+	if (!b->v || !b->keys)
+		return ipc_errf(err, -ENOMEM, "out of memory for %zu tensors", n);
 	pthread_mutex_lock(&b->c->mu);
-	for (size_t i = 0; i < n && !rc; i++) {
-		rc = spec_tensor(b, &t[i], &specs[i], &v[i], &b->keys[i], err);
-		pv[i] = &specs[i];
-	}
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = spec_tensor(b, &t[i], &b->v[i], &b->keys[i], err);
 	if (!rc)
-		rc = ipc_check_tensors(v, n, region_size, b, err);
+		rc = ipc_check_tensors(b->v, n, region_size, b, err);
 	pthread_mutex_unlock(&b->c->mu);
-	req->n_tensors = n;
-	req->tensors = pv;
-out:
-	free(v);
-	if (rc) {
-		free(specs);
-		free(pv);
-		req->tensors = NULL;
-	}
 	return rc;
 }
 
 /*
- * A CUDA plan's side: the allocations as the request's CUDA regions (all on
+ * A CUDA plan's side: the allocations, the request's CUDA regions (all on
  * one GPU: a rank drives one), its event, and its fence page: a host region
  * the agent maps too, registered with CUDA so a stream can wait on it.
  */
-static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRequest *req,
-                    Ckpt__V1__CudaRegion *regs, Ckpt__V1__CudaRegion **pregs, char *err)
+static int gpu_side(struct build *b, struct ckpt_plan *p, char *err)
 {
 	const struct cl_alloc *fa;
 	uint64_t off;
 	int rc;
 
-	for (size_t i = 0; i < b->ngpu; i++) {
+	for (size_t i = 0; i < b->ngpu; i++)
 		if (b->gpu[i].dev != b->gpu[0].dev)
 			return ipc_errf(err, -EINVAL,
 			                "tensors on GPUs %d and %d: a rank's plan names "
 			                "one GPU",
 			                b->gpu[0].dev, b->gpu[i].dev);
-		ckpt__v1__cuda_region__init(&regs[i]);
-		regs[i].ipc_handle.data = b->gpu[i].handle;
-		regs[i].ipc_handle.len = CL_GPU_HANDLE;
-		regs[i].size = b->gpu[i].size;
-		regs[i].device = b->gpu[i].dev;
-		regs[i].device_uuid.data = b->gpu[i].uuid;
-		regs[i].device_uuid.len = CL_GPU_UUID;
-		pregs[i] = &regs[i];
-	}
 	rc = cl_host_alloc(b->c, 4096, &p->fence_mem);
 	if (rc)
 		return ipc_errf(err, rc, "the fence page: %s", b->c->last_error);
@@ -221,12 +194,10 @@ static int gpu_side(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRe
 		return rc;
 	pthread_mutex_lock(&b->c->mu);
 	fa = locate(b->c, p->fence_mem, 4096, &off);
-	req->fence_region = fa ? fa->region_id : 0;
+	b->fence_region = fa ? fa->region_id : 0;
 	p->fence_key = fa ? fa->key : 0;
 	pthread_mutex_unlock(&b->c->mu);
 	p->cuda = true;
-	req->n_cuda_regions = b->ngpu;
-	req->cuda_regions = pregs;
 	return 0;
 }
 
@@ -314,9 +285,9 @@ static int plan_args(struct ckpt_client *c, const char *job, int rank, int world
 	return rc;
 }
 
-/* p, as the agent made it (rep, freed here): the client's, handed again to a new agent. */
-static void plan_made(struct ckpt_client *c, struct ckpt_plan *p, Ckpt__V1__CreatePlanReply *rep,
-                      const char *job, int rank, int world)
+/* p, as the agent made it: the client's, handed again to a new agent. */
+static void plan_add(struct ckpt_client *c, struct ckpt_plan *p, const struct plan_made *rep,
+                     const char *job, int rank, int world)
 {
 	p->c = c;
 	p->id = rep->plan_id;
@@ -325,7 +296,6 @@ static void plan_made(struct ckpt_client *c, struct ckpt_plan *p, Ckpt__V1__Crea
 	p->world = world;
 	p->shard_bytes = rep->shard_bytes;
 	p->uploads = rep->uploads;
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	pthread_mutex_lock(&c->mu);
 	p->next = c->plans;
 	c->plans = p;
@@ -333,37 +303,28 @@ static void plan_made(struct ckpt_client *c, struct ckpt_plan *p, Ckpt__V1__Crea
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* The CUDA side of the request (gpu_side), its region arrays allocated into *regs and *pregs. */
-static int gpu_request(struct build *b, struct ckpt_plan *p, Ckpt__V1__CreatePlanRequest *req,
-                       Ckpt__V1__CudaRegion **regs, Ckpt__V1__CudaRegion ***pregs, char *err)
-{
-	*regs = calloc(b->ngpu, sizeof(**regs));
-	*pregs = calloc(b->ngpu, sizeof(**pregs));
-	return *regs && *pregs ? gpu_side(b, p, req, *regs, *pregs, err)
-	                       : ipc_errf(err, -ENOMEM, "out of memory");
-}
-
 /*
- * The request's plan-wide fields, then the request packed into p->req: kept
- * for an agent that comes back (trainer_register.c). 0 or -ENOMEM (said).
+ * The request, sent (cl_rpc_create_plan): packed into p->req first, kept for
+ * an agent that comes back (trainer_register.c).
  */
-static int request_kept(struct ckpt_client *c, struct ckpt_plan *p,
-                        Ckpt__V1__CreatePlanRequest *req, const char *job, int rank, int world,
-                        const struct ckpt_plan_opts *o)
+static int plan_send(struct build *b, struct ckpt_plan *p, const char *job, int rank, int world,
+                     size_t n, const struct ckpt_plan_opts *o, struct plan_made *rep)
 {
-	req->session_id = c->session_id;
-	req->job = (char *)job;
-	req->rank = rank;
-	req->world = world;
-	req->backpressure = (Ckpt__V1__Backpressure)o->backpressure;
-	req->run = (char *)(o->run && *o->run ? o->run : "");
-	req->copies = o->copies;
-	p->req_len = protobuf_c_message_get_packed_size(&req->base);
-	p->req = malloc(p->req_len ? p->req_len : 1);
-	if (!p->req)
-		return cl_fail(c, -ENOMEM, "out of memory");
-	protobuf_c_message_pack(&req->base, p->req);
-	return 0;
+	struct plan_spec spec = {
+	    .job = job,
+	    .rank = rank,
+	    .world = world,
+	    .backpressure = o->backpressure,
+	    .run = o->run && *o->run ? o->run : "",
+	    .copies = o->copies,
+	    .tensors = b->v,
+	    .n = n,
+	    .gpu = b->gpu,
+	    .ngpu = b->ngpu,
+	    .fence_region = b->fence_region,
+	};
+
+	return cl_rpc_create_plan(b->c, &spec, p, rep, CL_DEFAULT_TIMEOUT_MS);
 }
 
 int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int world,
@@ -371,9 +332,7 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
                           struct ckpt_plan **out)
 {
 	struct ckpt_plan_opts o;
-	Ckpt__V1__CreatePlanRequest req = CKPT__V1__CREATE_PLAN_REQUEST__INIT;
-	Ckpt__V1__CreatePlanReply *rep = NULL;
-	Ckpt__V1__CudaRegion *regs = NULL, **pregs = NULL;
+	struct plan_made rep;
 	struct build b = {.c = c};
 	struct ckpt_plan *p = NULL;
 	char err[IPC_ERRLEN];
@@ -391,35 +350,28 @@ int ckpt_plan_create_opts(struct ckpt_client *c, const char *job, int rank, int 
 	if (!rc)
 		rc = plan_args(c, job, rank, world, n, o.backpressure, err);
 	if (!rc)
-		rc = plan_request(&b, t, n, &req, err);
+		rc = plan_request(&b, t, n, err);
 	if (!rc && !(p = calloc(1, sizeof(*p))))
 		rc = ipc_errf(err, -ENOMEM, "out of memory");
 	if (!rc && b.ngpu)
-		rc = gpu_request(&b, p, &req, &regs, &pregs, err);
+		rc = gpu_side(&b, p, err);
 	if (rc) { /* the job is named only once it is known to be a name */
 		rc = ipc_check_job(job, NULL)
 		         ? cl_fail(c, rc, "plan: %s", err)
 		         : cl_fail(c, rc, "plan for job %s rank %d: %s", job, rank, err);
 		goto out;
 	}
-	rc = request_kept(c, p, &req, job, rank, world, &o);
-	if (!rc)
-		rc = cl_call(c, IPC_CREATE_PLAN, &req.base, (ProtobufCMessage **)&rep,
-		             CL_DEFAULT_TIMEOUT_MS);
+	rc = plan_send(&b, p, job, rank, world, n, &o, &rep);
 	if (rc)
 		goto out;
 	p->keys = b.keys;
 	b.keys = NULL;
-	plan_made(c, p, rep, job, rank, world);
+	plan_add(c, p, &rep, job, rank, world);
 	*out = p;
 	p = NULL;
 out:
 	plan_free_local(c, p, true);
-	if (req.n_tensors && req.tensors)
-		free(req.tensors[0]);
-	free(req.tensors);
-	free(regs);
-	free(pregs);
+	free(b.v);
 	free(b.gpu);
 	free(b.keys);
 	cl_leave(c);
@@ -479,19 +431,15 @@ static void wait_fence(struct ckpt_plan *p)
 
 void ckpt_plan_destroy(struct ckpt_plan *p)
 {
-	Ckpt__V1__DropPlanRequest req = CKPT__V1__DROP_PLAN_REQUEST__INIT;
 	struct ckpt_client *c = p ? p->c : NULL;
-	ProtobufCMessage *rep;
-
 	bool agent = false;
 
 	if (!p)
 		return;
 	if (p->c) { /* else the client is gone, and the agent dropped the plan with it */
 		agent = cl_enter_tidy(p->c);
-		req.plan_id = p->id;
-		if (agent && !p->lost[0] && cl_tidy_call(p->c, IPC_DROP_PLAN, &req.base, &rep) == 0)
-			protobuf_c_message_free_unpacked(rep, NULL);
+		if (agent && !p->lost[0])
+			cl_rpc_drop_plan(p->c, p->id);
 		if (p->cuda)
 			wait_fence(p);
 		pthread_mutex_lock(&p->c->mu);

@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 /* ---- host memory ------------------------------------------------------ */
 
@@ -26,20 +26,12 @@
  */
 int cl_register_region(struct ckpt_client *c, struct cl_alloc *a, int timeout_ms)
 {
-	Ckpt__V1__RegisterRegionRequest req = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
-	Ckpt__V1__RegisterRegionReply *rep;
-	int rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &req.ticket);
+	uint64_t ticket;
+	int rc = cl_cred_send_region(c, a->shm.fd, a->shm.size, &ticket);
 
 	if (rc)
 		return rc;
-	req.session_id = c->session_id;
-	req.size = a->shm.size;
-	rc = cl_call(c, IPC_REGISTER_REGION, &req.base, (ProtobufCMessage **)&rep, timeout_ms);
-	if (rc)
-		return rc;
-	a->region_id = rep->region_id;
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
-	return 0;
+	return cl_rpc_register_region(c, ticket, a->shm.size, &a->region_id, timeout_ms);
 }
 
 /* ---- attaching again to an agent that came back ------------------------ */
@@ -67,71 +59,16 @@ static bool unreachable(int rc)
 	       rc == -ETIMEDOUT || rc == -ECANCELED;
 }
 
-/* Under c->mu: the new agent's id of the region with `key`; 0 if it has none. */
-static uint64_t region_of(struct ckpt_client *c, uint64_t key)
-{
-	for (const struct cl_alloc *a = c->allocs; a; a = a->next)
-		if (a->key == key)
-			return a->region_id;
-	return 0;
-}
-
-/*
- * The plan's request again, its region ids the new agent's. 0, or why not
- * (a region freed by the trainer, or one the agent refused) into `why`.
- */
-static int request_again(struct ckpt_client *c, const struct ckpt_plan *p,
-                         Ckpt__V1__CreatePlanRequest *req, char *why, size_t len)
-{
-	int rc = 0;
-
-	req->session_id = c->session_id;
-	pthread_mutex_lock(&c->mu);
-	for (size_t i = 0; i < req->n_tensors && !rc; i++) {
-		Ckpt__V1__TensorSpec *t = req->tensors[i];
-
-		if (t->kind != CKPT__V1__REGION_KIND__REGION_HOST)
-			continue;
-		t->region = region_of(c, p->keys[i]);
-		if (!t->region) {
-			snprintf(why, len,
-			         "tensor '%s': its memory (from ckpt_host_alloc) is freed, or the "
-			         "agent refused it",
-			         t->name);
-			rc = -ENOENT;
-		}
-	}
-	if (!rc && p->cuda) {
-		req->fence_region = region_of(c, p->fence_key);
-		if (!req->fence_region) {
-			snprintf(why, len, "its fence page is not registered");
-			rc = -ENOENT;
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
 /* One plan created again; a refusal is kept in p->lost. 0, or the agent is unreachable. */
 static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
 {
-	Ckpt__V1__CreatePlanRequest *req =
-	    ckpt__v1__create_plan_request__unpack(NULL, p->req_len, p->req);
-	Ckpt__V1__CreatePlanReply *rep;
-	char why[IPC_ERRLEN];
-	int rc;
+	struct plan_made rep;
+	int rc = cl_rpc_create_plan_again(c, p, &rep, REATTACH_CALL_MS);
 
-	if (!req) {
+	if (rc == CL_RPC_NO_REQUEST) {
 		snprintf(p->lost, sizeof(p->lost), "out of memory re-creating the plan");
 		return 0;
 	}
-	rc = request_again(c, p, req, why, sizeof(why));
-	if (!rc)
-		rc = cl_call(c, IPC_CREATE_PLAN, &req->base, (ProtobufCMessage **)&rep,
-		             REATTACH_CALL_MS);
-	else
-		cl_fail(c, rc, "%s", why);
-	ckpt__v1__create_plan_request__free_unpacked(req, NULL);
 	if (rc && unreachable(rc))
 		return rc;
 	pthread_mutex_lock(&c->mu);
@@ -144,16 +81,14 @@ static int create_again(struct ckpt_client *c, struct ckpt_plan *p)
 		/* its saves follow it (ckpt_plan_destroy finds them by the id) */
 		for (struct ckpt_save *s = c->saves; s; s = s->next)
 			if (s->plan_id == p->id)
-				s->plan_id = rep->plan_id;
-		p->id = rep->plan_id;
-		p->shard_bytes = rep->shard_bytes;
-		p->uploads = rep->uploads;
+				s->plan_id = rep.plan_id;
+		p->id = rep.plan_id;
+		p->shard_bytes = rep.shard_bytes;
+		p->uploads = rep.uploads;
 		p->lost[0] = '\0';
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (!rc)
-		protobuf_c_message_free_unpacked(&rep->base, NULL);
-	else
+	if (rc)
 		fprintf(stderr, "libckpt: %s\n", p->lost);
 	return 0;
 }

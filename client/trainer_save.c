@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
 
 /* ---- saves ------------------------------------------------------------ */
 
@@ -96,10 +96,9 @@ int cl_save(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stre
 	return rc;
 }
 
-/* The Save call itself, with the CUDA plan's event; inside cl_enter. */
-/* The save the agent took, as its reply says (rep, freed here); NULL when out of memory. */
+/* The save the agent took, as its reply says; NULL when out of memory. */
 static struct ckpt_save *save_of(struct ckpt_client *c, const struct ckpt_plan *p,
-                                 Ckpt__V1__SaveReply *rep)
+                                 const struct save_taken *rep)
 {
 	struct ckpt_save *s = calloc(1, sizeof(*s));
 
@@ -113,9 +112,8 @@ static struct ckpt_save *save_of(struct ckpt_client *c, const struct ckpt_plan *
 		s->fence_seq = rep->fence_seq;
 		s->fence_dev = p->gpu.fence_dev;
 		s->dev = p->gpu.dev;
-		snprintf(s->reason, sizeof(s->reason), "%s", rep->reason ? rep->reason : "");
+		snprintf(s->reason, sizeof(s->reason), "%s", rep->reason);
 	}
-	protobuf_c_message_free_unpacked(&rep->base, NULL);
 	return s;
 }
 
@@ -132,19 +130,17 @@ static void early_news(struct ckpt_client *c, struct ckpt_save *s)
 	}
 }
 
+/* The Save call itself, with the CUDA plan's event; inside cl_enter. */
 static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, void *stream,
                      struct ckpt_save **out)
 {
-	Ckpt__V1__SaveRequest req = CKPT__V1__SAVE_REQUEST__INIT;
-	Ckpt__V1__SaveReply *rep;
+	struct save_spec req = {.plan_id = p->id, .step = step, .meta_json = meta_json};
+	struct save_taken rep;
 	struct ckpt_client *c = p->c;
 	char err[IPC_ERRLEN];
 	struct ckpt_save *s;
 	int rc, slot = -1;
 
-	req.plan_id = p->id;
-	req.step = step;
-	req.meta_json = (char *)(meta_json ? meta_json : "");
 	if (p->cuda) {
 		/* The agent's copies start after everything queued on `stream` so far. */
 		pthread_mutex_lock(&c->mu);
@@ -157,10 +153,9 @@ static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, v
 			return cl_fail(c, rc, "save of job %s step %lld: %s", p->job,
 			               (long long)step, err);
 		}
-		req.cuda_event.data = p->gpu.ev[slot].handle;
-		req.cuda_event.len = CL_GPU_HANDLE;
+		req.cuda_event = p->gpu.ev[slot].handle;
 	}
-	rc = cl_call(c, IPC_SAVE, &req.base, (ProtobufCMessage **)&rep, CL_DEFAULT_TIMEOUT_MS);
+	rc = cl_rpc_save(c, &req, &rep, CL_DEFAULT_TIMEOUT_MS);
 	if (rc) {
 		/* Timed out, the agent may have the save and wait on it yet: never again. */
 		if (slot >= 0 && rc != -ETIMEDOUT)
@@ -168,8 +163,8 @@ static int save_call(struct ckpt_plan *p, int64_t step, const char *meta_json, v
 		return rc;
 	}
 	if (slot >= 0)
-		event_done(c, p, slot, true, rep->fence_seq);
-	s = save_of(c, p, rep);
+		event_done(c, p, slot, true, rep.fence_seq);
+	s = save_of(c, p, &rep);
 	if (!s)
 		return cl_fail(c, -ENOMEM, "out of memory");
 	pthread_mutex_lock(&c->mu);

@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 
 #define EXIT_USAGE 2
 

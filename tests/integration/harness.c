@@ -25,7 +25,7 @@
 #include <grpc/support/alloc.h>
 #include <jansson.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 #include "tests/integration/harness.h"
 
 #ifndef CKPTD_BIN

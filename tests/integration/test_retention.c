@@ -19,7 +19,7 @@
 #include <check.h>
 #include <jansson.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 #include "tests/integration/harness.h"
 #include "support/check_main.h"
 

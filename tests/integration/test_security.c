@@ -25,7 +25,7 @@
 #include <check.h>
 #include <grpc/grpc.h>
 
-#include "client/client.h"
+#include "client/rpc_call.h"
 #include "tests/integration/harness.h"
 #include "support/check_main.h"
 

@@ -3,8 +3,9 @@
  * opening the stream and reading the session id and the agent's version
  * before the session thread starts (cl_open, on the caller's thread) or
  * when it attaches again (session_thread.c), and closing the call and its
- * queue (the session thread, or at free). Calls only the connection's own
- * files (rpc.c, cred_client.c, fail.c).
+ * queue (the session thread, or at free), and the stream's messages as
+ * the session thread handles them (cl_rpc_next_event: struct cl_event). Calls
+ * only the connection's own files (rpc.c, cred_client.c, fail.c).
  */
 #include <errno.h>
 #include <limits.h>
@@ -19,9 +20,20 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
-#include "client/client.h"
+#include "client/rpc.h"
+#include "client/rpc_call.h"
 
 #define ATTACH_TIMEOUT_MS 10000
+
+/* ckpt.h's states are the protocol's State, number for number: events pass them on as they are. */
+#define SAME(a, b) _Static_assert((int)(a) == (int)(b), #a " is not " #b)
+SAME(CKPT_QUEUED, CKPT__V1__STATE__STATE_QUEUED);
+SAME(CKPT_CAPTURED, CKPT__V1__STATE__STATE_CAPTURED);
+SAME(CKPT_DURABLE, CKPT__V1__STATE__STATE_DURABLE);
+SAME(CKPT_COMMITTED, CKPT__V1__STATE__STATE_COMMITTED);
+SAME(CKPT_UPLOADED, CKPT__V1__STATE__STATE_UPLOADED);
+SAME(CKPT_FAILED, CKPT__V1__STATE__STATE_FAILED);
+SAME(CKPT_SKIPPED, CKPT__V1__STATE__STATE_SKIPPED);
 
 /* A completion of one of the Attach call's own batches: noted (cl_close_call waits for each). */
 void cl_note_tag(struct attach_tags *t, void *tag)
@@ -235,6 +247,58 @@ int cl_attach(struct ckpt_client *c)
 	if (in)
 		grpc_byte_buffer_destroy(in);
 	return rc;
+}
+
+/* A save's state as the session stream tells it (info->reason copied). */
+static void event_of(const Ckpt__V1__SaveInfo *info, struct cl_event *ev)
+{
+	ev->save = true;
+	ev->save_id = info->save_id;
+	ev->state = (int)info->state;
+	ev->upload_failed = info->upload_failed;
+	snprintf(ev->reason, sizeof(ev->reason), "%s", info->reason ? info->reason : "");
+}
+
+/* Waits for the session queue's next message into *in; false once the stream ended. */
+static bool next_message(struct ckpt_client *c, grpc_byte_buffer **in)
+{
+	int tag_recv;
+	grpc_event ev;
+	grpc_op op;
+
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_MESSAGE;
+	op.data.recv_message.recv_message = in;
+	if (grpc_call_start_batch(c->scall, &op, 1, &tag_recv, NULL) != GRPC_CALL_OK)
+		return false;
+	do {
+		ev = grpc_completion_queue_next(c->scq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+		if (ev.type == GRPC_OP_COMPLETE)
+			cl_note_tag(&c->atags, ev.tag);
+	} while (ev.type == GRPC_OP_COMPLETE && ev.tag != &tag_recv);
+	return ev.type == GRPC_OP_COMPLETE && *in;
+}
+
+int cl_rpc_next_event(struct ckpt_client *c, struct cl_event *ev)
+{
+	grpc_byte_buffer *in = NULL;
+
+	for (;;) {
+		if (!next_message(c, &in))
+			return 0; /* the stream ended: cancelled by us, or the agent went */
+		Ckpt__V1__SessionEvent *m =
+		    (Ckpt__V1__SessionEvent *)ipc_unpack(&ckpt__v1__session_event__descriptor, in);
+
+		grpc_byte_buffer_destroy(in);
+		in = NULL;
+		if (!m)
+			continue;
+		memset(ev, 0, sizeof(*ev));
+		if (m->save)
+			event_of(m->save, ev);
+		protobuf_c_message_free_unpacked(&m->base, NULL);
+		return 1;
+	}
 }
 
 const char *ckpt_agent_version(struct ckpt_client *c)
