@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "client/ckpt.h"
-#include "bench/fanout.h"
+#include "bench/bench_ranks.h"
 
 #define NT 4
 #define COLS 1024

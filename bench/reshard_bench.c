@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "client/ckpt.h"
-#include "bench/fanout.h"
+#include "bench/bench_ranks.h"
 
 static const char *endpoint, *job = "reshard", *job_of_run;
 static int64_t rows_g, cols_g; /* each tensor [rows_g, cols_g] */

@@ -2,7 +2,7 @@
  * libckpt's RPC layer (rpc_*.c), in the library's own types: each function
  * builds one request from C values, makes the call (rpc.c's cl_call), and
  * reads the reply back into C values. The rest of the library (libckpt.c,
- * session_thread.c, trainer_*.c, restore.c) names no protocol type. Errors
+ * session_thread.c, trainer_*.c) names no protocol type. Errors
  * as cl_call's: a negative errno, its message in ckpt_last_error(c).
  */
 #ifndef CKPT_CLIENT_RPC_H

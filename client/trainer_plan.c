@@ -4,7 +4,7 @@
  * (ipc/validate.c), so a mistake is reported before anything is sent, in the
  * same words; the request is built and sent in rpc_plan.c, which keeps it
  * for an agent that comes back (trainer_register.c). The caller's thread.
- * Host memory: trainer_host.c; saves: trainer_save.c; restores: restore.c.
+ * Host memory: trainer_host.c; saves: trainer_save.c; restores: trainer_restore.c.
  */
 #include <errno.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /*
  * retention.h: which committed checkpoints of one job the retention policy
  * keeps. A pure decision: no lock, no disk, no agent. gc.c gathers the facts
- * under agent.mu and acts on the answer; tests/unit/agent/test_retention.c checks
+ * under agent.mu and acts on the answer; tests/unit/agent/test_retention_policy.c checks
  * the decision on its own.
  */
 #ifndef CKPT_AGENT_RETENTION_H

@@ -1,9 +1,9 @@
-/* fanout.h: fork, a pipe, the lines back, every rank waited for. */
+/* bench_ranks.h: fork, a pipe, the lines back, every rank waited for. */
 #include <stdio.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
-#include "bench/fanout.h"
+#include "bench/bench_ranks.h"
 
 int fanout(int world, fanout_rank_fn fn, void *arg, fanout_line_fn line, void *acc)
 {

@@ -3,8 +3,8 @@
  * trainers are), started together; each writes one line of results to a
  * pipe, which the caller reads back. Used by reshard_bench and dedup_bench.
  */
-#ifndef CKPT_BENCH_FANOUT_H
-#define CKPT_BENCH_FANOUT_H
+#ifndef CKPT_BENCH_RANKS_H
+#define CKPT_BENCH_RANKS_H
 
 #define FANOUT_MAX 64 /* ranks at most */
 
@@ -16,4 +16,4 @@ typedef void (*fanout_line_fn)(const char *line, void *acc);
 /* world ranks of fn at once; their lines to line. 0 if every rank exited 0, else -1. */
 int fanout(int world, fanout_rank_fn fn, void *arg, fanout_line_fn line, void *acc);
 
-#endif /* CKPT_BENCH_FANOUT_H */
+#endif /* CKPT_BENCH_RANKS_H */
