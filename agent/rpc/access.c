@@ -60,6 +60,21 @@ bool access_check(struct agent *a, struct rpc *c, const char *what, const char *
 	return rc == 0;
 }
 
+bool access_check_job_step(struct agent *a, struct rpc *c, const char *what, const char *job,
+                           const int64_t *step, enum access_want w)
+{
+	char err[IPC_ERRLEN];
+	int rc = ipc_check_job(job, err);
+
+	if (!rc && step)
+		rc = ipc_check_step(*step, err);
+	if (rc) {
+		rpc_fail(c, rc, "%s: %s", what, err);
+		return false;
+	}
+	return access_check(a, c, what, job, w);
+}
+
 bool access_may_read(struct agent *a, const struct peer *p, const char *job)
 {
 	char err[IPC_ERRLEN];

@@ -29,5 +29,11 @@ bool access_may_read(struct agent *a, const struct peer *p, const char *job);
 /* Not under mu: whether the caller may; if not, the call is failed (PERMISSION_DENIED). */
 bool access_check(struct agent *a, struct rpc *c, const char *what, const char *job,
                   enum access_want w);
+/*
+ * Not under mu: a request about job (and step, where not NULL) checked, then
+ * the caller's right: false where the call was failed ("what: why").
+ */
+bool access_check_job_step(struct agent *a, struct rpc *c, const char *what, const char *job,
+                           const int64_t *step, enum access_want w);
 
 #endif /* CKPT_AGENT_RPC_ACCESS_H */

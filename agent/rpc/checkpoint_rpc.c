@@ -81,17 +81,8 @@ void rpc_commit(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__CommitRequest *req = (Ckpt__V1__CommitRequest *)m;
 	struct agent *a = ctx;
 	struct finish_op *op;
-	char err[IPC_ERRLEN];
-	int rc;
 
-	rc = ipc_check_job(req->job, err);
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc) {
-		rpc_fail(c, rc, "commit: %s", err);
-		goto out;
-	}
-	if (!access_check(a, c, "commit", req->job, ACCESS_OWN))
+	if (!access_check_job_step(a, c, "commit", req->job, &req->step, ACCESS_OWN))
 		goto out;
 	op = calloc(1, sizeof(*op));
 	if (!op) {

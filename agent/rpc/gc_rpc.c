@@ -65,13 +65,9 @@ void rpc_gc(struct rpc *c, ProtobufCMessage *m, void *ctx)
 {
 	Ckpt__V1__GcRequest *req = (Ckpt__V1__GcRequest *)m;
 	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
-	int rc = ipc_check_job(req->job, err);
 
-	if (rc)
-		rpc_fail(c, rc, "gc: %s", err);
-	else if (access_check(a, c, "gc", req->job, ACCESS_MANAGE) &&
-	         gc_request(a, req->job, gc_answer, c))
+	if (access_check_job_step(a, c, "gc", req->job, NULL, ACCESS_MANAGE) &&
+	    gc_request(a, req->job, gc_answer, c))
 		rpc_fail(c, -ENOMEM, "gc: out of memory");
 	protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -92,15 +88,9 @@ void rpc_pin(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	Ckpt__V1__PinRequest *req = (Ckpt__V1__PinRequest *)m;
 	const char *what = req->pinned ? "pin" : "unpin";
 	struct agent *a = ctx;
-	char err[IPC_ERRLEN];
-	int rc = ipc_check_job(req->job, err);
 
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc)
-		rpc_fail(c, rc, "%s: %s", what, err);
-	else if (access_check(a, c, what, req->job, ACCESS_MANAGE) &&
-	         pin_request(a, req->job, req->step, req->pinned, pin_answer, c))
+	if (access_check_job_step(a, c, what, req->job, &req->step, ACCESS_MANAGE) &&
+	    pin_request(a, req->job, req->step, req->pinned, pin_answer, c))
 		rpc_fail(c, -ENOMEM, "%s: out of memory", what);
 	protobuf_c_message_free_unpacked(m, NULL);
 }

@@ -39,14 +39,7 @@ void rpc_verify(struct rpc *c, ProtobufCMessage *m, void *ctx)
 	char err[IPC_ERRLEN];
 	int rc;
 
-	rc = ipc_check_job(req->job, err);
-	if (!rc)
-		rc = ipc_check_step(req->step, err);
-	if (rc) {
-		rpc_fail(c, rc, "verify: %s", err);
-		goto out;
-	}
-	if (!access_check(a, c, "verify", req->job, ACCESS_READ))
+	if (!access_check_job_step(a, c, "verify", req->job, &req->step, ACCESS_READ))
 		goto out;
 	rc = verify_request(a, req->job, req->step, req->tier, verify_answer, c, err);
 	if (rc == -ENOMEM)

@@ -292,6 +292,9 @@ START_TEST(agent_refuses_calls)
 	Ckpt__V1__RegisterRegionRequest reg = CKPT__V1__REGISTER_REGION_REQUEST__INIT;
 	Ckpt__V1__VerifyRequest ver = CKPT__V1__VERIFY_REQUEST__INIT;
 	Ckpt__V1__DeleteRequest del = CKPT__V1__DELETE_REQUEST__INIT;
+	Ckpt__V1__PinRequest pin = CKPT__V1__PIN_REQUEST__INIT;
+	Ckpt__V1__CommitRequest com = CKPT__V1__COMMIT_REQUEST__INIT;
+	Ckpt__V1__GcRequest gc = CKPT__V1__GC_REQUEST__INIT;
 	char msg[1024];
 	static uint8_t junk[64];
 
@@ -313,6 +316,19 @@ START_TEST(agent_refuses_calls)
 	ver.job = "../../x";
 	ver.step = 1;
 	EXPECT_RAW(IPC_VERIFY, ver, GRPC_STATUS_INVALID_ARGUMENT, "job name");
+	/* a step that cannot be, refused as such before anything is looked up */
+	ver.job = "nojob";
+	ver.step = -1;
+	EXPECT_RAW(IPC_VERIFY, ver, GRPC_STATUS_INVALID_ARGUMENT, "step -1");
+	pin.job = "nojob";
+	pin.step = -2;
+	pin.pinned = true;
+	EXPECT_RAW(IPC_PIN, pin, GRPC_STATUS_INVALID_ARGUMENT, "step -2");
+	com.job = "nojob";
+	com.step = -3;
+	EXPECT_RAW(IPC_COMMIT, com, GRPC_STATUS_INVALID_ARGUMENT, "step -3");
+	gc.job = "../x";
+	EXPECT_RAW(IPC_GC, gc, GRPC_STATUS_INVALID_ARGUMENT, "job name");
 	del.job = "nojob";
 	del.step = 3;
 	EXPECT_RAW(IPC_DELETE, del, GRPC_STATUS_NOT_FOUND, "no committed step 3");
