@@ -359,7 +359,12 @@ void catalog_sync_job(struct agent *a, const char *job)
 	free(steps);
 }
 
-size_t catalog_jobs(struct agent *a, char ***out)
+/*
+ * The jobs the catalog lists and those the root holds, each named once
+ * (malloc'd array of malloc'd names; an entry may be NULL where out of
+ * memory); their number.
+ */
+static size_t catalog_jobs(struct agent *a, char ***out)
 {
 	char **listed = NULL, **v, err[IPC_ERRLEN];
 	struct cat_entry **e = NULL;
@@ -388,6 +393,19 @@ size_t catalog_jobs(struct agent *a, char ***out)
 	free(listed);
 	*out = v;
 	return v ? n : 0;
+}
+
+void catalog_sync_all(struct agent *a)
+{
+	char **jobs;
+	size_t n = catalog_jobs(a, &jobs);
+
+	for (size_t i = 0; i < n; i++) {
+		if (jobs[i])
+			catalog_sync_job(a, jobs[i]);
+		free(jobs[i]);
+	}
+	free(jobs);
 }
 
 int catalog_load(struct catalog *c, struct storage *s, char *err)

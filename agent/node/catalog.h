@@ -53,11 +53,10 @@ int catalog_load(struct catalog *c, struct storage *s, char *err);
  */
 void catalog_sync_job(struct agent *a, const char *job);
 /*
- * The jobs the catalog lists and those the root holds, each named once
- * (malloc'd array of malloc'd names; an entry may be NULL where out of
- * memory); their number. Reads the root: not under mu.
+ * catalog_sync_job for every job the catalog lists and every job the root
+ * holds, each once. Reads the root: not under mu.
  */
-size_t catalog_jobs(struct agent *a, char ***out);
+void catalog_sync_all(struct agent *a);
 int catalog_add(struct catalog *c, const struct cat_entry *e);
 void catalog_entry_from_manifest(const struct manifest *m, struct cat_entry *e);
 struct cat_entry *catalog_find(struct catalog *c, const char *job, int64_t step);

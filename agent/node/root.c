@@ -148,19 +148,11 @@ static void sync_run(struct work *wk)
 {
 	struct root_watch *w = container_of(wk, struct root_watch, sync);
 	struct agent *a = w->a;
-	char **jobs;
-	size_t n;
 
 	pthread_mutex_lock(&a->mu);
 	w->sync_queued = false;
 	pthread_mutex_unlock(&a->mu);
-	n = catalog_jobs(a, &jobs);
-	for (size_t i = 0; i < n; i++) {
-		if (jobs[i])
-			catalog_sync_job(a, jobs[i]);
-		free(jobs[i]);
-	}
-	free(jobs);
+	catalog_sync_all(a);
 	/* what a root made anew lacks: this node's plans files (publish.c) */
 	pthread_mutex_lock(&a->mu);
 	hub_root_back(&a->hub, a);

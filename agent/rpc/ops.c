@@ -422,8 +422,6 @@ static void list_run(struct work *w)
 {
 	struct list_op *op = container_of(w, struct list_op, work);
 	struct agent *a = op->a;
-	char **jobs = NULL;
-	size_t n = 0;
 	bool root_ok;
 
 	pthread_mutex_lock(&a->mu);
@@ -432,13 +430,7 @@ static void list_run(struct work *w)
 	if (root_ok && op->job[0])
 		catalog_sync_job(a, op->job);
 	else if (root_ok) /* every job: those listed here and those the root holds */
-		n = catalog_jobs(a, &jobs);
-	for (size_t i = 0; i < n; i++) {
-		if (jobs[i])
-			catalog_sync_job(a, jobs[i]);
-		free(jobs[i]);
-	}
-	free(jobs);
+		catalog_sync_all(a);
 	pthread_mutex_lock(&a->mu);
 	list_reply(a, op);
 	pthread_mutex_unlock(&a->mu);
